@@ -1,0 +1,188 @@
+// GEMM throughput at the transformer training shapes of the benchmark model, one JSON line per run.
+//
+// Model: T = 2048 token rows per step, C = 512, ffn 1408, V = 8192. For a weight W (out,in) the
+// training step runs three GEMMs:
+//   forward   y  = x · Wᵀ   M = 2048, K = in,  N = out   (tb: W is stored (out,in))
+//   backward  dx = dy · W   M = 2048, K = out, N = in
+//   backward  dW = dyᵀ · x  M = out,  K = 2048, N = in  (ta: dy is stored (2048,out))
+// each in f32 -> f32, bf16 -> f32 and bf16 -> bf16. GFLOP/s = 2·M·N·K / median time of --reps runs
+// after --warmup runs.
+//
+// The "gemm_pack" lines answer whether pre-packing the weight operand pays: oneDNN picks its preferred
+// (blocked) layout for B given format_tag::any; we time the GEMM on the packed B and the reorder that
+// packs it, against the GEMM on plain B. A weight changes every step and each packed form feeds one
+// GEMM per step (forward needs Wᵀ, backward W), so packing pays only if packed + reorder < plain.
+//
+// Usage: gemm_bench [--threads 2] [--reps 20] [--warmup 3]. Timings are never asserted.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dnnl.hpp"
+#include "loom/kernels/cpu/gemm.h"
+
+namespace {
+
+using loom::DType;
+using loom::kernels::cpu::GemmDesc;
+
+struct Shape {
+  const char* name;
+  int64_t M, N, K;
+  bool ta, tb;
+  bool b_is_weight;  // B is a weight (the packing question applies)
+};
+
+constexpr int64_t kT = 2048, kC = 512, kF = 1408, kV = 8192;
+
+const Shape kShapes[] = {
+    {"fwd_attn x.Wt (C->C)", kT, kC, kC, false, true, true},
+    {"fwd_ffn_up x.Wt (C->F)", kT, kF, kC, false, true, true},
+    {"fwd_ffn_down x.Wt (F->C)", kT, kC, kF, false, true, true},
+    {"fwd_lm_head x.Wt (C->V)", kT, kV, kC, false, true, true},
+    {"bwd_dx_attn dy.W (C->C)", kT, kC, kC, false, false, true},
+    {"bwd_dx_ffn_up dy.W (C->F)", kT, kC, kF, false, false, true},
+    {"bwd_dx_ffn_down dy.W (F->C)", kT, kF, kC, false, false, true},
+    {"bwd_dx_lm_head dy.W (C->V)", kT, kC, kV, false, false, true},
+    {"bwd_dw_attn dyt.x (C->C)", kC, kC, kT, true, false, false},
+    {"bwd_dw_ffn_up dyt.x (C->F)", kF, kC, kT, true, false, false},
+    {"bwd_dw_ffn_down dyt.x (F->C)", kC, kF, kT, true, false, false},
+    {"bwd_dw_lm_head dyt.x (C->V)", kV, kC, kT, true, false, false},
+};
+
+struct DTypes {
+  DType ab, c;
+  const char* name;
+};
+const DTypes kDTypes[] = {{DType::f32, DType::f32, "f32"},
+                          {DType::bf16, DType::f32, "bf16->f32"},
+                          {DType::bf16, DType::bf16, "bf16"}};
+
+// 64-byte aligned buffer filled with uniform [-1,1] values of the given dtype.
+struct Buffer {
+  void* p = nullptr;
+  explicit Buffer(int64_t n, DType t, std::mt19937& rng) {
+    const size_t bytes = (size_t(n) * loom::dtype_size(t) + 63) / 64 * 64;
+    p = std::aligned_alloc(64, bytes);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (int64_t i = 0; i < n; ++i) {
+      if (t == DType::f32) {
+        static_cast<float*>(p)[i] = u(rng);
+      } else {
+        static_cast<loom::bf16*>(p)[i] = loom::f32_to_bf16(u(rng));
+      }
+    }
+  }
+  ~Buffer() { std::free(p); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+struct Timing {
+  double median_ms, min_ms;  // min is the figure least disturbed by other processes on shared cores
+};
+
+Timing time_ms(int warmup, int reps, const std::function<void()>& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms[i] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::sort(ms.begin(), ms.end());
+  return {ms[reps / 2], ms[0]};
+}
+
+// Times the GEMM with B in oneDNN's preferred layout (format_tag::any) and the reorder into it.
+void bench_packing(const Shape& s, const DTypes& t, const void* a, const void* b, void* c,
+                   Timing plain, int warmup, int reps, int threads) {
+  using dnnl::memory;
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  const auto dt = [](DType x) {
+    return x == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  };
+  const memory::desc a_md({s.M, s.K}, dt(t.ab), s.ta ? memory::dims{1, s.M} : memory::dims{s.K, 1});
+  const memory::desc b_plain({s.K, s.N}, dt(t.ab), s.tb ? memory::dims{1, s.K} : memory::dims{s.N, 1});
+  const memory::desc b_any({s.K, s.N}, dt(t.ab), memory::format_tag::any);
+  const memory::desc c_md({s.M, s.N}, dt(t.c), memory::dims{s.N, 1});
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_any, c_md), eng);
+  const memory::desc b_packed = pd.weights_desc();
+  memory a_mem(a_md, eng, const_cast<void*>(a)), c_mem(c_md, eng, c);
+  memory b_src(b_plain, eng, const_cast<void*>(b)), b_dst(b_packed, eng);
+  dnnl::reorder pack(b_src, b_dst);
+  dnnl::matmul mm(pd);
+  const Timing reorder = time_ms(warmup, reps, [&] {
+    pack.execute(stream, b_src, b_dst);
+    stream.wait();
+  });
+  const Timing packed = time_ms(warmup, reps, [&] {
+    mm.execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_dst}, {DNNL_ARG_DST, c_mem}});
+    stream.wait();
+  });
+  std::printf(
+      "{\"bench\":\"gemm_pack\",\"shape\":\"%s\",\"M\":%ld,\"N\":%ld,\"K\":%ld,\"ta\":%d,\"tb\":%d,"
+      "\"dtype\":\"%s\",\"threads\":%d,\"layout_differs\":%s,\"plain_ms\":%.3f,\"packed_ms\":%.3f,"
+      "\"reorder_ms\":%.3f,\"plain_min_ms\":%.3f,\"packed_min_ms\":%.3f,\"reorder_min_ms\":%.3f}\n",
+      s.name, long(s.M), long(s.N), long(s.K), s.ta, s.tb, t.name, threads,
+      b_packed == b_plain ? "false" : "true", plain.median_ms, packed.median_ms, reorder.median_ms,
+      plain.min_ms, packed.min_ms, reorder.min_ms);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, reps = 20, warmup = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const int v = std::atoi(argv[i + 1]);
+    if (flag == "--threads") {
+      threads = v;
+    } else if (flag == "--reps") {
+      reps = v;
+    } else if (flag == "--warmup") {
+      warmup = v;
+    } else {
+      std::fprintf(stderr, "gemm_bench: unknown flag %s\nhint: --threads N --reps N --warmup N\n",
+                   flag.c_str());
+      return 2;
+    }
+  }
+  if (threads < 1 || reps < 1 || warmup < 0) {
+    std::fprintf(stderr, "gemm_bench: --threads and --reps must be >= 1, --warmup >= 0\n");
+    return 2;
+  }
+  omp_set_num_threads(threads);
+  std::mt19937 rng(1);
+  for (const Shape& s : kShapes) {
+    for (const DTypes& t : kDTypes) {
+      const GemmDesc d{.M = s.M, .N = s.N, .K = s.K, .ta = s.ta, .tb = s.tb, .ab_dtype = t.ab,
+                       .c_dtype = t.c};
+      Buffer a(s.M * s.K, t.ab, rng), b(s.K * s.N, t.ab, rng), c(s.M * s.N, t.c, rng);
+      const Timing ms = time_ms(warmup, reps, [&] {
+        loom::kernels::cpu::gemm(d, a.p, b.p, c.p);
+      });
+      const double gflop = 2.0 * s.M * s.N * s.K / 1e9;
+      std::printf(
+          "{\"bench\":\"gemm\",\"shape\":\"%s\",\"M\":%ld,\"N\":%ld,\"K\":%ld,\"ta\":%d,\"tb\":%d,"
+          "\"dtype\":\"%s\",\"threads\":%d,\"ms\":%.3f,\"gflops\":%.1f,\"min_ms\":%.3f,"
+          "\"gflops_at_min\":%.1f}\n",
+          s.name, long(s.M), long(s.N), long(s.K), s.ta, s.tb, t.name, threads, ms.median_ms,
+          gflop / ms.median_ms * 1e3, ms.min_ms, gflop / ms.min_ms * 1e3);
+      if (s.b_is_weight && t.ab == DType::bf16) {
+        bench_packing(s, t, a.p, b.p, c.p, ms, warmup, reps, threads);
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

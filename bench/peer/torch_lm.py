@@ -1,0 +1,562 @@
+"""Llama and GPT-2 in plain PyTorch eager: Loom's reference models and its benchmark peer.
+
+As a module it is the one model definition that tools/make_golden.py (golden tensors for the C++
+tests) and the benchmark CLI below share. Parameters are registered under the Hugging Face names, so
+`state_dict()` keys are exactly the names Loom's checkpoints and golden files use.
+
+As a CLI it trains on random tokens and prints one JSON line for `bench/` to set beside Loom's figure:
+
+    /usr/bin/python3 bench/peer/torch_lm.py configs/bench-llama.toml --dtype bf16 --threads 2
+
+What it deliberately does not do: no Hugging Face `transformers`, no `torch.compile`, no fused or
+flash attention (PyTorch 1.13 has no scaled_dot_product_attention), no KV cache, no dropout.
+
+Key invariant: with `bf16_casts=True` every rounding to bf16 happens at an explicit `.to(bfloat16)`
+in `linear`, `conv1d` or `causal_attention`, the same points as Loom's bf16 recipe; everything else
+(embeddings, norms, residual adds, SwiGLU/GELU, biases, the loss, the master weights) stays f32.
+The benchmark's bf16 instead runs the f32 code under `torch.autocast` (`bf16_mode: autocast`),
+the idiomatic eager path, and is not bit-comparable with Loom.
+
+Dimension letters as in Loom's kernels: B batch, T time, C channels, NH heads, NKV kv heads,
+HS head size, F ffn hidden, V vocab, L layers.
+
+Only /usr/bin/python3 imports Debian's PyTorch. Thread counts must be in the environment before
+`import torch` (see `set_thread_env`), which is why the CLI parses its arguments first.
+"""
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+
+
+def set_thread_env(threads):
+    """Sets the thread count for the BLAS and OpenMP pools; effective only before `import torch`."""
+    os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def parse_cli(argv):
+    p = argparse.ArgumentParser(
+        description="Train a Loom config's model in PyTorch eager on random tokens; print one JSON line.")
+    p.add_argument("config", help="a Loom TOML config, e.g. configs/bench-llama.toml")
+    p.add_argument("--dtype", choices=["f32", "bf16"], default=None,
+                   help="default: [model] dtype from the config; bf16 runs under torch.autocast")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before the timed ones")
+    p.add_argument("--batch-size", type=int, default=None, help="default: [train] batch_size")
+    p.add_argument("--seq-len", type=int, default=None, help="default: [train] seq_len")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    _ARGS = parse_cli(sys.argv[1:])
+    set_thread_env(_ARGS.threads)
+
+import torch  # noqa: E402  (after the thread environment is set)
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+# ----------------------------------------------------------------------------------------------
+# Config: the [model], [train] and [optim] tables of a Loom TOML file.
+
+
+class ConfigError(Exception):
+    """Bad user input in a config file or on the command line; the message ends with a hint."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_hidden: int
+    max_seq_len: int
+    norm_eps: float
+    rope_theta: float
+    dtype: str
+
+    @property
+    def head_size(self):
+        return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float
+    beta1: float
+    beta2: float
+    weight_decay: float
+    grad_clip: float
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str
+    model: ModelConfig
+    train: TrainConfig
+    optim: OptimConfig
+
+
+# Keys each table accepts: name -> (type, default; _REQUIRED when required). Only the tables this
+# script reads are checked, strictly; other tables ([data], [parallel], ...) belong to Loom and pass.
+_REQUIRED = object()
+_SAME_AS_N_HEADS = object()
+_MODEL_KEYS = {
+    "arch": (str, _REQUIRED), "vocab_size": (int, _REQUIRED), "d_model": (int, _REQUIRED),
+    "n_layers": (int, _REQUIRED), "n_heads": (int, _REQUIRED), "n_kv_heads": (int, _SAME_AS_N_HEADS),
+    "ffn_hidden": (int, _REQUIRED), "max_seq_len": (int, _REQUIRED), "norm_eps": (float, 1e-5),
+    "rope_theta": (float, 10000.0), "dtype": (str, "f32"),
+}
+_TRAIN_KEYS = {"batch_size": (int, _REQUIRED), "seq_len": (int, _REQUIRED)}
+_OPTIM_KEYS = {
+    "lr": (float, _REQUIRED), "beta1": (float, 0.9), "beta2": (float, 0.95),
+    "weight_decay": (float, 0.0), "grad_clip": (float, 1.0),
+}
+
+
+def _read_table(path, doc, table, keys):
+    raw = doc.get(table)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: missing table [{table}]\nhint: see configs/tiny-llama.toml")
+    for k in raw:
+        if k not in keys:
+            raise ConfigError(f"{path}: [{table}] unknown key '{k}'\n"
+                              f"hint: known keys are {', '.join(sorted(keys))}")
+    out = {}
+    for k, (ty, default) in keys.items():
+        if k in raw:
+            v = raw[k]
+            if ty is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if not isinstance(v, ty) or isinstance(v, bool):
+                raise ConfigError(f"{path}: [{table}] {k} = {v!r} is not a {ty.__name__}\n"
+                                  f"hint: write e.g. {k} = {ty(1)!r}")
+            out[k] = v
+        elif default is _REQUIRED:
+            raise ConfigError(f"{path}: [{table}] missing key '{k}'\nhint: add {k} = ...")
+        elif default is _SAME_AS_N_HEADS:
+            out[k] = out["n_heads"]
+        else:
+            out[k] = default
+    return out
+
+
+def load_config(path):
+    """Reads and validates a Loom TOML config; raises ConfigError naming the file and key."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot open ({e.strerror})\nhint: pass e.g. configs/tiny-llama.toml")
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})\nhint: check quoting and table headers")
+    m = ModelConfig(**_read_table(path, doc, "model", _MODEL_KEYS))
+    t = TrainConfig(**_read_table(path, doc, "train", _TRAIN_KEYS))
+    o = OptimConfig(**_read_table(path, doc, "optim", _OPTIM_KEYS))
+    if m.arch not in ("llama", "gpt2"):
+        raise ConfigError(f"{path}: [model] arch = {m.arch!r}\nhint: use \"llama\" or \"gpt2\"")
+    if m.dtype not in ("f32", "bf16"):
+        raise ConfigError(f"{path}: [model] dtype = {m.dtype!r}\nhint: use \"f32\" or \"bf16\"")
+    if m.d_model % m.n_heads or m.n_heads % m.n_kv_heads or m.head_size % 2:
+        raise ConfigError(f"{path}: [model] d_model={m.d_model}, n_heads={m.n_heads}, "
+                          f"n_kv_heads={m.n_kv_heads} do not divide\n"
+                          "hint: d_model % n_heads == 0, n_heads % n_kv_heads == 0, head size even")
+    if m.arch == "gpt2" and m.n_kv_heads != m.n_heads:
+        raise ConfigError(f"{path}: [model] n_kv_heads = {m.n_kv_heads} for gpt2\n"
+                          "hint: GPT-2 has no grouped-query attention; drop n_kv_heads")
+    check_seq_len(path, m, t.seq_len)
+    return Config(path=path, model=m, train=t, optim=o)
+
+
+def check_seq_len(where, m, seq_len):
+    if not 1 <= seq_len <= m.max_seq_len:
+        raise ConfigError(f"{where}: seq_len = {seq_len} outside [1, max_seq_len = {m.max_seq_len}]\n"
+                          "hint: lower seq_len or raise [model] max_seq_len")
+
+
+# ----------------------------------------------------------------------------------------------
+# The three places a matmul happens. `bf16` selects Loom's explicit-cast recipe; with it off the
+# code is plain f32 (and is what runs under torch.autocast in the benchmark).
+
+
+def linear(x, w, bf16):
+    """y = x @ w^T.  x (..., in), w (out, in) -> (..., out) f32; bf16: operands and result rounded."""
+    if bf16:
+        return (x.to(torch.bfloat16) @ w.to(torch.bfloat16).t()).float()
+    return F.linear(x, w)
+
+
+def conv1d(x, w, b, bf16):
+    """GPT-2's Conv1D, y = x @ w + b.  x (..., in), w (in, out), b (out) -> (..., out); bias in f32."""
+    if bf16:
+        return (x.to(torch.bfloat16) @ w.to(torch.bfloat16)).float() + b
+    return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], w.shape[1])
+
+
+def causal_attention(q, k, v, bf16):
+    """Naive masked-softmax attention.  q (B,NH,T,HS), k and v (B,NH,T,HS) -> (B,T,NH*HS).
+
+    bf16: q, k, v are rounded to bf16, scores and softmax computed in f32 on those values, the
+    output rounded to bf16 (the projection after it then consumes it without another rounding).
+    """
+    B, NH, T, HS = q.shape
+    if bf16:
+        q, k, v = (t.to(torch.bfloat16).float() for t in (q, k, v))
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))  # (B,NH,T,T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    y = scores.softmax(dim=-1) @ v  # (B,NH,T,HS)
+    y = y.transpose(1, 2).reshape(B, T, NH * HS)
+    return y.to(torch.bfloat16) if bf16 else y
+
+
+# ----------------------------------------------------------------------------------------------
+# Leaf modules: each owns its parameters under the Hugging Face leaf names (weight, bias).
+
+
+class Linear(nn.Module):
+    """No bias; weight (out, in) as in nn.Linear."""
+
+    def __init__(self, n_in, n_out, bf16):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_out, n_in))
+        self.bf16 = bf16
+
+    def forward(self, x):
+        return linear(x, self.weight, self.bf16)
+
+
+class Conv1D(nn.Module):
+    """GPT-2's transposed linear: weight (in, out), bias (out)."""
+
+    def __init__(self, n_in, n_out, bf16):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_in, n_out))
+        self.bias = nn.Parameter(torch.empty(n_out))
+        self.bf16 = bf16
+
+    def forward(self, x):
+        return conv1d(x, self.weight, self.bias, self.bf16)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, C, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(C))
+        self.eps = eps
+
+    def forward(self, x):  # (..., C) -> (..., C)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, C, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(C))
+        self.bias = nn.Parameter(torch.empty(C))
+        self.eps = eps
+
+    def forward(self, x):  # (..., C) -> (..., C)
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+class Embedding(nn.Module):
+    def __init__(self, n, C):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n, C))
+
+    def forward(self, idx):  # int (...) -> (..., C)
+        return F.embedding(idx, self.weight)
+
+
+# ----------------------------------------------------------------------------------------------
+# Llama: model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
+# post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head (untied).
+
+
+def rope_tables(T, HS, theta, dtype, device=None):
+    """cos, sin (T, HS) in the Hugging Face layout cat(freqs, freqs).
+
+    inv_freq[i] = theta^(-2i/HS) for i < HS/2, angle[t, i] = t * inv_freq[i]. Computed in float64
+    and rounded once to `dtype`, so the table is the correctly rounded value, not f32 pow's.
+    """
+    inv_freq = theta ** (-torch.arange(0, HS, 2, dtype=torch.float64) / HS)  # (HS/2)
+    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)  # (T, HS/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, HS)
+    return emb.cos().to(dtype=dtype, device=device), emb.sin().to(dtype=dtype, device=device)
+
+
+def rotate_half(x):  # (..., HS): (x1, x2) -> (-x2, x1)
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """x (B,T,H,HS), cos/sin (T,HS) -> (B,T,H,HS)."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, m, bf16):
+        super().__init__()
+        C, NH, NKV, HS = m.d_model, m.n_heads, m.n_kv_heads, m.head_size
+        self.q_proj = Linear(C, NH * HS, bf16)
+        self.k_proj = Linear(C, NKV * HS, bf16)
+        self.v_proj = Linear(C, NKV * HS, bf16)
+        self.o_proj = Linear(NH * HS, C, bf16)
+        self.NH, self.NKV, self.HS, self.bf16 = NH, NKV, HS, bf16
+
+    def forward(self, x, cos, sin):  # x (B,T,C) -> (B,T,C)
+        B, T, _ = x.shape
+        q = apply_rope(self.q_proj(x).view(B, T, self.NH, self.HS), cos, sin)
+        k = apply_rope(self.k_proj(x).view(B, T, self.NKV, self.HS), cos, sin)
+        v = self.v_proj(x).view(B, T, self.NKV, self.HS)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B,H,T,HS)
+        # GQA: query head h reads kv head h // (NH/NKV).
+        group = self.NH // self.NKV
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+        return self.o_proj(causal_attention(q, k, v, self.bf16))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, m, bf16):
+        super().__init__()
+        self.gate_proj = Linear(m.d_model, m.ffn_hidden, bf16)
+        self.up_proj = Linear(m.d_model, m.ffn_hidden, bf16)
+        self.down_proj = Linear(m.ffn_hidden, m.d_model, bf16)
+
+    def forward(self, x):  # (B,T,C) -> (B,T,C); SwiGLU in f32
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, m, bf16):
+        super().__init__()
+        self.input_layernorm = RMSNorm(m.d_model, m.norm_eps)
+        self.self_attn = LlamaAttention(m, bf16)
+        self.post_attention_layernorm = RMSNorm(m.d_model, m.norm_eps)
+        self.mlp = LlamaMLP(m, bf16)
+
+    def forward(self, x, cos, sin):  # (B,T,C) -> (B,T,C)
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaBody(nn.Module):
+    def __init__(self, m, bf16):
+        super().__init__()
+        self.embed_tokens = Embedding(m.vocab_size, m.d_model)
+        self.layers = nn.ModuleList(LlamaLayer(m, bf16) for _ in range(m.n_layers))
+        self.norm = RMSNorm(m.d_model, m.norm_eps)
+
+
+class Llama(nn.Module):
+    def __init__(self, m, bf16=False):
+        super().__init__()
+        self.cfg = m
+        self.model = LlamaBody(m, bf16)
+        self.lm_head = Linear(m.d_model, m.vocab_size, bf16)
+
+    def forward(self, tokens):  # int (B,T) -> logits (B,T,V) f32
+        x = self.model.embed_tokens(tokens)
+        T = tokens.shape[1]
+        cos, sin = rope_tables(T, self.cfg.head_size, self.cfg.rope_theta, x.dtype, x.device)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.model.norm(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPT-2: wte, wpe, h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}, ln_f;
+# lm_head tied to wte.
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, m, bf16):
+        super().__init__()
+        self.c_attn = Conv1D(m.d_model, 3 * m.d_model, bf16)
+        self.c_proj = Conv1D(m.d_model, m.d_model, bf16)
+        self.NH, self.HS, self.bf16 = m.n_heads, m.head_size, bf16
+
+    def forward(self, x):  # (B,T,C) -> (B,T,C)
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=-1)  # each (B,T,C)
+        q, k, v = (t.view(B, T, self.NH, self.HS).transpose(1, 2) for t in (q, k, v))
+        return self.c_proj(causal_attention(q, k, v, self.bf16))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, m, bf16):
+        super().__init__()
+        self.c_fc = Conv1D(m.d_model, m.ffn_hidden, bf16)
+        self.c_proj = Conv1D(m.ffn_hidden, m.d_model, bf16)
+
+    def forward(self, x):  # (B,T,C) -> (B,T,C); GELU (tanh) in f32
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, m, bf16):
+        super().__init__()
+        self.ln_1 = LayerNorm(m.d_model, m.norm_eps)
+        self.attn = GPT2Attention(m, bf16)
+        self.ln_2 = LayerNorm(m.d_model, m.norm_eps)
+        self.mlp = GPT2MLP(m, bf16)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    def __init__(self, m, bf16=False):
+        super().__init__()
+        self.cfg, self.bf16 = m, bf16
+        self.wte = Embedding(m.vocab_size, m.d_model)
+        self.wpe = Embedding(m.max_seq_len, m.d_model)
+        self.h = nn.ModuleList(GPT2Block(m, bf16) for _ in range(m.n_layers))
+        self.ln_f = LayerNorm(m.d_model, m.norm_eps)
+
+    def forward(self, tokens):  # int (B,T) -> logits (B,T,V) f32
+        T = tokens.shape[1]
+        x = self.wte(tokens) + self.wpe.weight[:T]
+        for block in self.h:
+            x = block(x)
+        return linear(self.ln_f(x), self.wte.weight, self.bf16)  # tied lm_head
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared by the benchmark and the golden script.
+
+
+def build_model(m, bf16_casts=False):
+    """The model for `m`, parameters uninitialized (torch.empty). bf16_casts: Loom's bf16 recipe."""
+    return (Llama if m.arch == "llama" else GPT2)(m, bf16_casts)
+
+
+def param_kind(name, p):
+    """'matrix' (ndim >= 2: linears and embeddings), 'norm' (1-D weight) or 'bias'."""
+    if p.ndim >= 2:
+        return "matrix"
+    return "bias" if name.endswith(".bias") else "norm"
+
+
+@torch.no_grad()
+def init_for_bench(model, generator=None):
+    """normal(0, 0.02) for matrices and embeddings, ones for norm weights, zeros for biases."""
+    for name, p in model.named_parameters():
+        kind = param_kind(name, p)
+        if kind == "matrix":
+            p.normal_(0.0, 0.02, generator=generator)
+        elif kind == "norm":
+            p.fill_(1.0)
+        else:
+            p.zero_()
+
+
+def lm_loss(logits, targets):
+    """Mean cross-entropy over all B*T targets.  logits (B,T,V), targets int (B,T) -> scalar."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def make_adamw(model, o, foreach=None):
+    """AdamW with nanoGPT's decay rule: weight decay on ndim >= 2 parameters only, eps 1e-8."""
+    params = list(model.parameters())
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, foreach=foreach)
+
+
+# ----------------------------------------------------------------------------------------------
+# The benchmark CLI.
+
+
+def bench(args):
+    cfg = load_config(args.config)
+    m = cfg.model
+    dtype = args.dtype or m.dtype
+    B = args.batch_size or cfg.train.batch_size
+    T = args.seq_len or cfg.train.seq_len
+    check_seq_len("--seq-len", m, T)
+    if args.threads < 1 or args.steps < 1 or args.warmup < 0 or B < 1:
+        raise ConfigError("--threads, --steps, --batch-size must be >= 1 and --warmup >= 0\n"
+                          "hint: e.g. --threads 2 --steps 10 --warmup 3")
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(args.seed)
+
+    model = build_model(m)  # f32 code; bf16 comes from autocast below
+    init_for_bench(model, g)
+    opt = make_adamw(model, cfg.optim)
+    batch = torch.randint(0, m.vocab_size, (B, T + 1), generator=g)
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=(dtype == "bf16")):
+            logits = model(inputs)
+        loss = lm_loss(logits.float(), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        opt.step()
+        return loss.item()
+
+    for _ in range(args.warmup):
+        step()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+
+    median = statistics.median(times)
+    out = {
+        "peer": "pytorch-eager",
+        "torch_version": torch.__version__,
+        "arch": m.arch,
+        "dtype": dtype,
+        "threads": torch.get_num_threads(),
+        "batch_size": B,
+        "seq_len": T,
+        "params": sum(p.numel() for p in model.parameters()),
+        "tokens_per_s": B * T / median,
+        "step_ms": {"median": median * 1e3, "min": min(times) * 1e3, "max": max(times) * 1e3},
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "attention": "naive_masked_softmax",
+        "final_loss": loss,
+    }
+    if dtype == "bf16":
+        out["bf16_mode"] = "autocast"
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    try:
+        bench(_ARGS)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,109 @@
+#include "loom/autodiff/autodiff.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+#include "loom/core/error.h"
+
+namespace loom::autodiff {
+
+std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& wrt) {
+  ir::Graph& g = b.graph();
+  if (g.value(loss).type != ir::TensorType{DType::f32, {}})
+    throw Error(fmt::format("autodiff: loss %{} must be an f32 scalar", g.value(loss).name));
+  const int n_nodes = int(g.nodes().size());
+
+  // Values that depend on something in wrt (forward reachability).
+  std::vector<bool> depends(g.values().size(), false);
+  for (int v : wrt) depends[v] = true;
+  for (int i = 0; i < n_nodes; ++i) {
+    const ir::Node& n = g.node(i);
+    bool any = false;
+    for (int in : n.inputs) any = any || depends[in];
+    if (any)
+      for (int out : n.outputs) depends[out] = true;
+  }
+
+  std::vector<int> grad(g.values().size(), -1);
+  grad[loss] = b.emit1("fill", {}, {{"shape", Shape{}}, {"value", 1.0}}, "grad.seed");
+  auto accumulate = [&](int v, int d) {
+    if (grad[v] < 0) {
+      grad[v] = d;
+      return;
+    }
+    DType t = b.type(v).dtype;
+    int s = b.add(b.cast(grad[v], DType::f32), b.cast(d, DType::f32), "grad.acc");
+    grad[v] = b.cast(s, t);
+  };
+
+  for (int i = n_nodes - 1; i >= 0; --i) {
+    const ir::Node n = g.node(i);  // copy: emitting nodes may reallocate the node list
+    bool needed = false;
+    for (int in : n.inputs) needed = needed || depends[in];
+    if (!needed) continue;
+    std::vector<int> d;
+    bool any = false;
+    for (int out : n.outputs) {
+      d.push_back(grad[out]);
+      any = any || grad[out] >= 0;
+    }
+    if (!any) continue;
+    const ops::OpDef& def = ops::op_def(n.op);
+    if (!def.vjp)
+      throw Error(fmt::format("autodiff: op {} (producing %{}) has no gradient", n.op,
+                              g.value(n.outputs[0]).name));
+    std::vector<int> dins = def.vjp(b, n, d);
+    LOOM_CHECK(dins.size() == n.inputs.size()) << n.op << " vjp returned " << dins.size();
+    for (size_t k = 0; k < dins.size(); ++k)
+      if (dins[k] >= 0 && depends[n.inputs[k]]) accumulate(n.inputs[k], dins[k]);
+  }
+
+  std::map<int, int> r;
+  for (int v : wrt) {
+    if (grad[v] < 0)
+      throw Error(fmt::format("autodiff: %{} does not affect the loss", g.value(v).name));
+    if (g.value(v).kind != ir::ValueKind::node && g.value(grad[v]).kind == ir::ValueKind::node &&
+        g.find("grad." + g.value(v).name) < 0)
+      g.rename(grad[v], "grad." + g.value(v).name);
+    r[v] = grad[v];
+  }
+  return r;
+}
+
+TrainStep build_train_step(ir::Graph& g, int loss, const AdamWConfig& cfg) {
+  ops::Builder b(g);
+  std::vector<int> params = g.inputs_of_kind(ir::ValueKind::param);
+  std::map<int, int> grads = gradients(b, loss, params);
+
+  TrainStep ts;
+  ts.loss = loss;
+  b.set_scope("optim.");
+  int total = -1;
+  for (int p : params) {
+    int s = b.emit1("sumsq", {grads[p]});
+    total = total < 0 ? s : b.add(total, s);
+  }
+  auto cn = b.emit("clip_coef", {total}, {{"max_norm", cfg.grad_clip}}, {"clip_coef", "grad_norm"});
+  ts.grad_norm = cn[1];
+  ts.hyper = g.add_input("optim.hyper", {DType::f32, {3}}, ir::ValueKind::input);
+  for (int p : params) {
+    const ir::Value& pv = g.value(p);
+    std::string name = pv.name;
+    ir::TensorType t = pv.type;
+    int m = g.add_input("adam.m." + name, t, ir::ValueKind::state);
+    int v = g.add_input("adam.v." + name, t, ir::ValueKind::state);
+    ts.moments_m[p] = m;
+    ts.moments_v[p] = v;
+    double wd = t.shape.size() >= 2 ? cfg.weight_decay : 0.0;
+    b.set_scope("");
+    b.emit("adamw", {p, grads[p], m, v, ts.hyper, cn[0]},
+           {{"beta1", cfg.beta1}, {"beta2", cfg.beta2}, {"eps", cfg.eps}, {"wd", wd}},
+           {"new." + name, "new.adam.m." + name, "new.adam.v." + name});
+  }
+  g.add_output(loss);
+  g.add_output(ts.grad_norm);
+  return ts;
+}
+
+}  // namespace loom::autodiff

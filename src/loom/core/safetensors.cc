@@ -1,0 +1,524 @@
+// safetensors reader and writer; see safetensors.h for the format, the checks and the invariant.
+#include "loom/core/safetensors.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
+#include <system_error>
+#include <tuple>
+
+#include "loom/core/error.h"
+
+namespace loom {
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kBufferAlign = 64;
+// Hugging Face refuses headers past 100 MB; a larger length is a corrupt or foreign file, and this
+// bound keeps a flipped length field from turning into a huge allocation.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr std::string_view kMetadataKey = "__metadata__";
+// Dtypes that safetensors defines but Loom has no element type for: named as unsupported, not
+// unknown.
+constexpr std::string_view kOtherDtypes[] = {
+    "BOOL", "U8",      "I8",      "I16",     "U16",     "F16",     "U32", "I64", "U64",
+    "F64",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",  "C64"};
+
+// ---- checked POSIX calls ---------------------------------------------------------------------
+
+std::string os_error_text(int err) {
+  const char* name = strerrorname_np(err);  // "ENOSPC"
+  return fmt::format("{} ({})", std::generic_category().message(err), name ? name : "?");
+}
+
+std::string os_error_hint(int err, const std::string& path) {
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+      return "the disk (or quota) is full; free space or write somewhere else";
+    case EFBIG:
+      return "the file size limit was hit (ulimit -f, or the file system's maximum file size)";
+    case ENOENT:
+      return fmt::format("'{}' or a directory above it does not exist", path);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return "check the permissions of the file and its directory";
+    case EISDIR:
+      return fmt::format("'{}' is a directory", path);
+    default:
+      return "";
+  }
+}
+
+[[noreturn]] void throw_os(const char* op, const std::string& path, int err) {
+  throw Error(fmt::format("cannot {} '{}': {}", op, path, os_error_text(err)),
+              os_error_hint(err, path));
+}
+
+// Returns rc, or throws loom::Error "cannot <op> '<path>': <strerror> (<ENAME>)" when rc is -1.
+template <class T>
+T check_sys(T rc, const char* op, const std::string& path) {
+  if (rc < 0) throw_os(op, path, errno);
+  return rc;
+}
+
+// Owns a file descriptor; close() reports errors, the destructor (failure paths only) ignores them.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  void close(const std::string& path) {
+    int fd = fd_;
+    fd_ = -1;
+    check_sys(::close(fd), "close", path);
+  }
+
+ private:
+  int fd_;
+};
+
+Fd open_checked(const std::string& path, int flags, mode_t mode, const char* op) {
+  int fd;
+  do fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  while (fd < 0 && errno == EINTR);
+  return Fd(check_sys(fd, op, path));
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, std::min(n, size_t{1} << 30));
+    if (w < 0 && errno == EINTR) continue;
+    if (w == 0) throw_os("write", path, EIO);  // cannot happen for regular files; never spin
+    check_sys(w, "write", path);
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+// Reads exactly n bytes at offset, or throws (a file that shrinks under us is an error too).
+void pread_all(int fd, void* data, size_t n, uint64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, std::min(n, size_t{1} << 30), off_t(offset));
+    if (r < 0 && errno == EINTR) continue;
+    check_sys(r, "read safetensors file", path);
+    if (r == 0) {
+      throw Error(fmt::format("safetensors file '{}': file ended early while reading it", path),
+                  "another process may be rewriting it; retry once it is done");
+    }
+    p += r;
+    n -= size_t(r);
+    offset += uint64_t(r);
+  }
+}
+
+// Removes a temporary file unless disarmed: every early exit from the writer cleans up.
+struct RemoveOnExit {
+  std::string path;
+  bool armed = true;
+  ~RemoveOnExit() {
+    if (armed) ::unlink(path.c_str());
+  }
+};
+
+// ---- header parsing ----------------------------------------------------------------------------
+
+[[noreturn]] void fail(const std::string& path, const std::string& what,
+                       const std::string& hint = "") {
+  throw Error(fmt::format("safetensors file '{}': {}", path, what), hint);
+}
+
+[[noreturn]] void fail_tensor(const std::string& path, const std::string& name,
+                              const std::string& what, const std::string& hint = "") {
+  throw Error(fmt::format("safetensors file '{}': tensor '{}': {}", path, name, what), hint);
+}
+
+std::string_view st_dtype_name(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::i32:
+      return "I32";
+  }
+  LOOM_CHECK(false) << "bad DType " << int(t);
+  return "";
+}
+
+DType parse_st_dtype(const std::string& path, const std::string& name, const std::string& s) {
+  if (s == "F32") return DType::f32;
+  if (s == "BF16") return DType::bf16;
+  if (s == "I32") return DType::i32;
+  const char* kReads = "Loom reads F32, BF16 and I32";
+  if (std::find(std::begin(kOtherDtypes), std::end(kOtherDtypes), s) != std::end(kOtherDtypes)) {
+    fail_tensor(path, name, fmt::format("dtype {} is not supported ({})", s, kReads),
+                "convert the checkpoint first, e.g. in PyTorch: "
+                "{k: v.float() for k, v in load_file(p).items()}");
+  }
+  fail_tensor(path, name, fmt::format("unknown dtype \"{}\" ({})", s, kReads));
+}
+
+const char* json_type(const json& j) {
+  if (j.is_number_unsigned()) return "non-negative integer";
+  if (j.is_number_integer()) return "negative integer";
+  if (j.is_number_float()) return "float";
+  return j.type_name();
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+struct Entry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+
+// Parses one tensor entry: {"dtype": str, "shape": [uint...], "data_offsets": [uint, uint]}.
+Entry parse_entry(const std::string& path, const std::string& name, const json& j) {
+  const char* kHint =
+      "each tensor needs {\"dtype\": \"F32\", \"shape\": [2, 3], \"data_offsets\": [0, 24]}";
+  if (!j.is_object()) {
+    fail_tensor(path, name, fmt::format("entry is a {}, not an object", json_type(j)), kHint);
+  }
+  for (const auto& [key, _] : j.items()) {
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      fail_tensor(path, name, fmt::format("unknown key \"{}\"", key), kHint);
+    }
+  }
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!j.contains(key)) fail_tensor(path, name, fmt::format("missing \"{}\"", key), kHint);
+  }
+  Entry e;
+  e.name = name;
+
+  const json& dt = j["dtype"];
+  if (!dt.is_string()) {
+    fail_tensor(path, name, fmt::format("\"dtype\" is a {}, not a string", json_type(dt)), kHint);
+  }
+  e.dtype = parse_st_dtype(path, name, dt.get<std::string>());
+
+  const json& sh = j["shape"];
+  if (!sh.is_array()) {
+    fail_tensor(path, name, fmt::format("\"shape\" is a {}, not an array", json_type(sh)), kHint);
+  }
+  for (const json& d : sh) {
+    if (d.is_number_integer() && !d.is_number_unsigned()) {
+      fail_tensor(path, name, fmt::format("negative dimension {} in \"shape\"", d.dump()));
+    }
+    if (!d.is_number_unsigned()) {
+      fail_tensor(path, name, fmt::format("\"shape\" holds a {}, not an integer", json_type(d)),
+                  kHint);
+    }
+    uint64_t v = d.get<uint64_t>();
+    if (v > uint64_t(INT64_MAX)) {
+      fail_tensor(path, name, fmt::format("dimension {} is too large", v));
+    }
+    e.shape.push_back(int64_t(v));
+  }
+
+  const json& off = j["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+      !off[1].is_number_unsigned()) {
+    fail_tensor(path, name,
+                fmt::format("\"data_offsets\" is {}, not [begin, end] with non-negative integers",
+                            off.dump()),
+                kHint);
+  }
+  e.begin = off[0].get<uint64_t>();
+  e.end = off[1].get<uint64_t>();
+  return e;
+}
+
+// Checks one entry's offsets against its shape and against the data buffer's size.
+void check_extent(const std::string& path, const Entry& e, uint64_t buffer_bytes) {
+  if (e.end < e.begin) {
+    fail_tensor(path, e.name,
+                fmt::format("data_offsets [{}, {}] end before they begin", e.begin, e.end));
+  }
+  // Overflow-checked product(shape) * dtype_size: a corrupt header must not wrap around to a match.
+  uint64_t need = dtype_size(e.dtype);
+  for (int64_t d : e.shape) {
+    if (__builtin_mul_overflow(need, uint64_t(d), &need)) {
+      fail_tensor(path, e.name,
+                  fmt::format("shape {} overflows a 64-bit byte count", shape_str(e.shape)));
+    }
+  }
+  if (e.end - e.begin != need) {
+    fail_tensor(path, e.name,
+                fmt::format("data_offsets [{}, {}] span {} bytes but shape {} of {} needs {} bytes",
+                            e.begin, e.end, e.end - e.begin, shape_str(e.shape),
+                            st_dtype_name(e.dtype), need));
+  }
+  if (e.end > buffer_bytes) {
+    fail_tensor(path, e.name,
+                fmt::format("data_offsets [{}, {}] run past the end of the data buffer ({} bytes)",
+                            e.begin, e.end, buffer_bytes),
+                "the file is truncated: was it copied partially, or read while being written?");
+  }
+}
+
+void parse_metadata(const std::string& path, const json& j,
+                    std::map<std::string, std::string>* out) {
+  const char* kHint = "\"__metadata__\" must be an object mapping strings to strings";
+  if (!j.is_object()) fail(path, fmt::format("\"__metadata__\" is a {}", json_type(j)), kHint);
+  for (const auto& [key, value] : j.items()) {
+    if (!value.is_string()) {
+      fail(path, fmt::format("\"__metadata__\" key \"{}\" holds a {}", key, json_type(value)),
+           kHint);
+    }
+    (*out)[key] = value.get<std::string>();
+  }
+}
+
+// Parses the header text, rejecting duplicate keys at any depth (nlohmann keeps the last silently,
+// which would hide a second definition of a tensor).
+json parse_header_json(const std::string& path, const std::string& text) {
+  std::vector<std::set<std::string>> seen;  // keys of each open object, innermost last
+  std::string duplicate;
+  auto on_event = [&](int, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::object_start) {
+      seen.emplace_back();
+    } else if (ev == json::parse_event_t::object_end) {
+      seen.pop_back();
+    } else if (ev == json::parse_event_t::key && !seen.empty()) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      if (!seen.back().insert(key).second && duplicate.empty()) duplicate = key;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text, on_event);
+  } catch (const json::exception& ex) {
+    fail(path, fmt::format("header is not valid JSON: {}", ex.what()),
+         "the file is corrupt or not a safetensors file");
+  }
+  if (!duplicate.empty()) fail(path, fmt::format("header has the key \"{}\" twice", duplicate));
+  if (!j.is_object()) {
+    fail(path, fmt::format("header is a JSON {}, not an object", json_type(j)),
+         "the file is corrupt or not a safetensors file");
+  }
+  return j;
+}
+
+}  // namespace
+
+// ---- reader ------------------------------------------------------------------------------------
+
+void SafetensorsFile::FreeAligned::operator()(std::byte* p) const {
+  ::operator delete[](p, std::align_val_t{kBufferAlign});
+}
+
+SafetensorsFile::AlignedBytes SafetensorsFile::alloc_aligned(size_t n) {
+  return AlignedBytes(static_cast<std::byte*>(::operator new[](n, std::align_val_t{kBufferAlign})));
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  Fd fd = open_checked(path, O_RDONLY, 0, "open safetensors file");
+  struct stat st;
+  check_sys(::fstat(fd.get(), &st), "stat safetensors file", path);
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  const uint64_t file_bytes = uint64_t(st.st_size);
+  const char* kNotSt = "the file is truncated or not a safetensors file";
+  if (file_bytes < 8) {
+    fail(path, fmt::format("file is {} bytes, shorter than the 8-byte header length", file_bytes),
+         kNotSt);
+  }
+
+  unsigned char len_bytes[8];
+  pread_all(fd.get(), len_bytes, 8, 0, path);
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | len_bytes[i];  // little-endian
+  if (header_bytes > file_bytes - 8) {
+    fail(path,
+         fmt::format("header length {} is larger than the {} bytes that follow it", header_bytes,
+                     file_bytes - 8),
+         kNotSt);
+  }
+  if (header_bytes > kMaxHeaderBytes) {
+    fail(path,
+         fmt::format("header length {} exceeds the {} byte limit", header_bytes, kMaxHeaderBytes),
+         kNotSt);
+  }
+  std::string text(header_bytes, '\0');
+  pread_all(fd.get(), text.data(), text.size(), 8, path);
+  json header = parse_header_json(path, text);
+
+  SafetensorsFile f;
+  f.path_ = path;
+  std::vector<Entry> entries;
+  for (const auto& [key, value] : header.items()) {
+    if (key == kMetadataKey) {
+      parse_metadata(path, value, &f.metadata_);
+    } else {
+      entries.push_back(parse_entry(path, key, value));
+    }
+  }
+
+  const uint64_t buffer_bytes = file_bytes - 8 - header_bytes;
+  for (const Entry& e : entries) check_extent(path, e, buffer_bytes);
+
+  // Tensors must tile [0, buffer_bytes) in offset order. Example: sizes 24 and 8 are valid only as
+  // [0,24),[24,32) with 32 data bytes. Empty tensors sort before a non-empty one at the same
+  // offset.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  uint64_t covered = 0;  // invariant: entries before i tile [0, covered)
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    if (e.begin < covered) {
+      const Entry& prev = entries[i - 1];
+      fail_tensor(path, e.name,
+                  fmt::format("data_offsets [{}, {}] overlap tensor '{}' at [{}, {}]", e.begin,
+                              e.end, prev.name, prev.begin, prev.end));
+    }
+    if (e.begin > covered) {
+      fail_tensor(path, e.name,
+                  fmt::format("data_offsets [{}, {}] leave a hole of {} bytes before it", e.begin,
+                              e.end, e.begin - covered),
+                  "safetensors requires tensors to cover the data buffer with no gaps");
+    }
+    covered = e.end;
+  }
+  if (covered != buffer_bytes) {
+    fail(path,
+         fmt::format("{} bytes after the last tensor's data are not part of any tensor",
+                     buffer_bytes - covered),
+         "safetensors requires the tensors to cover the data buffer exactly");
+  }
+
+  f.buffer_ = alloc_aligned(buffer_bytes);
+  pread_all(fd.get(), f.buffer_.get(), buffer_bytes, 8 + header_bytes, path);
+  fd.close(path);
+
+  f.names_.reserve(entries.size());
+  for (Entry& e : entries) {
+    const size_t nbytes = e.end - e.begin;
+    const std::byte* data = f.buffer_.get() + e.begin;
+    if (e.begin % dtype_size(e.dtype) != 0) {  // keep the alignment invariant: copy
+      f.realigned_.push_back(alloc_aligned(nbytes));
+      std::memcpy(f.realigned_.back().get(), data, nbytes);
+      data = f.realigned_.back().get();
+    }
+    f.names_.push_back(e.name);
+    f.tensors_.emplace(e.name, TensorView{e.dtype, std::move(e.shape), data, nbytes});
+  }
+  return f;
+}
+
+bool SafetensorsFile::contains(const std::string& name) const { return tensors_.count(name) != 0; }
+
+const TensorView& SafetensorsFile::get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it != tensors_.end()) return it->second;
+  constexpr size_t kShown = 5;
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < names_.size() && i < kShown; ++i) shown.push_back("'" + names_[i] + "'");
+  std::string hint =
+      names_.empty() ? "the file holds no tensors"
+                     : fmt::format("tensors in the file ({}): {}{}", names_.size(),
+                                   fmt::join(shown, ", "), names_.size() > kShown ? ", ..." : "");
+  fail_tensor(path_, name, "no such tensor in the file", hint);
+}
+
+// ---- writer ------------------------------------------------------------------------------------
+
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Largest elements first, stable: every tensor then starts at a multiple of its element size.
+  std::vector<const TensorToWrite*> order;
+  for (const TensorToWrite& t : tensors) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(), [](const TensorToWrite* a, const TensorToWrite* b) {
+    return dtype_size(a->dtype) > dtype_size(b->dtype);
+  });
+
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header[std::string(kMetadataKey)] = metadata;
+  std::vector<size_t> sizes;
+  uint64_t offset = 0;
+  for (const TensorToWrite* t : order) {
+    if (t->name == kMetadataKey) {
+      throw Error(fmt::format(
+          "cannot write safetensors file '{}': \"__metadata__\" is reserved, not a tensor name",
+          path));
+    }
+    if (header.contains(t->name)) {
+      throw Error(fmt::format("cannot write safetensors file '{}': tensor name '{}' appears twice",
+                              path, t->name));
+    }
+    size_t nbytes = dtype_size(t->dtype);
+    for (int64_t d : t->shape) {
+      LOOM_CHECK(d >= 0) << "tensor '" << t->name << "' has negative dim " << d;
+      nbytes *= size_t(d);
+    }
+    LOOM_CHECK(t->data != nullptr || nbytes == 0) << "tensor '" << t->name << "' has no data";
+    auto& entry = header[t->name];
+    entry["dtype"] = std::string(st_dtype_name(t->dtype));
+    entry["shape"] = t->shape;
+    entry["data_offsets"] = nlohmann::ordered_json::array({offset, offset + nbytes});
+    sizes.push_back(nbytes);
+    offset += nbytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& ex) {  // invalid UTF-8 in a name or metadata string
+    throw Error(fmt::format("cannot write safetensors file '{}': {}", path, ex.what()),
+                "tensor names and metadata must be valid UTF-8");
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data buffer starts 8-aligned in the file
+  unsigned char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
+
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  try {
+    RemoveOnExit cleanup{tmp};
+    Fd fd = open_checked(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, "create");
+    write_all(fd.get(), len_bytes, 8, tmp);
+    write_all(fd.get(), text.data(), text.size(), tmp);
+    for (size_t i = 0; i < order.size(); ++i) write_all(fd.get(), order[i]->data, sizes[i], tmp);
+    check_sys(::fsync(fd.get()), "fsync", tmp);
+    fd.close(tmp);
+    check_sys(::rename(tmp.c_str(), path.c_str()), "rename the temporary file onto", path);
+    cleanup.armed = false;
+  } catch (const Error& e) {
+    throw Error(fmt::format("cannot write safetensors file '{}': {}", path, e.what()));
+  }
+  // Make the rename itself durable. If this fails, PATH already holds the complete new file.
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  try {
+    Fd dfd = open_checked(dir, O_RDONLY | O_DIRECTORY, 0, "open directory");
+    check_sys(::fsync(dfd.get()), "fsync directory", dir);
+    dfd.close(dir);
+  } catch (const Error& e) {
+    throw Error(fmt::format(
+        "safetensors file '{}' was written in full, but a crash could still undo it: {}", path,
+        e.what()));
+  }
+}
+
+}  // namespace loom

@@ -1,0 +1,84 @@
+// Softmax cross-entropy over the last dim, fused with its gradient.
+//
+// Per row (three passes; the row is in L1/L2 after the first): m = max; e_v = exp(x_v - m) stored into
+// dlogits while summing s = sum e_v; then dlogits = e_v/(s*N) - onehot/N. loss_n = m + log(s) - x_t.
+// The first two passes are AVX-512 intrinsics (vectorised exp, detail::exp_f32x16) with a scalar
+// fallback for other builds.
+// Does not do label smoothing, ignore-index or class weights; does not reduce in place over rows.
+// If dlogits is null only the loss is computed (evaluation).
+// Invariant: the mean over rows is an f64 sum of the per-row losses in row order, so the loss is
+// bit-identical for any thread count; each row is computed by one thread in a fixed order.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/kernel_util.h"
+#include "loom/kernels/cpu/kernels.h"
+
+namespace loom::kernels::cpu {
+
+using detail::exp_f32;
+
+namespace {
+
+// One row: x (V) -> d (V) = (softmax(x) - onehot(t)) * inv_n (skipped when d is null);
+// returns logsumexp(x) - x[t]. d may equal x.
+double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float inv_n) {
+  const float xt = x[t];  // read before d (possibly x itself) is written
+#ifdef __AVX512F__
+  // 16 lanes with a masked tail; lane partials are combined by the fixed reduce_* trees.
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 vm = neg_inf;
+  for (int64_t v = 0; v < V; v += 16)
+    vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(neg_inf, detail::tail_mask(V - v), x + v));
+  const float m = _mm512_reduce_max_ps(vm);
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 vs = _mm512_setzero_ps();
+  for (int64_t v = 0; v < V; v += 16) {
+    const __mmask16 k = detail::tail_mask(V - v);
+    const __m512 e = detail::exp_f32x16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + v), mv));
+    if (d != nullptr) _mm512_mask_storeu_ps(d + v, k, e);
+    vs = _mm512_mask_add_ps(vs, k, vs, e);
+  }
+  const float s = _mm512_reduce_add_ps(vs);
+#else
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t v = 0; v < V; ++v) m = x[v] > m ? x[v] : m;
+  float s = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    const float e = exp_f32(x[v] - m);
+    if (d != nullptr) d[v] = e;
+    s += e;
+  }
+#endif
+  if (d != nullptr) {
+    const float k = inv_n / s;
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) d[v] *= k;
+    d[t] -= inv_n;
+  }
+  return double(m) + std::log(double(s)) - double(xt);
+}
+
+}  // namespace
+
+// logits (N,V), targets (N) -> loss (1), dlogits (N,V) (may alias logits, may be null).
+void cross_entropy(const float* logits, const int32_t* targets, float* loss, float* dlogits,
+                   int64_t N, int64_t V) {
+  for (int64_t n = 0; n < N; ++n)
+    LOOM_CHECK(targets[n] >= 0 && targets[n] < V)
+        << "cross_entropy: targets[" << n << "] = " << targets[n] << " outside [0," << V << ")";
+  std::vector<double> row_loss(static_cast<size_t>(N));  // (N)
+  double* const rl = row_loss.data();
+  const float inv_n = 1.0f / float(N);
+  detail::for_blocks(N, 1, [&](int64_t n, int64_t) {
+    rl[n] = cross_entropy_row(logits + n * V, targets[n], dlogits ? dlogits + n * V : nullptr, V,
+                              inv_n);
+  });
+  double total = 0;
+  for (int64_t n = 0; n < N; ++n) total += rl[n];
+  loss[0] = float(total / double(N));
+}
+
+}  // namespace loom::kernels::cpu

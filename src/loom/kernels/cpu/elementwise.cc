@@ -1,0 +1,80 @@
+// Elementwise kernels: add, add_bias, mul, scale, mul_scalar, and the f32 <-> bf16 casts.
+//
+// Plain loops over fixed blocks of detail::kElemBlock elements (add_bias: whole rows); the compiler
+// vectorises every loop. No broadcasting beyond add_bias's row vector, no type promotion.
+// Invariant: y[i] depends only on the inputs at i (and b[c] / s[0]), so results are thread-count
+// independent; y == a (exactly in place) is safe in every loop here, partial overlap is not.
+#include <bit>
+
+#include "loom/kernels/cpu/kernel_util.h"
+#include "loom/kernels/cpu/kernels.h"
+
+namespace loom::kernels::cpu {
+
+using detail::for_blocks;
+using detail::kElemBlock;
+
+// a, b (n) -> y (n) = a + b
+void add(const float* a, const float* b, float* y, int64_t n) {
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) y[i] = a[i] + b[i];
+  });
+}
+
+// a (N,C), b (C) -> y (N,C) = a + b broadcast over rows
+void add_bias(const float* a, const float* b, float* y, int64_t N, int64_t C) {
+  for_blocks(N, detail::rows_per_block(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* ar = a + r * C;
+      float* yr = y + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = ar[c] + b[c];
+    }
+  });
+}
+
+// a, b (n) -> y (n) = a * b
+void mul(const float* a, const float* b, float* y, int64_t n) {
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) y[i] = a[i] * b[i];
+  });
+}
+
+// a (n) -> y (n) = a * s
+void scale(const float* a, float s, float* y, int64_t n) {
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) y[i] = a[i] * s;
+  });
+}
+
+// a (n), s (1) -> y (n) = a * s[0]
+void mul_scalar(const float* a, const float* s, float* y, int64_t n) { scale(a, s[0], y, n); }
+
+// x (n) -> y (n), round to nearest even; NaN -> quiet NaN with the sign and top payload bits kept.
+// Bit-identical to loom::f32_to_bf16, written without the branch so it vectorises (an AVX-512 loop of
+// integer add/shift/compare/blend and a 32->16 narrowing store). Not _mm512_cvtneps_pbh: that
+// instruction flushes denormal inputs to zero, which f32_to_bf16 does not.
+void cast_f32_bf16(const float* x, bf16* y, int64_t n) {
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+      const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+      const uint32_t quiet_nan = (u >> 16) | 0x40u;
+      y[i].bits = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    }
+  });
+}
+
+// x (n) -> y (n), exact
+void cast_bf16_f32(const bf16* x, float* y, int64_t n) {
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) y[i] = std::bit_cast<float>(uint32_t(x[i].bits) << 16);
+  });
+}
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,97 @@
+// CPU kernels for every Loom op except GEMM (gemm.h) and attention (attention.h).
+//
+// Dimension letters, used in every kernel file: B batch, T time, C channels, NH heads, NKV key/value
+// heads, HS head size, V vocab, L layers, N rows (= B*T when a kernel does not care), n elements.
+//
+// Each kernel has a plain reference loop (namespace ref, templated on the scalar so tests can run it in
+// f64) beside the fast one. Fast kernels are vectorised (the compiler auto-vectorises plain loops on
+// contiguous rows; AVX-512 intrinsics only where that does not suffice) and threaded with OpenMP over
+// fixed row ranges. Invariant: a reduction's summation order never depends on the thread count, so
+// results are bit-identical for any number of threads (parity tests rely on it).
+// All pointers are contiguous row-major; outputs never alias inputs unless stated.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/core/dtype.h"
+
+namespace loom::kernels::cpu {
+
+// ---- embedding ----
+// ids (N) in [0,V), table (V,C) -> out (N,C)
+void embedding_fwd(const int32_t* ids, const float* table, float* out, int64_t N, int64_t C);
+// dout (N,C) -> dtable (V,C): dtable is overwritten (zeros where no id hits), rows summed in id order.
+void embedding_bwd(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t V,
+                   int64_t C);
+
+// ---- RMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) ----
+// x (N,C), w (C) -> y (N,C), rstd (N)
+void rmsnorm_fwd(const float* x, const float* w, float* y, float* rstd, int64_t N, int64_t C,
+                 float eps);
+// dy (N,C) -> dx (N,C), dw (C) (overwritten)
+void rmsnorm_bwd(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                 float* dw, int64_t N, int64_t C);
+
+// ---- LayerNorm with bias: y = (x - mean) * rstd * w + b ----
+void layernorm_fwd(const float* x, const float* w, const float* b, float* y, float* mean,
+                   float* rstd, int64_t N, int64_t C, float eps);
+// -> dx (N,C), dw (C), db (C) (overwritten)
+void layernorm_bwd(const float* dy, const float* x, const float* w, const float* mean,
+                   const float* rstd, float* dx, float* dw, float* db, int64_t N, int64_t C);
+
+// ---- RoPE, Hugging Face rotate-half convention ----
+// x (B,T,NH,HS) -> y (B,T,NH,HS). For position t and i < HS/2, freq = theta^(-2i/HS), a = t*freq:
+//   y[i]      = x[i]*cos(a) - x[i+HS/2]*sin(a)
+//   y[i+HS/2] = x[i+HS/2]*cos(a) + x[i]*sin(a)
+// sign = -1 rotates by -a (the inverse, which is also the VJP). y may alias x.
+void rope(const float* x, float* y, int64_t B, int64_t T, int64_t NH, int64_t HS, float theta,
+          int sign);
+
+// ---- SwiGLU: y = silu(g) * u, silu(g) = g * sigmoid(g) ----
+void swiglu_fwd(const float* g, const float* u, float* y, int64_t n);
+void swiglu_bwd(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n);
+
+// ---- GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----
+void gelu_fwd(const float* x, float* y, int64_t n);
+void gelu_bwd(const float* dy, const float* x, float* dx, int64_t n);
+
+// ---- cross-entropy fused with its gradient ----
+// logits (N,V), targets (N) -> loss (scalar, mean over N), dlogits (N,V) = (softmax - onehot) / N.
+// Accumulates in f32 (f64 for the mean over rows). dlogits may alias logits.
+void cross_entropy(const float* logits, const int32_t* targets, float* loss, float* dlogits,
+                   int64_t N, int64_t V);
+
+// ---- elementwise ----
+void add(const float* a, const float* b, float* y, int64_t n);  // y = a + b
+// a (N,C) + b (C) broadcast over rows
+void add_bias(const float* a, const float* b, float* y, int64_t N, int64_t C);
+void mul(const float* a, const float* b, float* y, int64_t n);
+void scale(const float* a, float s, float* y, int64_t n);
+// y = a * s[0], s a scalar tensor
+void mul_scalar(const float* a, const float* s, float* y, int64_t n);
+void cast_f32_bf16(const float* x, bf16* y, int64_t n);  // round to nearest even
+void cast_bf16_f32(const bf16* x, float* y, int64_t n);
+
+// ---- reductions (fixed blocking, thread-count independent) ----
+void sum(const float* x, float* y, int64_t n);       // y[0] = sum x
+void sumsq(const float* x, float* y, int64_t n);     // y[0] = sum x^2
+void sum_rows(const float* x, float* y, int64_t N, int64_t C);  // (N,C) -> (C), y overwritten
+
+// ---- layout ----
+// x with shape dims[0..rank) permuted by perm: y.shape[i] = x.shape[perm[i]]. elem = element bytes.
+void transpose(const void* x, void* y, const int64_t* dims, const int* perm, int rank, int elem);
+// x (N, sum(sizes)) split along the last dim into k outputs (N, sizes[i]); concat is the inverse.
+void split_last(const float* x, float* const* ys, const int64_t* sizes, int k, int64_t N);
+void concat_last(const float* const* xs, float* y, const int64_t* sizes, int k, int64_t N);
+
+// ---- AdamW (decoupled weight decay), in place ----
+// hyper = {lr, 1 - beta1^t, 1 - beta2^t}; g is multiplied by gscale[0] (gradient clipping) first.
+//   g' = g*gscale; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2
+//   p -= lr * ( (m/bc1) / (sqrt(v/bc2) + eps) + wd * p )
+void adamw(float* p, const float* g, float* m, float* v, const float* hyper, const float* gscale,
+           int64_t n, float beta1, float beta2, float eps, float wd);
+// total = sum of squared gradient norms (scalar) -> norm = sqrt(total), coef = min(1, max_norm/(norm+1e-6))
+// (max_norm <= 0: coef = 1)
+void clip_coef(const float* total, float* coef, float* norm, float max_norm);
+
+}  // namespace loom::kernels::cpu

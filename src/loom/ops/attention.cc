@@ -1,0 +1,99 @@
+// Causal grouped-query self-attention and RoPE.
+//
+// attention(q (B,T,NH,HS), k (B,T,NKV,HS), v (B,T,NKV,HS)) {scale} -> o (B,T,NH,HS), lse f32 (B,NH,T)
+//   q, k, v share a dtype (f32 or bf16) which o keeps; softmax statistics are f32. NH % NKV == 0.
+//   The kernel never stores the (T,T) scores; the backward recomputes them from lse.
+// attention_bwd(do, q, k, v, o, lse) {scale} -> dq, dk, dv
+// rope(x (B,T,NH,HS)) {theta, sign}: Hugging Face rotate-half rotary embedding at positions 0..T-1;
+//   its VJP is the rotation by the opposite angle (sign = -sign).
+#include "loom/core/error.h"
+#include "loom/ops/builder.h"
+#include "loom/ops/op.h"
+
+namespace loom::ops {
+
+namespace {
+
+using ir::Attrs;
+using ir::TensorType;
+using Types = std::vector<TensorType>;
+
+void check_qkv(std::string_view op, const Types& in, const Types& qkv) {
+  const Shape &q = qkv[0].shape, &k = qkv[1].shape, &v = qkv[2].shape;
+  if (q.size() != 4 || k.size() != 4 || k != v || q[0] != k[0] || q[1] != k[1] || q[3] != k[3])
+    type_error(op, in, "expects q (B,T,NH,HS) and k, v (B,T,NKV,HS)");
+  if (k[2] == 0 || q[2] % k[2] != 0) type_error(op, in, "NH must be a multiple of NKV");
+  if (qkv[0].dtype != qkv[1].dtype || qkv[1].dtype != qkv[2].dtype || qkv[0].dtype == DType::i32)
+    type_error(op, in, "q, k, v must share a float dtype");
+}
+
+TensorType lse_type(const Shape& q) { return {DType::f32, {q[0], q[2], q[1]}}; }
+
+double attention_flops(const Shape& q) {
+  // causal: about half of the T*T score matrix; q.k and p.v are 2*HS flops per score each.
+  double B = q[0], T = q[1], NH = q[2], HS = q[3];
+  return B * NH * (T * (T + 1) / 2) * HS * 4;
+}
+
+}  // namespace
+
+void register_attention_ops() {
+  register_op({.name = "attention",
+               .num_inputs = 3,
+               .infer =
+                   [](const Types& in, const Attrs&) {
+                     expect_inputs("attention", in, 3);
+                     check_qkv("attention", in, in);
+                     return Types{in[0], lse_type(in[0].shape)};
+                   },
+               .vjp =
+                   [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
+                     if (d[1] >= 0) throw Error("attention: lse is not differentiable");
+                     int dout = b.cast(d[0], b.type(n.inputs[0]).dtype);
+                     return b.emit("attention_bwd",
+                                   {dout, n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0],
+                                    n.outputs[1]},
+                                   n.attrs, {"grad.attn.q", "grad.attn.k", "grad.attn.v"});
+                   },
+               .cost = [](const ir::Graph& g, const ir::Node& n) {
+                 Cost c = streaming_cost(g, n, 0);
+                 c.flops = attention_flops(g.value(n.inputs[0]).type.shape);
+                 return c;
+               }});
+  register_op({.name = "attention_bwd",
+               .num_inputs = 6,
+               .infer =
+                   [](const Types& in, const Attrs&) {
+                     expect_inputs("attention_bwd", in, 6);
+                     check_qkv("attention_bwd", in, {in[1], in[2], in[3]});
+                     if (in[0] != in[1] || in[4] != in[1] || in[5] != lse_type(in[1].shape))
+                       type_error("attention_bwd", in, "do and o must match q; lse (B,NH,T)");
+                     return Types{in[1], in[2], in[3]};
+                   },
+               .cost = [](const ir::Graph& g, const ir::Node& n) {
+                 Cost c = streaming_cost(g, n, 0);
+                 // recompute q.k, then dv, dp, dq, dk: five score-sized matmuls
+                 c.flops = attention_flops(g.value(n.inputs[1]).type.shape) * 2.5;
+                 return c;
+               }});
+
+  register_op({.name = "rope",
+               .num_inputs = 1,
+               .infer =
+                   [](const Types& in, const Attrs&) {
+                     expect_inputs("rope", in, 1);
+                     if (in[0].dtype != DType::f32 || in[0].shape.size() != 4 ||
+                         in[0].shape[3] % 2 != 0)
+                       type_error("rope", in, "expects f32 (B,T,NH,HS) with even HS");
+                     return Types{in[0]};
+                   },
+               .vjp =
+                   [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
+                     ir::Attrs a = n.attrs;
+                     a["sign"] = -n.attr_int("sign", 1);
+                     return std::vector<int>{b.emit1("rope", {d[0]}, a, "grad.rope")};
+                   },
+               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 3); }});
+}
+
+}  // namespace loom::ops

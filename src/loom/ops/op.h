@@ -1,0 +1,74 @@
+// The op registry: one OpDef per op declares, in one place, everything the compiler knows about it:
+// type inference, the vector-Jacobian product (built from other ops), the cost, in-place aliasing, and a
+// slot for the sharding rule. Kernels live elsewhere (kernels/, dispatched by runtime/), so an op's
+// meaning does not depend on a device.
+//
+// Invariant: `infer` is total over user-reachable inputs: bad shapes throw loom::Error naming the op and
+// the offending value types; it never aborts.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "loom/ir/graph.h"
+
+namespace loom::ops {
+
+class Builder;
+
+struct Cost {
+  double flops = 0;          // floating-point operations (a multiply-add counts 2)
+  double bytes_read = 0;     // from tensors, assuming no cache reuse across kernels
+  double bytes_written = 0;
+};
+
+// Filled by the sharding issue: which input/output dims may be split, which splits make an output a
+// partial sum, which dims must agree. Empty for now.
+struct ShardingRule {};
+
+using InferFn =
+    std::function<std::vector<ir::TensorType>(const std::vector<ir::TensorType>&, const ir::Attrs&)>;
+// Given the node and the gradient of each of its outputs (-1 where an output has none), emit ops that
+// compute the gradient of each input; return one value id per input (-1: no gradient, e.g. integer ids).
+using VjpFn = std::function<std::vector<int>(Builder&, const ir::Node&, const std::vector<int>&)>;
+using CostFn = std::function<Cost(const ir::Graph&, const ir::Node&)>;
+
+struct OpDef {
+  std::string name;
+  int num_inputs = -1;  // -1: variadic (checked by infer)
+  InferFn infer;
+  VjpFn vjp;  // empty: not differentiable (using it in a differentiated path is an error)
+  CostFn cost;
+  // (output, input) pairs that share memory: the op overwrites the input, which nobody may read after.
+  std::vector<std::pair<int, int>> inplace;
+  bool view = false;  // output 0 is input 0's memory relabelled (reshape); nothing is written
+  ShardingRule sharding;
+};
+
+// Looks up an op; throws loom::Error for an unknown name.
+const OpDef& op_def(std::string_view name);
+bool has_op(std::string_view name);
+std::vector<std::string> op_names();
+
+// Registration, called once from the registry (explicit, so static linking never drops an op).
+void register_op(OpDef def);
+void register_elementwise_ops();
+void register_linear_ops();
+void register_norm_ops();
+void register_attention_ops();
+void register_loss_ops();
+void register_layout_ops();
+void register_optim_ops();
+
+// Helpers for infer functions.
+void expect_inputs(std::string_view op, const std::vector<ir::TensorType>& in, size_t n);
+[[noreturn]] void type_error(std::string_view op, const std::vector<ir::TensorType>& in,
+                             const std::string& why);
+// Cost of an elementwise-like op: reads all inputs, writes all outputs, `flops_per_elem` per output
+// element of output 0.
+Cost streaming_cost(const ir::Graph& g, const ir::Node& n, double flops_per_elem);
+
+}  // namespace loom::ops

@@ -1,0 +1,237 @@
+// The CPU kernel for each op: reads the node's shapes and attributes and calls kernels/cpu.
+// This is the only file that knows both the IR and the kernel signatures.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <unordered_map>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/attention.h"
+#include "loom/kernels/cpu/gemm.h"
+#include "loom/kernels/cpu/kernels.h"
+#include "loom/ops/linear.h"
+#include "loom/runtime/executor.h"
+
+namespace loom::runtime {
+
+namespace {
+
+namespace k = loom::kernels::cpu;
+using Fn = std::function<void(const ir::Graph&, const ir::Node&, void* const*, void* const*)>;
+
+const ir::TensorType& in_t(const ir::Graph& g, const ir::Node& n, int i) {
+  return g.value(n.inputs[i]).type;
+}
+const ir::TensorType& out_t(const ir::Graph& g, const ir::Node& n, int i) {
+  return g.value(n.outputs[i]).type;
+}
+int64_t in_n(const ir::Graph& g, const ir::Node& n, int i) { return numel(in_t(g, n, i).shape); }
+int64_t out_n(const ir::Graph& g, const ir::Node& n, int i) { return numel(out_t(g, n, i).shape); }
+float* F(void* p) { return static_cast<float*>(p); }
+const float* CF(void* p) { return static_cast<const float*>(p); }
+const int32_t* I(void* p) { return static_cast<const int32_t*>(p); }
+
+void check_ids(const ir::Graph& g, const ir::Node& n, int i, const int32_t* ids, int64_t count,
+               int64_t V) {
+  for (int64_t j = 0; j < count; ++j)
+    if (ids[j] < 0 || ids[j] >= V)
+      throw Error(fmt::format("%{}: token id {} at position {} is outside the vocabulary [0, {})",
+                              g.value(n.inputs[i]).name, ids[j], j, V));
+}
+
+std::unordered_map<std::string, Fn> make_table() {
+  std::unordered_map<std::string, Fn> t;
+  t["add"] = [](auto& g, auto& n, auto in, auto out) {
+    if (in_t(g, n, 0).shape == in_t(g, n, 1).shape)
+      k::add(CF(in[0]), CF(in[1]), F(out[0]), out_n(g, n, 0));
+    else {
+      int64_t C = in_n(g, n, 1);
+      k::add_bias(CF(in[0]), CF(in[1]), F(out[0]), out_n(g, n, 0) / std::max<int64_t>(C, 1), C);
+    }
+  };
+  t["mul"] = [](auto& g, auto& n, auto in, auto out) {
+    k::mul(CF(in[0]), CF(in[1]), F(out[0]), out_n(g, n, 0));
+  };
+  t["scale"] = [](auto& g, auto& n, auto in, auto out) {
+    k::scale(CF(in[0]), float(n.attr_float("s")), F(out[0]), out_n(g, n, 0));
+  };
+  t["mul_scalar"] = [](auto& g, auto& n, auto in, auto out) {
+    k::mul_scalar(CF(in[0]), CF(in[1]), F(out[0]), out_n(g, n, 0));
+  };
+  t["gelu"] = [](auto& g, auto& n, auto in, auto out) {
+    k::gelu_fwd(CF(in[0]), F(out[0]), out_n(g, n, 0));
+  };
+  t["gelu_bwd"] = [](auto& g, auto& n, auto in, auto out) {
+    k::gelu_bwd(CF(in[0]), CF(in[1]), F(out[0]), out_n(g, n, 0));
+  };
+  t["swiglu"] = [](auto& g, auto& n, auto in, auto out) {
+    k::swiglu_fwd(CF(in[0]), CF(in[1]), F(out[0]), out_n(g, n, 0));
+  };
+  t["swiglu_bwd"] = [](auto& g, auto& n, auto in, auto out) {
+    k::swiglu_bwd(CF(in[0]), CF(in[1]), CF(in[2]), F(out[0]), F(out[1]), out_n(g, n, 0));
+  };
+  t["cast"] = [](auto& g, auto& n, auto in, auto out) {
+    DType from = in_t(g, n, 0).dtype, to = out_t(g, n, 0).dtype;
+    int64_t e = out_n(g, n, 0);
+    if (from == to) std::memmove(out[0], in[0], size_t(e) * dtype_size(to));
+    else if (from == DType::f32) k::cast_f32_bf16(CF(in[0]), static_cast<bf16*>(out[0]), e);
+    else k::cast_bf16_f32(static_cast<const bf16*>(in[0]), F(out[0]), e);
+  };
+  t["sum"] = [](auto& g, auto& n, auto in, auto out) { k::sum(CF(in[0]), F(out[0]), in_n(g, n, 0)); };
+  t["sumsq"] = [](auto& g, auto& n, auto in, auto out) {
+    k::sumsq(CF(in[0]), F(out[0]), in_n(g, n, 0));
+  };
+  t["sum_rows"] = [](auto& g, auto& n, auto in, auto out) {
+    int64_t C = out_n(g, n, 0);
+    k::sum_rows(CF(in[0]), F(out[0]), C ? in_n(g, n, 0) / C : 0, C);
+  };
+  t["broadcast_scalar"] = [](auto& g, auto& n, auto in, auto out) {
+    std::fill_n(F(out[0]), out_n(g, n, 0), *CF(in[0]));
+  };
+  t["broadcast_rows"] = [](auto& g, auto& n, auto in, auto out) {
+    int64_t C = in_n(g, n, 0), rows = C ? out_n(g, n, 0) / C : 0;
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(F(out[0]) + r * C, in[0], size_t(C) * 4);
+  };
+  t["fill"] = [](auto& g, auto& n, auto in, auto out) {
+    float v = float(n.attr_float("value", 0.0));
+    int64_t e = out_n(g, n, 0);
+    if (out_t(g, n, 0).dtype == DType::f32) std::fill_n(F(out[0]), e, v);
+    else std::fill_n(static_cast<bf16*>(out[0]), e, f32_to_bf16(v));
+  };
+  t["positions"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape& s = out_t(g, n, 0).shape;
+    int64_t T = s.back(), rows = T ? numel(s) / T : 0;
+    auto* p = static_cast<int32_t*>(out[0]);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t t = 0; t < T; ++t) p[r * T + t] = int32_t(t);
+  };
+  t["matmul"] = [](auto& g, auto& n, auto in, auto out) {
+    ops::MatmulDims d = ops::matmul_dims(g, n);
+    k::GemmDesc gd;
+    gd.batch = d.batch;
+    gd.M = d.M;
+    gd.N = d.N;
+    gd.K = d.K;
+    gd.ta = d.ta;
+    gd.tb = d.tb;
+    gd.ab_dtype = in_t(g, n, 0).dtype;
+    gd.c_dtype = out_t(g, n, 0).dtype;
+    k::gemm(gd, in[0], in[1], out[0]);
+  };
+  t["embedding"] = [](auto& g, auto& n, auto in, auto out) {
+    int64_t N = in_n(g, n, 0), V = in_t(g, n, 1).shape[0], C = in_t(g, n, 1).shape[1];
+    check_ids(g, n, 0, I(in[0]), N, V);
+    k::embedding_fwd(I(in[0]), CF(in[1]), F(out[0]), N, C);
+  };
+  t["embedding_bwd"] = [](auto& g, auto& n, auto in, auto out) {
+    int64_t N = in_n(g, n, 0), V = out_t(g, n, 0).shape[0], C = out_t(g, n, 0).shape[1];
+    check_ids(g, n, 0, I(in[0]), N, V);
+    k::embedding_bwd(I(in[0]), CF(in[1]), F(out[0]), N, V, C);
+  };
+  t["rmsnorm"] = [](auto& g, auto& n, auto in, auto out) {
+    int64_t C = in_n(g, n, 1), N = in_n(g, n, 0) / C;
+    k::rmsnorm_fwd(CF(in[0]), CF(in[1]), F(out[0]), F(out[1]), N, C, float(n.attr_float("eps")));
+  };
+  t["rmsnorm_bwd"] = [](auto& g, auto& n, auto in, auto out) {
+    int64_t C = in_n(g, n, 2), N = in_n(g, n, 1) / C;
+    k::rmsnorm_bwd(CF(in[0]), CF(in[1]), CF(in[2]), CF(in[3]), F(out[0]), F(out[1]), N, C);
+  };
+  t["layernorm"] = [](auto& g, auto& n, auto in, auto out) {
+    int64_t C = in_n(g, n, 1), N = in_n(g, n, 0) / C;
+    k::layernorm_fwd(CF(in[0]), CF(in[1]), CF(in[2]), F(out[0]), F(out[1]), F(out[2]), N, C,
+                     float(n.attr_float("eps")));
+  };
+  t["layernorm_bwd"] = [](auto& g, auto& n, auto in, auto out) {
+    int64_t C = in_n(g, n, 2), N = in_n(g, n, 1) / C;
+    k::layernorm_bwd(CF(in[0]), CF(in[1]), CF(in[2]), CF(in[3]), CF(in[4]), F(out[0]), F(out[1]),
+                     F(out[2]), N, C);
+  };
+  t["rope"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape& s = in_t(g, n, 0).shape;
+    k::rope(CF(in[0]), F(out[0]), s[0], s[1], s[2], s[3], float(n.attr_float("theta")),
+            int(n.attr_int("sign", 1)));
+  };
+  t["attention"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape &q = in_t(g, n, 0).shape, &kv = in_t(g, n, 1).shape;
+    float sc = float(n.attr_float("scale"));
+    if (in_t(g, n, 0).dtype == DType::f32)
+      k::attention_fwd<float>(CF(in[0]), CF(in[1]), CF(in[2]), F(out[0]), F(out[1]), q[0], q[1],
+                              q[2], kv[2], q[3], sc);
+    else {
+      using B = const bf16*;
+      k::attention_fwd<bf16>(B(in[0]), B(in[1]), B(in[2]), static_cast<bf16*>(out[0]), F(out[1]),
+                             q[0], q[1], q[2], kv[2], q[3], sc);
+    }
+  };
+  t["attention_bwd"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape &q = in_t(g, n, 1).shape, &kv = in_t(g, n, 2).shape;
+    float sc = float(n.attr_float("scale"));
+    if (in_t(g, n, 1).dtype == DType::f32)
+      k::attention_bwd<float>(CF(in[0]), CF(in[1]), CF(in[2]), CF(in[3]), CF(in[4]), CF(in[5]),
+                              F(out[0]), F(out[1]), F(out[2]), q[0], q[1], q[2], kv[2], q[3], sc);
+    else {
+      using B = const bf16*;
+      auto O = [&](int i) { return static_cast<bf16*>(out[i]); };
+      k::attention_bwd<bf16>(B(in[0]), B(in[1]), B(in[2]), B(in[3]), B(in[4]), CF(in[5]), O(0),
+                             O(1), O(2), q[0], q[1], q[2], kv[2], q[3], sc);
+    }
+  };
+  t["cross_entropy"] = [](auto& g, auto& n, auto in, auto out) {
+    int64_t V = in_t(g, n, 0).shape.back(), N = in_n(g, n, 1);
+    check_ids(g, n, 1, I(in[1]), N, V);
+    k::cross_entropy(CF(in[0]), I(in[1]), F(out[0]), F(out[1]), N, V);
+  };
+  t["reshape"] = [](auto& g, auto& n, auto in, auto out) {
+    if (in[0] != out[0])
+      std::memmove(out[0], in[0], size_t(out_n(g, n, 0)) * dtype_size(out_t(g, n, 0).dtype));
+  };
+  t["transpose"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape& s = in_t(g, n, 0).shape;
+    std::vector<int> perm;
+    for (int64_t p : n.attr_ints("perm")) perm.push_back(int(p));
+    k::transpose(in[0], out[0], s.data(), perm.data(), int(s.size()),
+                 int(dtype_size(in_t(g, n, 0).dtype)));
+  };
+  t["split"] = [](auto& g, auto& n, auto in, auto out) {
+    const auto& sizes = n.attr_ints("sizes");
+    const Shape& s = in_t(g, n, 0).shape;
+    int64_t rows = s.back() ? numel(s) / s.back() : 0;
+    std::vector<float*> ys;
+    for (size_t i = 0; i < sizes.size(); ++i) ys.push_back(F(out[i]));
+    k::split_last(CF(in[0]), ys.data(), sizes.data(), int(sizes.size()), rows);
+  };
+  t["concat"] = [](auto& g, auto& n, auto in, auto out) {
+    std::vector<int64_t> sizes;
+    std::vector<const float*> xs;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      sizes.push_back(in_t(g, n, int(i)).shape.back());
+      xs.push_back(CF(in[i]));
+    }
+    const Shape& s = out_t(g, n, 0).shape;
+    int64_t rows = s.back() ? numel(s) / s.back() : 0;
+    k::concat_last(xs.data(), F(out[0]), sizes.data(), int(sizes.size()), rows);
+  };
+  t["adamw"] = [](auto& g, auto& n, auto in, auto out) {
+    LOOM_CHECK(out[0] == in[0] && out[1] == in[2] && out[2] == in[3]) << "adamw must run in place";
+    k::adamw(F(in[0]), CF(in[1]), F(in[2]), F(in[3]), CF(in[4]), CF(in[5]), in_n(g, n, 0),
+             float(n.attr_float("beta1")), float(n.attr_float("beta2")),
+             float(n.attr_float("eps")), float(n.attr_float("wd")));
+  };
+  t["clip_coef"] = [](auto& g, auto& n, auto in, auto out) {
+    k::clip_coef(CF(in[0]), F(out[0]), F(out[1]), float(n.attr_float("max_norm")));
+  };
+  return t;
+}
+
+}  // namespace
+
+void run_cpu_node(const ir::Graph& g, const ir::Node& n, void* const* ins, void* const* outs) {
+  static const std::unordered_map<std::string, Fn> table = make_table();
+  auto it = table.find(n.op);
+  if (it == table.end()) throw Error(fmt::format("no CPU kernel for op {}", n.op));
+  it->second(g, n, ins, outs);
+}
+
+}  // namespace loom::runtime

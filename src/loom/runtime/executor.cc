@@ -1,0 +1,71 @@
+#include "loom/runtime/executor.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "loom/core/error.h"
+
+namespace loom::runtime {
+
+Executor::Executor(const ir::Graph& g) : g_(g), plan_(plan_memory(g)) {
+  external_.assign(g.values().size(), nullptr);
+  node_times_.resize(g.nodes().size());
+  if (plan_.arena_bytes > 0) {
+    arena_ = static_cast<char*>(std::aligned_alloc(64, size_t(plan_.arena_bytes)));
+    if (!arena_)
+      throw Error(fmt::format("cannot allocate the {} MiB activation arena",
+                              plan_.arena_bytes >> 20));
+  }
+}
+
+Executor::~Executor() { std::free(arena_); }
+
+void Executor::bind(int value, void* data) {
+  LOOM_CHECK(g_.value(value).kind != ir::ValueKind::node) << "bind of a node value";
+  external_[value] = data;
+}
+
+void* Executor::data(int value) const {
+  int r = plan_.root[value];
+  if (g_.value(r).kind != ir::ValueKind::node) return external_[r];
+  return arena_ + plan_.offset[value];
+}
+
+void Executor::run() {
+  for (const ir::Value& v : g_.values())
+    if (v.kind != ir::ValueKind::node && !external_[v.id] && value_bytes(v) > 0)
+      throw Error(fmt::format("executor: graph input %{} ({}) is not bound", v.name,
+                              ir::kind_name(v.kind)));
+  std::vector<void*> ins, outs;
+  for (const ir::Node& n : g_.nodes()) {
+    ins.clear();
+    outs.clear();
+    for (int v : n.inputs) ins.push_back(data(v));
+    for (int v : n.outputs) outs.push_back(data(v));
+    if (profile_) {
+      auto t0 = std::chrono::steady_clock::now();
+      run_cpu_node(g_, n, ins.data(), outs.data());
+      auto t1 = std::chrono::steady_clock::now();
+      node_times_[n.id].seconds += std::chrono::duration<double>(t1 - t0).count();
+      node_times_[n.id].calls++;
+    } else {
+      run_cpu_node(g_, n, ins.data(), outs.data());
+    }
+  }
+}
+
+std::vector<std::pair<std::string, NodeTiming>> Executor::op_times() const {
+  std::map<std::string, NodeTiming> by_op;
+  for (const ir::Node& n : g_.nodes()) {
+    auto& t = by_op[n.op];
+    t.seconds += node_times_[n.id].seconds;
+    t.calls += node_times_[n.id].calls;
+  }
+  return {by_op.begin(), by_op.end()};
+}
+
+}  // namespace loom::runtime

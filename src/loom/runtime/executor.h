@@ -1,0 +1,62 @@
+// Executor: runs a Graph on one CPU rank, node by node in order, with every node-produced tensor at
+// its planned offset in one arena (memory_plan.h). External values (params, states, inputs) are bound
+// by the caller and must stay valid while the executor runs.
+//
+// Not here (yet): a communication stream, multi-device; one executor runs on one thread and calls
+// kernels that use OpenMP inside.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/ir/graph.h"
+#include "loom/runtime/memory_plan.h"
+
+namespace loom::runtime {
+
+struct NodeTiming {
+  double seconds = 0;
+  int64_t calls = 0;
+};
+
+class Executor {
+ public:
+  explicit Executor(const ir::Graph& g);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  const ir::Graph& graph() const { return g_; }
+  const MemoryPlan& plan() const { return plan_; }
+
+  // Binds an external value (param, state, input) to caller memory of value_bytes() bytes.
+  void bind(int value, void* data);
+  // Runs every node. Throws loom::Error if an external value is unbound or a kernel rejects its input
+  // (e.g. a token id outside the vocabulary).
+  void run();
+  // Any value's memory (arena values are valid until the next run()).
+  void* data(int value) const;
+  template <class T>
+  T* ptr(int value) const {
+    return static_cast<T*>(data(value));
+  }
+
+  // Per-op wall time, summed over runs, when profiling is on.
+  void set_profiling(bool on) { profile_ = on; }
+  std::vector<std::pair<std::string, NodeTiming>> op_times() const;
+
+ private:
+  const ir::Graph& g_;
+  MemoryPlan plan_;
+  char* arena_ = nullptr;
+  std::vector<void*> external_;
+  bool profile_ = false;
+  std::vector<NodeTiming> node_times_;
+};
+
+// Runs one node's CPU kernel (runtime/cpu_dispatch.cc). ins/outs point at each input/output's data.
+void run_cpu_node(const ir::Graph& g, const ir::Node& n, void* const* ins, void* const* outs);
+
+}  // namespace loom::runtime

@@ -1,0 +1,190 @@
+#include "loom/train/config.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+#include <map>
+#include <toml++/toml.h>
+
+#include "loom/core/error.h"
+
+namespace loom::train {
+
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string suggest(const std::string& key, const std::vector<std::string>& known) {
+  std::string best;
+  size_t bd = 3;
+  for (const auto& k : known) {
+    size_t d = edit_distance(key, k);
+    if (d < bd) bd = d, best = k;
+  }
+  if (!best.empty()) return "did you mean '" + best + "'?";
+  std::string all;
+  for (const auto& k : known) all += (all.empty() ? "" : ", ") + k;
+  return "known keys: " + all;
+}
+
+// One setter per key: reads the node into the config or throws naming the key.
+using Setter = std::function<void(Config&, const toml::node&, const std::string& where)>;
+
+
+template <class F>
+Setter as_int(F field) {
+  return [field](Config& c, const toml::node& n, const std::string& where) {
+    auto v = n.value<int64_t>();
+    if (!n.is_integer() || !v) throw Error(where + ": expected an integer");
+    field(c) = *v;
+  };
+}
+template <class F>
+Setter as_float(F field) {
+  return [field](Config& c, const toml::node& n, const std::string& where) {
+    if (!n.is_number()) throw Error(where + ": expected a number");
+    field(c) = *n.value<double>();
+  };
+}
+template <class F>
+Setter as_string(F field) {
+  return [field](Config& c, const toml::node& n, const std::string& where) {
+    if (!n.is_string()) throw Error(where + ": expected a string");
+    field(c) = *n.value<std::string>();
+  };
+}
+
+const std::map<std::string, std::map<std::string, Setter>>& schema() {
+  static const std::map<std::string, std::map<std::string, Setter>> s = {
+      {"model",
+       {
+           {"arch", as_string([](Config& c) -> std::string& { return c.model.arch; })},
+           {"vocab_size", as_int([](Config& c) -> int64_t& { return c.model.vocab_size; })},
+           {"d_model", as_int([](Config& c) -> int64_t& { return c.model.d_model; })},
+           {"n_layers", as_int([](Config& c) -> int64_t& { return c.model.n_layers; })},
+           {"n_heads", as_int([](Config& c) -> int64_t& { return c.model.n_heads; })},
+           {"n_kv_heads", as_int([](Config& c) -> int64_t& { return c.model.n_kv_heads; })},
+           {"ffn_hidden", as_int([](Config& c) -> int64_t& { return c.model.ffn_hidden; })},
+           {"max_seq_len", as_int([](Config& c) -> int64_t& { return c.model.max_seq_len; })},
+           {"norm_eps", as_float([](Config& c) -> double& { return c.model.norm_eps; })},
+           {"rope_theta", as_float([](Config& c) -> double& { return c.model.rope_theta; })},
+           {"dtype",
+            [](Config& c, const toml::node& n, const std::string& where) {
+              auto v = n.value<std::string>();
+              if (!n.is_string() || !v || (*v != "f32" && *v != "bf16"))
+                throw Error(where + ": expected \"f32\" or \"bf16\"");
+              parse_dtype(*v, &c.model.dtype);
+            }},
+       }},
+      {"train",
+       {
+           {"batch_size", as_int([](Config& c) -> int64_t& { return c.train.batch_size; })},
+           {"seq_len", as_int([](Config& c) -> int64_t& { return c.train.seq_len; })},
+           {"seed", as_int([](Config& c) -> int64_t& { return c.train.seed; })},
+       }},
+      {"optim",
+       {
+           {"lr", as_float([](Config& c) -> double& { return c.optim.lr; })},
+           {"beta1", as_float([](Config& c) -> double& { return c.optim.beta1; })},
+           {"beta2", as_float([](Config& c) -> double& { return c.optim.beta2; })},
+           {"eps", as_float([](Config& c) -> double& { return c.optim.eps; })},
+           {"weight_decay", as_float([](Config& c) -> double& { return c.optim.weight_decay; })},
+           {"grad_clip", as_float([](Config& c) -> double& { return c.optim.grad_clip; })},
+       }},
+  };
+  return s;
+}
+
+std::vector<std::string> keys_of(const auto& m) {
+  std::vector<std::string> r;
+  for (const auto& [k, v] : m) r.push_back(k);
+  return r;
+}
+
+void apply_override(toml::table& root, const std::string& path, const std::string& ov) {
+  size_t eq = ov.find('=');
+  size_t dot = ov.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+    throw Error(fmt::format("--set {}: expected section.key=value", ov),
+                "for example --set model.dtype=bf16");
+  std::string section = ov.substr(0, dot), key = ov.substr(dot + 1, eq - dot - 1);
+  std::string value = ov.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};  // a bare word: a string
+  }
+  if (!root.contains(section)) root.insert(section, toml::table{});
+  toml::table* sec = root[section].as_table();
+  if (!sec) throw Error(fmt::format("{}: [{}] is not a table", path, section));
+  sec->insert_or_assign(key, *parsed["v"].node());
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    std::string desc(e.description());
+    if (!src.begin) throw Error(fmt::format("{}: {}", path, desc));
+    throw Error(fmt::format("{}:{}:{}: TOML error: {}", path, src.begin.line, src.begin.column,
+                            desc));
+  }
+  for (const auto& ov : overrides) apply_override(root, path, ov);
+
+  Config c;
+  c.path = path;
+  bool have_arch = false;
+  const auto& sch = schema();
+  for (const auto& [sk, sv] : root) {
+    std::string section(sk.str());
+    auto sit = sch.find(section);
+    if (sit == sch.end())
+      throw Error(fmt::format("{}: unknown section [{}]", path, section),
+                  suggest(section, keys_of(sch)));
+    const toml::table* t = sv.as_table();
+    if (!t) throw Error(fmt::format("{}: [{}] must be a table", path, section));
+    for (const auto& [kk, kv] : *t) {
+      std::string key(kk.str());
+      auto kit = sit->second.find(key);
+      if (kit == sit->second.end())
+        throw Error(fmt::format("{}: unknown key '{}' in [{}]", path, key, section),
+                    suggest(key, keys_of(sit->second)));
+      kit->second(c, kv, fmt::format("{}: [{}] {}", path, section, key));
+      if (section == "model" && key == "arch") have_arch = true;
+    }
+  }
+  if (!have_arch)
+    throw Error(fmt::format("{}: missing key 'arch' in [model]", path),
+                "add [model] arch = \"llama\" or \"gpt2\"");
+  c.model.validate(path);
+  auto bad = [&](const std::string& key, const std::string& why) {
+    throw Error(fmt::format("{}: {}: {}", path, key, why));
+  };
+  if (c.train.batch_size <= 0) bad("[train] batch_size", "must be > 0");
+  if (c.train.seq_len <= 0) bad("[train] seq_len", "must be > 0");
+  if (c.train.seq_len > c.model.max_seq_len)
+    bad("[train] seq_len", fmt::format("exceeds [model] max_seq_len = {}", c.model.max_seq_len));
+  if (!(c.optim.lr >= 0)) bad("[optim] lr", "must be >= 0");
+  if (!(c.optim.beta1 >= 0 && c.optim.beta1 < 1)) bad("[optim] beta1", "must be in [0, 1)");
+  if (!(c.optim.beta2 >= 0 && c.optim.beta2 < 1)) bad("[optim] beta2", "must be in [0, 1)");
+  if (!(c.optim.eps > 0)) bad("[optim] eps", "must be > 0");
+  if (!(c.optim.weight_decay >= 0)) bad("[optim] weight_decay", "must be >= 0");
+  return c;
+}
+
+}  // namespace loom::train

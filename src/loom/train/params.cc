@@ -1,0 +1,76 @@
+#include "loom/train/params.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+
+#include "loom/core/error.h"
+#include "loom/core/safetensors.h"
+
+namespace loom::train {
+
+ParamStore::ParamStore(const models::ModelConfig& c) : cfg_(c), infos_(models::param_infos(c)) {
+  for (const auto& p : infos_) {
+    buf_[p.name].assign(size_t(numel(p.shape)), 0.0f);
+    total_ += numel(p.shape);
+  }
+}
+
+float* ParamStore::data(const std::string& name) {
+  auto it = buf_.find(name);
+  LOOM_CHECK(it != buf_.end()) << "no parameter " << name;
+  return it->second.data();
+}
+
+void ParamStore::init_random(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const double resid = 0.02 / std::sqrt(2.0 * double(cfg_.n_layers));
+  for (const auto& p : infos_) {
+    auto& b = buf_[p.name];
+    using I = models::ParamInfo::Init;
+    switch (p.init) {
+      case I::ones: std::fill(b.begin(), b.end(), 1.0f); break;
+      case I::zeros: std::fill(b.begin(), b.end(), 0.0f); break;
+      case I::normal:
+      case I::scaled_normal: {
+        std::normal_distribution<double> nd(0.0, p.init == I::normal ? 0.02 : resid);
+        for (float& x : b) x = float(nd(rng));
+        break;
+      }
+    }
+  }
+}
+
+void ParamStore::load(const std::string& path) {
+  SafetensorsFile f = SafetensorsFile::open(path);
+  std::set<std::string> expected;
+  for (const auto& p : infos_) {
+    expected.insert(p.name);
+    if (!f.contains(p.name))
+      throw Error(fmt::format("weights {}: missing tensor '{}' for a {} model", path, p.name,
+                              cfg_.arch),
+                  "the file must hold every parameter under its Hugging Face name");
+    const TensorView& t = f.get(p.name);
+    if (t.dtype != DType::f32 || t.shape != p.shape)
+      throw Error(fmt::format("weights {}: tensor '{}' is {}{}, the model expects f32{}", path,
+                              p.name, dtype_name(t.dtype), shape_str(t.shape),
+                              shape_str(p.shape)));
+    std::memcpy(buf_[p.name].data(), t.data, t.nbytes);
+  }
+  for (const auto& n : f.names())
+    if (!expected.count(n))
+      throw Error(fmt::format("weights {}: unexpected tensor '{}' (not a parameter of this {} model)",
+                              path, n, cfg_.arch),
+                  "check [model] in the config: n_layers, arch");
+}
+
+void ParamStore::save(const std::string& path) const {
+  std::vector<TensorToWrite> ts;
+  for (const auto& p : infos_) ts.push_back({p.name, DType::f32, p.shape, buf_.at(p.name).data()});
+  write_safetensors(path, ts);
+}
+
+}  // namespace loom::train

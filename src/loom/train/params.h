@@ -1,0 +1,38 @@
+// ParamStore: the f32 master weights of a model, one contiguous buffer per parameter under its Hugging
+// Face name; initialised randomly, or loaded from / saved to safetensors.
+//
+// Loading is strict: every model parameter must be in the file with exactly its shape and dtype F32,
+// and the file may hold nothing else; any mismatch is a loom::Error naming the file and the tensor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loom/models/model.h"
+
+namespace loom::train {
+
+class ParamStore {
+ public:
+  explicit ParamStore(const models::ModelConfig& c);
+
+  // normal(0, 0.02) for matrices and embeddings, 0.02/sqrt(2 L) for residual output projections,
+  // ones for norm weights, zeros for biases.
+  void init_random(uint64_t seed);
+  void load(const std::string& path);
+  void save(const std::string& path) const;
+
+  const std::vector<models::ParamInfo>& infos() const { return infos_; }
+  float* data(const std::string& name);
+  int64_t total_elements() const { return total_; }
+
+ private:
+  models::ModelConfig cfg_;
+  std::vector<models::ParamInfo> infos_;
+  std::map<std::string, std::vector<float>> buf_;
+  int64_t total_ = 0;
+};
+
+}  // namespace loom::train

@@ -1,0 +1,54 @@
+// StepRunner: compiles a model into one executable program and runs it on batches.
+//
+// Mode::grads   forward + backward: loss, logits and every parameter's gradient (loom step, tests).
+// Mode::train   forward + backward + clipping + AdamW, updating the ParamStore in place (bench, train).
+// A batch is tokens (B, T+1): inputs are [:, :-1], targets [:, 1:].
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/models/model.h"
+#include "loom/runtime/executor.h"
+#include "loom/train/config.h"
+#include "loom/train/params.h"
+
+namespace loom::train {
+
+class StepRunner {
+ public:
+  enum class Mode { grads, train };
+  StepRunner(const Config& cfg, ParamStore& params, Mode mode);
+  ~StepRunner();
+
+  // Runs one step on tokens (B, T+1); returns the loss. Throws loom::Error for token ids outside the
+  // vocabulary.
+  float step(const int32_t* tokens);
+
+  const ir::Graph& graph() const { return model_.graph; }
+  runtime::Executor& executor() { return *exec_; }
+  const float* logits() const;
+  const float* grad(const std::string& param) const;  // Mode::grads only
+  float grad_norm() const;                            // Mode::train only
+  int64_t step_count() const { return t_; }
+  // Bytes of the activation arena plus every bound buffer (params, gradients live in the arena,
+  // optimizer moments, inputs).
+  int64_t planned_peak_bytes() const;
+
+ private:
+  Config cfg_;
+  ParamStore& params_;
+  Mode mode_;
+  models::ModelGraph model_;
+  std::unique_ptr<runtime::Executor> exec_;
+  std::map<std::string, int> grad_of_;
+  int grad_norm_ = -1, hyper_ = -1;
+  std::vector<int32_t> inputs_, targets_;
+  std::vector<std::vector<float>> moments_;
+  float hyper_buf_[3] = {0, 0, 0};
+  int64_t t_ = 0;
+};
+
+}  // namespace loom::train

@@ -1,0 +1,117 @@
+#include "reference_eval.h"
+
+#include <cmath>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/attention_ref.h"
+#include "loom/kernels/cpu/reference.h"
+#include "loom/ops/linear.h"
+
+namespace loom::testing {
+
+namespace ref = loom::kernels::cpu::ref;
+
+std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
+                                          const std::map<int, std::vector<double>>& inputs,
+                                          int last_node) {
+  std::vector<std::vector<double>> v(g.values().size());
+  for (auto& [id, data] : inputs) v[id] = data;
+  auto ids = [&](int id) {
+    std::vector<int32_t> r;
+    for (double d : v[id]) r.push_back(int32_t(d));
+    return r;
+  };
+  for (const ir::Node& n : g.nodes()) {
+    if (last_node >= 0 && n.id > last_node) break;
+    for (int o : n.outputs) v[o].assign(size_t(numel(g.value(o).type.shape)), 0.0);
+    auto in = [&](int i) -> std::vector<double>& { return v[n.inputs[i]]; };
+    auto out = [&](int i) -> std::vector<double>& { return v[n.outputs[i]]; };
+    auto shape = [&](int i) -> const Shape& { return g.value(n.inputs[i]).type.shape; };
+    const std::string& op = n.op;
+    int64_t e = out(0).size();
+    if (op == "add") {
+      if (shape(0) == shape(1)) ref::add(in(0).data(), in(1).data(), out(0).data(), e);
+      else ref::add_bias(in(0).data(), in(1).data(), out(0).data(), e / shape(1)[0], shape(1)[0]);
+    } else if (op == "mul") ref::mul(in(0).data(), in(1).data(), out(0).data(), e);
+    else if (op == "scale") ref::scale(in(0).data(), n.attr_float("s"), out(0).data(), e);
+    else if (op == "mul_scalar") ref::mul_scalar(in(0).data(), in(1).data(), out(0).data(), e);
+    else if (op == "gelu") ref::gelu_fwd(in(0).data(), out(0).data(), e);
+    else if (op == "swiglu") ref::swiglu_fwd(in(0).data(), in(1).data(), out(0).data(), e);
+    else if (op == "cast" || op == "reshape") out(0) = in(0);
+    else if (op == "sum") ref::sum(in(0).data(), out(0).data(), int64_t(in(0).size()));
+    else if (op == "sumsq") ref::sumsq(in(0).data(), out(0).data(), int64_t(in(0).size()));
+    else if (op == "sum_rows")
+      ref::sum_rows(in(0).data(), out(0).data(), int64_t(in(0).size()) / e, e);
+    else if (op == "broadcast_scalar") std::fill(out(0).begin(), out(0).end(), in(0)[0]);
+    else if (op == "broadcast_rows") {
+      for (size_t i = 0; i < out(0).size(); ++i) out(0)[i] = in(0)[i % in(0).size()];
+    } else if (op == "embedding") {
+      auto id = ids(n.inputs[0]);
+      ref::embedding_fwd(id.data(), in(1).data(), out(0).data(), int64_t(id.size()), shape(1)[1]);
+    } else if (op == "matmul") {
+      ops::MatmulDims d = ops::matmul_dims(g, n);
+      const auto &A = in(0), &B = in(1);
+      auto& Cm = out(0);
+      for (int64_t b = 0; b < d.batch; ++b)
+        for (int64_t i = 0; i < d.M; ++i)
+          for (int64_t j = 0; j < d.N; ++j) {
+            double s = 0;
+            for (int64_t k = 0; k < d.K; ++k) {
+              double a = d.ta ? A[b * d.M * d.K + k * d.M + i] : A[b * d.M * d.K + i * d.K + k];
+              double bb = d.tb ? B[b * d.N * d.K + j * d.K + k] : B[b * d.N * d.K + k * d.N + j];
+              s += a * bb;
+            }
+            Cm[b * d.M * d.N + i * d.N + j] = s;
+          }
+    } else if (op == "rmsnorm") {
+      int64_t C = shape(1)[0];
+      ref::rmsnorm_fwd(in(0).data(), in(1).data(), out(0).data(), out(1).data(), e / C, C,
+                       n.attr_float("eps"));
+    } else if (op == "layernorm") {
+      int64_t C = shape(1)[0];
+      ref::layernorm_fwd(in(0).data(), in(1).data(), in(2).data(), out(0).data(), out(1).data(),
+                         out(2).data(), e / C, C, n.attr_float("eps"));
+    } else if (op == "rope") {
+      const Shape& s = shape(0);
+      ref::rope(in(0).data(), out(0).data(), s[0], s[1], s[2], s[3], n.attr_float("theta"),
+                int(n.attr_int("sign", 1)));
+    } else if (op == "attention") {
+      const Shape &q = shape(0), &k = shape(1);
+      ref::attention_fwd(in(0).data(), in(1).data(), in(2).data(), out(0).data(), out(1).data(),
+                         q[0], q[1], q[2], k[2], q[3], n.attr_float("scale"));
+    } else if (op == "cross_entropy") {
+      auto t = ids(n.inputs[1]);
+      int64_t V = shape(0).back();
+      ref::cross_entropy(in(0).data(), t.data(), out(0).data(), out(1).data(), int64_t(t.size()), V);
+    } else if (op == "transpose") {
+      std::vector<int> perm;
+      for (int64_t p : n.attr_ints("perm")) perm.push_back(int(p));
+      ref::transpose(in(0).data(), out(0).data(), shape(0).data(), perm.data(), int(perm.size()), 8);
+    } else if (op == "split") {
+      const auto& sizes = n.attr_ints("sizes");
+      std::vector<double*> ys;
+      for (size_t i = 0; i < sizes.size(); ++i) ys.push_back(out(int(i)).data());
+      ref::split_last(in(0).data(), ys.data(), sizes.data(), int(sizes.size()),
+                      int64_t(in(0).size()) / shape(0).back());
+    } else if (op == "concat") {
+      std::vector<int64_t> sizes;
+      std::vector<const double*> xs;
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        sizes.push_back(shape(int(i)).back());
+        xs.push_back(in(int(i)).data());
+      }
+      ref::concat_last(xs.data(), out(0).data(), sizes.data(), int(sizes.size()),
+                       e / g.value(n.outputs[0]).type.shape.back());
+    } else if (op == "positions") {
+      int64_t T = g.value(n.outputs[0]).type.shape.back();
+      for (int64_t i = 0; i < e; ++i) out(0)[i] = double(i % T);
+    } else if (op == "fill") {
+      std::fill(out(0).begin(), out(0).end(), n.attr_float("value", 0.0));
+    } else {
+      LOOM_CHECK(false) << "reference_eval: no reference for op " << op;
+    }
+  }
+  return v;
+}
+
+}  // namespace loom::testing

@@ -1,0 +1,90 @@
+// loom bench: trains on synthetic tokens and prints one JSON line of throughput and memory.
+//
+// model_flops_per_token = 6 * (matmul params incl. the output head) + 12 * L * T * d_model
+// (training forward+backward; models::train_flops_per_token), so achieved_gflops is comparable across
+// implementations of the same model (it ignores the causal half-saving and recomputation).
+#include <fmt/format.h>
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "commands.h"
+#include "loom/core/error.h"
+#include "loom/train/step.h"
+
+namespace loom::cli {
+
+std::function<int()> add_bench(CLI::App& app) {
+  struct Opts {
+    std::string config;
+    int steps = 10, warmup = 3;
+    bool profile = false;
+    std::vector<std::string> sets;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* s = app.add_subcommand("bench", "time training steps on synthetic tokens (JSON)");
+  s->add_option("config", o->config, "config TOML")->required();
+  s->add_option("--steps", o->steps, "timed steps")->check(CLI::PositiveNumber);
+  s->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  s->add_option("--set", o->sets, "override a config key: section.key=value");
+  s->add_flag("--profile", o->profile, "also print time per op (JSON, to stderr)");
+  return [o]() {
+    train::Config cfg = train::load_config(o->config, o->sets);
+    const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
+    train::ParamStore params(cfg.model);
+    params.init_random(uint64_t(cfg.train.seed));
+    train::StepRunner runner(cfg, params, train::StepRunner::Mode::train);
+    std::mt19937 rng(uint32_t(cfg.train.seed) + 1);
+    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.model.vocab_size - 1));
+    std::vector<int32_t> tokens(size_t(B * (T + 1)));
+    std::vector<double> ms;
+    float loss = 0;
+    for (int i = 0; i < o->warmup + o->steps; ++i) {
+      for (auto& t : tokens) t = tok(rng);
+      if (i == o->warmup) runner.executor().set_profiling(o->profile);
+      auto t0 = std::chrono::steady_clock::now();
+      loss = runner.step(tokens.data());
+      auto t1 = std::chrono::steady_clock::now();
+      if (i >= o->warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    if (!std::isfinite(loss)) throw Error("bench: the loss is not finite");
+    std::vector<double> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                      : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+    double tokens_per_step = double(B * T);
+    double fpt = models::train_flops_per_token(cfg.model, T);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    nlohmann::json j;
+    j["config"] = o->config;
+    j["arch"] = cfg.model.arch;
+    j["dtype"] = std::string(dtype_name(cfg.model.dtype));
+    j["threads"] = omp_get_max_threads();
+    j["batch_size"] = B;
+    j["seq_len"] = T;
+    j["params"] = params.total_elements();
+    j["steps"] = o->steps;
+    j["tokens_per_s"] = tokens_per_step / (median / 1000.0);
+    j["step_ms"] = {{"median", median}, {"min", sorted.front()}, {"max", sorted.back()}};
+    j["model_flops_per_token"] = fpt;
+    j["achieved_gflops"] = fpt * tokens_per_step / (median / 1000.0) / 1e9;
+    j["planned_peak_bytes"] = runner.planned_peak_bytes();
+    j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
+    j["final_loss"] = loss;
+    fmt::print("{}\n", j.dump());
+    if (o->profile) {
+      nlohmann::json p = nlohmann::json::object();
+      for (auto& [op, t] : runner.executor().op_times())
+        p[op] = {{"ms_per_step", t.seconds * 1000.0 / o->steps}, {"calls", t.calls}};
+      fmt::print(stderr, "{}\n", p.dump());
+    }
+    return 0;
+  };
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,14 @@
+// The loom CLI's subcommands: each file adds one to the app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace loom::cli {
+
+// Each returns the action to run when its subcommand was chosen.
+std::function<int()> add_step(CLI::App& app);
+std::function<int()> add_bench(CLI::App& app);
+std::function<int()> add_inspect(CLI::App& app);
+
+}  // namespace loom::cli

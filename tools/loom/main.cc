@@ -1,0 +1,37 @@
+// loom: the command-line entry point. Catches loom::Error once, prints it, exits 1.
+#include <cstdio>
+#include <exception>
+#include <vector>
+
+#include "commands.h"
+#include "loom/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Loom: train transformer language models on one machine or many"};
+  app.require_subcommand(1);
+  std::vector<std::pair<CLI::App*, std::function<int()>>> cmds;
+  auto add = [&](std::function<int()> (*f)(CLI::App&)) {
+    size_t before = app.get_subcommands({}).size();
+    auto run = f(app);
+    cmds.push_back({app.get_subcommands({})[before], run});
+  };
+  add(loom::cli::add_step);
+  add(loom::cli::add_bench);
+  add(loom::cli::add_inspect);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [sub, run] : cmds)
+      if (sub->parsed()) return run();
+  } catch (const loom::Error& e) {
+    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "loom: error: out of memory\n");
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,59 @@
+// loom step: one forward and backward on given weights and tokens; writes the loss and every
+// parameter's gradient under its Hugging Face name. The door for checking Loom against any other
+// implementation.
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "loom/core/error.h"
+#include "loom/core/safetensors.h"
+#include "loom/train/step.h"
+
+namespace loom::cli {
+
+std::function<int()> add_step(CLI::App& app) {
+  struct Opts {
+    std::string config, weights, tokens, out;
+    std::vector<std::string> sets;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* s = app.add_subcommand("step", "one forward+backward: write loss and gradients");
+  s->add_option("--config", o->config, "config TOML ([model] is used)")->required();
+  s->add_option("--weights", o->weights, "weights (safetensors, Hugging Face names)")->required();
+  s->add_option("--tokens", o->tokens, "safetensors with i32 'tokens' [B, T+1]")->required();
+  s->add_option("--out", o->out, "output safetensors: loss and a gradient per parameter")->required();
+  s->add_option("--set", o->sets, "override a config key: section.key=value");
+  return [o]() {
+    train::Config cfg = train::load_config(o->config, o->sets);
+    SafetensorsFile tf = SafetensorsFile::open(o->tokens);
+    if (!tf.contains("tokens"))
+      throw Error(fmt::format("tokens {}: no tensor named 'tokens'", o->tokens));
+    const TensorView& tv = tf.get("tokens");
+    if (tv.dtype != DType::i32 || tv.shape.size() != 2 || tv.shape[1] < 2)
+      throw Error(fmt::format("tokens {}: 'tokens' is {}{}, expected i32 [B, T+1] with T >= 1",
+                              o->tokens, dtype_name(tv.dtype), shape_str(tv.shape)));
+    cfg.train.batch_size = tv.shape[0];
+    cfg.train.seq_len = tv.shape[1] - 1;
+    if (cfg.train.seq_len > cfg.model.max_seq_len)
+      throw Error(fmt::format("tokens {}: T = {} exceeds [model] max_seq_len = {} in {}", o->tokens,
+                              cfg.train.seq_len, cfg.model.max_seq_len, o->config));
+    const auto* ids = static_cast<const int32_t*>(tv.data);
+    for (int64_t i = 0; i < numel(tv.shape); ++i)
+      if (ids[i] < 0 || ids[i] >= cfg.model.vocab_size)
+        throw Error(fmt::format("tokens {}: token {} at [{}, {}] is outside the vocabulary [0, {})",
+                                o->tokens, ids[i], i / tv.shape[1], i % tv.shape[1],
+                                cfg.model.vocab_size));
+    train::ParamStore params(cfg.model);
+    params.load(o->weights);
+    train::StepRunner runner(cfg, params, train::StepRunner::Mode::grads);
+    float loss = runner.step(ids);
+    std::vector<TensorToWrite> out;
+    out.push_back({"loss", DType::f32, {}, &loss});
+    for (const auto& p : params.infos())
+      out.push_back({p.name, DType::f32, p.shape, runner.grad(p.name)});
+    write_safetensors(o->out, out);
+    fmt::print("loss {:.6f}\n", loss);
+    return 0;
+  };
+}
+
+}  // namespace loom::cli
