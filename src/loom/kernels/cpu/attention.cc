@@ -6,34 +6,37 @@
 // Invariant: every output element is produced by exactly one work item, whose arithmetic order is
 // fixed by the shape alone, so results are bit-identical for any number of threads.
 //
-// Layout trick. Scores are computed transposed, S^T (Bc,Br): one row per key, the 16 lanes of a vector
-// along queries. Then the softmax statistics (max, sum, lse, D) are per-lane vectors, the causal mask
-// is a lane prefix, and every product below is the same micro-kernel "C (M,N) += A (M,K) B (K,N)",
-// with A read by broadcasts through arbitrary strides (so A^T costs nothing) and B read as rows:
-//   fwd   S^T  = K_j Q_i^T                 A = K_j  (Bc,HS),   B = Q_i^T (HS,Br)
-//         O_i  = alpha O_i + P^T^T V_j      A = P^T read transposed, B = V_j (Bc,HS)
-//   bwd   S^T  = K_j Q_i^T,  dP^T = V_j dO_i^T
-//         dV_j += P^T dO_i,  dK_j += dS^T Q_i,  dQ_i += (dS^T)^T K_j
-// Only Q_i^T and dO_i^T need a real transpose, once per query block, not per block pair.
+// Layout trick. Scores are computed transposed, S^T (Bc,Br): one row per key, the 16 lanes of a
+// vector along queries. Then the softmax statistics (max, sum, lse, D) are per-lane vectors, the
+// causal mask is a lane prefix, and every product is the one micro-kernel C (M,N) (+)= A (M,K) B (K,N)
+// with A read by scalar broadcasts through arbitrary strides (so reading A transposed is free) and B
+// read as rows of 16-float vectors:
+//   fwd  S^T (Bc,Br)  = K_j (Bc,HS) . Q_i^T (HS,Br)
+//        O_i (Br,HS)  = alpha * O_i + P (Br,Bc) . V_j (Bc,HS)      P read out of S^T's storage
+//   bwd  S^T = K_j . Q_i^T,  dP^T (Bc,Br) = V_j . dO_i^T (HS,Br)
+//        dV_j (Bc,HS) += P^T . dO_i,  dK_j += dS^T . Q_i,  dQ_i (Br,HS) += dS . K_j
+// Only Q_i^T and dO_i^T need a real transpose (16x16 in registers), once per query block. f32 inputs
+// with HS % 16 == 0 are read in place; otherwise rows are converted to f32 scratch first.
 //
 // Worked example of the causal band, Br = Bc = 64, query block i0 = 64, key block j0 = 64 (diagonal):
-// key row m needs queries i >= m, so the S^T row group m..m+3 computes lanes from floor16(m) on, and
-// the softmax pass sets lanes i < m to -inf (P = 0). Off-diagonal blocks (j0 + Bc <= i0) need nothing.
+// key row m needs queries i >= m, so the S^T rows m..m+5 are computed from lane floor16(m) on, the
+// softmax pass sets lanes i < m to -inf (P = 0), and P.V for query row i stops at key i. Off-diagonal
+// blocks (j0 + Bc <= i0) are computed whole.
 //
-// Scores are kept in log2 units: Q^T is pre-multiplied by scale*log2(e), so P = exp2(S - m) forward and
-// P = exp2(S - lse*log2(e)) backward; lse = (m + log2 l) * ln 2.
+// Scores are kept in log2 units: Q^T is pre-multiplied by scale*log2(e), so P = exp2(S - m) forward
+// and P = exp2(S - lse*log2(e)) backward; lse = (m + log2 l) * ln 2.
 //
-// FLOPs, per (b,h) and n = T(T+1)/2 causal pairs: forward 4*HS*n (S and P.V), backward 10*HS*n
-// (S recomputed, dP, dV, dK, dQ), exps not counted.
+// Scratch per thread: a few (64,HSp) blocks, plus (T,HSp) f32 rows for k and v (forward: only when
+// they are not f32 already) and for the dk and dv accumulators (backward).
+//
+// FLOPs per (b,h), with n = T(T+1)/2 causal pairs: forward 4*HS*n (S, P.V), backward 10*HS*n
+// (S recomputed, dP, dV, dK, dQ); exps not counted.
 #include "loom/kernels/cpu/attention.h"
-
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <new>
 #include <type_traits>
 
@@ -339,23 +342,6 @@ void store_rows(Elem* dst, int64_t ld, const float* src, int64_t HSp, int64_t n,
   }
 }
 
-// Asks for rows [0,n) (row stride ld, HS wide) to be brought into L2 ahead of use. The tensors are
-// read in strided rows that the hardware prefetchers follow poorly, so each block prefetches what
-// the next block will touch while it computes.
-template <class Elem>
-void prefetch_rows(const Elem* p, int64_t ld, int64_t n, int64_t HS, bool for_write) {
-  const int64_t bytes = HS * int64_t(sizeof(Elem));
-  for (int64_t r = 0; r < n; ++r) {
-    const char* row = reinterpret_cast<const char*>(p + r * ld);
-    for (int64_t x = 0; x < bytes; x += 64) {
-      if (for_write) __builtin_prefetch(row + x, 1, 2);
-      else __builtin_prefetch(row + x, 0, 2);
-    }
-    if (for_write) __builtin_prefetch(row + bytes - 1, 1, 2);
-    else __builtin_prefetch(row + bytes - 1, 0, 2);
-  }
-}
-
 // 64-byte aligned f32 scratch of one thread, zeroed, carved into named pieces.
 class Scratch {
  public:
@@ -518,17 +504,18 @@ void attention_fwd(const Elem* q, const Elem* k, const Elem* v, Elem* o, float* 
   // the same, so a static schedule balances.
   const int64_t npair = (nqb + 1) / 2;
   const int64_t items = B * NH * npair;
+  const int64_t conv = std::is_same_v<Elem, float> && HS == HSp ? 0 : T * HSp;  // see f32_rows
 #pragma omp parallel
   {
-    Scratch s(HSp * kBr + kBc * kBr + kBr * HSp + 3 * kBr + 2 * T * HSp + 128);
+    Scratch s(HSp * kBr + kBc * kBr + kBr * HSp + 3 * kBr + 2 * conv + 128);
     float* qt = s.take(HSp * kBr);    // (HSp,Br)
     float* st = s.take(kBc * kBr);    // (Bc,Br)
     float* oacc = s.take(kBr * HSp);  // (Br,HSp)
     float* mrow = s.take(kBr);
     float* lrow = s.take(kBr);
     float* alpha = s.take(kBr);
-    float* kbuf = s.take(T * HSp);  // (T,HSp) keys as f32, when k is not already
-    float* vbuf = s.take(T * HSp);  // (T,HSp)
+    float* kbuf = s.take(conv);  // (T,HSp) keys as f32, when k is not already
+    float* vbuf = s.take(conv);  // (T,HSp)
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t bh = it / npair, p = it % npair;
@@ -538,22 +525,7 @@ void attention_fwd(const Elem* q, const Elem* k, const Elem* v, Elem* o, float* 
       const float* kf = f32_rows(k + (b * T * NKV + g) * HS, NKV * HS, tk, HS, HSp, kbuf, &ldk);
       const float* vf = f32_rows(v + (b * T * NKV + g) * HS, NKV * HS, tk, HS, HSp, vbuf, &ldv);
       const int64_t blocks[2] = {p, nqb - 1 - p};
-      const int nblocks = blocks[0] == blocks[1] ? 1 : 2;
-      for (int x = 0; x < nblocks; ++x) {
-        // Prefetch the q and o rows of the block after this one: this item's second block, else
-        // the first block of the next item.
-        int64_t nh = h, nb = b, ni0 = -1;
-        if (x + 1 < nblocks) {
-          ni0 = blocks[1] * kBr;
-        } else if (it + 1 < items) {
-          const int64_t nbh = (it + 1) / npair;
-          nb = nbh / NH, nh = nbh % NH, ni0 = ((it + 1) % npair) * kBr;
-        }
-        if (ni0 >= 0) {
-          const int64_t off = ((nb * T + ni0) * NH + nh) * HS, n = std::min(kBr, T - ni0);
-          prefetch_rows(q + off, NH * HS, n, HS, false);
-          prefetch_rows(o + off, NH * HS, n, HS, true);
-        }
+      for (int x = 0; x < (blocks[0] == blocks[1] ? 1 : 2); ++x) {
         fwd_block(q + (b * T * NH + h) * HS, o + (b * T * NH + h) * HS, NH * HS, kf, ldk, vf, ldv,
                   lse + (b * NH + h) * T, T, HS, HSp, blocks[x] * kBr, scale, qt, st, oacc, mrow,
                   lrow, alpha);
@@ -574,20 +546,22 @@ void attention_bwd(const Elem* dout, const Elem* q, const Elem* k, const Elem* v
   // all query blocks, in a fixed order) and the dq rows of those query heads. No two items write the
   // same element, so there are no atomics and the result does not depend on the thread count.
   const int64_t items = B * NKV;
+  const bool conv = !(std::is_same_v<Elem, float> && HS == HSp);  // see f32_rows
 #pragma omp parallel
   {
-    Scratch s(4 * HSp * kBr + 2 * kBc * kBr + kBr * HSp + 2 * kBr + 4 * T * HSp + 128);
+    Scratch s(2 * HSp * kBr + (conv ? 2 * kBr * HSp : 0) + 2 * kBc * kBr + kBr * HSp + 2 * kBr +
+              (conv ? 4 : 2) * T * HSp + 128);
     float* qt = s.take(HSp * kBr);     // (HSp,Br) Q^T * scale*log2(e)
     float* dot = s.take(HSp * kBr);    // (HSp,Br) dO^T
-    float* qbuf = s.take(kBr * HSp);   // (Br,HSp) Q as f32, when q is not already
-    float* dobuf = s.take(kBr * HSp);  // (Br,HSp) dO as f32, when dout is not already
+    float* qbuf = s.take(conv ? kBr * HSp : 0);   // (Br,HSp) Q as f32, when q is not already
+    float* dobuf = s.take(conv ? kBr * HSp : 0);  // (Br,HSp) dO as f32, when dout is not already
     float* st = s.take(kBc * kBr);     // (Bc,Br) S^T, then P^T
     float* dpt = s.take(kBc * kBr);    // (Bc,Br) dP^T, then scale * dS^T
     float* dqacc = s.take(kBr * HSp);  // (Br,HSp)
     float* lse2 = s.take(kBr);
     float* drow = s.take(kBr);
-    float* kbuf = s.take(T * HSp);   // (T,HSp) keys as f32, when k is not already
-    float* vbuf = s.take(T * HSp);   // (T,HSp)
+    float* kbuf = s.take(conv ? T * HSp : 0);  // (T,HSp) keys as f32, when k is not already
+    float* vbuf = s.take(conv ? T * HSp : 0);  // (T,HSp)
     float* dkacc = s.take(T * HSp);  // (T,HSp)
     float* dvacc = s.take(T * HSp);  // (T,HSp)
 #pragma omp for schedule(static)
@@ -598,29 +572,9 @@ void attention_bwd(const Elem* dout, const Elem* q, const Elem* k, const Elem* v
       const float* vf = f32_rows(v + (b * T * NKV + g) * HS, NKV * HS, T, HS, HSp, vbuf, &ldv);
       std::fill(dkacc, dkacc + T * HSp, 0.f);
       std::fill(dvacc, dvacc + T * HSp, 0.f);
-      prefetch_rows(dk + (b * T * NKV + g) * HS, NKV * HS, T, HS, true);
-      prefetch_rows(dv + (b * T * NKV + g) * HS, NKV * HS, T, HS, true);
       for (int64_t h = g * G; h < (g + 1) * G; ++h) {
         const int64_t off = (b * T * NH + h) * HS;
         for (int64_t i0 = 0; i0 < T; i0 += kBr) {
-          // Prefetch the rows the next block reads and writes (the next item's first block, and its
-          // keys and values, after this item's last block).
-          int64_t nb = b, nh = h, ni0 = i0 + kBr;
-          if (ni0 >= T) ni0 = 0, ++nh;
-          if (nh == (g + 1) * G && it + 1 < items) {
-            nb = (it + 1) / NKV;
-            const int64_t ng = (it + 1) % NKV;
-            nh = ng * G;
-            prefetch_rows(k + (nb * T * NKV + ng) * HS, NKV * HS, T, HS, false);
-            prefetch_rows(v + (nb * T * NKV + ng) * HS, NKV * HS, T, HS, false);
-          }
-          if (nh < NH && nb < B) {
-            const int64_t noff = ((nb * T + ni0) * NH + nh) * HS, n = std::min(kBr, T - ni0);
-            prefetch_rows(q + noff, NH * HS, n, HS, false);
-            prefetch_rows(dout + noff, NH * HS, n, HS, false);
-            prefetch_rows(o + noff, NH * HS, n, HS, false);
-            prefetch_rows(dq + noff, NH * HS, n, HS, true);
-          }
           bwd_block(dout + off, q + off, o + off, dq + off, NH * HS, kf, ldk, vf, ldv,
                     lse + (b * NH + h) * T, T, HS, HSp, i0, scale, qt, dot, qbuf, dobuf, st, dpt,
                     dqacc, lse2, drow, dkacc, dvacc);

@@ -27,12 +27,13 @@ namespace {
 double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float inv_n) {
   const float xt = x[t];  // read before d (possibly x itself) is written
 #ifdef __AVX512F__
-  // 16 lanes with a masked tail; lane partials are combined by the fixed reduce_* trees.
+  // 16 lanes with a masked tail; lane partials are combined in lane order.
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 vm = neg_inf;
   for (int64_t v = 0; v < V; v += 16)
-    vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(neg_inf, detail::tail_mask(V - v), x + v));
-  const float m = _mm512_reduce_max_ps(vm);
+    vm = _mm512_maskz_max_ps(0xffff, vm,
+                             _mm512_mask_loadu_ps(neg_inf, detail::tail_mask(V - v), x + v));
+  const float m = detail::max_lanes(vm);
   const __m512 mv = _mm512_set1_ps(m);
   __m512 vs = _mm512_setzero_ps();
   for (int64_t v = 0; v < V; v += 16) {
@@ -41,16 +42,24 @@ double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float i
     if (d != nullptr) _mm512_mask_storeu_ps(d + v, k, e);
     vs = _mm512_mask_add_ps(vs, k, vs, e);
   }
-  const float s = _mm512_reduce_add_ps(vs);
+  const float s = detail::sum_lanes(vs);
 #else
+  // The same 16 partial sums (element v into lane v % 16, lanes added in order), so a build without
+  // AVX-512 gives the same bits; written so it does not depend on the loop being vectorised.
   float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
   for (int64_t v = 0; v < V; ++v) m = x[v] > m ? x[v] : m;
-  float s = 0;
-  for (int64_t v = 0; v < V; ++v) {
-    const float e = exp_f32(x[v] - m);
-    if (d != nullptr) d[v] = e;
-    s += e;
+  float lane[16] = {};
+  for (int64_t v0 = 0; v0 < V; v0 += 16) {
+    const int64_t w = V - v0 < 16 ? V - v0 : 16;
+    for (int64_t j = 0; j < w; ++j) {
+      const float e = exp_f32(x[v0 + j] - m);
+      if (d != nullptr) d[v0 + j] = e;
+      lane[j] += e;
+    }
   }
+  float s = 0;
+  for (float l : lane) s += l;
 #endif
   if (d != nullptr) {
     const float k = inv_n / s;

@@ -105,10 +105,15 @@ inline float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 // as exp_f32: roundscale rounds to nearest even like the 1.5*2^23 shift, and scalef applies 2^n with
 // one rounding (gradual underflow, overflow to inf) like the two exponent multiplies.
 inline __m512 exp_f32x16(__m512 x) {
+  // The maskz_ forms with all lanes set are the plain instructions; gcc 12's headers make the unmasked
+  // forms warn (-Wmaybe-uninitialized on their _mm512_undefined_ps).
+  constexpr __mmask16 kAll = 0xffff;
   // min/max with the constant first: a NaN in x is returned unchanged.
-  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm512_maskz_max_ps(kAll, _mm512_set1_ps(-104.0f),
+                          _mm512_maskz_min_ps(kAll, _mm512_set1_ps(89.0f), x));
+  const __m512 n =
+      _mm512_maskz_roundscale_ps(kAll, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
   __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
@@ -119,12 +124,30 @@ inline __m512 exp_f32x16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_scalef_ps(kAll, p, n);
 }
 
 inline __m512 sigmoid_f32x16(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f);
   return _mm512_div_ps(one, _mm512_add_ps(one, exp_f32x16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+// Sum of the 16 lanes, added in lane order.
+inline float sum_lanes(__m512 v) {
+  alignas(64) float lane[16];
+  _mm512_store_ps(lane, v);
+  float s = 0;
+  for (float l : lane) s += l;
+  return s;
+}
+
+// Largest of the 16 lanes.
+inline float max_lanes(__m512 v) {
+  alignas(64) float lane[16];
+  _mm512_store_ps(lane, v);
+  float m = lane[0];
+  for (float l : lane) m = l > m ? l : m;
+  return m;
 }
 
 // Lanes [0, min(left,16)) set: the mask for a 16-lane step with `left` elements remaining.

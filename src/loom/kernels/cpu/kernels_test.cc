@@ -15,6 +15,7 @@
 #include <sstream>
 #include <vector>
 
+#include "loom/kernels/cpu/kernel_util.h"
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/kernels/cpu/reference.h"
 
@@ -221,6 +222,48 @@ TEST(Kernels, RopeInverseAndInPlace) {
   std::vector<float> w(x);
   rope(w.data(), w.data(), B, T, NH, HS, 500000.0f, 1);
   EXPECT_EQ(0, std::memcmp(w.data(), y.data(), n * 4)) << "in-place rope differs from out-of-place";
+}
+
+// ---- the vectorised exp behind softmax and the activations ----
+
+TEST(Kernels, ExpF32WithinOneUlp) {
+  std::vector<float> xs;
+  for (double x = -110.0; x < 90.0; x += 1.1e-4) xs.push_back(float(x));
+  for (float x : {0.0f, -0.0f, 88.72f, 88.73f, -87.33f, -103.9f, -104.5f, 1e-30f, -1e-30f})
+    xs.push_back(x);
+  double worst_ulp = 0;
+  float worst_x = 0;
+  for (float x : xs) {
+    const float got = detail::exp_f32(x);
+    const double want = std::exp(double(x));
+    const float want_f = float(want);
+    if (std::isinf(want_f)) {
+      EXPECT_TRUE(std::isinf(got)) << "x " << x;
+      continue;
+    }
+    // ulp of the f32 result; in the denormal range a fixed 2^-149.
+    const double ulp = std::max(double(std::nextafter(want_f, INFINITY) - want_f), 0x1p-149);
+    const double e = std::fabs(double(got) - want) / ulp;
+    if (e > worst_ulp) worst_ulp = e, worst_x = x;
+  }
+  EXPECT_LE(worst_ulp, 1.0) << "at x = " << worst_x;
+  EXPECT_TRUE(std::isnan(detail::exp_f32(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(detail::exp_f32(std::numeric_limits<float>::infinity()),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(detail::exp_f32(-std::numeric_limits<float>::infinity()), 0.0f);
+#ifdef __AVX512F__
+  xs.push_back(std::numeric_limits<float>::quiet_NaN());
+  xs.push_back(std::numeric_limits<float>::infinity());
+  xs.push_back(-std::numeric_limits<float>::infinity());
+  while (xs.size() % 16) xs.push_back(1.0f);
+  std::vector<float> vec(xs.size());
+  for (size_t i = 0; i < xs.size(); i += 16)
+    _mm512_storeu_ps(vec.data() + i, detail::exp_f32x16(_mm512_loadu_ps(xs.data() + i)));
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const float s = detail::exp_f32(xs[i]);
+    ASSERT_EQ(0, std::memcmp(&s, &vec[i], 4)) << "16-lane exp differs at x = " << xs[i];
+  }
+#endif
 }
 
 // ---- activations ----

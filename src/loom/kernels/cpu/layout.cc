@@ -118,7 +118,7 @@ void transpose_impl(const T* x, T* y, const Perm& s) {
   for (int i = 0; i < r - 1; ++i)
     if (i != q) outer.push_back(i);
   const int64_t M = total / (rows * cols);
-  constexpr int64_t kTile = 32;
+  constexpr int64_t kTile = 16;
   const int64_t row_tiles = detail::num_blocks(rows, kTile);
   for_blocks(M * row_tiles, 1, [&](int64_t w, int64_t) {
     int64_t o = w / row_tiles, src = 0, dst = 0;
