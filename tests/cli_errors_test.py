@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Bad input to the loom CLI: each case must exit non-zero with a clear message naming the file and
+the key or tensor, never crash (a signal) and never write a half output file.
+
+    cli_errors_test.py LOOM_BINARY SOURCE_DIR
+
+Uses only the standard library (it writes its own small safetensors files).
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+LOOM, SRC = sys.argv[1], sys.argv[2]
+failures = 0
+
+
+def write_st(path, tensors):
+    """tensors: {name: (dtype "F32"|"I32", shape, flat list)}"""
+    header, blobs, off = {}, [], 0
+    for name, (dt, shape, vals) in tensors.items():
+        b = struct.pack("<%d%s" % (len(vals), "f" if dt == "F32" else "i"), *vals)
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def run(name, args, expect_ok=False, must_contain=()):
+    global failures
+    p = subprocess.run([LOOM] + args, capture_output=True, text=True, timeout=120)
+    msg = (p.stderr + p.stdout).strip()
+    ok = (p.returncode == 0) if expect_ok else (p.returncode == 1)
+    for s in must_contain:
+        ok = ok and s in msg
+    print("%-4s %-34s rc=%d  %s" % ("ok" if ok else "FAIL", name, p.returncode,
+                                    msg.splitlines()[0] if msg else ""))
+    if not ok:
+        failures += 1
+        print("     full output:\n     " + msg.replace("\n", "\n     "))
+        if p.returncode < 0:
+            print("     (killed by signal %d: a crash)" % -p.returncode)
+
+
+with tempfile.TemporaryDirectory() as d:
+    good = os.path.join(SRC, "configs", "tiny-llama.toml")
+    text = open(good).read()
+
+    def cfg(name, body):
+        path = os.path.join(d, name)
+        open(path, "w").write(body)
+        return path
+
+    bench = ["bench", "--steps", "1", "--warmup", "0"]
+    run("malformed toml", bench + [cfg("bad.toml", "[model\narch = 1\n")], must_contain=["bad.toml:1"])
+    run("unknown key", bench + [cfg("typo.toml", text.replace("d_model", "dmodel"))],
+        must_contain=["typo.toml", "dmodel", "did you mean 'd_model'"])
+    run("unknown section", bench + [cfg("sec.toml", text + "\n[modle]\nx = 1\n")],
+        must_contain=["sec.toml", "[modle]"])
+    run("missing arch", bench + [cfg("noarch.toml", text.replace('arch = "llama"', ""))],
+        must_contain=["noarch.toml", "arch"])
+    run("wrong type", bench + [cfg("type.toml", text.replace("d_model = 64", 'd_model = "64"'))],
+        must_contain=["type.toml", "d_model", "integer"])
+    run("inconsistent heads", bench + [cfg("heads.toml", text.replace("n_heads = 4", "n_heads = 5"))],
+        must_contain=["heads.toml", "n_heads"])
+    run("bad --set", bench + [good, "--set", "model.d_model"], must_contain=["--set"])
+    run("unknown --set key", bench + [good, "--set", "optim.lrr=1"], must_contain=["lrr", "'lr'"])
+    run("missing config", bench + [os.path.join(d, "nope.toml")], must_contain=["nope.toml"])
+
+    # weights and tokens for the tiny llama: V=256, C=64, 2 layers, 4 heads, 2 kv heads, ffn 176
+    C, V, F, L = 64, 256, 176, 2
+    shapes = {"model.embed_tokens.weight": [V, C], "model.norm.weight": [C], "lm_head.weight": [V, C]}
+    for l in range(L):
+        p = "model.layers.%d." % l
+        shapes.update({p + "input_layernorm.weight": [C], p + "post_attention_layernorm.weight": [C],
+                       p + "self_attn.q_proj.weight": [C, C], p + "self_attn.k_proj.weight": [32, C],
+                       p + "self_attn.v_proj.weight": [32, C], p + "self_attn.o_proj.weight": [C, C],
+                       p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C],
+                       p + "mlp.down_proj.weight": [C, F]})
+
+    def weights(name, drop=None, reshape=None, extra=None):
+        t = {}
+        for n, s in shapes.items():
+            if n == drop:
+                continue
+            if n == reshape:
+                s = [s[0] + 1] + s[1:]
+            count = 1
+            for x in s:
+                count *= x
+            t[n] = ("F32", s, [0.01 * ((i * 7) % 13 - 6) for i in range(count)])
+        if extra:
+            t[extra] = ("F32", [2], [0.0, 0.0])
+        path = os.path.join(d, name)
+        write_st(path, t)
+        return path
+
+    w = weights("w.safetensors")
+    toks = os.path.join(d, "tokens.safetensors")
+    write_st(toks, {"tokens": ("I32", [2, 9], [(i * 31) % V for i in range(18)])})
+    out = os.path.join(d, "out.safetensors")
+    step = ["step", "--config", good, "--tokens", toks, "--out", out]
+    run("step works", step + ["--weights", w], expect_ok=True, must_contain=["loss"])
+    if not os.path.exists(out):
+        print("FAIL step wrote no output")
+        failures += 1
+    os.remove(out)
+    run("weights: missing tensor",
+        step + ["--weights", weights("w1.safetensors", drop="lm_head.weight")],
+        must_contain=["w1.safetensors", "lm_head.weight"])
+    run("weights: wrong shape",
+        step + ["--weights", weights("w2.safetensors", reshape="model.layers.1.mlp.up_proj.weight")],
+        must_contain=["w2.safetensors", "model.layers.1.mlp.up_proj.weight", "[177,64]"])
+    run("weights: unexpected tensor",
+        step + ["--weights", weights("w3.safetensors", extra="model.layers.7.foo")],
+        must_contain=["w3.safetensors", "model.layers.7.foo"])
+    trunc = os.path.join(d, "trunc.safetensors")
+    data = open(w, "rb").read()
+    open(trunc, "wb").write(data[: len(data) - 100])
+    run("weights: truncated file", step + ["--weights", trunc], must_contain=["trunc.safetensors"])
+    open(trunc, "wb").write(data[:5])
+    run("weights: 5-byte file", step + ["--weights", trunc], must_contain=["trunc.safetensors"])
+    run("weights: missing file", step + ["--weights", os.path.join(d, "none.safetensors")],
+        must_contain=["none.safetensors"])
+    bad_toks = os.path.join(d, "oov.safetensors")
+    write_st(bad_toks, {"tokens": ("I32", [2, 9], [5] * 17 + [256])})
+    run("tokens: out of vocabulary",
+        ["step", "--config", good, "--weights", w, "--tokens", bad_toks, "--out", out],
+        must_contain=["oov.safetensors", "256", "vocabulary"])
+    write_st(bad_toks, {"ids": ("I32", [2, 9], [5] * 18)})
+    run("tokens: wrong tensor name",
+        ["step", "--config", good, "--weights", w, "--tokens", bad_toks, "--out", out],
+        must_contain=["oov.safetensors", "tokens"])
+    write_st(bad_toks, {"tokens": ("F32", [2, 9], [5.0] * 18)})
+    run("tokens: wrong dtype",
+        ["step", "--config", good, "--weights", w, "--tokens", bad_toks, "--out", out],
+        must_contain=["oov.safetensors", "i32"])
+    write_st(bad_toks, {"tokens": ("I32", [1, 66], [5] * 66)})
+    run("tokens: longer than max_seq_len",
+        ["step", "--config", good, "--weights", w, "--tokens", bad_toks, "--out", out],
+        must_contain=["oov.safetensors", "max_seq_len"])
+    if os.path.exists(out):
+        print("FAIL a failed step left %s behind" % out)
+        failures += 1
+
+print("cli errors: all cases behaved" if not failures else "cli errors: %d FAILED" % failures)
+sys.exit(1 if failures else 0)
