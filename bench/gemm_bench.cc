@@ -6,12 +6,14 @@
 //   backward  dx = dy · W   M = 2048, K = out, N = in
 //   backward  dW = dyᵀ · x  M = out,  K = 2048, N = in  (ta: dy is stored (2048,out))
 // each in f32 -> f32, bf16 -> f32 and bf16 -> bf16. GFLOP/s = 2·M·N·K / median time of --reps runs
-// after --warmup runs.
+// after --warmup runs; the fastest run is printed too, being the figure least disturbed when other
+// processes share the cores.
 //
-// The "gemm_pack" lines answer whether pre-packing the weight operand pays: oneDNN picks its preferred
-// (blocked) layout for B given format_tag::any; we time the GEMM on the packed B and the reorder that
-// packs it, against the GEMM on plain B. A weight changes every step and each packed form feeds one
-// GEMM per step (forward needs Wᵀ, backward W), so packing pays only if packed + reorder < plain.
+// The "gemm_pack" lines answer whether pre-packing the weight operand pays: oneDNN picks its
+// preferred (blocked) layout for B given format_tag::any; we time the GEMM on the packed B and the
+// reorder that packs it, against the GEMM on plain B. A weight changes every step and each packed
+// form feeds one GEMM per step (forward needs Wᵀ, backward W), so packing pays only if packed +
+// reorder < plain.
 //
 // Usage: gemm_bench [--threads 2] [--reps 20] [--warmup 3]. Timings are never asserted.
 #include <omp.h>
@@ -96,15 +98,18 @@ Timing time_ms(int warmup, int reps, const std::function<void()>& f) {
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    ms[i] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ms[i] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   std::sort(ms.begin(), ms.end());
   return {ms[reps / 2], ms[0]};
 }
 
-// Times the GEMM with B in oneDNN's preferred layout (format_tag::any) and the reorder into it.
-void bench_packing(const Shape& s, const DTypes& t, const void* a, const void* b, void* c,
-                   Timing plain, int warmup, int reps, int threads) {
+// Times the GEMM with B in oneDNN's preferred layout (format_tag::any) and the reorder into it,
+// against loom's gemm on plain B. The three run interleaved within each rep so that they see the
+// same load.
+void bench_packing(const Shape& s, const DTypes& t, const GemmDesc& d, const void* a, const void* b,
+                   void* c, int warmup, int reps, int threads) {
   using dnnl::memory;
   const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(eng);
@@ -112,7 +117,8 @@ void bench_packing(const Shape& s, const DTypes& t, const void* a, const void* b
     return x == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   };
   const memory::desc a_md({s.M, s.K}, dt(t.ab), s.ta ? memory::dims{1, s.M} : memory::dims{s.K, 1});
-  const memory::desc b_plain({s.K, s.N}, dt(t.ab), s.tb ? memory::dims{1, s.K} : memory::dims{s.N, 1});
+  const memory::desc b_plain({s.K, s.N}, dt(t.ab),
+                             s.tb ? memory::dims{1, s.K} : memory::dims{s.N, 1});
   const memory::desc b_any({s.K, s.N}, dt(t.ab), memory::format_tag::any);
   const memory::desc c_md({s.M, s.N}, dt(t.c), memory::dims{s.N, 1});
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_any, c_md), eng);
@@ -121,21 +127,38 @@ void bench_packing(const Shape& s, const DTypes& t, const void* a, const void* b
   memory b_src(b_plain, eng, const_cast<void*>(b)), b_dst(b_packed, eng);
   dnnl::reorder pack(b_src, b_dst);
   dnnl::matmul mm(pd);
-  const Timing reorder = time_ms(warmup, reps, [&] {
-    pack.execute(stream, b_src, b_dst);
-    stream.wait();
-  });
-  const Timing packed = time_ms(warmup, reps, [&] {
-    mm.execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_dst}, {DNNL_ARG_DST, c_mem}});
-    stream.wait();
-  });
+  const std::function<void()> steps[3] = {
+      [&] { loom::kernels::cpu::gemm(d, a, b, c); },
+      [&] {
+        pack.execute(stream, b_src, b_dst);
+        stream.wait();
+      },
+      [&] {
+        mm.execute(stream,
+                   {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_dst}, {DNNL_ARG_DST, c_mem}});
+        stream.wait();
+      }};
+  std::vector<double> ms[3];
+  for (int i = 0; i < warmup + reps; ++i) {
+    for (int k = 0; k < 3; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      steps[k]();
+      const auto t1 = std::chrono::steady_clock::now();
+      if (i >= warmup) ms[k].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+  }
+  Timing tm[3];
+  for (int k = 0; k < 3; ++k) {
+    std::sort(ms[k].begin(), ms[k].end());
+    tm[k] = {ms[k][reps / 2], ms[k][0]};
+  }
   std::printf(
       "{\"bench\":\"gemm_pack\",\"shape\":\"%s\",\"M\":%ld,\"N\":%ld,\"K\":%ld,\"ta\":%d,\"tb\":%d,"
       "\"dtype\":\"%s\",\"threads\":%d,\"layout_differs\":%s,\"plain_ms\":%.3f,\"packed_ms\":%.3f,"
       "\"reorder_ms\":%.3f,\"plain_min_ms\":%.3f,\"packed_min_ms\":%.3f,\"reorder_min_ms\":%.3f}\n",
       s.name, long(s.M), long(s.N), long(s.K), s.ta, s.tb, t.name, threads,
-      b_packed == b_plain ? "false" : "true", plain.median_ms, packed.median_ms, reorder.median_ms,
-      plain.min_ms, packed.min_ms, reorder.min_ms);
+      b_packed == b_plain ? "false" : "true", tm[0].median_ms, tm[2].median_ms, tm[1].median_ms,
+      tm[0].min_ms, tm[2].min_ms, tm[1].min_ms);
 }
 
 }  // namespace
@@ -165,12 +188,10 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   for (const Shape& s : kShapes) {
     for (const DTypes& t : kDTypes) {
-      const GemmDesc d{.M = s.M, .N = s.N, .K = s.K, .ta = s.ta, .tb = s.tb, .ab_dtype = t.ab,
-                       .c_dtype = t.c};
+      const GemmDesc d{
+          .M = s.M, .N = s.N, .K = s.K, .ta = s.ta, .tb = s.tb, .ab_dtype = t.ab, .c_dtype = t.c};
       Buffer a(s.M * s.K, t.ab, rng), b(s.K * s.N, t.ab, rng), c(s.M * s.N, t.c, rng);
-      const Timing ms = time_ms(warmup, reps, [&] {
-        loom::kernels::cpu::gemm(d, a.p, b.p, c.p);
-      });
+      const Timing ms = time_ms(warmup, reps, [&] { loom::kernels::cpu::gemm(d, a.p, b.p, c.p); });
       const double gflop = 2.0 * s.M * s.N * s.K / 1e9;
       std::printf(
           "{\"bench\":\"gemm\",\"shape\":\"%s\",\"M\":%ld,\"N\":%ld,\"K\":%ld,\"ta\":%d,\"tb\":%d,"
@@ -179,7 +200,7 @@ int main(int argc, char** argv) {
           s.name, long(s.M), long(s.N), long(s.K), s.ta, s.tb, t.name, threads, ms.median_ms,
           gflop / ms.median_ms * 1e3, ms.min_ms, gflop / ms.min_ms * 1e3);
       if (s.b_is_weight && t.ab == DType::bf16) {
-        bench_packing(s, t, a.p, b.p, c.p, ms, warmup, reps, threads);
+        bench_packing(s, t, d, a.p, b.p, c.p, warmup, reps, threads);
       }
       std::fflush(stdout);
     }

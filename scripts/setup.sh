@@ -4,11 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# libopenblas0-pthread: Debian's PyTorch takes its f32 GEMM from the system BLAS; without OpenBLAS it falls
+# back to the netlib reference BLAS (~1 GFLOP/s), which would make the benchmark peer a straw man.
 packages=(
   build-essential cmake ninja-build pkg-config
   libdnnl-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-torch python3-numpy
+  python3-torch python3-numpy libopenblas0-pthread
 )
 missing=()
 for p in "${packages[@]}"; do

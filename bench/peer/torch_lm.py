@@ -148,8 +148,9 @@ def _read_table(path, doc, table, keys):
             if ty is float and isinstance(v, int) and not isinstance(v, bool):
                 v = float(v)
             if not isinstance(v, ty) or isinstance(v, bool):
-                raise ConfigError(f"{path}: [{table}] {k} = {v!r} is not a {ty.__name__}\n"
-                                  f"hint: write e.g. {k} = {ty(1)!r}")
+                want = {int: "an integer", float: "a number", str: "a quoted string"}[ty]
+                raise ConfigError(f"{path}: [{table}] {k} = {v!r} is not {want}\n"
+                                  f"hint: write {k} as {want}")
             out[k] = v
         elif default is _REQUIRED:
             raise ConfigError(f"{path}: [{table}] missing key '{k}'\nhint: add {k} = ...")
@@ -494,6 +495,22 @@ def make_adamw(model, o, foreach=None):
 # The benchmark CLI.
 
 
+def blas_library():
+    """The real path of each BLAS shared library this process loaded, or "unknown".
+
+    PyTorch's f32 GEMM goes to whatever libblas.so.3 resolves to; on Debian that may be the netlib
+    reference BLAS (single-threaded, a few GFLOP/s), which decides the f32 figure. The directory
+    tells them apart: .../blas/ is netlib, .../openblas-pthread/ is OpenBLAS.
+    """
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
+    except OSError:
+        return "unknown"
+    names = sorted({os.path.realpath(p) for p in paths})
+    return ",".join(names) or "unknown"
+
+
 def bench(args):
     cfg = load_config(args.config)
     m = cfg.model
@@ -547,6 +564,7 @@ def bench(args):
         "steps": args.steps,
         "warmup": args.warmup,
         "attention": "naive_masked_softmax",
+        "blas": blas_library(),
         "final_loss": loss,
     }
     if dtype == "bf16":

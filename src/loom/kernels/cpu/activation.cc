@@ -1,12 +1,12 @@
 // Pointwise activations: SwiGLU and tanh-approximate GELU, forward and backward.
 //
 // Both are written through the logistic function s(z) = 1/(1+e^-z), never through tanh:
-// 0.5*(1 + tanh(u)) = s(2u) and 1 - tanh(u)^2 = 4 s(2u) (1-s(2u)). That keeps the result accurate in
-// relative terms where 1 + tanh(u) would cancel (x << 0). The math of each element is one template
-// run on a float or on 16 lanes (__m512, with a masked tail); AVX-512 builds use the 16-lane form
-// because exp does not auto-vectorise well (see detail::exp_f32x16).
+// 0.5*(1 + tanh(u)) = s(2u) and 1 - tanh(u)^2 = 4 s(2u) (1-s(2u)). That keeps the result accurate
+// in relative terms where 1 + tanh(u) would cancel (x << 0). The math of each element is one
+// template run on a float or on 16 lanes (__m512, masked tail); AVX-512 builds use the 16-lane
+// form because exp does not auto-vectorise well (see detail::exp_f32x16).
 // Does not fuse the gate/up split (g and u are separate tensors).
-// Invariant: elementwise over blocks of detail::kElemBlock; results do not depend on the thread count.
+// Invariant: elementwise over blocks of detail::kElemBlock; no result depends on the thread count.
 #include "loom/kernels/cpu/kernel_util.h"
 #include "loom/kernels/cpu/kernels.h"
 
@@ -128,7 +128,8 @@ void swiglu_bwd(const float* dy, const float* g, const float* u, float* dg, floa
 
 // x (n) -> y (n) = x * s(2u), u = k*(x + c*x^3)
 void gelu_fwd(const float* x, float* y, int64_t n) {
-  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) { gelu_fwd_block(x + i0, y + i0, i1 - i0); });
+  for_blocks(n, kElemBlock,
+             [&](int64_t i0, int64_t i1) { gelu_fwd_block(x + i0, y + i0, i1 - i0); });
 }
 
 // dy (n), x (n) -> dx (n)

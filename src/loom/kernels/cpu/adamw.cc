@@ -2,8 +2,8 @@
 //
 // adamw is one fused elementwise pass over p, g, m, v in f32; the step's scalars (lr and the bias
 // corrections) arrive as a tensor so a schedule can change them without rebuilding the program.
-// clip_coef turns the summed squared gradient norm into torch.nn.utils.clip_grad_norm_'s coefficient.
-// Neither computes the norm itself (that is sumsq over each gradient, added up by the caller).
+// clip_coef turns the summed squared gradient norm into torch.nn.utils.clip_grad_norm_'s
+// coefficient. Neither computes the norm (that is sumsq of each gradient, added by the caller).
 // Invariant: elementwise, so the result does not depend on the thread count.
 #include <algorithm>
 #include <cmath>
@@ -17,46 +17,61 @@
 
 namespace loom::kernels::cpu {
 
+namespace {
+
+// The scalars of one step.
+struct Step {
+  float lr, bc1, bc2, gscale, beta1, beta2, eps, wd;
+};
+
+// p, g, m, v (n): one AdamW step on a block.
+void adamw_block(float* p, const float* g, float* m, float* v, int64_t n, Step s) {
+  int64_t i = 0;
+#ifdef __AVX512F__
+  // Intrinsics because std::sqrt keeps a scalar errno path that stops auto-vectorisation (without
+  // -fno-math-errno). The same operations in the same order as the scalar loop below, which takes
+  // the tail; which elements form the tail is fixed by the block size, not by the thread count.
+  const __m512 gs = _mm512_set1_ps(s.gscale), b1 = _mm512_set1_ps(s.beta1);
+  const __m512 b2 = _mm512_set1_ps(s.beta2), a1 = _mm512_set1_ps(1.0f - s.beta1);
+  const __m512 a2 = _mm512_set1_ps(1.0f - s.beta2), bc1 = _mm512_set1_ps(s.bc1);
+  const __m512 bc2 = _mm512_set1_ps(s.bc2), eps = _mm512_set1_ps(s.eps);
+  const __m512 wd = _mm512_set1_ps(s.wd), lr = _mm512_set1_ps(s.lr);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), gs);
+    const __m512 mi =
+        _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(a1, gi));
+    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)),
+                                    _mm512_mul_ps(_mm512_mul_ps(a2, gi), gi));
+    _mm512_storeu_ps(m + i, mi);
+    _mm512_storeu_ps(v + i, vi);
+    const __m512 pi = _mm512_loadu_ps(p + i);
+    // maskz_ with all lanes: plain vsqrtps without gcc 12's -Wmaybe-uninitialized in the header.
+    const __m512 den = _mm512_add_ps(_mm512_maskz_sqrt_ps(0xffff, _mm512_div_ps(vi, bc2)), eps);
+    const __m512 upd =
+        _mm512_add_ps(_mm512_div_ps(_mm512_div_ps(mi, bc1), den), _mm512_mul_ps(wd, pi));
+    _mm512_storeu_ps(p + i, _mm512_sub_ps(pi, _mm512_mul_ps(lr, upd)));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float gi = g[i] * s.gscale;
+    const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
+    const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= s.lr * ((mi / s.bc1) / (std::sqrt(vi / s.bc2) + s.eps) + s.wd * p[i]);
+  }
+}
+
+}  // namespace
+
 // p, g, m, v (n); hyper (3) = {lr, 1 - beta1^t, 1 - beta2^t}; gscale (1).
 //   g' = g*gscale;  m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2
 //   p -= lr * ((m/bc1) / (sqrt(v/bc2) + eps) + wd*p)
 void adamw(float* p, const float* g, float* m, float* v, const float* hyper, const float* gscale,
            int64_t n, float beta1, float beta2, float eps, float wd) {
-  const float lr = hyper[0], bc1 = hyper[1], bc2 = hyper[2];
-  const float gs = gscale[0];
-  // One element; also the tail and the non-AVX-512 build.
-  auto step = [&](int64_t i) {
-    const float gi = g[i] * gs;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] -= lr * ((mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * p[i]);
-  };
+  const Step s{hyper[0], hyper[1], hyper[2], gscale[0], beta1, beta2, eps, wd};
   detail::for_blocks(n, detail::kElemBlock, [&](int64_t i0, int64_t i1) {
-    int64_t i = i0;
-#ifdef __AVX512F__
-    // Intrinsics because std::sqrt keeps a scalar errno path that stops auto-vectorisation (without
-    // -fno-math-errno). Same operations in the same order as step(); the tail of each block is fixed
-    // by the block size, so which elements take which path never depends on the thread count.
-    const __m512 vgs = _mm512_set1_ps(gs), vb1 = _mm512_set1_ps(beta1), vb2 = _mm512_set1_ps(beta2);
-    const __m512 va1 = _mm512_set1_ps(1.0f - beta1), va2 = _mm512_set1_ps(1.0f - beta2);
-    const __m512 vbc1 = _mm512_set1_ps(bc1), vbc2 = _mm512_set1_ps(bc2);
-    const __m512 veps = _mm512_set1_ps(eps), vwd = _mm512_set1_ps(wd), vlr = _mm512_set1_ps(lr);
-    for (; i + 16 <= i1; i += 16) {
-      const __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), vgs);
-      const __m512 mi = _mm512_add_ps(_mm512_mul_ps(vb1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(va1, gi));
-      const __m512 vi = _mm512_add_ps(_mm512_mul_ps(vb2, _mm512_loadu_ps(v + i)),
-                                      _mm512_mul_ps(_mm512_mul_ps(va2, gi), gi));
-      _mm512_storeu_ps(m + i, mi);
-      _mm512_storeu_ps(v + i, vi);
-      const __m512 pi = _mm512_loadu_ps(p + i);
-      const __m512 den = _mm512_add_ps(_mm512_maskz_sqrt_ps(0xffff, _mm512_div_ps(vi, vbc2)), veps);
-      const __m512 upd = _mm512_add_ps(_mm512_div_ps(_mm512_div_ps(mi, vbc1), den), _mm512_mul_ps(vwd, pi));
-      _mm512_storeu_ps(p + i, _mm512_sub_ps(pi, _mm512_mul_ps(vlr, upd)));
-    }
-#endif
-    for (; i < i1; ++i) step(i);
+    adamw_block(p + i0, g + i0, m + i0, v + i0, i1 - i0, s);
   });
 }
 

@@ -1,5 +1,6 @@
 // Fast causal grouped-query attention on CPU (see attention.h for the contract): flash-style blocks
-// with an online softmax, AVX-512 micro-kernels (plain loops elsewhere), OpenMP over fixed work items.
+// with an online softmax, AVX-512 micro-kernels (plain loops elsewhere), OpenMP over fixed work
+// items.
 //
 // It does not store the (T,T) score matrix, take locks or atomics, or special-case shapes: any HS
 // (padded to a multiple of 16 inside the scratch) and any T (the last block is partial) work.
@@ -8,20 +9,20 @@
 //
 // Layout trick. Scores are computed transposed, S^T (Bc,Br): one row per key, the 16 lanes of a
 // vector along queries. Then the softmax statistics (max, sum, lse, D) are per-lane vectors, the
-// causal mask is a lane prefix, and every product is the one micro-kernel C (M,N) (+)= A (M,K) B (K,N)
-// with A read by scalar broadcasts through arbitrary strides (so reading A transposed is free) and B
-// read as rows of 16-float vectors:
+// causal mask is a lane prefix, and every product is the one micro-kernel C (M,N) (+)= A (M,K) B
+// (K,N) with A read by scalar broadcasts through arbitrary strides (so reading A transposed is
+// free) and B read as rows of 16-float vectors:
 //   fwd  S^T (Bc,Br)  = K_j (Bc,HS) . Q_i^T (HS,Br)
 //        O_i (Br,HS)  = alpha * O_i + P (Br,Bc) . V_j (Bc,HS)      P read out of S^T's storage
 //   bwd  S^T = K_j . Q_i^T,  dP^T (Bc,Br) = V_j . dO_i^T (HS,Br)
 //        dV_j (Bc,HS) += P^T . dO_i,  dK_j += dS^T . Q_i,  dQ_i (Br,HS) += dS . K_j
-// Only Q_i^T and dO_i^T need a real transpose (16x16 in registers), once per query block. f32 inputs
-// with HS % 16 == 0 are read in place; otherwise rows are converted to f32 scratch first.
+// Only Q_i^T and dO_i^T need a real transpose (16x16 in registers), once per query block. f32
+// inputs with HS % 16 == 0 are read in place; otherwise rows are converted to f32 scratch first.
 //
-// Worked example of the causal band, Br = Bc = 64, query block i0 = 64, key block j0 = 64 (diagonal):
-// key row m needs queries i >= m, so the S^T rows m..m+5 are computed from lane floor16(m) on, the
-// softmax pass sets lanes i < m to -inf (P = 0), and P.V for query row i stops at key i. Off-diagonal
-// blocks (j0 + Bc <= i0) are computed whole.
+// Worked example of the causal band, Br = Bc = 64, query block i0 = 64, key block j0 = 64
+// (diagonal): key row m needs queries i >= m, so the S^T rows m..m+5 are computed from lane
+// floor16(m) on, the softmax pass sets lanes i < m to -inf (P = 0), and P.V for query row i stops
+// at key i. Off-diagonal blocks (j0 + Bc <= i0) are computed whole.
 //
 // Scores are kept in log2 units: Q^T is pre-multiplied by scale*log2(e), so P = exp2(S - m) forward
 // and P = exp2(S - lse*log2(e)) backward; lse = (m + log2 l) * ln 2.
@@ -54,8 +55,8 @@
 namespace loom::kernels::cpu {
 namespace {
 
-constexpr int64_t kBr = 64;  // query rows per block (multiple of 16: lanes of S^T)
-constexpr int64_t kBc = 64;  // keys per block
+constexpr int64_t kBr = 64;                  // query rows per block (multiple of 16: lanes of S^T)
+constexpr int64_t kBc = 64;                  // keys per block
 constexpr int64_t kFree = int64_t(1) << 40;  // "no causal bound" for the band offsets below
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -101,8 +102,8 @@ inline void vstore_n(float* p, V16 a, int64_t n) { _mm512_mask_storeu_ps(p, firs
 inline void vstore_n(bf16* p, V16 a, int64_t n) {
   const __m512i u = _mm512_castps_si512(a);
   const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                        _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+  const __m512i bias =
+      _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
@@ -133,7 +134,7 @@ inline V16 vexp2(V16 x) {
 inline void transpose16(V16 r[16]) {
   __m512 t[16], u[16];
   for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);  // per 128-bit lane: a0 b0 a1 b1
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);      // per 128-bit lane: a0 b0 a1 b1
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);  // a2 b2 a3 b3
   }
   for (int i = 0; i < 16; i += 4) {  // rows i..i+3, column c of each 128-bit lane in u[i+c]
@@ -143,8 +144,8 @@ inline void transpose16(V16 r[16]) {
     u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
   }
   for (int c = 0; c < 4; ++c) {  // u[4q+c] holds rows 4q..4q+3 of columns c, c+4, c+8, c+12
-    const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);   // cols c, c+8 of rows 0..7
-    const __m512 b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);   // cols c+4, c+12
+    const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);       // cols c, c+8 of rows 0..7
+    const __m512 b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);       // cols c+4, c+12
     const __m512 d = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);  // rows 8..15
     const __m512 e = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
     r[c] = _mm512_shuffle_f32x4(a, d, 0x88);
@@ -260,10 +261,18 @@ void tile_row(float* c, int64_t ldc, const float* rs, bool load_c, const float* 
               int64_t k1) {
   for (int64_t n = n0; n < N; n += 64) {
     switch (std::min<int64_t>(4, (N - n) / 16)) {
-      case 4: tile<IR, 4>(c + n, ldc, rs, load_c, a, sam, sak, b + n, ldb, k0, k1); break;
-      case 3: tile<IR, 3>(c + n, ldc, rs, load_c, a, sam, sak, b + n, ldb, k0, k1); break;
-      case 2: tile<IR, 2>(c + n, ldc, rs, load_c, a, sam, sak, b + n, ldb, k0, k1); break;
-      default: tile<IR, 1>(c + n, ldc, rs, load_c, a, sam, sak, b + n, ldb, k0, k1); break;
+      case 4:
+        tile<IR, 4>(c + n, ldc, rs, load_c, a, sam, sak, b + n, ldb, k0, k1);
+        break;
+      case 3:
+        tile<IR, 3>(c + n, ldc, rs, load_c, a, sam, sak, b + n, ldb, k0, k1);
+        break;
+      case 2:
+        tile<IR, 2>(c + n, ldc, rs, load_c, a, sam, sak, b + n, ldb, k0, k1);
+        break;
+      default:
+        tile<IR, 1>(c + n, ldc, rs, load_c, a, sam, sak, b + n, ldb, k0, k1);
+        break;
     }
   }
 }
@@ -285,19 +294,27 @@ void band_mm(float* c, int64_t ldc, const float* rs, bool load_c, const float* a
     const float* am = a + m * sam;
     const float* rsm = rs ? rs + m : nullptr;
     switch (ir) {
-      case 6: tile_row<6>(cm, ldc, rsm, load_c, am, sam, sak, b, ldb, n0, N, k0, k1); break;
-      case 4: tile_row<4>(cm, ldc, rsm, load_c, am, sam, sak, b, ldb, n0, N, k0, k1); break;
-      case 2: tile_row<2>(cm, ldc, rsm, load_c, am, sam, sak, b, ldb, n0, N, k0, k1); break;
-      default: tile_row<1>(cm, ldc, rsm, load_c, am, sam, sak, b, ldb, n0, N, k0, k1); break;
+      case 6:
+        tile_row<6>(cm, ldc, rsm, load_c, am, sam, sak, b, ldb, n0, N, k0, k1);
+        break;
+      case 4:
+        tile_row<4>(cm, ldc, rsm, load_c, am, sam, sak, b, ldb, n0, N, k0, k1);
+        break;
+      case 2:
+        tile_row<2>(cm, ldc, rsm, load_c, am, sam, sak, b, ldb, n0, N, k0, k1);
+        break;
+      default:
+        tile_row<1>(cm, ldc, rsm, load_c, am, sam, sak, b, ldb, n0, N, k0, k1);
+        break;
     }
     m += ir;
   }
 }
 
 // ---- moving rows between Elem tensors and f32 scratch ----
-// Rows [0,n) of src (row stride ld, HS wide) as f32 rows of stride *ld_out: the tensor itself when it
-// already is f32 with HS a multiple of 16, else converted into buf (n,HSp) with zero padding columns.
-// Kernels never read past row n or column HSp of what this returns.
+// Rows [0,n) of src (row stride ld, HS wide) as f32 rows of stride *ld_out: the tensor itself when
+// it already is f32 with HS a multiple of 16, else converted into buf (n,HSp) with zero padding
+// columns. Kernels never read past row n or column HSp of what this returns.
 template <class Elem>
 const float* f32_rows(const Elem* src, int64_t ld, int64_t n, int64_t HS, int64_t HSp, float* buf,
                       int64_t* ld_out) {
@@ -308,13 +325,14 @@ const float* f32_rows(const Elem* src, int64_t ld, int64_t n, int64_t HS, int64_
     }
   }
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t e = 0; e < HSp; e += 16) vstore(buf + r * HSp + e, vload_n(src + r * ld + e, HS - e));
+    for (int64_t e = 0; e < HSp; e += 16)
+      vstore(buf + r * HSp + e, vload_n(src + r * ld + e, HS - e));
   *ld_out = HSp;
   return buf;
 }
 
-// dst (HSp,R) <- the transpose of rows [0,n) of src (row stride ld, HS wide) times mul, zero padded;
-// R a multiple of 16. Done in 16x16 blocks in registers.
+// dst (HSp,R) <- the transpose of rows [0,n) of src (row stride ld, HS wide) times mul, zero
+// padded; R a multiple of 16. Done in 16x16 blocks in registers.
 template <class Elem>
 void load_cols(float* dst, int64_t R, int64_t HSp, const Elem* src, int64_t ld, int64_t n,
                int64_t HS, float mul) {
@@ -409,7 +427,8 @@ void fwd_block(const Elem* q, Elem* o, int64_t ldq, const float* kf, int64_t ldk
       vstore(mrow + 16 * vq, mx);
       vstore(alpha + 16 * vq, al);
     }
-    // oacc (Br,HSp) = alpha * oacc + P vb, P(i,j) = st[j*Br + i]; query i needs keys j <= i + i0 - j0.
+    // oacc (Br,HSp) = alpha * oacc + P vb, P(i,j) = st[j*Br + i]; query i needs keys j <= i + i0 -
+    // j0.
     band_mm(oacc, HSp, alpha, true, st, 1, kBr, vb, ldv, nq, HSp, nk, -kFree, i0 - j0, -kFree);
   }
   for (int64_t i = 0; i < nq; ++i) {
@@ -477,8 +496,8 @@ void bwd_block(const Elem* dout, const Elem* q, const Elem* o, Elem* dq, int64_t
     // dV_j += P^T dO_i and dK_j += dS^T Q_i: key row m needs queries i >= m + j0 - i0.
     band_mm(dvacc + j0 * HSp, HSp, nullptr, true, st, kBr, 1, dor, lddo, nk, HSp, nq, j0 - i0,
             kFree, -kFree);
-    band_mm(dkacc + j0 * HSp, HSp, nullptr, true, dpt, kBr, 1, qr, ldr, nk, HSp, nq, j0 - i0,
-            kFree, -kFree);
+    band_mm(dkacc + j0 * HSp, HSp, nullptr, true, dpt, kBr, 1, qr, ldr, nk, HSp, nq, j0 - i0, kFree,
+            -kFree);
     // dQ_i += dS K_j: query row i needs keys j <= i + i0 - j0.
     band_mm(dqacc, HSp, nullptr, true, dpt, 1, kBr, kb, ldk, nq, HSp, nk, -kFree, i0 - j0, -kFree);
   }
@@ -542,28 +561,29 @@ void attention_bwd(const Elem* dout, const Elem* q, const Elem* k, const Elem* v
   if (B == 0 || T == 0) return;
   const int64_t G = NH / NKV;
   const int64_t HSp = round_up(HS, 16);
-  // Work item = (b, kv head g): it owns dk and dv of g (accumulated in f32 over the G query heads and
-  // all query blocks, in a fixed order) and the dq rows of those query heads. No two items write the
-  // same element, so there are no atomics and the result does not depend on the thread count.
+  // Work item = (b, kv head g): it owns dk and dv of g (accumulated in f32 over the G query heads
+  // and all query blocks, in a fixed order) and the dq rows of those query heads. No two items
+  // write the same element, so there are no atomics and the result does not depend on the thread
+  // count.
   const int64_t items = B * NKV;
   const bool conv = !(std::is_same_v<Elem, float> && HS == HSp);  // see f32_rows
 #pragma omp parallel
   {
     Scratch s(2 * HSp * kBr + (conv ? 2 * kBr * HSp : 0) + 2 * kBc * kBr + kBr * HSp + 2 * kBr +
               (conv ? 4 : 2) * T * HSp + 128);
-    float* qt = s.take(HSp * kBr);     // (HSp,Br) Q^T * scale*log2(e)
-    float* dot = s.take(HSp * kBr);    // (HSp,Br) dO^T
+    float* qt = s.take(HSp * kBr);                // (HSp,Br) Q^T * scale*log2(e)
+    float* dot = s.take(HSp * kBr);               // (HSp,Br) dO^T
     float* qbuf = s.take(conv ? kBr * HSp : 0);   // (Br,HSp) Q as f32, when q is not already
     float* dobuf = s.take(conv ? kBr * HSp : 0);  // (Br,HSp) dO as f32, when dout is not already
-    float* st = s.take(kBc * kBr);     // (Bc,Br) S^T, then P^T
-    float* dpt = s.take(kBc * kBr);    // (Bc,Br) dP^T, then scale * dS^T
-    float* dqacc = s.take(kBr * HSp);  // (Br,HSp)
+    float* st = s.take(kBc * kBr);                // (Bc,Br) S^T, then P^T
+    float* dpt = s.take(kBc * kBr);               // (Bc,Br) dP^T, then scale * dS^T
+    float* dqacc = s.take(kBr * HSp);             // (Br,HSp)
     float* lse2 = s.take(kBr);
     float* drow = s.take(kBr);
     float* kbuf = s.take(conv ? T * HSp : 0);  // (T,HSp) keys as f32, when k is not already
     float* vbuf = s.take(conv ? T * HSp : 0);  // (T,HSp)
-    float* dkacc = s.take(T * HSp);  // (T,HSp)
-    float* dvacc = s.take(T * HSp);  // (T,HSp)
+    float* dkacc = s.take(T * HSp);            // (T,HSp)
+    float* dvacc = s.take(T * HSp);            // (T,HSp)
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t b = it / NKV, g = it % NKV;

@@ -1,12 +1,12 @@
 // Plain reference for causal grouped-query attention (attention.h), for tests only.
 //
-// It materialises the (T,T) score matrix of one (b,h) at a time and loops in the most obvious order;
-// it is templated on the scalar S so tests can run it in f64 (finite differences) or f32. It is not
-// fast, not threaded, and not what the engine runs.
+// It materialises the (T,T) score matrix of one (b,h) at a time and loops in the most obvious
+// order; it is templated on the scalar S so tests can run it in f64 (finite differences) or f32. It
+// is not fast, not threaded, and not what the engine runs.
 //
 // Same layouts and meanings as attention.h: q (B,T,NH,HS), k and v (B,T,NKV,HS), o (B,T,NH,HS),
-// lse (B,NH,T) with lse = log sum_{j<=t} exp(scale * q_t.k_j); query head h reads kv head h / (NH/NKV).
-// Invariant: the softmax of row t only ever sees keys j <= t.
+// lse (B,NH,T) with lse = log sum_{j<=t} exp(scale * q_t.k_j); query head h reads kv head h /
+// (NH/NKV). Invariant: the softmax of row t only ever sees keys j <= t.
 #pragma once
 
 #include <algorithm>

@@ -56,8 +56,10 @@ struct Buf {
     for (int64_t i = 0; i < n_ + kGuard; ++i) v[i] = sentinel(i);
   }
   static Elem sentinel(int64_t i) {
-    if constexpr (std::is_same_v<Elem, float>) return float(-1e30) * float(i + 1);
-    else return f32_to_bf16(float(-1e30) * float(i + 1));
+    if constexpr (std::is_same_v<Elem, float>)
+      return float(-1e30) * float(i + 1);
+    else
+      return f32_to_bf16(float(-1e30) * float(i + 1));
   }
   Elem* data() { return v.data(); }
   bool guards_intact() const {
@@ -68,8 +70,10 @@ struct Buf {
     return true;
   }
   static float to_f32(Elem e) {
-    if constexpr (std::is_same_v<Elem, float>) return e;
-    else return bf16_to_f32(e);
+    if constexpr (std::is_same_v<Elem, float>)
+      return e;
+    else
+      return bf16_to_f32(e);
   }
   std::vector<float> f32() const {
     std::vector<float> r(n);
@@ -82,8 +86,10 @@ template <class Elem>
 Buf<Elem> from(const std::vector<float>& x) {
   Buf<Elem> b(int64_t(x.size()));
   for (size_t i = 0; i < x.size(); ++i) {
-    if constexpr (std::is_same_v<Elem, float>) b.v[i] = x[i];
-    else b.v[i] = f32_to_bf16(x[i]);
+    if constexpr (std::is_same_v<Elem, float>)
+      b.v[i] = x[i];
+    else
+      b.v[i] = f32_to_bf16(x[i]);
   }
   return b;
 }
@@ -134,8 +140,8 @@ RefOut run_ref(const Case& c) {
   r.dq.resize(q.size());
   r.dk.resize(k.size());
   r.dv.resize(v.size());
-  ref::attention_fwd<double>(q.data(), k.data(), v.data(), r.o.data(), r.lse.data(), s.B, s.T,
-                             s.NH, s.NKV, s.HS, c.scale);
+  ref::attention_fwd<double>(q.data(), k.data(), v.data(), r.o.data(), r.lse.data(), s.B, s.T, s.NH,
+                             s.NKV, s.HS, c.scale);
   ref::attention_bwd<double>(dout.data(), q.data(), k.data(), v.data(), r.o.data(), r.lse.data(),
                              r.dq.data(), r.dk.data(), r.dv.data(), s.B, s.T, s.NH, s.NKV, s.HS,
                              c.scale);
@@ -159,8 +165,8 @@ FastOut<Elem> run_fast(const Case& c) {
   const Shape& s = c.s;
   FastOut<Elem> r(s);
   auto q = from<Elem>(c.q), k = from<Elem>(c.k), v = from<Elem>(c.v), dout = from<Elem>(c.dout);
-  attention_fwd<Elem>(q.data(), k.data(), v.data(), r.o.data(), r.lse.data(), s.B, s.T, s.NH,
-                      s.NKV, s.HS, c.scale);
+  attention_fwd<Elem>(q.data(), k.data(), v.data(), r.o.data(), r.lse.data(), s.B, s.T, s.NH, s.NKV,
+                      s.HS, c.scale);
   attention_bwd<Elem>(dout.data(), q.data(), k.data(), v.data(), r.o.data(), r.lse.data(),
                       r.dq.data(), r.dk.data(), r.dv.data(), s.B, s.T, s.NH, s.NKV, s.HS, c.scale);
   EXPECT_TRUE(r.o.guards_intact() && r.lse.guards_intact() && r.dq.guards_intact() &&
@@ -170,13 +176,13 @@ FastOut<Elem> run_fast(const Case& c) {
 }
 
 const Shape kShapes[] = {
-    {2, 37, 4, 2, 16},   // GQA, T not a multiple of the block
-    {2, 37, 4, 2, 64},   //
-    {2, 150, 4, 2, 64},  // several blocks, partial last one
-    {1, 130, 4, 1, 16},  // all query heads on one kv head
-    {2, 70, 2, 2, 24},   // HS not a multiple of 16
-    {1, 128, 2, 2, 128}, // two 4-vector column chunks
-    {2, 1, 2, 1, 16},    // a single token
+    {2, 37, 4, 2, 16},    // GQA, T not a multiple of the block
+    {2, 37, 4, 2, 64},    //
+    {2, 150, 4, 2, 64},   // several blocks, partial last one
+    {1, 130, 4, 1, 16},   // all query heads on one kv head
+    {2, 70, 2, 2, 24},    // HS not a multiple of 16
+    {1, 128, 2, 2, 128},  // two 4-vector column chunks
+    {2, 1, 2, 1, 16},     // a single token
 };
 
 TEST(Attention, F32MatchesReference) {
@@ -207,8 +213,8 @@ TEST(Attention, F32LargeScores) {
   expect_close(got.dv.f32(), want.dv, 1e-5, 1e-4, "dv");
 }
 
-// bf16 storage: the reference runs in f64 on the same bf16-rounded inputs; the fast outputs carry one
-// bf16 rounding (2^-9 relative) plus, for the backward, the rounding of o fed back in.
+// bf16 storage: the reference runs in f64 on the same bf16-rounded inputs; the fast outputs carry
+// one bf16 rounding (2^-9 relative) plus, for the backward, the rounding of o fed back in.
 TEST(Attention, Bf16MatchesReference) {
   uint32_t seed = 500;
   for (const Shape& s : kShapes) {

@@ -1,13 +1,13 @@
 // Softmax cross-entropy over the last dim, fused with its gradient.
 //
-// Per row (three passes; the row is in L1/L2 after the first): m = max; e_v = exp(x_v - m) stored into
-// dlogits while summing s = sum e_v; then dlogits = e_v/(s*N) - onehot/N. loss_n = m + log(s) - x_t.
-// The first two passes are AVX-512 intrinsics (vectorised exp, detail::exp_f32x16) with a scalar
-// fallback for other builds.
-// Does not do label smoothing, ignore-index or class weights; does not reduce in place over rows.
-// If dlogits is null only the loss is computed (evaluation).
-// Invariant: the mean over rows is an f64 sum of the per-row losses in row order, so the loss is
-// bit-identical for any thread count; each row is computed by one thread in a fixed order.
+// Per row, three passes (the row is in L1/L2 after the first):
+//   m = max_v x_v;  e_v = exp(x_v - m) stored into dlogits while summing s = sum_v e_v;
+//   dlogits = e_v / (s*N) - onehot(t) / N;  loss_n = m + log(s) - x_t.
+// The first two passes are AVX-512 intrinsics (the vectorised detail::exp_f32x16), with a scalar
+// fallback for other builds. If dlogits is null only the loss is computed (evaluation).
+// Does not do label smoothing, ignore-index or class weights.
+// Invariant: each row is computed by one thread in a fixed order, and the mean over rows is an f64
+// sum of the per-row losses in row order, so the result is bit-identical for any thread count.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -44,8 +44,8 @@ double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float i
   }
   const float s = detail::sum_lanes(vs);
 #else
-  // The same 16 partial sums (element v into lane v % 16, lanes added in order), so a build without
-  // AVX-512 gives the same bits; written so it does not depend on the loop being vectorised.
+  // The same 16 partial sums (element v into lane v % 16, lanes added in order), so a build with FMA
+  // but no AVX-512 gives the same bits; written so it does not depend on the loop being vectorised.
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t v = 0; v < V; ++v) m = x[v] > m ? x[v] : m;

@@ -14,67 +14,92 @@ namespace loom::kernels::cpu {
 using detail::for_blocks;
 using detail::kElemBlock;
 
+namespace {
+
+// ---- one block each ----
+
+void add_block(const float* a, const float* b, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+void mul_block(const float* a, const float* b, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+}
+
+void scale_block(const float* a, float s, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] * s;
+}
+
+// a (rows,C), b (C) -> y (rows,C)
+void add_bias_rows(const float* a, const float* b, float* y, int64_t rows, int64_t C) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ar = a + r * C;
+    float* yr = y + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) yr[c] = ar[c] + b[c];
+  }
+}
+
+// Bit-identical to loom::f32_to_bf16, written without the branch so it vectorises (integer
+// add/shift/compare/blend and a 32->16 narrowing store). Not _mm512_cvtneps_pbh: that instruction
+// treats denormal inputs as zero, which f32_to_bf16 does not.
+void cast_f32_bf16_block(const float* x, bf16* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x40u;
+    y[i].bits = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+}
+
+void cast_bf16_f32_block(const bf16* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(uint32_t(x[i].bits) << 16);
+}
+
+}  // namespace
+
 // a, b (n) -> y (n) = a + b
 void add(const float* a, const float* b, float* y, int64_t n) {
-  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) y[i] = a[i] + b[i];
-  });
+  for_blocks(n, kElemBlock,
+             [&](int64_t i0, int64_t i1) { add_block(a + i0, b + i0, y + i0, i1 - i0); });
 }
 
 // a (N,C), b (C) -> y (N,C) = a + b broadcast over rows
 void add_bias(const float* a, const float* b, float* y, int64_t N, int64_t C) {
-  for_blocks(N, detail::rows_per_block(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* ar = a + r * C;
-      float* yr = y + r * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yr[c] = ar[c] + b[c];
-    }
-  });
+  for_blocks(N, detail::rows_per_block(C),
+             [&](int64_t r0, int64_t r1) { add_bias_rows(a + r0 * C, b, y + r0 * C, r1 - r0, C); });
 }
 
 // a, b (n) -> y (n) = a * b
 void mul(const float* a, const float* b, float* y, int64_t n) {
-  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) y[i] = a[i] * b[i];
-  });
+  for_blocks(n, kElemBlock,
+             [&](int64_t i0, int64_t i1) { mul_block(a + i0, b + i0, y + i0, i1 - i0); });
 }
 
 // a (n) -> y (n) = a * s
 void scale(const float* a, float s, float* y, int64_t n) {
-  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) y[i] = a[i] * s;
-  });
+  for_blocks(n, kElemBlock,
+             [&](int64_t i0, int64_t i1) { scale_block(a + i0, s, y + i0, i1 - i0); });
 }
 
 // a (n), s (1) -> y (n) = a * s[0]
 void mul_scalar(const float* a, const float* s, float* y, int64_t n) { scale(a, s[0], y, n); }
 
-// x (n) -> y (n), round to nearest even; NaN -> quiet NaN with the sign and top payload bits kept.
-// Bit-identical to loom::f32_to_bf16, written without the branch so it vectorises (an AVX-512 loop of
-// integer add/shift/compare/blend and a 32->16 narrowing store). Not _mm512_cvtneps_pbh: that
-// instruction flushes denormal inputs to zero, which f32_to_bf16 does not.
+// x (n) -> y (n), round to nearest even; NaN -> quiet NaN keeping the sign and top payload bits.
 void cast_f32_bf16(const float* x, bf16* y, int64_t n) {
-  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) {
-      const uint32_t u = std::bit_cast<uint32_t>(x[i]);
-      const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-      const uint32_t quiet_nan = (u >> 16) | 0x40u;
-      y[i].bits = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-    }
-  });
+  for_blocks(n, kElemBlock,
+             [&](int64_t i0, int64_t i1) { cast_f32_bf16_block(x + i0, y + i0, i1 - i0); });
 }
 
 // x (n) -> y (n), exact
 void cast_bf16_f32(const bf16* x, float* y, int64_t n) {
-  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) y[i] = std::bit_cast<float>(uint32_t(x[i].bits) << 16);
-  });
+  for_blocks(n, kElemBlock,
+             [&](int64_t i0, int64_t i1) { cast_bf16_f32_block(x + i0, y + i0, i1 - i0); });
 }
 
 }  // namespace loom::kernels::cpu

@@ -1,12 +1,13 @@
 // GEMM through the oneDNN matmul primitive, and the plain reference loop it is tested against.
 //
 // Layouts never get copied here: a transposed operand is described to oneDNN by its strides, e.g. A
-// stored (K,M) for ta is the logical (M,K) matrix with strides {1,M} (format "ba"; with a batch, the
-// logical (batch,M,K) with strides {M*K,1,M}, format "acb"). `accumulate` is a sum post-op (beta = 1),
-// so C += A·B costs no extra pass over C.
+// stored (K,M) for ta is the logical (M,K) matrix with strides {1,M} (format "ba"; with a batch,
+// the logical (batch,M,K) with strides {M*K,1,M}, format "acb"). `accumulate` is a sum post-op
+// (beta = 1), so C += A·B costs no extra pass over C.
 //
-// What this file does not do: pack weights into oneDNN's blocked layouts (measured not to pay at the
-// transformer shapes, see bench/gemm_bench.cc), nor choose the thread count (oneDNN uses OpenMP's).
+// What this file does not do: pack weights into oneDNN's blocked layouts (measured not to pay at
+// the transformer shapes, see bench/gemm_bench.cc), nor choose the thread count (oneDNN uses
+// OpenMP's).
 //
 // Invariant: one primitive per (GemmDesc, OpenMP thread count) per calling thread, created on first
 // use and reused; a call only swaps the data pointers of the cached memory objects and executes.
@@ -80,7 +81,9 @@ struct CacheKeyHash {
   size_t operator()(const CacheKey& k) const {
     const GemmDesc& d = k.desc;
     size_t h = 0;
-    auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    auto mix = [&h](uint64_t v) {
+      h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    };
     mix(uint64_t(d.batch));
     mix(uint64_t(d.M));
     mix(uint64_t(d.N));
@@ -113,8 +116,7 @@ CachedGemm make_gemm(const GemmDesc& d) {
       ops.append_sum(1.f);
       attr.set_post_ops(ops);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr,
-                                          cpu_engine());
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, cpu_engine());
     const dnnl::engine& e = cpu_engine();
     return CachedGemm{dnnl::matmul(pd), memory(a_md, e, nullptr), memory(b_md, e, nullptr),
                       memory(c_md, e, nullptr)};
@@ -147,9 +149,8 @@ void gemm(const GemmDesc& d, const void* a, const void* b, void* c) {
   if (d.batch == 0 || d.M == 0 || d.N == 0) return;
   if (d.K == 0) return zero_c(d, c);
   CachedGemm& g = cached_gemm(d);
-  thread_local dnnl::stream stream = dnnl_checked(d, "stream creation", [] {
-    return dnnl::stream(cpu_engine());
-  });
+  thread_local dnnl::stream stream =
+      dnnl_checked(d, "stream creation", [] { return dnnl::stream(cpu_engine()); });
   dnnl_checked(d, "matmul execution", [&] {
     g.a.set_data_handle(const_cast<void*>(a));
     g.b.set_data_handle(const_cast<void*>(b));

@@ -2,9 +2,9 @@
 //
 //   C (batch, M, N) = op(A) (batch, M, K) x op(B) (batch, K, N), op = transpose when ta / tb.
 // A is stored (batch,M,K) or, when ta, (batch,K,M); B is (batch,K,N) or, when tb, (batch,N,K).
-// a_dtype == b_dtype in {f32, bf16}; c_dtype in {f32, bf16}, but bf16 only with bf16 inputs (oneDNN 2.6
-// has no f32 x f32 -> bf16 matmul); accumulation is always f32.
-// When accumulate is set, C += result (used for gradient accumulation), else C is overwritten.
+// a_dtype == b_dtype in {f32, bf16}; c_dtype in {f32, bf16}, but bf16 only with bf16 inputs
+// (oneDNN 2.6 has no f32 x f32 -> bf16 matmul); accumulation is always f32. When accumulate is set,
+// C += result (used for gradient accumulation), else C is overwritten.
 //
 // Primitives are created once per GemmDesc and cached (creating one costs far more than a small GEMM).
 // The cache is per thread; kernels are called from one executor thread.

@@ -1,14 +1,15 @@
-// gemm (oneDNN) against gemm_ref (triple loop in double) on every layout, dtype and accumulate mode.
+// gemm (oneDNN) against gemm_ref (triple loop in double) on every layout, dtype and accumulate
+// mode.
 //
-// Inputs are uniform in [-1,1] from a fixed seed (printed on failure through the desc trace), rounded
-// to bf16 first when the inputs are bf16, so both sides multiply the same numbers. C is guarded by
-// bytes on both sides that must stay untouched, and when not accumulating it starts as NaN, which
-// would leak into the result if the GEMM read it.
+// Inputs are uniform in [-1,1] from a fixed seed (printed on failure through the desc trace),
+// rounded to bf16 first when the inputs are bf16, so both sides multiply the same numbers. C is
+// guarded by bytes on both sides that must stay untouched, and when not accumulating it starts as
+// NaN, which would leak into the result if the GEMM read it.
 //
 // Tolerance: |gemm - ref| <= atol + rtol * |ref| with atol = K * 2^-22 (f32 accumulation of K
-// products of magnitude <= 1) and rtol = 1e-5 for an f32 C, 2^-7 for a bf16 C: one bf16 ulp relative
-// to the value, since gemm rounds its f32 sum and gemm_ref its f64 sum, and a near-tie may go either
-// way (about 1 element in 20,000 at K = 520).
+// products of magnitude <= 1) and rtol = 1e-5 for an f32 C, 2^-7 for a bf16 C: one bf16 ulp
+// relative to the value, since gemm rounds its f32 sum and gemm_ref its f64 sum, and a near-tie may
+// go either way (about 1 element in 20,000 at K = 520).
 #include "loom/kernels/cpu/gemm.h"
 
 #include <gtest/gtest.h>
@@ -116,7 +117,8 @@ constexpr DTypes kDTypes[] = {
     {DType::f32, DType::f32}, {DType::bf16, DType::f32}, {DType::bf16, DType::bf16}};
 
 // Every combination of ta, tb, batch in {1,3}, accumulate and dtypes for one (M,N,K).
-void check_all_combinations(int64_t M, int64_t N, int64_t K, std::initializer_list<int64_t> batches) {
+void check_all_combinations(int64_t M, int64_t N, int64_t K,
+                            std::initializer_list<int64_t> batches) {
   for (const DTypes& t : kDTypes) {
     for (int64_t batch : batches) {
       for (int ta = 0; ta < 2; ++ta) {
@@ -154,8 +156,11 @@ TEST(Gemm, BigAllCombinations) { check_all_combinations(257, 300, 520, {1}); }
 TEST(Gemm, BigBatched) {
   for (int ta = 0; ta < 2; ++ta) {
     for (int tb = 0; tb < 2; ++tb) {
-      check_against_ref({.batch = 3, .M = 130, .N = 96, .K = 200, .ta = bool(ta), .tb = bool(tb),
-                         .ab_dtype = DType::bf16, .c_dtype = DType::f32, .accumulate = true});
+      GemmDesc d{.batch = 3, .M = 130, .N = 96, .K = 200, .ab_dtype = DType::bf16};
+      d.ta = ta;
+      d.tb = tb;
+      d.accumulate = true;
+      check_against_ref(d);
     }
   }
 }

@@ -1,10 +1,10 @@
-// Internals shared by the fast CPU kernels (kernels.h): the fixed block sizes, the block-parallel loop,
-// a vectorisable expf, and the ordered sum of per-block partials.
+// Internals shared by the fast CPU kernels (kernels.h): the fixed block sizes, the block-parallel
+// loop, a vectorisable expf, and the ordered sum of per-block partials.
 //
 // Not part of the kernel API: include it only from src/loom/kernels/cpu/*.cc.
-// Invariant: every block size here is a constant or a function of the tensor shape, never of the thread
-// count, and partials are combined in block order, so reductions are bit-identical for any number of
-// OpenMP threads.
+// Invariant: every block size here is a constant or a function of the tensor shape, never of the
+// thread count, and partials are combined in block order, so reductions are bit-identical for any
+// number of OpenMP threads.
 #pragma once
 
 #include <algorithm>
@@ -31,10 +31,11 @@ inline int64_t rows_per_block(int64_t C) {
 
 inline int64_t num_blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
-// Calls fn(begin, end) for the fixed blocks [b*block, min(n,(b+1)*block)) of [0,n), in parallel when
-// there is more than one block. Which thread runs a block never affects what the block computes.
-// Keep fn a thin call into a plain function that takes pointers and sizes by value: gcc 12 does not
-// hoist loads of by-reference lambda captures out of `omp simd` loops and falls back to gathers.
+// Calls fn(begin, end) for the fixed blocks [b*block, min(n,(b+1)*block)) of [0,n), in parallel
+// when there is more than one block. Which thread runs a block never affects what the block
+// computes. Keep fn a thin call into a plain function that takes pointers and sizes by value: gcc
+// 12 does not hoist loads of by-reference lambda captures out of `omp simd` loops and falls back to
+// gathers.
 template <class F>
 inline void for_blocks(int64_t n, int64_t block, F&& fn) {
   const int64_t nb = num_blocks(n, block);
@@ -61,35 +62,46 @@ inline void sum_partials(const float* partials, int64_t nb, int64_t C, float* ou
   });
 }
 
-// e^x in f32, branchless so that a loop calling it auto-vectorises (about 15 instructions per 16 lanes
-// on AVX-512). Error <= ~1 ulp for normal results; e^x > FLT_MAX gives +inf, small results underflow
+// a*b + c, fused (one rounding) where the target has FMA; a library fma would be far slower than
+// the unfused form on targets without it.
+inline float fmadd(float a, float b, float c) {
+#ifdef __FMA__
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// e^x in f32, branchless so that a loop calling it auto-vectorises. Error < 1 ulp for normal
+// results (0.94 ulp worst over [-104, 89]); e^x > FLT_MAX gives +inf, small results underflow
 // gradually to 0, NaN gives NaN.
 //
 // Method: x = n*ln2 + r with n = round(x/ln2), |r| <= ln2/2; r is formed with ln2 split in two
 // (Cody-Waite) so it is exact to f32 rounding. e^r is its degree-7 Taylor polynomial (truncation
-// 0.347^8/8! < 6e-9 relative, under 0.1 ulp). 2^n is applied as 2^(n>>1) * 2^(n-(n>>1)), two exponent
-// field constructions, so n from -150 (denormal results) to 128 (overflow to inf) stays representable.
+// 0.347^8/8! < 6e-9 relative, under 0.1 ulp). 2^n is applied as 2^(n>>1) * 2^(n-(n>>1)), two
+// exponent field constructions, so n from -150 (denormal results) to 128 (overflow to inf) stays
+// representable.
 // Example: x = 1: n = 1, r = 1 - ln2 = 0.3069, e^r = 1.3591, result 1.3591 * 2 = 2.7183.
 inline float exp_f32(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693145751953125f;  // 15 significant bits: n*kLn2Hi is exact
   constexpr float kLn2Lo = 1.42860682030941723212e-6f;
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  x = x < -104.0f ? -104.0f : x;         // e^-104 < half the smallest denormal: result 0
-  x = x > 89.0f ? 89.0f : x;             // e^89 > FLT_MAX: result inf
-  const float t = x * kLog2e + kShift;   // low mantissa bits of t hold n (two's complement)
+  constexpr float kShift = 12582912.0f;      // 1.5 * 2^23: adding it rounds to an integer
+  x = x < -104.0f ? -104.0f : x;             // e^-104 < half the smallest denormal: result 0
+  x = x > 89.0f ? 89.0f : x;                 // e^89 > FLT_MAX: result inf
+  const float t = fmadd(x, kLog2e, kShift);  // low mantissa bits of t hold n (two's complement)
   const float n = t - kShift;
   const int32_t ni = int32_t(std::bit_cast<uint32_t>(t) - std::bit_cast<uint32_t>(kShift));
-  float r = std::fma(n, -kLn2Hi, x);
-  r = std::fma(n, -kLn2Lo, r);
+  float r = fmadd(n, -kLn2Hi, x);
+  r = fmadd(n, -kLn2Lo, r);
   float p = 1.0f / 5040.0f;
-  p = std::fma(p, r, 1.0f / 720.0f);
-  p = std::fma(p, r, 1.0f / 120.0f);
-  p = std::fma(p, r, 1.0f / 24.0f);
-  p = std::fma(p, r, 1.0f / 6.0f);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
+  p = fmadd(p, r, 1.0f / 720.0f);
+  p = fmadd(p, r, 1.0f / 120.0f);
+  p = fmadd(p, r, 1.0f / 24.0f);
+  p = fmadd(p, r, 1.0f / 6.0f);
+  p = fmadd(p, r, 0.5f);
+  p = fmadd(p, r, 1.0f);
+  p = fmadd(p, r, 1.0f);
   const int32_t n1 = ni >> 1, n2 = ni - n1;
   const float s1 = std::bit_cast<float>(uint32_t(n1 + 127) << 23);
   const float s2 = std::bit_cast<float>(uint32_t(n2 + 127) << 23);
@@ -100,20 +112,20 @@ inline float exp_f32(float x) {
 inline float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 
 #ifdef __AVX512F__
-// exp_f32 on 16 lanes, used where gcc's vectorisation of exp_f32 is poor (it constant-folds the clamped
-// lanes into blends: ~45 instructions per vector instead of ~16). Same steps and the same result bits
-// as exp_f32: roundscale rounds to nearest even like the 1.5*2^23 shift, and scalef applies 2^n with
-// one rounding (gradual underflow, overflow to inf) like the two exponent multiplies.
+// exp_f32 on 16 lanes, used where gcc's vectorisation of exp_f32 is poor (it constant-folds the
+// clamped lanes into blends: ~45 instructions per vector instead of ~16). The same operations in
+// the same order, so the same result bits: scalef applies 2^n with one rounding (gradual underflow,
+// overflow to inf), exactly as the two exponent multiplies do.
 inline __m512 exp_f32x16(__m512 x) {
-  // The maskz_ forms with all lanes set are the plain instructions; gcc 12's headers make the unmasked
-  // forms warn (-Wmaybe-uninitialized on their _mm512_undefined_ps).
+  // The maskz_ forms with all lanes set are the plain instructions; gcc 12's headers make the
+  // unmasked forms warn (-Wmaybe-uninitialized on their _mm512_undefined_ps).
   constexpr __mmask16 kAll = 0xffff;
+  const __m512 shift = _mm512_set1_ps(12582912.0f);
   // min/max with the constant first: a NaN in x is returned unchanged.
   x = _mm512_maskz_max_ps(kAll, _mm512_set1_ps(-104.0f),
                           _mm512_maskz_min_ps(kAll, _mm512_set1_ps(89.0f), x));
   const __m512 n =
-      _mm512_maskz_roundscale_ps(kAll, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift), shift);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
   __m512 p = _mm512_set1_ps(1.0f / 5040.0f);

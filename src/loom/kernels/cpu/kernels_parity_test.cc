@@ -1,8 +1,9 @@
-// Thread-count parity: every kernel with a reduction gives bit-identical results with 1, 2 and 3 OpenMP
-// threads (the invariant stated in kernels.h, which distributed parity tests build on).
+// Thread-count parity: every kernel with a reduction gives bit-identical results with 1, 2 and 3
+// OpenMP threads (the invariant stated in kernels.h, which distributed parity tests build on).
 //
-// Not here: accuracy (kernels_test.cc). Sizes are chosen so every kernel splits into many blocks, so the
-// threads really do share the work; 3 threads checks an uneven split.
+// Not here: accuracy (kernels_test.cc).
+// Invariant: sizes are chosen so every kernel splits into many blocks, so the threads really do
+// share the work; 3 threads checks an uneven split.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -34,7 +35,8 @@ std::vector<int32_t> rand_ids(int64_t n, int32_t V, uint32_t seed) {
   return v;
 }
 
-// Runs `run` (which fills `outs`) with 1, 2 and 3 threads; every output must match the 1-thread bits.
+// Runs `run` (which fills `outs`) with 1, 2 and 3 threads; every output must match the 1-thread
+// bits.
 void expect_thread_parity(const char* what, std::vector<std::vector<float>*> outs,
                           const std::function<void()>& run) {
   const int saved = omp_get_max_threads();

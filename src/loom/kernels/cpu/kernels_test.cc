@@ -1,10 +1,13 @@
 // Every fast kernel in kernels.h against its plain reference (reference.h) run in f64 on the same
-// f32 inputs, at an awkward size (rows and columns not multiples of 16 or of any block) and a large one.
+// f32 inputs, at an awkward size (rows and columns not multiples of 16 or of any block) and a
+// large one.
 //
-// Not here: thread-count parity (kernels_parity_test.cc) and finite-difference checks of the backward
-// formulas (the op harness does those; here the reference defines the formula).
-// Each comparison passes when |got - want| <= atol + rtol*|want| for every element, prints the worst
-// element otherwise, and checks guard words on both sides of every output for stray writes.
+// Not here: thread-count parity (kernels_parity_test.cc) and finite-difference checks of the
+// backward formulas (the op harness does those; here the reference defines the formula).
+// Invariant: a comparison passes when |got - want| <= atol + rtol*|want| for every element; it
+// prints the worst element otherwise, and checks guard words around every output for stray writes.
+#include "loom/kernels/cpu/kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,7 +19,6 @@
 #include <vector>
 
 #include "loom/kernels/cpu/kernel_util.h"
-#include "loom/kernels/cpu/kernels.h"
 #include "loom/kernels/cpu/reference.h"
 
 namespace loom::kernels::cpu {
@@ -61,7 +63,8 @@ class Out {
   int64_t size() const { return int64_t(v_.size()) - 2 * kGuard; }
   bool guards_intact() const {
     for (int64_t i = 0; i < kGuard; ++i)
-      if (bits(v_[i]) != bits(guard()) || bits(v_[v_.size() - 1 - i]) != bits(guard())) return false;
+      if (bits(v_[i]) != bits(guard()) || bits(v_[v_.size() - 1 - i]) != bits(guard()))
+        return false;
     return true;
   }
 
@@ -271,8 +274,8 @@ TEST(Kernels, ExpF32WithinOneUlp) {
 // Random values plus the extremes where a naive formula cancels or overflows.
 std::vector<float> activation_inputs(int64_t n) {
   auto x = randn(n, kSeed, 3.0f);
-  const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 5.0f, -5.0f, 10.0f, -10.0f, 30.0f, -30.0f,
-                           88.0f, -88.0f, 100.0f, -100.0f, 1e4f, -1e4f};
+  const float special[] = {0.0f,  -0.0f,  1e-30f, -1e-30f, 5.0f,   -5.0f,   10.0f, -10.0f,
+                           30.0f, -30.0f, 88.0f,  -88.0f,  100.0f, -100.0f, 1e4f,  -1e4f};
   for (size_t i = 0; i < std::size(special) && i < x.size(); ++i) x[i] = special[i];
   return x;
 }
@@ -492,14 +495,14 @@ void check_transpose(std::vector<int64_t> dims, std::vector<int> perm, int elem)
 
 TEST(Kernels, TransposeCommonCases) {
   for (int elem : {2, 4}) {
-    check_transpose({2, 37, 3, 18}, {0, 2, 1, 3}, elem);   // (B,T,H,D) -> (B,H,T,D)
-    check_transpose({2, 3, 37, 18}, {0, 2, 1, 3}, elem);   // and back
-    check_transpose({2, 37, 3, 18}, {0, 2, 3, 1}, elem);   // (B,T,H,D) -> (B,H,D,T)
-    check_transpose({33, 70}, {1, 0}, elem);               // 2-D, partial tiles both ways
-    check_transpose({1, 33, 1, 70}, {3, 2, 1, 0}, elem);   // size-1 dims dropped
-    check_transpose({5, 7, 9}, {0, 1, 2}, elem);           // identity: one memcpy
-    check_transpose({1000}, {0}, elem);                    // rank 1
-    check_transpose({4, 0, 3}, {2, 1, 0}, elem);           // empty
+    check_transpose({2, 37, 3, 18}, {0, 2, 1, 3}, elem);  // (B,T,H,D) -> (B,H,T,D)
+    check_transpose({2, 3, 37, 18}, {0, 2, 1, 3}, elem);  // and back
+    check_transpose({2, 37, 3, 18}, {0, 2, 3, 1}, elem);  // (B,T,H,D) -> (B,H,D,T)
+    check_transpose({33, 70}, {1, 0}, elem);              // 2-D, partial tiles both ways
+    check_transpose({1, 33, 1, 70}, {3, 2, 1, 0}, elem);  // size-1 dims dropped
+    check_transpose({5, 7, 9}, {0, 1, 2}, elem);          // identity: one memcpy
+    check_transpose({1000}, {0}, elem);                   // rank 1
+    check_transpose({4, 0, 3}, {2, 1, 0}, elem);          // empty
     check_transpose({2, 3, 4, 5, 6}, {4, 1, 3, 0, 2}, elem);
   }
   check_transpose({7, 9, 5}, {2, 0, 1}, 1);

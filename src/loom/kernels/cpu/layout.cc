@@ -1,12 +1,12 @@
-// Layout kernels: N-d transpose (any permutation, 1/2/4/8-byte elements) and split/concat along the
-// last dim.
+// Layout kernels: N-d transpose (any permutation, 1/2/4/8-byte elements) and split/concat along
+// the last dim.
 //
-// transpose first simplifies the problem: dims of size 1 are dropped, and input dims that stay adjacent
-// and in order in the output are merged. Example: (B,T,H,D) with perm (0,2,1,3) stays 4-D, but
-// (B,T,H,D) -> (B,T,D,H) is (B*T, H, D) -> (B*T, D, H). Then either
+// transpose first simplifies the problem: dims of size 1 are dropped, and input dims that stay
+// adjacent and in order in the output are merged. Example: (B,T,H,D) with perm (0,2,1,3) stays
+// 4-D, but (B,T,H,D) -> (B,T,D,H) is (B*T, H, D) -> (B*T, D, H). Then either
 //   - the innermost dim is unpermuted: copy contiguous runs of dims[last] elements (memcpy), or
-//   - it is permuted: a tiled 2-D transpose of the plane (input-innermost dim, output-innermost dim),
-//     repeated over every index of the other dims.
+//   - it is permuted: a tiled 2-D transpose of the plane (input-innermost dim,
+//     output-innermost dim), repeated over every index of the other dims.
 // Does not handle strided (non-contiguous) inputs or in-place transposes.
 // Invariant: a pure copy; every output element is written exactly once, by one thread.
 #include <cstring>
@@ -68,6 +68,22 @@ Perm simplify(const int64_t* dims, const int* perm, int rank) {
   return m;
 }
 
+// The 2-D plane case for rows [i0,i1): y[i*out_row + j] = x[j*in_col + i] for all j < cols, in
+// kTile x kTile tiles so both the reads and the writes stay within a few cache lines per tile.
+template <class T>
+void transpose_stripe(const T* x, T* y, int64_t i0, int64_t i1, int64_t cols, int64_t in_col,
+                      int64_t out_row) {
+  constexpr int64_t kTile = 16;
+  for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+    const int64_t j1 = std::min(cols, j0 + kTile);
+    for (int64_t i = i0; i < i1; ++i) {
+      T* yr = y + i * out_row;
+      const T* xc = x + i;
+      for (int64_t j = j0; j < j1; ++j) yr[j] = xc[j * in_col];
+    }
+  }
+}
+
 template <class T>
 void transpose_impl(const T* x, T* y, const Perm& s) {
   const int r = int(s.d.size());
@@ -118,8 +134,8 @@ void transpose_impl(const T* x, T* y, const Perm& s) {
   for (int i = 0; i < r - 1; ++i)
     if (i != q) outer.push_back(i);
   const int64_t M = total / (rows * cols);
-  constexpr int64_t kTile = 16;
-  const int64_t row_tiles = detail::num_blocks(rows, kTile);
+  constexpr int64_t kRows = 16;  // rows per work item
+  const int64_t row_tiles = detail::num_blocks(rows, kRows);
   for_blocks(M * row_tiles, 1, [&](int64_t w, int64_t) {
     int64_t o = w / row_tiles, src = 0, dst = 0;
     for (int k = int(outer.size()) - 1; k >= 0; --k) {
@@ -129,15 +145,8 @@ void transpose_impl(const T* x, T* y, const Perm& s) {
       src += v * is[s.p[i]];
       dst += v * os[i];
     }
-    const int64_t i0 = (w % row_tiles) * kTile, i1 = std::min(rows, i0 + kTile);
-    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
-      const int64_t j1 = std::min(cols, j0 + kTile);
-      for (int64_t i = i0; i < i1; ++i) {
-        T* yr = y + dst + i * out_row;
-        const T* xc = x + src + i;
-        for (int64_t j = j0; j < j1; ++j) yr[j] = xc[j * in_col];
-      }
-    }
+    const int64_t i0 = (w % row_tiles) * kRows;
+    transpose_stripe(x + src, y + dst, i0, std::min(rows, i0 + kRows), cols, in_col, out_row);
   });
 }
 
@@ -147,10 +156,14 @@ void transpose_impl(const T* x, T* y, const Perm& s) {
 void transpose(const void* x, void* y, const int64_t* dims, const int* perm, int rank, int elem) {
   const Perm s = simplify(dims, perm, rank);
   switch (elem) {
-    case 1: return transpose_impl(static_cast<const uint8_t*>(x), static_cast<uint8_t*>(y), s);
-    case 2: return transpose_impl(static_cast<const uint16_t*>(x), static_cast<uint16_t*>(y), s);
-    case 4: return transpose_impl(static_cast<const uint32_t*>(x), static_cast<uint32_t*>(y), s);
-    case 8: return transpose_impl(static_cast<const uint64_t*>(x), static_cast<uint64_t*>(y), s);
+    case 1:
+      return transpose_impl(static_cast<const uint8_t*>(x), static_cast<uint8_t*>(y), s);
+    case 2:
+      return transpose_impl(static_cast<const uint16_t*>(x), static_cast<uint16_t*>(y), s);
+    case 4:
+      return transpose_impl(static_cast<const uint32_t*>(x), static_cast<uint32_t*>(y), s);
+    case 8:
+      return transpose_impl(static_cast<const uint64_t*>(x), static_cast<uint64_t*>(y), s);
   }
   LOOM_CHECK(false) << "transpose: element size " << elem << " not in {1,2,4,8}";
 }

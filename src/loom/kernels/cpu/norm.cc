@@ -1,10 +1,10 @@
 // RMSNorm and LayerNorm, forward and backward, over the last dim C of x (N,C).
 //
-// Rows are independent in the forward and in dx; the weight gradients dw (and db) sum over rows. Those
-// sums are split into fixed blocks of detail::kRowBlock rows: each block writes a partial (C) row and the
-// partials are added in block order (detail::sum_partials). Statistics are accumulated in f32 with
-// 16-lane vector sums; no Welford, no f64 (C is at most a few thousand).
-// Invariant: results are bit-identical for any thread count (no sum depends on which thread ran it).
+// Rows are independent in the forward and in dx; the weight gradients dw (and db) sum over rows.
+// Those sums are split into fixed blocks of detail::kRowBlock rows: each block writes a partial
+// (C) row and the partials are added in block order, in f64 (detail::sum_partials). Row
+// statistics are accumulated in f32 with 16-lane vector sums; no Welford (C is a few thousand).
+// Invariant: results are bit-identical for any thread count (no sum depends on which thread ran).
 #include <cmath>
 #include <vector>
 

@@ -1,9 +1,9 @@
 // Reductions: sum and sum of squares of a whole tensor, and the column sums of a matrix.
 //
-// sum/sumsq: each fixed block of detail::kElemBlock elements is summed in f64 (16-lane vector partial
-// sums, then the lanes), then the block sums are added in block order in f64 and rounded once to f32.
-// sum_rows: each block of detail::kRowBlock rows writes an f32 partial row, partials are added in block
-// order in f64 (detail::sum_partials). No pairwise or Kahan summation beyond that.
+// sum/sumsq: each fixed block of detail::kElemBlock elements is summed in f64 (8-lane vector
+// partial sums, then the lanes), the block sums are added in block order in f64, and the total is
+// rounded once to f32. sum_rows: each block of detail::kRowBlock rows writes an f32 partial row;
+// partials are added in block order in f64 (detail::sum_partials). No pairwise or Kahan summation.
 // Invariant: the summation tree depends only on n (or N,C), never on the thread count.
 #include <vector>
 

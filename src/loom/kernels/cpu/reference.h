@@ -1,11 +1,12 @@
-// Plain reference loops for every kernel in kernels.h: the textbook definition, one loop per formula,
-// templated on the scalar S (float or double) so tests can run them in f64 and compare the fast kernels
-// against them.
+// Plain reference loops for every kernel in kernels.h: the textbook definition, one loop per
+// formula, templated on the scalar S (float or double) so tests can run them in f64 and compare
+// the fast kernels against them.
 //
-// Not fast, not threaded, not used by the runtime: only by tests. Argument meanings, shapes and
-// overwrite rules are exactly those of the fast kernel of the same name in kernels.h; ids stay int32_t,
-// casts and transpose work on the stored bits and so are not templated.
-// Invariant: every accumulation runs in S in index order, so a double reference is accurate to ~1e-15.
+// Not fast, not threaded, not used to train: only by tests and the f64 reference evaluator.
+// Argument meanings, shapes and overwrite rules are exactly those of the fast kernel of the same
+// name in kernels.h; ids stay int32_t; casts and transpose work on stored bits, so not templated.
+// Invariant: every accumulation runs in S in index order. (The textbook GELU cancels in 1 + tanh
+// for x < -5, so there even f64 is only accurate in absolute terms, ~1e-16.)
 #pragma once
 
 #include <algorithm>
@@ -76,8 +77,8 @@ void rmsnorm_bwd(const S* dy, const S* x, const S* w, const S* rstd, S* dx, S* d
 
 // x (N,C), w (C), b (C) -> y (N,C), mean (N), rstd (N)
 template <class S>
-void layernorm_fwd(const S* x, const S* w, const S* b, S* y, S* mean, S* rstd, int64_t N,
-                   int64_t C, S eps) {
+void layernorm_fwd(const S* x, const S* w, const S* b, S* y, S* mean, S* rstd, int64_t N, int64_t C,
+                   S eps) {
   for (int64_t n = 0; n < N; ++n) {
     const S* xr = x + n * C;
     S m = 0;
@@ -268,7 +269,8 @@ void sum_rows(const S* x, S* y, int64_t N, int64_t C) {
 
 // ---- layout ----
 
-// y.shape[i] = x.shape[perm[i]]: for every output multi-index o, y[o] = x[i] with i[perm[k]] = o[k].
+// y.shape[i] = x.shape[perm[i]]: for every output multi-index o, y[o] = x[i] with i[perm[k]] =
+// o[k].
 inline void transpose(const void* x, void* y, const int64_t* dims, const int* perm, int rank,
                       int elem) {
   std::vector<int64_t> in_stride(rank, 1), out_dims(rank), idx(rank, 0);
@@ -333,7 +335,8 @@ void adamw(S* p, const S* g, S* m, S* v, const S* hyper, const S* gscale, int64_
   }
 }
 
-// total (1) -> norm (1) = sqrt(total), coef (1) = min(1, max_norm / (norm + 1e-6)), 1 if max_norm <= 0
+// total (1) -> norm (1) = sqrt(total), coef (1) = min(1, max_norm / (norm + 1e-6)), 1 if max_norm
+// <= 0
 template <class S>
 void clip_coef(const S* total, S* coef, S* norm, S max_norm) {
   norm[0] = std::sqrt(total[0]);

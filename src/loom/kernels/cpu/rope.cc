@@ -1,16 +1,16 @@
 // Rotary position embedding, Hugging Face rotate-half convention, position = index along T.
 //
-// Two phases: (1) a (T, HS/2) table of cos/sin of the angles t*freq_i, computed in f64 and rounded to
-// f32; (2) the rotation of every (b,t,h) row with that table. Does not take position ids (positions are
-// always 0..T-1) and does not cache the table across calls.
-// Invariant: angles are exact to ~1e-15 rad, so the only f32 error is the rounding of cos/sin and of the
-// rotation itself; rope(+1) followed by rope(-1) returns x to within a few ulp.
+// Two phases: (1) a (T, HS/2) table of cos/sin of the angles t*freq_i, computed in f64 and
+// rounded to f32; (2) the rotation of every (b,t,h) row with that table. Does not take position
+// ids (positions are always 0..T-1) and does not cache the table across calls.
+// Invariant: angles are exact to ~1e-15 rad, so the only f32 error is the rounding of cos/sin and
+// of the rotation itself; rope(+1) followed by rope(-1) returns x to within a few ulp.
 //
-// Table method: within each fixed block of kTBlock positions, cos/sin are evaluated directly at the
-// first position t0 and advanced by the angle-addition recurrence
+// Table method: within each fixed block of kTBlock positions, cos/sin are evaluated directly at
+// the first position t0 and advanced by the angle-addition recurrence
 //   c' = c*cos(f) - s*sin(f),  s' = s*cos(f) + c*sin(f)
-// in f64 (error grows by ~1e-16 per step, so < 2e-15 after 15 steps), which costs a few FMAs per entry
-// instead of a libm sin and cos.
+// in f64 (error grows by ~1e-16 per step, so < 2e-15 after 15 steps), which costs a few FMAs per
+// entry instead of a libm sin and cos.
 #include <cmath>
 #include <vector>
 
@@ -21,6 +21,52 @@
 namespace loom::kernels::cpu {
 
 using detail::for_blocks;
+
+namespace {
+
+// cos_t, sin_t (t1-t0, half) for positions [t0,t1): direct at t0, then the angle-addition
+// recurrence. freq, step_c, step_s (half): sign*theta^(-2i/HS) and its cos/sin.
+void angle_table(const double* freq, const double* step_c, const double* step_s, float* cos_t,
+                 float* sin_t, int64_t t0, int64_t t1, int64_t half) {
+  std::vector<double> c(half), s(half);
+  for (int64_t i = 0; i < half; ++i) {
+    c[i] = std::cos(double(t0) * freq[i]);
+    s[i] = std::sin(double(t0) * freq[i]);
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    float* ct = cos_t + (t - t0) * half;
+    float* st = sin_t + (t - t0) * half;
+    double* cp = c.data();
+    double* sp = s.data();
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      ct[i] = float(cp[i]);
+      st[i] = float(sp[i]);
+      const double cn = cp[i] * step_c[i] - sp[i] * step_s[i];
+      sp[i] = sp[i] * step_c[i] + cp[i] * step_s[i];
+      cp[i] = cn;
+    }
+  }
+}
+
+// One (b,t) row of NH heads: x, y (NH,HS); ct, st (HS/2). Both halves are loaded before either is
+// stored, so y == x is safe (and omp simd asserts there is no dependence between i's).
+void rotate_row(const float* x, float* y, const float* ct, const float* st, int64_t NH,
+                int64_t HS) {
+  const int64_t half = HS / 2;
+  for (int64_t h = 0; h < NH; ++h) {
+    const float* xr = x + h * HS;
+    float* yr = y + h * HS;
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float x0 = xr[i], x1 = xr[i + half];
+      yr[i] = x0 * ct[i] - x1 * st[i];
+      yr[i + half] = x1 * ct[i] + x0 * st[i];
+    }
+  }
+}
+
+}  // namespace
 
 // x (B,T,NH,HS) -> y (B,T,NH,HS); y may alias x.
 void rope(const float* x, float* y, int64_t B, int64_t T, int64_t NH, int64_t HS, float theta,
@@ -39,44 +85,20 @@ void rope(const float* x, float* y, int64_t B, int64_t T, int64_t NH, int64_t HS
 
   // Phase 1: cos_t, sin_t (T, half).
   std::vector<float> cos_t(size_t(T * half)), sin_t(size_t(T * half));
+  float* const ct = cos_t.data();
+  float* const st = sin_t.data();
   constexpr int64_t kTBlock = 16;
   for_blocks(T, kTBlock, [&](int64_t t0, int64_t t1) {
-    std::vector<double> c(half), s(half);
-    for (int64_t i = 0; i < half; ++i) {
-      c[i] = std::cos(double(t0) * freq[i]);
-      s[i] = std::sin(double(t0) * freq[i]);
-    }
-    for (int64_t t = t0; t < t1; ++t) {
-      float* ct = cos_t.data() + t * half;
-      float* st = sin_t.data() + t * half;
-#pragma omp simd
-      for (int64_t i = 0; i < half; ++i) {
-        ct[i] = float(c[i]);
-        st[i] = float(s[i]);
-        const double cn = c[i] * step_c[i] - s[i] * step_s[i];
-        s[i] = s[i] * step_c[i] + c[i] * step_s[i];
-        c[i] = cn;
-      }
-    }
+    angle_table(freq.data(), step_c.data(), step_s.data(), ct + t0 * half, st + t0 * half, t0, t1,
+                half);
   });
 
-  // Phase 2: rotate each (b,t) row of NH heads. Both halves are loaded before either is stored, so
-  // y == x is safe (omp simd: no loop-carried dependence between i's).
-  const int64_t rows = B * T;
-  for_blocks(rows, detail::rows_per_block(NH * HS), [&](int64_t r0, int64_t r1) {
+  // Phase 2: rotate each (b,t) row of NH heads.
+  const int64_t row = NH * HS;
+  for_blocks(B * T, detail::rows_per_block(row), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float* ct = cos_t.data() + (r % T) * half;
-      const float* st = sin_t.data() + (r % T) * half;
-      for (int64_t h = 0; h < NH; ++h) {
-        const float* xr = x + (r * NH + h) * HS;
-        float* yr = y + (r * NH + h) * HS;
-#pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
-          const float x0 = xr[i], x1 = xr[i + half];
-          yr[i] = x0 * ct[i] - x1 * st[i];
-          yr[i + half] = x1 * ct[i] + x0 * st[i];
-        }
-      }
+      const int64_t t = r % T;
+      rotate_row(x + r * row, y + r * row, ct + t * half, st + t * half, NH, HS);
     }
   });
 }
