@@ -93,7 +93,8 @@ void register_attention_ops() {
                      a["sign"] = -n.attr_int("sign", 1);
                      return std::vector<int>{b.emit1("rope", {d[0]}, a, "grad.rope")};
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 3); }});
+               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 3); },
+               .reuse = {{0, 0}}});
 }
 
 }  // namespace loom::ops

@@ -59,7 +59,8 @@ void register_elementwise_ops() {
                        db = b.emit1("sum_rows", {d[0]}, {}, "grad.sum_rows");
                      return std::vector<int>{d[0], db};
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 1); }});
+               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 1); },
+               .reuse = {{0, 0}, {0, 1}}});
 
   register_op({.name = "mul",
                .num_inputs = 2,
@@ -68,7 +69,8 @@ void register_elementwise_ops() {
                    [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
                      return std::vector<int>{b.mul(d[0], n.inputs[1]), b.mul(d[0], n.inputs[0])};
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 1); }});
+               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 1); },
+               .reuse = {{0, 0}, {0, 1}}});
 
   register_op({.name = "scale",
                .num_inputs = 1,
@@ -77,7 +79,8 @@ void register_elementwise_ops() {
                    [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
                      return std::vector<int>{b.scale(d[0], n.attr_float("s"))};
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 1); }});
+               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 1); },
+               .reuse = {{0, 0}}});
 
   // mul_scalar(x, s[]) = x * s
   register_op({.name = "mul_scalar",
@@ -95,7 +98,8 @@ void register_elementwise_ops() {
                      int ds = b.emit1("sum", {b.mul(d[0], n.inputs[0])});
                      return std::vector<int>{dx, ds};
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 1); }});
+               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 1); },
+               .reuse = {{0, 0}}});
 
   register_op({.name = "gelu",
                .num_inputs = 1,
@@ -104,11 +108,13 @@ void register_elementwise_ops() {
                    [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
                      return std::vector<int>{b.emit1("gelu_bwd", {d[0], n.inputs[0]})};
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 8); }});
+               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 8); },
+               .reuse = {{0, 0}}});
   register_op({.name = "gelu_bwd",
                .num_inputs = 2,
                .infer = [](const Types& in, const Attrs&) { return same_as_first("gelu_bwd", in, 2); },
-               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 12); }});
+               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 12); },
+               .reuse = {{0, 1}, {0, 0}}});
 
   // swiglu(g, u) = silu(g) * u
   register_op({.name = "swiglu",
@@ -118,7 +124,8 @@ void register_elementwise_ops() {
                    [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
                      return b.emit("swiglu_bwd", {d[0], n.inputs[0], n.inputs[1]});
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 6); }});
+               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 6); },
+               .reuse = {{0, 0}, {0, 1}}});
   register_op({.name = "swiglu_bwd",
                .num_inputs = 3,
                .infer =
@@ -126,7 +133,8 @@ void register_elementwise_ops() {
                      Types t = same_as_first("swiglu_bwd", in, 3);
                      return Types{t[0], t[0]};
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 10); }});
+               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 10); },
+               .reuse = {{0, 1}, {1, 2}}});
 
   register_op({.name = "cast",
                .num_inputs = 1,

@@ -33,7 +33,8 @@ void register_loss_ops() {
                  Cost c = streaming_cost(g, n, 0);
                  c.flops = 5.0 * double(numel(g.value(n.inputs[0]).type.shape));
                  return c;
-               }});
+               },
+               .reuse = {{1, 0}}});
 }
 
 }  // namespace loom::ops

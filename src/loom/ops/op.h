@@ -45,6 +45,9 @@ struct OpDef {
   // (output, input) pairs that share memory: the op overwrites the input, which nobody may read after.
   std::vector<std::pair<int, int>> inplace;
   bool view = false;  // output 0 is input 0's memory relabelled (reshape); nothing is written
+  // (output, input) pairs the kernel can compute in place (exact aliasing). The memory planner puts the
+  // output in the input's buffer when that input is dead after this node and has the same size.
+  std::vector<std::pair<int, int>> reuse;
   ShardingRule sharding;
 };
 

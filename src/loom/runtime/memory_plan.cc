@@ -25,15 +25,38 @@ MemoryPlan plan_memory(const ir::Graph& g) {
     for (int in : g.node(i).inputs) last_read[in] = i;
   for (int v : g.outputs()) last_read[v] = nn;
 
+  // root_last[r]: the last node reading any value that shares root r's buffer (so far).
+  std::vector<int> root_last = last_read;
+  auto is_node = [&](int v) { return g.value(v).kind == ir::ValueKind::node; };
   for (int i = 0; i < nn; ++i) {
     const ir::Node& n = g.node(i);
     const ops::OpDef& def = ops::op_def(n.op);
-    if (def.view) p.root[n.outputs[0]] = p.root[n.inputs[0]];
+    auto alias = [&](int out, int in) {
+      int r = p.root[in];
+      p.root[out] = r;
+      root_last[r] = std::max(root_last[r], last_read[out]);
+    };
+    if (def.view) alias(n.outputs[0], n.inputs[0]);
     for (auto [o, in] : def.inplace) {
-      LOOM_CHECK(last_read[n.inputs[in]] == i)
+      LOOM_CHECK(root_last[p.root[n.inputs[in]]] == i)
           << "in-place op " << n.op << " overwrites %" << g.value(n.inputs[in]).name
           << " which is read later";
-      p.root[n.outputs[o]] = p.root[n.inputs[in]];
+      alias(n.outputs[o], n.inputs[in]);
+    }
+    // Optional in-place: an output takes over a dying input's buffer of the same size.
+    std::vector<bool> taken(n.inputs.size(), false);
+    for (auto [o, in] : def.reuse) {
+      int out = n.outputs[o], src = n.inputs[in];
+      if (p.root[out] != out || taken[in]) continue;
+      int r = p.root[src];
+      if (!is_node(r) || root_last[r] != i || value_bytes(g.value(r)) != value_bytes(g.value(out)))
+        continue;
+      bool used_twice = false;  // the same buffer fed to two inputs (add(x, x)) must not be reused
+      for (size_t k = 0; k < n.inputs.size(); ++k)
+        if (int(k) != in && p.root[n.inputs[k]] == r) used_twice = true;
+      if (used_twice) continue;
+      taken[in] = true;
+      alias(out, src);
     }
   }
 

@@ -2,8 +2,10 @@
 // that values whose lifetimes do not overlap share bytes. Graph inputs (params, states, inputs) are
 // external: the caller binds their buffers.
 //
-// Aliasing: a view op's output (reshape) and an in-place op's outputs (adamw) use their input's buffer;
-// such values form one "root" whose lifetime covers all of them. Graph outputs live to the end.
+// Aliasing: a view op's output (reshape), an in-place op's outputs (adamw), and an output an op may
+// compute in place (OpDef::reuse: add, swiglu_bwd, cross_entropy's dlogits, ...) when its input dies at
+// that node, use their input's buffer; such values form one "root" whose lifetime covers all of them.
+// Graph outputs live to the end.
 //
 // Placement is greedy best-fit by decreasing size: for each root, the lowest 64-byte-aligned offset
 // that overlaps no already-placed root alive at the same time. Invariant (checked by the tests): two
