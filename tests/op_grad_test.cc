@@ -182,6 +182,13 @@ std::vector<OpCase> cases() {
   v.push_back({"swiglu", [](ir::Graph& g, ops::Builder& b) {
                  return std::vector<int>{b.emit1("swiglu", {P(g, "g", {3, 17}), P(g, "u", {3, 17})})};
                }});
+  v.push_back({"swiglu_bf16",
+               [](ir::Graph& g, ops::Builder& b) {
+                 int gg = b.cast(P(g, "g", {3, 17}), DType::bf16);
+                 int u = b.cast(P(g, "u", {3, 17}), DType::bf16);
+                 return std::vector<int>{b.emit1("swiglu", {gg, u})};
+               },
+               3e-2, 3e-2, 0, 1e-2});  // bf16 storage of inputs, output and gradients
   v.push_back({"cast_roundtrip",
                [](ir::Graph& g, ops::Builder& b) {
                  return std::vector<int>{b.cast(b.cast(P(g, "x", {4, 9}), DType::bf16), DType::f32)};

@@ -82,6 +82,7 @@ std::function<int()> add_bench(CLI::App& app) {
       for (auto& [op, t] : runner.executor().op_times())
         p[op] = {{"ms_per_step", t.seconds * 1000.0 / o->steps}, {"calls", t.calls}};
       fmt::print(stderr, "{}\n", p.dump());
+      fmt::print(stderr, "{}", runtime::memory_report(runner.graph(), runner.executor().plan()));
     }
     return 0;
   };

@@ -19,8 +19,8 @@ struct Ctx {
     return v;
   }
   // y = x W^T with W stored (out, in) (Llama, nn.Linear); x may already be in the compute dtype.
-  int linear(int x, const std::string& w, const std::string& name) {
-    return b.matmul(b.cast(x, cd), b.cast(param(w), cd), false, true, name);
+  int linear(int x, const std::string& w, const std::string& name, DType out = DType::f32) {
+    return b.matmul(b.cast(x, cd), b.cast(param(w), cd), false, true, name, out);
   }
   // y = x W with W stored (in, out) (GPT-2 Conv1D).
   int conv1d(int x, const std::string& w, const std::string& name) {

@@ -27,8 +27,9 @@ int build_llama(Ctx& x, int tokens, int64_t B, int64_t T) {
     int n2 = b.emit("rmsnorm", {h, x.param(p + "post_attention_layernorm.weight")}, {{"eps", eps}},
                     {"mlp_norm", "mlp_rstd"})[0];
     n2 = b.cast(n2, x.cd, "mlp_norm_c");
-    int gate = x.linear(n2, p + "mlp.gate_proj.weight", "gate");
-    int up = x.linear(n2, p + "mlp.up_proj.weight", "up");
+    // in bf16 the MLP's wide activations are stored in bf16 (half the memory of the saved gate/up)
+    int gate = x.linear(n2, p + "mlp.gate_proj.weight", "gate", x.cd);
+    int up = x.linear(n2, p + "mlp.up_proj.weight", "up", x.cd);
     int s = b.emit1("swiglu", {gate, up}, {}, "swiglu");
     h = b.add(h, x.linear(s, p + "mlp.down_proj.weight", "mlp_out"), "resid_mlp");
   }

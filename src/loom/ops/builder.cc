@@ -30,6 +30,14 @@ int Builder::scale(int a, double s, std::string name) {
 }
 int Builder::cast(int a, DType to, std::string name) {
   if (type(a).dtype == to) return a;
+  if (name.empty()) {  // "x" -> "x.bf16": a readable name without the scope prefix twice
+    name = g_.value(a).name + "." + std::string(dtype_name(to));
+    std::string saved = scope_;
+    scope_.clear();
+    int r = emit1("cast", {a}, {{"to", std::string(dtype_name(to))}}, std::move(name));
+    scope_ = saved;
+    return r;
+  }
   return emit1("cast", {a}, {{"to", std::string(dtype_name(to))}}, std::move(name));
 }
 int Builder::reshape(int a, Shape s, std::string name) {

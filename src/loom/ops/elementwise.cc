@@ -30,6 +30,15 @@ Types same_as_first(std::string_view op, const Types& in, size_t n) {
   return {in[0]};
 }
 
+// Equal types, f32 or bf16 (ops whose kernels also store bf16).
+Types same_float(std::string_view op, const Types& in, size_t n) {
+  expect_inputs(op, in, n);
+  for (size_t i = 0; i < n; ++i)
+    if (in[i] != in[0] || in[i].dtype == DType::i32)
+      type_error(op, in, "inputs must share one shape and a float dtype");
+  return {in[0]};
+}
+
 Shape attr_shape(const Attrs& a, std::string_view op) {
   auto it = a.find("shape");
   if (it == a.end() || !std::holds_alternative<std::vector<int64_t>>(it->second))
@@ -116,10 +125,10 @@ void register_elementwise_ops() {
                .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 12); },
                .reuse = {{0, 1}, {0, 0}}});
 
-  // swiglu(g, u) = silu(g) * u
+  // swiglu(g, u) = silu(g) * u; f32 or bf16 storage (arithmetic in f32)
   register_op({.name = "swiglu",
                .num_inputs = 2,
-               .infer = [](const Types& in, const Attrs&) { return same_as_first("swiglu", in, 2); },
+               .infer = [](const Types& in, const Attrs&) { return same_float("swiglu", in, 2); },
                .vjp =
                    [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
                      return b.emit("swiglu_bwd", {d[0], n.inputs[0], n.inputs[1]});
@@ -130,7 +139,7 @@ void register_elementwise_ops() {
                .num_inputs = 3,
                .infer =
                    [](const Types& in, const Attrs&) {
-                     Types t = same_as_first("swiglu_bwd", in, 3);
+                     Types t = same_float("swiglu_bwd", in, 3);
                      return Types{t[0], t[0]};
                    },
                .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 10); },

@@ -32,6 +32,7 @@ int64_t out_n(const ir::Graph& g, const ir::Node& n, int i) { return numel(out_t
 float* F(void* p) { return static_cast<float*>(p); }
 const float* CF(void* p) { return static_cast<const float*>(p); }
 const int32_t* I(void* p) { return static_cast<const int32_t*>(p); }
+const bf16* BF(void* p) { return static_cast<const bf16*>(p); }
 
 void check_ids(const ir::Graph& g, const ir::Node& n, int i, const int32_t* ids, int64_t count,
                int64_t V) {
@@ -67,10 +68,17 @@ std::unordered_map<std::string, Fn> make_table() {
     k::gelu_bwd(CF(in[0]), CF(in[1]), F(out[0]), out_n(g, n, 0));
   };
   t["swiglu"] = [](auto& g, auto& n, auto in, auto out) {
-    k::swiglu_fwd(CF(in[0]), CF(in[1]), F(out[0]), out_n(g, n, 0));
+    if (in_t(g, n, 0).dtype == DType::f32)
+      k::swiglu_fwd(CF(in[0]), CF(in[1]), F(out[0]), out_n(g, n, 0));
+    else
+      k::swiglu_fwd_bf16(BF(in[0]), BF(in[1]), static_cast<bf16*>(out[0]), out_n(g, n, 0));
   };
   t["swiglu_bwd"] = [](auto& g, auto& n, auto in, auto out) {
-    k::swiglu_bwd(CF(in[0]), CF(in[1]), CF(in[2]), F(out[0]), F(out[1]), out_n(g, n, 0));
+    if (in_t(g, n, 0).dtype == DType::f32)
+      k::swiglu_bwd(CF(in[0]), CF(in[1]), CF(in[2]), F(out[0]), F(out[1]), out_n(g, n, 0));
+    else
+      k::swiglu_bwd_bf16(BF(in[0]), BF(in[1]), BF(in[2]), static_cast<bf16*>(out[0]),
+                         static_cast<bf16*>(out[1]), out_n(g, n, 0));
   };
   t["cast"] = [](auto& g, auto& n, auto in, auto out) {
     DType from = in_t(g, n, 0).dtype, to = out_t(g, n, 0).dtype;

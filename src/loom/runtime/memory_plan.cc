@@ -1,6 +1,8 @@
 #include "loom/runtime/memory_plan.h"
 
 #include <algorithm>
+#include <fmt/format.h>
+#include <map>
 
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
@@ -104,6 +106,38 @@ MemoryPlan plan_memory(const ir::Graph& g) {
   for (int v = 0; v < nv; ++v)
     if (g.value(p.root[v]).kind == ir::ValueKind::node) p.offset[v] = p.offset[p.root[v]];
   return p;
+}
+
+std::string memory_report(const ir::Graph& g, const MemoryPlan& p, int top) {
+  const int nn = int(g.nodes().size());
+  std::vector<int64_t> live(size_t(nn) + 1, 0);
+  for (const ir::Value& v : g.values())
+    if (p.root[v.id] == v.id && v.kind == ir::ValueKind::node && p.first[v.id] >= 0)
+      for (int i = p.first[v.id]; i <= std::min(p.last[v.id], nn); ++i) live[i] += value_bytes(v);
+  int peak = int(std::max_element(live.begin(), live.end()) - live.begin());
+  std::map<std::string, std::pair<int64_t, int>> groups;
+  for (const ir::Value& v : g.values())
+    if (p.root[v.id] == v.id && v.kind == ir::ValueKind::node && p.first[v.id] <= peak &&
+        peak <= p.last[v.id]) {
+      std::string key;
+      for (char c : v.name) {
+        if (std::isdigit(static_cast<unsigned char>(c))) {
+          if (key.empty() || key.back() != 'N') key += 'N';
+        } else key += c;
+      }
+      groups[key].first += value_bytes(v);
+      groups[key].second++;
+    }
+  std::vector<std::pair<int64_t, std::string>> sorted;
+  for (auto& [k, b] : groups)
+    sorted.push_back({b.first, fmt::format("{} x{}", k, b.second)});
+  std::sort(sorted.rbegin(), sorted.rend());
+  std::string r = fmt::format("arena {:.1f} MiB; peak of live values {:.1f} MiB at node {} ({})\n",
+                              p.arena_bytes / 1048576.0, live[peak] / 1048576.0, peak,
+                              peak < nn ? g.node(peak).op : "end");
+  for (int i = 0; i < top && i < int(sorted.size()); ++i)
+    r += fmt::format("  {:8.1f} MiB  {}\n", sorted[i].first / 1048576.0, sorted[i].second);
+  return r;
 }
 
 }  // namespace loom::runtime

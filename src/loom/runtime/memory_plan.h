@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "loom/ir/graph.h"
@@ -28,6 +29,9 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const ir::Graph& g);
+// Where the peak is: the node at which live arena bytes are largest, and the `top` largest values
+// alive there grouped by name pattern (digits replaced by N), as readable text.
+std::string memory_report(const ir::Graph& g, const MemoryPlan& p, int top = 12);
 int64_t value_bytes(const ir::Value& v);
 
 }  // namespace loom::runtime

@@ -7,6 +7,8 @@
 // form because exp does not auto-vectorise well (see detail::exp_f32x16).
 // Does not fuse the gate/up split (g and u are separate tensors).
 // Invariant: elementwise over blocks of detail::kElemBlock; no result depends on the thread count.
+#include <algorithm>
+
 #include "loom/kernels/cpu/kernel_util.h"
 #include "loom/kernels/cpu/kernels.h"
 
@@ -136,6 +138,47 @@ void gelu_fwd(const float* x, float* y, int64_t n) {
 void gelu_bwd(const float* dy, const float* x, float* dx, int64_t n) {
   for_blocks(n, kElemBlock,
              [&](int64_t i0, int64_t i1) { gelu_bwd_block(dy + i0, x + i0, dx + i0, i1 - i0); });
+}
+
+// bf16 variants: each thread converts a chunk to f32 on the stack, runs the f32 block kernel, and
+// rounds the results back (nearest even). Chunks are fixed-size, so results do not depend on threads.
+namespace {
+constexpr int64_t kBf16Chunk = 2048;
+void to_f32(const bf16* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(x[i]);
+}
+void to_bf16(const float* x, bf16* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+}
+}  // namespace
+
+void swiglu_fwd_bf16(const bf16* g, const bf16* u, bf16* y, int64_t n) {
+  const int64_t chunks = (n + kBf16Chunk - 1) / kBf16Chunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    alignas(64) float fg[kBf16Chunk], fu[kBf16Chunk], fy[kBf16Chunk];
+    const int64_t i0 = c * kBf16Chunk, m = std::min(kBf16Chunk, n - i0);
+    to_f32(g + i0, fg, m);
+    to_f32(u + i0, fu, m);
+    swiglu_fwd_block(fg, fu, fy, m);
+    to_bf16(fy, y + i0, m);
+  }
+}
+
+void swiglu_bwd_bf16(const bf16* dy, const bf16* g, const bf16* u, bf16* dg, bf16* du, int64_t n) {
+  const int64_t chunks = (n + kBf16Chunk - 1) / kBf16Chunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    alignas(64) float fdy[kBf16Chunk], fg[kBf16Chunk], fu[kBf16Chunk], fdg[kBf16Chunk],
+        fdu[kBf16Chunk];
+    const int64_t i0 = c * kBf16Chunk, m = std::min(kBf16Chunk, n - i0);
+    to_f32(dy + i0, fdy, m);
+    to_f32(g + i0, fg, m);
+    to_f32(u + i0, fu, m);
+    swiglu_bwd_block(fdy, fg, fu, fdg, fdu, m);
+    to_bf16(fdg, dg + i0, m);
+    to_bf16(fdu, du + i0, m);
+  }
 }
 
 }  // namespace loom::kernels::cpu

@@ -50,6 +50,9 @@ void rope(const float* x, float* y, int64_t B, int64_t T, int64_t NH, int64_t HS
 // ---- SwiGLU: y = silu(g) * u, silu(g) = g * sigmoid(g) ----
 void swiglu_fwd(const float* g, const float* u, float* y, int64_t n);
 void swiglu_bwd(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n);
+// bf16 storage, f32 arithmetic (mixed precision keeps the MLP's gate/up activations in bf16).
+void swiglu_fwd_bf16(const bf16* g, const bf16* u, bf16* y, int64_t n);
+void swiglu_bwd_bf16(const bf16* dy, const bf16* g, const bf16* u, bf16* dg, bf16* du, int64_t n);
 
 // ---- GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----
 void gelu_fwd(const float* x, float* y, int64_t n);
