@@ -15,6 +15,9 @@
 // form feeds one GEMM per step (forward needs Wᵀ, backward W), so packing pays only if packed +
 // reorder < plain.
 //
+// The "gemm_ta_copy" lines do the same for a transposed A: gemm with ta, against an explicit
+// transpose of A (a oneDNN reorder) followed by the GEMM without ta.
+//
 // Usage: gemm_bench [--threads 2] [--reps 20] [--warmup 3]. Timings are never asserted.
 #include <omp.h>
 
@@ -161,6 +164,50 @@ void bench_packing(const Shape& s, const DTypes& t, const GemmDesc& d, const voi
       tm[0].min_ms, tm[2].min_ms, tm[1].min_ms);
 }
 
+// For a transposed A (the dW GEMMs) times loom's gemm with ta against the alternative that gemm.cc
+// deliberately does not take: a oneDNN reorder of A into row-major (M,K), then the GEMM without ta.
+// Interleaved within each rep, like bench_packing.
+void bench_transposed_a(const Shape& s, const DTypes& t, const GemmDesc& d, const void* a,
+                        const void* b, void* c, int warmup, int reps, int threads) {
+  using dnnl::memory;
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  const auto dt = t.ab == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const memory::desc a_ta({s.M, s.K}, dt, memory::dims{1, s.M});
+  const memory::desc a_rowmajor({s.M, s.K}, dt, memory::dims{s.K, 1});
+  memory a_src(a_ta, eng, const_cast<void*>(a)), a_dst(a_rowmajor, eng);
+  dnnl::reorder transpose(a_src, a_dst);
+  GemmDesc plain = d;
+  plain.ta = false;
+  const std::function<void()> steps[3] = {
+      [&] { loom::kernels::cpu::gemm(d, a, b, c); },
+      [&] {
+        transpose.execute(stream, a_src, a_dst);
+        stream.wait();
+      },
+      [&] { loom::kernels::cpu::gemm(plain, a_dst.get_data_handle(), b, c); }};
+  std::vector<double> ms[3];
+  for (int i = 0; i < warmup + reps; ++i) {
+    for (int k = 0; k < 3; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      steps[k]();
+      const auto t1 = std::chrono::steady_clock::now();
+      if (i >= warmup) ms[k].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+  }
+  Timing tm[3];
+  for (int k = 0; k < 3; ++k) {
+    std::sort(ms[k].begin(), ms[k].end());
+    tm[k] = {ms[k][reps / 2], ms[k][0]};
+  }
+  std::printf(
+      "{\"bench\":\"gemm_ta_copy\",\"shape\":\"%s\",\"M\":%ld,\"N\":%ld,\"K\":%ld,"
+      "\"dtype\":\"%s\",\"threads\":%d,\"ta_ms\":%.3f,\"transpose_ms\":%.3f,\"plain_ms\":%.3f,"
+      "\"ta_min_ms\":%.3f,\"transpose_min_ms\":%.3f,\"plain_min_ms\":%.3f}\n",
+      s.name, long(s.M), long(s.N), long(s.K), t.name, threads, tm[0].median_ms, tm[1].median_ms,
+      tm[2].median_ms, tm[0].min_ms, tm[1].min_ms, tm[2].min_ms);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,6 +249,7 @@ int main(int argc, char** argv) {
       if (s.b_is_weight && t.ab == DType::bf16) {
         bench_packing(s, t, d, a.p, b.p, c.p, warmup, reps, threads);
       }
+      if (s.ta) bench_transposed_a(s, t, d, a.p, b.p, c.p, warmup, reps, threads);
       std::fflush(stdout);
     }
   }

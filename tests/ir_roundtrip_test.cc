@@ -5,6 +5,7 @@
 #include "loom/autodiff/autodiff.h"
 #include "loom/core/error.h"
 #include "loom/ir/text.h"
+#include "loom/ops/verify.h"
 #include "loom/train/config.h"
 
 namespace loom {
@@ -27,6 +28,8 @@ TEST_P(IrRoundTrip, PrintParsePrintIsIdentity) {
   std::string text = ir::print(m.graph);
   ir::Graph parsed = ir::parse(text, c.config);
   EXPECT_EQ(ir::print(parsed), text);
+  auto diags = ops::verify(parsed);
+  EXPECT_TRUE(diags.empty()) << ::testing::PrintToString(diags);
   ASSERT_EQ(parsed.nodes().size(), m.graph.nodes().size());
   for (size_t i = 0; i < parsed.nodes().size(); ++i) {
     const auto &a = parsed.node(int(i)), &b = m.graph.node(int(i));

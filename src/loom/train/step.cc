@@ -5,6 +5,7 @@
 
 #include "loom/autodiff/autodiff.h"
 #include "loom/core/error.h"
+#include "loom/ops/verify.h"
 
 namespace loom::train {
 
@@ -27,6 +28,7 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode)
     grad_norm_ = ts.grad_norm;
     hyper_ = ts.hyper;
   }
+  ops::verify_or_throw(g, "training graph for " + cfg.path);
   exec_ = std::make_unique<runtime::Executor>(g);
   for (const auto& p : params_.infos()) exec_->bind(g.find(p.name), params_.data(p.name));
   inputs_.resize(size_t(B * T));

@@ -1,0 +1,85 @@
+#include "loom/ops/verify.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+#include "loom/core/error.h"
+#include "loom/ops/op.h"
+
+namespace loom::ops {
+
+std::vector<std::string> verify(const ir::Graph& g) {
+  std::vector<std::string> d;
+  std::vector<int> defined_at(g.values().size(), -2);  // -1: graph input; >= 0: producing node
+  std::set<std::string> names;
+  for (const ir::Value& v : g.values()) {
+    if (!names.insert(v.name).second) d.push_back(fmt::format("duplicate value name %{}", v.name));
+    if (v.kind != ir::ValueKind::node) defined_at[v.id] = -1;
+  }
+  std::vector<int> last_read(g.values().size(), -1);
+  for (const ir::Node& n : g.nodes())
+    for (int in : n.inputs) last_read[in] = n.id;
+  for (int o : g.outputs()) last_read[o] = int(g.nodes().size());
+
+  for (const ir::Node& n : g.nodes()) {
+    std::string where = fmt::format("node #{} {}", n.id, n.op);
+    if (!n.outputs.empty()) where += fmt::format(" (%{})", g.value(n.outputs[0]).name);
+    if (!has_op(n.op)) {
+      d.push_back(where + ": unknown op");
+      continue;
+    }
+    bool inputs_ok = true;
+    std::vector<ir::TensorType> in;
+    for (int v : n.inputs) {
+      if (v < 0 || v >= int(g.values().size())) {
+        d.push_back(fmt::format("{}: input id {} does not exist", where, v));
+        inputs_ok = false;
+        continue;
+      }
+      if (defined_at[v] == -2 || defined_at[v] >= n.id) {
+        d.push_back(fmt::format("{}: input %{} is used before it is defined", where, g.value(v).name));
+        inputs_ok = false;
+      }
+      in.push_back(g.value(v).type);
+    }
+    for (int o : n.outputs) defined_at[o] = n.id;
+    if (!inputs_ok) continue;
+    const OpDef& def = op_def(n.op);
+    std::vector<ir::TensorType> expect;
+    try {
+      expect = def.infer(in, n.attrs);
+    } catch (const Error& e) {
+      d.push_back(fmt::format("{}: {}", where, e.what()));
+      continue;
+    }
+    if (expect.size() != n.outputs.size()) {
+      d.push_back(fmt::format("{}: has {} outputs, the op produces {}", where, n.outputs.size(),
+                              expect.size()));
+      continue;
+    }
+    for (size_t i = 0; i < expect.size(); ++i)
+      if (g.value(n.outputs[i]).type != expect[i])
+        d.push_back(fmt::format("{}: output %{} is {}, the op infers {}", where,
+                                g.value(n.outputs[i]).name, ir::type_str(g.value(n.outputs[i]).type),
+                                ir::type_str(expect[i])));
+    for (auto [o, i] : def.inplace)
+      if (last_read[n.inputs[i]] != n.id)
+        d.push_back(fmt::format("{}: overwrites %{} in place, but node #{} reads it later", where,
+                                g.value(n.inputs[i]).name, last_read[n.inputs[i]]));
+  }
+  for (int o : g.outputs())
+    if (o < 0 || o >= int(g.values().size())) d.push_back(fmt::format("graph output id {} is invalid", o));
+  return d;
+}
+
+void verify_or_throw(const ir::Graph& g, const std::string& source) {
+  auto d = verify(g);
+  if (d.empty()) return;
+  std::string msg = fmt::format("{}: invalid graph ({} problem{}):", source, d.size(),
+                                d.size() == 1 ? "" : "s");
+  for (size_t i = 0; i < d.size() && i < 20; ++i) msg += "\n  " + d[i];
+  throw Error(msg);
+}
+
+}  // namespace loom::ops

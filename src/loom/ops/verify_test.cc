@@ -1,0 +1,64 @@
+#include "loom/ops/verify.h"
+
+#include <gtest/gtest.h>
+
+#include "loom/ir/text.h"
+
+namespace loom::ops {
+namespace {
+
+bool mentions(const std::vector<std::string>& d, const std::string& s) {
+  for (const auto& x : d)
+    if (x.find(s) != std::string::npos) return true;
+  return false;
+}
+
+TEST(Verify, AcceptsAWellTypedGraph) {
+  auto g = ir::parse(R"(graph ok {
+  param %w : f32[4,8]
+  input %x : f32[2,3,8]
+  %y : f32[2,3,4] = matmul(%x, %w) {ta = 0, tb = 1}
+  output %y
+})");
+  EXPECT_TRUE(verify(g).empty());
+}
+
+TEST(Verify, NamesTheValueWithAWrongType) {
+  auto g = ir::parse(R"(graph bad {
+  param %w : f32[4,8]
+  input %x : f32[2,3,8]
+  %y : f32[2,3,5] = matmul(%x, %w) {ta = 0, tb = 1}
+})");
+  auto d = verify(g);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_TRUE(mentions(d, "%y is f32[2,3,5], the op infers f32[2,3,4]")) << d[0];
+}
+
+TEST(Verify, ReportsShapeErrorsAndUnknownOps) {
+  auto g = ir::parse(R"(graph bad {
+  input %a : f32[3]
+  input %b : f32[4]
+  %c : f32[3] = mul(%a, %b)
+  %d : f32[3] = frobnicate(%a)
+})");
+  auto d = verify(g);
+  EXPECT_TRUE(mentions(d, "node #0 mul")) << ::testing::PrintToString(d);
+  EXPECT_TRUE(mentions(d, "node #1 frobnicate (%d): unknown op")) << ::testing::PrintToString(d);
+}
+
+TEST(Verify, CatchesReadAfterInPlaceUpdate) {
+  auto g = ir::parse(R"(graph bad {
+  param %p : f32[4]
+  input %g : f32[4]
+  state %m : f32[4]
+  state %v : f32[4]
+  input %h : f32[3]
+  input %s : f32[]
+  %p1 : f32[4], %m1 : f32[4], %v1 : f32[4] = adamw(%p, %g, %m, %v, %h, %s) {beta1 = 0.9, beta2 = 0.95, eps = 1e-08, wd = 0.0}
+  %late : f32[4] = scale(%p) {s = 2.0}
+})");
+  EXPECT_TRUE(mentions(verify(g), "overwrites %p in place")) << ::testing::PrintToString(verify(g));
+}
+
+}  // namespace
+}  // namespace loom::ops
