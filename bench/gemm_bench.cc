@@ -18,7 +18,8 @@
 // The "gemm_ta_copy" lines do the same for a transposed A: gemm with ta, against an explicit
 // transpose of A (a oneDNN reorder) followed by the GEMM without ta.
 //
-// Usage: gemm_bench [--threads 2] [--reps 20] [--warmup 3]. Timings are never asserted.
+// Usage: gemm_bench [--threads 2] [--reps 20] [--warmup 3] [--only bwd_dw]. Timings are never
+// asserted.
 #include <omp.h>
 
 #include <algorithm>
@@ -212,18 +213,23 @@ void bench_transposed_a(const Shape& s, const DTypes& t, const GemmDesc& d, cons
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 20, warmup = 3;
+  std::string only;  // run only shapes whose name contains this
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (flag == "--threads") {
+    if (flag == "--only") {
+      only = argv[i + 1];
+    } else if (flag == "--threads") {
       threads = v;
     } else if (flag == "--reps") {
       reps = v;
     } else if (flag == "--warmup") {
       warmup = v;
     } else {
-      std::fprintf(stderr, "gemm_bench: unknown flag %s\nhint: --threads N --reps N --warmup N\n",
-                   flag.c_str());
+      std::fprintf(
+          stderr,
+          "gemm_bench: unknown flag %s\nhint: --threads N --reps N --warmup N --only NAME_PART\n",
+          flag.c_str());
       return 2;
     }
   }
@@ -234,6 +240,7 @@ int main(int argc, char** argv) {
   omp_set_num_threads(threads);
   std::mt19937 rng(1);
   for (const Shape& s : kShapes) {
+    if (std::string(s.name).find(only) == std::string::npos) continue;
     for (const DTypes& t : kDTypes) {
       const GemmDesc d{
           .M = s.M, .N = s.N, .K = s.K, .ta = s.ta, .tb = s.tb, .ab_dtype = t.ab, .c_dtype = t.c};

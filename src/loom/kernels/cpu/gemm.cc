@@ -5,9 +5,10 @@
 // the logical (batch,M,K) with strides {M*K,1,M}, format "acb"). `accumulate` is a sum post-op
 // (beta = 1), so C += A·B costs no extra pass over C.
 //
-// What this file does not do: pack weights into oneDNN's blocked layouts (measured not to pay at
-// the transformer shapes, see bench/gemm_bench.cc), nor choose the thread count (oneDNN uses
-// OpenMP's).
+// What this file does not do: pack weights into oneDNN's blocked layouts, nor copy a transposed A
+// into row-major order: at the transformer training shapes (bench/gemm_bench.cc) either one, its
+// reorder included, is within a few percent of the plain-layout GEMM. Nor does it choose the thread
+// count (oneDNN uses OpenMP's).
 //
 // Invariant: one primitive per (GemmDesc, OpenMP thread count) per calling thread, created on first
 // use and reused; a call only swaps the data pointers of the cached memory objects and executes.
@@ -21,7 +22,6 @@
 #include <ostream>
 #include <type_traits>
 #include <unordered_map>
-#include <vector>
 
 #include "dnnl.hpp"
 #include "loom/core/error.h"
