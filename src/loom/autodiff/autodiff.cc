@@ -32,7 +32,11 @@ std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& 
       grad[v] = d;
       return;
     }
-    DType t = b.type(v).dtype;
+    // Contributions are summed in f32; the sum stays f32 when any contribution was f32 (a gradient
+    // may be wider than its value: see matmul's VJP), else it returns to the value's dtype.
+    DType t = b.type(grad[v]).dtype == DType::f32 || b.type(d).dtype == DType::f32
+                  ? DType::f32
+                  : b.type(v).dtype;
     int s = b.add(b.cast(grad[v], DType::f32), b.cast(d, DType::f32), "grad.acc");
     grad[v] = b.cast(s, t);
   };

@@ -15,7 +15,9 @@
 
 namespace loom::autodiff {
 
-// Returns value id -> gradient id for every id in `wrt` (an f32 scalar `loss` is seeded with 1).
+// Returns value id -> gradient id for every id in `wrt` (an f32 scalar `loss` is seeded with 1). A
+// gradient has its value's shape and dtype, except that a bf16 value's gradient may be f32 (wider);
+// VJPs cast an incoming gradient to the dtype their backward kernel needs.
 // Gradients of params are named "grad.<param name>". Throws loom::Error naming a value in `wrt` that
 // does not reach the loss.
 std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& wrt);

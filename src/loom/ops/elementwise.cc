@@ -131,7 +131,8 @@ void register_elementwise_ops() {
                .infer = [](const Types& in, const Attrs&) { return same_float("swiglu", in, 2); },
                .vjp =
                    [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
-                     return b.emit("swiglu_bwd", {d[0], n.inputs[0], n.inputs[1]});
+                     int dy = b.cast(d[0], b.type(n.inputs[0]).dtype);
+                     return b.emit("swiglu_bwd", {dy, n.inputs[0], n.inputs[1]});
                    },
                .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 6); },
                .reuse = {{0, 0}, {0, 1}}});

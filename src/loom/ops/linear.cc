@@ -93,8 +93,19 @@ std::vector<int> matmul_vjp(Builder& b, const ir::Node& n, const std::vector<int
   int A = n.inputs[0], B = n.inputs[1];
   bool ta = n.attr_int("ta", 0), tb = n.attr_int("tb", 0);
   int64_t batch = n.attr_int("batch", 0);
-  DType da_t = b.type(A).dtype, db_t = b.type(B).dtype;
-  int dC = b.cast(d[0], da_t);  // bf16 inputs: the incoming gradient joins them in bf16
+  // An operand that is a bf16 copy of an f32 tensor (a weight's cast, a normalised activation's cast)
+  // gets its gradient straight in f32: the GEMM accumulates in f32 anyway, and rounding the gradient to
+  // bf16 only to widen it again in the cast's VJP would lose precision and cost a pass.
+  auto grad_dtype = [&](int v) {
+    const ir::Value& val = b.graph().value(v);
+    if (val.type.dtype == DType::bf16 && val.kind == ir::ValueKind::node) {
+      const ir::Node& p = b.graph().node(val.producer);
+      if (p.op == "cast" && b.type(p.inputs[0]).dtype == DType::f32) return DType::f32;
+    }
+    return val.type.dtype;
+  };
+  DType da_t = grad_dtype(A), db_t = grad_dtype(B);
+  int dC = b.cast(d[0], b.type(A).dtype);  // bf16 inputs: the incoming gradient joins them in bf16
   auto mm = [&](int x, int y, bool tx, bool ty, DType out, int like) {
     ir::Attrs at{{"ta", int64_t(tx)}, {"tb", int64_t(ty)}};
     if (out != DType::f32) at["out"] = std::string(dtype_name(out));
