@@ -144,12 +144,8 @@ void gelu_bwd(const float* dy, const float* x, float* dx, int64_t n) {
 // rounds the results back (nearest even). Chunks are fixed-size, so results do not depend on threads.
 namespace {
 constexpr int64_t kBf16Chunk = 2048;
-void to_f32(const bf16* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(x[i]);
-}
-void to_bf16(const float* x, bf16* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
-}
+void to_f32(const bf16* x, float* y, int64_t n) { detail::cast_bf16_f32_block(x, y, n); }
+void to_bf16(const float* x, bf16* y, int64_t n) { detail::cast_f32_bf16_block(x, y, n); }
 }  // namespace
 
 void swiglu_fwd_bf16(const bf16* g, const bf16* u, bf16* y, int64_t n) {

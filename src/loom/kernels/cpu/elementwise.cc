@@ -13,6 +13,8 @@ namespace loom::kernels::cpu {
 
 using detail::for_blocks;
 using detail::kElemBlock;
+using detail::cast_bf16_f32_block;
+using detail::cast_f32_bf16_block;
 
 namespace {
 
@@ -41,24 +43,6 @@ void add_bias_rows(const float* a, const float* b, float* y, int64_t rows, int64
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) yr[c] = ar[c] + b[c];
   }
-}
-
-// Bit-identical to loom::f32_to_bf16, written without the branch so it vectorises (integer
-// add/shift/compare/blend and a 32->16 narrowing store). Not _mm512_cvtneps_pbh: that instruction
-// treats denormal inputs as zero, which f32_to_bf16 does not.
-void cast_f32_bf16_block(const float* x, bf16* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    y[i].bits = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
-}
-
-void cast_bf16_f32_block(const bf16* x, float* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(uint32_t(x[i].bits) << 16);
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "loom/core/dtype.h"
+
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -167,5 +169,24 @@ inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1u);
 }
 #endif
+
+// Bit-identical to loom::f32_to_bf16, written without the branch so it vectorises (integer
+// add/shift/compare/blend and a 32->16 narrowing store). Not _mm512_cvtneps_pbh: that instruction
+// treats denormal inputs as zero, which f32_to_bf16 does not.
+inline void cast_f32_bf16_block(const float* x, bf16* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x40u;
+    y[i].bits = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+}
+
+inline void cast_bf16_f32_block(const bf16* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(uint32_t(x[i].bits) << 16);
+}
+
 
 }  // namespace loom::kernels::cpu::detail
