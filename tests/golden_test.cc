@@ -1,6 +1,9 @@
 // Golden test: Loom against PyTorch on the same weights and tokens (tools/make_golden.py writes them).
 //
-//   golden_test CONFIG GOLDEN_DIR f32|bf16
+//   golden_test CONFIG GOLDEN_DIR f32|bf16 [STEP_OUTPUT]
+//
+// With STEP_OUTPUT (a file written by `loom step` on GOLDEN_DIR's weights and tokens), it checks that
+// file's loss and gradients instead: the CLI door others use to compare against Loom.
 //
 // Compares the loss, the logits, every parameter's gradient and a 10-step AdamW loss curve, tensor by
 // tensor, with |loom - torch| <= atol + rtol * |torch| where atol = rtol_abs * max|torch| of that
@@ -53,8 +56,8 @@ bool compare(const std::string& what, const float* a, const TensorView& ref, Tol
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: golden_test CONFIG GOLDEN_DIR f32|bf16\n");
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: golden_test CONFIG GOLDEN_DIR f32|bf16 [STEP_OUTPUT]\n");
     return 2;
   }
   try {
@@ -75,6 +78,18 @@ int main(int argc, char** argv) {
     Tol t_curve = bf ? Tol{1e-2, 0} : Tol{1e-4, 0};
     const auto* ids = static_cast<const int32_t*>(tv.data);
     bool ok = true;
+    if (argc == 5) {
+      SafetensorsFile out = SafetensorsFile::open(argv[4]);
+      std::printf("checking loom step output %s\n", argv[4]);
+      ok &= compare("loss", static_cast<const float*>(out.get("loss").data), expected.get("loss"),
+                    t_loss);
+      train::ParamStore params(cfg.model);
+      for (const auto& p : params.infos())
+        ok &= compare("grad." + p.name, static_cast<const float*>(out.get(p.name).data),
+                      expected.get("grad." + p.name), t_grad);
+      std::printf("%s\n", ok ? "golden: all tensors match" : "golden: MISMATCH");
+      return ok ? 0 : 1;
+    }
     {
       train::ParamStore params(cfg.model);
       params.load(dir + "/weights.safetensors");
