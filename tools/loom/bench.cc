@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <random>
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/ops/linear.h"
 #include "loom/train/step.h"
 
 namespace loom::cli {
@@ -83,6 +85,28 @@ std::function<int()> add_bench(CLI::App& app) {
         p[op] = {{"ms_per_step", t.seconds * 1000.0 / o->steps}, {"calls", t.calls}};
       fmt::print(stderr, "{}\n", p.dump());
       fmt::print(stderr, "{}", runtime::memory_report(runner.graph(), runner.executor().plan()));
+      // matmuls grouped by shape: where the GEMM time goes
+      struct Group {
+        double seconds = 0, flops = 0;
+        int calls = 0;
+      };
+      std::map<std::string, Group> mm;
+      const auto& nt = runner.executor().node_times();
+      const ir::Graph& g = runner.graph();
+      for (const ir::Node& n : g.nodes()) {
+        if (n.op != "matmul") continue;
+        ops::MatmulDims d = ops::matmul_dims(g, n);
+        std::string key = fmt::format("M={} N={} K={} ta={} tb={} {}->{}", d.M, d.N, d.K, int(d.ta),
+                                      int(d.tb), dtype_name(g.value(n.inputs[0]).type.dtype),
+                                      dtype_name(g.value(n.outputs[0]).type.dtype));
+        Group& gr = mm[key];
+        gr.seconds += nt[n.id].seconds / o->steps;
+        gr.flops += 2.0 * double(d.batch * d.M) * double(d.N) * double(d.K);
+        gr.calls++;
+      }
+      for (const auto& [k, gr] : mm)
+        fmt::print(stderr, "  matmul {:<44} x{:<3} {:8.1f} ms/step {:6.1f} GFLOP/s\n", k, gr.calls,
+                   gr.seconds * 1000.0, gr.seconds > 0 ? gr.flops / gr.seconds / 1e9 : 0.0);
     }
     return 0;
   };

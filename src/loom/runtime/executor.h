@@ -46,6 +46,7 @@ class Executor {
   // Per-op wall time, summed over runs, when profiling is on.
   void set_profiling(bool on) { profile_ = on; }
   std::vector<std::pair<std::string, NodeTiming>> op_times() const;
+  const std::vector<NodeTiming>& node_times() const { return node_times_; }
 
  private:
   const ir::Graph& g_;
