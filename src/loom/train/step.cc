@@ -13,6 +13,7 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode)
     : cfg_(cfg), params_(params), mode_(mode) {
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
   model_ = models::build_model(cfg.model, B, T);
+  autodiff::TrainStep ts;
   ir::Graph& g = model_.graph;
   if (mode == Mode::grads) {
     ops::Builder b(g);
@@ -24,7 +25,7 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode)
       grad_of_[g.value(p).name] = d;
     }
   } else {
-    auto ts = autodiff::build_train_step(g, model_.loss, cfg.optim);
+    ts = autodiff::build_train_step(g, model_.loss, cfg.optim);
     grad_norm_ = ts.grad_norm;
     hyper_ = ts.hyper;
   }
@@ -37,17 +38,28 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode)
   exec_->bind(model_.targets, targets_.data());
   if (mode == Mode::train) {
     exec_->bind(hyper_, hyper_buf_);
+    moments_.reserve(g.inputs_of_kind(ir::ValueKind::state).size());
     for (const ir::Value& v : g.values())
       if (v.kind == ir::ValueKind::state) {
         moments_.emplace_back(size_t(numel(v.type.shape)), 0.0f);
         exec_->bind(v.id, moments_.back().data());
       }
+    for (auto [p, m] : ts.moments_m) moment_of_["m:" + g.value(p).name] = exec_->ptr<float>(m);
+    for (auto [p, v] : ts.moments_v) moment_of_["v:" + g.value(p).name] = exec_->ptr<float>(v);
   }
 }
 
 StepRunner::~StepRunner() = default;
 
-float StepRunner::step(const int32_t* tokens) {
+float StepRunner::step(const int32_t* tokens) { return step(tokens, cfg_.optim.lr); }
+
+float* StepRunner::moment(const std::string& param, int which) {
+  auto it = moment_of_.find((which == 0 ? "m:" : "v:") + param);
+  LOOM_CHECK(it != moment_of_.end()) << "no optimizer moment for " << param;
+  return it->second;
+}
+
+float StepRunner::step(const int32_t* tokens, double lr) {
   const int64_t B = cfg_.train.batch_size, T = cfg_.train.seq_len;
   for (int64_t b = 0; b < B; ++b) {
     std::memcpy(&inputs_[size_t(b * T)], tokens + b * (T + 1), size_t(T) * 4);
@@ -55,7 +67,7 @@ float StepRunner::step(const int32_t* tokens) {
   }
   if (mode_ == Mode::train) {
     ++t_;
-    hyper_buf_[0] = float(cfg_.optim.lr);
+    hyper_buf_[0] = float(lr);
     hyper_buf_[1] = float(1.0 - std::pow(cfg_.optim.beta1, double(t_)));
     hyper_buf_[2] = float(1.0 - std::pow(cfg_.optim.beta2, double(t_)));
   }

@@ -26,6 +26,8 @@ class StepRunner {
   // Runs one step on tokens (B, T+1); returns the loss. Throws loom::Error for token ids outside the
   // vocabulary.
   float step(const int32_t* tokens);
+  // Mode::train: one update at learning rate `lr` (a schedule's value for this step).
+  float step(const int32_t* tokens, double lr);
 
   const ir::Graph& graph() const { return model_.graph; }
   runtime::Executor& executor() { return *exec_; }
@@ -33,6 +35,10 @@ class StepRunner {
   const float* grad(const std::string& param) const;  // Mode::grads only
   float grad_norm() const;                            // Mode::train only
   int64_t step_count() const { return t_; }
+  // Optimizer state, for checkpoints (Mode::train): AdamW's first (which = 0) or second (1) moment of
+  // a parameter, and the number of updates taken (AdamW's bias correction uses it).
+  float* moment(const std::string& param, int which);
+  void set_step_count(int64_t t) { t_ = t; }
   // Bytes of the activation arena plus every bound buffer (params, gradients live in the arena,
   // optimizer moments, inputs).
   int64_t planned_peak_bytes() const;
@@ -47,6 +53,7 @@ class StepRunner {
   int grad_norm_ = -1, hyper_ = -1;
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::vector<float>> moments_;
+  std::map<std::string, float*> moment_of_;  // "m:" / "v:" + param name -> buffer
   float hyper_buf_[3] = {0, 0, 0};
   int64_t t_ = 0;
 };

@@ -1,0 +1,45 @@
+// Training checkpoints: one directory per step, written so that a crash never leaves a half checkpoint
+// where a reader would take it for a whole one.
+//
+//   DIR/step_00000100/
+//     model.safetensors      every parameter (f32) under its Hugging Face name
+//     optimizer.safetensors  "adam.m.<name>", "adam.v.<name>" (f32)
+//     state.json             {"format": 1, "step": 100, ...caller's state (data loader, RNG)}
+//     config.toml            the resolved config text
+//
+// Write protocol: everything goes into DIR/.tmp.step_00000100.<pid>/ (each file fsynced), which is
+// renamed to step_00000100 and DIR is fsynced. A step_* directory therefore exists only complete;
+// leftover .tmp.* directories (a crash mid-write) are ignored and swept by the next save. After a
+// successful save, all but the newest `keep` checkpoints are removed.
+//
+// Loading checks every tensor's name, dtype and shape against the model and names the file on any
+// mismatch or corruption.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/train/params.h"
+#include "loom/train/step.h"
+
+namespace loom::train {
+
+std::string checkpoint_name(int64_t step);  // "step_00000100"
+
+// Saves params, the runner's optimizer state and step count, `state` and `config_text`; returns the
+// checkpoint's path. Throws loom::Error naming the path on failure, leaving earlier checkpoints intact.
+std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunner& runner,
+                            const nlohmann::json& state, const std::string& config_text,
+                            int keep);
+
+// The newest complete checkpoint in `dir` (by step), if any.
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+std::vector<std::string> list_checkpoints(const std::string& dir);  // oldest first
+
+// Restores params, optimizer state and step count; returns state.json.
+nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner);
+
+}  // namespace loom::train

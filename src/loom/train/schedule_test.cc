@@ -1,0 +1,25 @@
+#include "loom/train/schedule.h"
+
+#include <gtest/gtest.h>
+
+namespace loom::train {
+namespace {
+
+TEST(Schedule, WarmupThenCosineThenFloor) {
+  Schedule s{.lr = 1e-3, .min_lr = 1e-4, .warmup = 10, .total = 110};
+  EXPECT_DOUBLE_EQ(s.at(5), 5e-4);
+  EXPECT_DOUBLE_EQ(s.at(10), 1e-3);
+  EXPECT_NEAR(s.at(60), 5.5e-4, 1e-15);
+  EXPECT_DOUBLE_EQ(s.at(110), 1e-4);
+  EXPECT_DOUBLE_EQ(s.at(500), 1e-4);
+  for (int64_t t = 11; t < 110; ++t) EXPECT_LT(s.at(t + 1), s.at(t)) << t;
+}
+
+TEST(Schedule, ConstantWithoutDecay) {
+  Schedule s{.lr = 2e-4};
+  EXPECT_DOUBLE_EQ(s.at(1), 2e-4);
+  EXPECT_DOUBLE_EQ(s.at(1000), 2e-4);
+}
+
+}  // namespace
+}  // namespace loom::train

@@ -1,0 +1,115 @@
+// Checkpoints: resume is bit-exact (f32 and bf16), old checkpoints are pruned, crashed writers' temp
+// directories are never taken for checkpoints, and a corrupt checkpoint is a clear error.
+#include "loom/train/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "loom/core/error.h"
+#include "loom/train/schedule.h"
+
+namespace loom::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<int32_t> batch(const Config& c, int64_t step) {
+  std::mt19937 rng(uint32_t(1000003 * step + 17));
+  std::uniform_int_distribution<int32_t> u(0, int32_t(c.model.vocab_size - 1));
+  std::vector<int32_t> t(size_t(c.train.batch_size * (c.train.seq_len + 1)));
+  for (auto& x : t) x = u(rng);
+  return t;
+}
+
+std::string temp_dir(const std::string& name) {
+  auto p = fs::temp_directory_path() / ("loom_ckpt_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+class Resume : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Resume, IsBitExact) {
+  Config cfg = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml",
+                           {"model.dtype=" + GetParam()});
+  Schedule sched{.lr = 3e-3, .min_lr = 3e-4, .warmup = 2, .total = 8};
+  const std::string dir = temp_dir("resume_" + GetParam());
+
+  std::vector<float> straight;
+  std::string at3;
+  {
+    ParamStore p(cfg.model);
+    p.init_random(7);
+    StepRunner r(cfg, p, StepRunner::Mode::train);
+    for (int64_t s = 1; s <= 8; ++s) {
+      straight.push_back(r.step(batch(cfg, s).data(), sched.at(s)));
+      if (s == 3) at3 = save_checkpoint(dir, p, r, {{"note", "test"}}, "# config\n", 0);
+    }
+  }
+  ParamStore p(cfg.model);  // different init: everything must come from the checkpoint
+  p.init_random(99);
+  StepRunner r(cfg, p, StepRunner::Mode::train);
+  auto st = load_checkpoint(at3, p, r);
+  EXPECT_EQ(st["step"], 3);
+  EXPECT_EQ(st["note"], "test");
+  for (int64_t s = 4; s <= 8; ++s) {
+    float loss = r.step(batch(cfg, s).data(), sched.at(s));
+    EXPECT_EQ(loss, straight[size_t(s - 1)]) << "step " << s << " differs after resume";
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Resume, ::testing::Values("f32", "bf16"));
+
+TEST(Checkpoint, KeepsTheNewestAndIgnoresTempDirectories) {
+  Config cfg = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/tiny-gpt2.toml");
+  const std::string dir = temp_dir("keep");
+  ParamStore p(cfg.model);
+  p.init_random(1);
+  StepRunner r(cfg, p, StepRunner::Mode::train);
+  fs::create_directories(dir + "/.tmp.step_00000099.12345");  // a crashed writer's leftovers
+  std::ofstream(dir + "/.tmp.step_00000099.12345/model.safetensors") << "half";
+  EXPECT_EQ(latest_checkpoint(dir), std::nullopt);
+  for (int s = 1; s <= 4; ++s) {
+    r.step(batch(cfg, s).data());
+    save_checkpoint(dir, p, r, {}, "", /*keep=*/2);
+  }
+  auto all = list_checkpoints(dir);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(fs::path(all[0]).filename(), "step_00000003");
+  EXPECT_EQ(fs::path(*latest_checkpoint(dir)).filename(), "step_00000004");
+  EXPECT_FALSE(fs::exists(dir + "/.tmp.step_00000099.12345")) << "temp directories are swept";
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, CorruptFilesAreClearErrors) {
+  Config cfg = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml");
+  const std::string dir = temp_dir("corrupt");
+  ParamStore p(cfg.model);
+  p.init_random(1);
+  StepRunner r(cfg, p, StepRunner::Mode::train);
+  r.step(batch(cfg, 1).data());
+  std::string ck = save_checkpoint(dir, p, r, {}, "", 0);
+  auto expect_error = [&](const std::string& file) {
+    try {
+      load_checkpoint(ck, p, r);
+      ADD_FAILURE() << "no error for corrupt " << file;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << e.what();
+    }
+  };
+  fs::resize_file(ck + "/optimizer.safetensors", fs::file_size(ck + "/optimizer.safetensors") - 8);
+  expect_error("optimizer.safetensors");
+  fs::resize_file(ck + "/model.safetensors", 100);
+  expect_error("model.safetensors");
+  std::ofstream(ck + "/state.json") << "{\"step\": ";
+  expect_error("state.json");
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace loom::train
