@@ -144,6 +144,23 @@ with tempfile.TemporaryDirectory() as d:
     run("tokens: longer than max_seq_len",
         ["step", "--config", good, "--weights", w, "--tokens", bad_toks, "--out", out],
         must_contain=["oov.safetensors", "max_seq_len"])
+    tr = ["train", good, "--run-dir", os.path.join(d, "run")]
+    run("train: no data path", tr, must_contain=["[data] path"])
+    run("train: missing data", tr + ["--set", "data.path=" + os.path.join(d, "nodata")],
+        must_contain=["nodata"])
+    tiny_text = cfg("tiny.txt", "too short")
+    run("train: too little data", tr + ["--set", "data.path=" + tiny_text],
+        must_contain=["tiny.txt", "too few"])
+    text_file = cfg("text.txt", "hello world, this is some text. " * 200)
+    run("train: vocab too small", tr + ["--set", "data.path=" + text_file, "--set", "model.vocab_size=100"],
+        must_contain=["vocab_size"])
+    run("train: runs", tr + ["--set", "data.path=" + text_file, "--set", "train.steps=3"],
+        expect_ok=True, must_contain=["trained to step 3"])
+    run("train: existing run needs --resume", tr + ["--set", "data.path=" + text_file],
+        must_contain=["--resume auto"])
+    run("train: resume of a finished run", tr + ["--set", "data.path=" + text_file,
+                                                 "--set", "train.steps=3", "--resume", "auto"],
+        expect_ok=True, must_contain=["already trained"])
     if os.path.exists(out):
         print("FAIL a failed step left %s behind" % out)
         failures += 1

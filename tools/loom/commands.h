@@ -10,5 +10,6 @@ namespace loom::cli {
 std::function<int()> add_step(CLI::App& app);
 std::function<int()> add_bench(CLI::App& app);
 std::function<int()> add_inspect(CLI::App& app);
+std::function<int()> add_train(CLI::App& app);
 
 }  // namespace loom::cli

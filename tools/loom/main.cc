@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
     auto run = f(app);
     cmds.push_back({app.get_subcommands({})[before], run});
   };
+  add(loom::cli::add_train);
   add(loom::cli::add_step);
   add(loom::cli::add_bench);
   add(loom::cli::add_inspect);

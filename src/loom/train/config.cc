@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <sstream>
 #include <toml++/toml.h>
 
 #include "loom/core/error.h"
@@ -91,6 +92,20 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
            {"batch_size", as_int([](Config& c) -> int64_t& { return c.train.batch_size; })},
            {"seq_len", as_int([](Config& c) -> int64_t& { return c.train.seq_len; })},
            {"seed", as_int([](Config& c) -> int64_t& { return c.train.seed; })},
+           {"steps", as_int([](Config& c) -> int64_t& { return c.train.steps; })},
+           {"warmup_steps", as_int([](Config& c) -> int64_t& { return c.train.warmup_steps; })},
+           {"min_lr", as_float([](Config& c) -> double& { return c.train.min_lr; })},
+           {"eval_every", as_int([](Config& c) -> int64_t& { return c.train.eval_every; })},
+           {"eval_batches", as_int([](Config& c) -> int64_t& { return c.train.eval_batches; })},
+       }},
+      {"data",
+       {
+           {"path", as_string([](Config& c) -> std::string& { return c.data.path; })},
+       }},
+      {"checkpoint",
+       {
+           {"every", as_int([](Config& c) -> int64_t& { return c.checkpoint.every; })},
+           {"keep", as_int([](Config& c) -> int64_t& { return c.checkpoint.keep; })},
        }},
       {"optim",
        {
@@ -184,6 +199,18 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!(c.optim.beta2 >= 0 && c.optim.beta2 < 1)) bad("[optim] beta2", "must be in [0, 1)");
   if (!(c.optim.eps > 0)) bad("[optim] eps", "must be > 0");
   if (!(c.optim.weight_decay >= 0)) bad("[optim] weight_decay", "must be >= 0");
+  if (c.train.steps <= 0) bad("[train] steps", "must be > 0");
+  if (c.train.warmup_steps < 0) bad("[train] warmup_steps", "must be >= 0");
+  if (!(c.train.min_lr >= 0)) bad("[train] min_lr", "must be >= 0");
+  if (c.train.eval_every < 0) bad("[train] eval_every", "must be >= 0");
+  if (c.train.eval_batches <= 0) bad("[train] eval_batches", "must be > 0");
+  if (c.checkpoint.every < 0) bad("[checkpoint] every", "must be >= 0");
+  if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
+  {
+    std::ostringstream os;
+    os << root;
+    c.text = os.str() + "\n";
+  }
   return c;
 }
 

@@ -19,6 +19,20 @@ struct TrainConfig {
   int64_t batch_size = 8;
   int64_t seq_len = 256;
   int64_t seed = 0;
+  int64_t steps = 1000;
+  int64_t warmup_steps = 0;
+  double min_lr = 0;        // the cosine schedule decays lr to this at the last step
+  int64_t eval_every = 0;   // 0: evaluate only at the end
+  int64_t eval_batches = 4;
+};
+
+struct DataConfig {
+  std::string path;  // a text file or a directory of .txt files (byte-level tokens)
+};
+
+struct CheckpointConfig {
+  int64_t every = 0;  // 0: only at the end
+  int64_t keep = 3;
 };
 
 struct Config {
@@ -26,6 +40,9 @@ struct Config {
   models::ModelConfig model;
   TrainConfig train;
   autodiff::AdamWConfig optim;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  std::string text;  // the resolved config as TOML (with overrides applied), saved in run dirs
 };
 
 // Reads and validates `path`, applying overrides of the form "section.key=value" (value in TOML syntax;

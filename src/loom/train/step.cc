@@ -24,6 +24,8 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode)
       g.add_output(d);
       grad_of_[g.value(p).name] = d;
     }
+  } else if (mode == Mode::eval) {
+    g.add_output(model_.loss);
   } else {
     ts = autodiff::build_train_step(g, model_.loss, cfg.optim);
     grad_norm_ = ts.grad_norm;

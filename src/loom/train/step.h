@@ -2,6 +2,7 @@
 //
 // Mode::grads   forward + backward: loss, logits and every parameter's gradient (loom step, tests).
 // Mode::train   forward + backward + clipping + AdamW, updating the ParamStore in place (bench, train).
+// Mode::eval    forward and loss only (validation).
 // A batch is tokens (B, T+1): inputs are [:, :-1], targets [:, 1:].
 #pragma once
 
@@ -19,7 +20,7 @@ namespace loom::train {
 
 class StepRunner {
  public:
-  enum class Mode { grads, train };
+  enum class Mode { grads, train, eval };  // eval: forward and loss only
   StepRunner(const Config& cfg, ParamStore& params, Mode mode);
   ~StepRunner();
 

@@ -1,0 +1,174 @@
+// loom train: the training loop. Byte-level text data, AdamW with warmup + cosine, evaluation,
+// metrics.jsonl, atomic checkpoints and exact resume (--resume auto).
+//
+// The run directory holds config.toml (the resolved config), metrics.jsonl (one JSON object per step:
+// step, loss, lr, grad_norm, tokens_per_s, and val_loss when evaluated) and checkpoints/.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "loom/core/error.h"
+#include "loom/data/text_corpus.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/schedule.h"
+#include "loom/train/step.h"
+
+namespace loom::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fmt_eta(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = int64_t(s);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+  return fmt::format("{}m{:02d}s", t / 60, t % 60);
+}
+
+// Keeps the metrics lines of steps <= `upto` (a resumed run rewrites what came after its checkpoint).
+void truncate_metrics(const std::string& path, int64_t upto) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.value("step", int64_t(0)) <= upto) kept += line + "\n";
+    } catch (const nlohmann::json::exception&) {
+      break;  // a torn last line from a crash
+    }
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+
+}  // namespace
+
+std::function<int()> add_train(CLI::App& app) {
+  struct Opts {
+    std::string config, run_dir, resume;
+    std::vector<std::string> sets;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* s = app.add_subcommand("train", "train a model on text (byte-level tokens)");
+  s->add_option("config", o->config, "config TOML")->required();
+  s->add_option("--run-dir", o->run_dir, "where metrics and checkpoints go (default runs/<config>)");
+  s->add_option("--resume", o->resume, "auto: continue from the newest complete checkpoint")
+      ->check(CLI::IsMember({"auto"}));
+  s->add_option("--set", o->sets, "override a config key: section.key=value");
+  return [o]() {
+    train::Config cfg = train::load_config(o->config, o->sets);
+    if (cfg.data.path.empty())
+      throw Error(fmt::format("{}: [data] path is not set", o->config),
+                  "point it at a text file or a directory of .txt files");
+    if (cfg.model.vocab_size < 256)
+      throw Error(fmt::format("{}: [model] vocab_size = {} is too small for byte-level tokens",
+                              o->config, cfg.model.vocab_size),
+                  "byte-level text needs vocab_size >= 256");
+    const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
+    std::string run = o->run_dir.empty() ? "runs/" + fs::path(o->config).stem().string() : o->run_dir;
+    const std::string ckdir = run + "/checkpoints", metrics = run + "/metrics.jsonl";
+    std::error_code ec;
+    fs::create_directories(run, ec);
+    if (ec) throw Error(fmt::format("run dir {}: cannot create ({})", run, ec.message()));
+    auto latest = train::latest_checkpoint(ckdir);
+    if (latest && o->resume.empty())
+      throw Error(fmt::format("run dir {} already holds checkpoints", run),
+                  "pass --resume auto to continue it, or choose another --run-dir");
+
+    data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, T);
+    train::ParamStore params(cfg.model);
+    params.init_random(uint64_t(cfg.train.seed));
+    train::StepRunner runner(cfg, params, train::StepRunner::Mode::train);
+    train::Config eval_cfg = cfg;
+    train::StepRunner evaluator(eval_cfg, params, train::StepRunner::Mode::eval);
+    int64_t start = 1;
+    if (latest) {
+      train::load_checkpoint(*latest, params, runner);
+      start = runner.step_count() + 1;
+      fmt::print(stderr, "resuming from {} (step {})\n", *latest, runner.step_count());
+      truncate_metrics(metrics, runner.step_count());
+    } else {
+      std::ofstream(metrics, std::ios::trunc);
+    }
+    {
+      std::ofstream cf(run + "/config.toml");
+      cf << cfg.text;
+    }
+    train::Schedule sched{.lr = cfg.optim.lr, .min_lr = cfg.train.min_lr,
+                          .warmup = cfg.train.warmup_steps, .total = cfg.train.steps};
+    std::ofstream log(metrics, std::ios::app);
+    if (!log) throw Error(fmt::format("cannot write {}", metrics));
+    const bool tty = ::isatty(STDOUT_FILENO);
+    std::vector<int32_t> tokens(size_t(B * (T + 1)));
+    auto evaluate = [&]() {
+      double sum = 0;
+      for (int64_t i = 0; i < cfg.train.eval_batches; ++i) {
+        corpus.sample(data::TextCorpus::Split::val, uint64_t(cfg.train.seed) + 7777, i, 0, B, T,
+                      tokens.data());
+        sum += evaluator.step(tokens.data());
+      }
+      return sum / double(cfg.train.eval_batches);
+    };
+    auto save = [&]() {
+      train::save_checkpoint(ckdir, params, runner, {{"data", cfg.data.path}}, cfg.text,
+                             int(cfg.checkpoint.keep));
+    };
+    double first_val = NAN, last_val = NAN;
+    float loss = NAN;
+    auto t_start = std::chrono::steady_clock::now();
+    for (int64_t step = start; step <= cfg.train.steps; ++step) {
+      corpus.sample(data::TextCorpus::Split::train, uint64_t(cfg.train.seed), step, 0, B, T,
+                    tokens.data());
+      double lr = sched.at(step);
+      auto t0 = std::chrono::steady_clock::now();
+      loss = runner.step(tokens.data(), lr);
+      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!std::isfinite(loss))
+        throw Error(fmt::format("the loss is {} at step {}", loss, step),
+                    "lower [optim] lr or raise [train] warmup_steps; resume from the last checkpoint");
+      nlohmann::json m{{"step", step},
+                       {"loss", loss},
+                       {"lr", lr},
+                       {"grad_norm", runner.grad_norm()},
+                       {"tokens_per_s", double(B * T) / dt}};
+      bool last = step == cfg.train.steps;
+      // evaluation steps depend only on the step number, so a resumed run logs what a straight one does
+      if ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last || step == 1) {
+        double v = evaluate();
+        m["val_loss"] = v;
+        if (step == 1) first_val = v;
+        last_val = v;
+      }
+      log << m.dump() << "\n";
+      log.flush();
+      if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || last) save();
+      if (tty) {
+        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        double eta = el / double(step - start + 1) * double(cfg.train.steps - step);
+        fmt::print("\rstep {}/{}  loss {:.4f}  {:.0f} tok/s  ETA {}   ", step, cfg.train.steps,
+                   loss, double(B * T) / dt, fmt_eta(eta));
+        std::fflush(stdout);
+      }
+    }
+    if (tty) fmt::print("\n");
+    if (start > cfg.train.steps) {
+      fmt::print("{} is already trained to step {}\n", run, cfg.train.steps);
+      return 0;
+    }
+    fmt::print("trained to step {}: train loss {:.4f}, val loss {:.4f}", cfg.train.steps, loss,
+               last_val);
+    if (!std::isnan(first_val)) fmt::print(" (at step 1: {:.4f})", first_val);
+    fmt::print("; run dir {}\n", run);
+    return 0;
+  };
+}
+
+}  // namespace loom::cli
