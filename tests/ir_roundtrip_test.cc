@@ -15,6 +15,10 @@ struct RoundTripCase {
   std::string config, dtype, stage;
 };
 
+void PrintTo(const RoundTripCase& c, std::ostream* os) {
+  *os << c.config << " " << c.dtype << " " << c.stage;
+}
+
 class IrRoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
 
 TEST_P(IrRoundTrip, PrintParsePrintIsIdentity) {
