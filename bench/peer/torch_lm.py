@@ -127,6 +127,12 @@ _MODEL_KEYS = {
     "rope_theta": (float, 10000.0), "dtype": (str, "f32"),
 }
 _TRAIN_KEYS = {"batch_size": (int, _REQUIRED), "seq_len": (int, _REQUIRED)}
+# Loom keys of these tables that describe its training run, not the model or one step: accepted, unused.
+_LOOM_ONLY = {
+    "model": {"init"},
+    "train": {"seed", "steps", "warmup_steps", "min_lr", "eval_every", "eval_batches"},
+    "optim": {"eps"},
+}
 _OPTIM_KEYS = {
     "lr": (float, _REQUIRED), "beta1": (float, 0.9), "beta2": (float, 0.95),
     "weight_decay": (float, 0.0), "grad_clip": (float, 1.0),
@@ -138,7 +144,7 @@ def _read_table(path, doc, table, keys):
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: missing table [{table}]\nhint: see configs/tiny-llama.toml")
     for k in raw:
-        if k not in keys:
+        if k not in keys and k not in _LOOM_ONLY.get(table, ()):
             raise ConfigError(f"{path}: [{table}] unknown key '{k}'\n"
                               f"hint: known keys are {', '.join(sorted(keys))}")
     out = {}

@@ -11,5 +11,8 @@ std::function<int()> add_step(CLI::App& app);
 std::function<int()> add_bench(CLI::App& app);
 std::function<int()> add_inspect(CLI::App& app);
 std::function<int()> add_train(CLI::App& app);
+std::function<int()> add_sample(CLI::App& app);   // sample.cc
+std::function<int()> add_report(CLI::App& app);   // report.cc
+std::function<int()> add_export(CLI::App& app);   // export.cc
 
 }  // namespace loom::cli

@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
     cmds.push_back({app.get_subcommands({})[before], run});
   };
   add(loom::cli::add_train);
+  add(loom::cli::add_sample);
+  add(loom::cli::add_report);
+  add(loom::cli::add_export);
   add(loom::cli::add_step);
   add(loom::cli::add_bench);
   add(loom::cli::add_inspect);

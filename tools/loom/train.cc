@@ -96,6 +96,17 @@ std::function<int()> add_train(CLI::App& app) {
       fmt::print(stderr, "resuming from {} (step {})\n", *latest, runner.step_count());
       truncate_metrics(metrics, runner.step_count());
     } else {
+      // [model] init: a fresh run starts from given weights (loom export's output, a checkpoint's
+      // model.safetensors) instead of the random init; a resumed run takes its checkpoint's instead.
+      if (!cfg.init_weights.empty()) {
+        std::string w = cfg.init_weights;
+        if (fs::is_directory(w, ec)) w += "/model.safetensors";
+        if (!fs::is_regular_file(w, ec))
+          throw Error(fmt::format("{}: [model] init: no such file {}", o->config, w),
+                      "point it at a model.safetensors or a directory holding one (loom export)");
+        params.load(w);  // names, dtypes and shapes checked against [model]
+        fmt::print(stderr, "initialised from {}\n", w);
+      }
       std::ofstream(metrics, std::ios::trunc);
     }
     {

@@ -79,6 +79,8 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
            {"max_seq_len", as_int([](Config& c) -> int64_t& { return c.model.max_seq_len; })},
            {"norm_eps", as_float([](Config& c) -> double& { return c.model.norm_eps; })},
            {"rope_theta", as_float([](Config& c) -> double& { return c.model.rope_theta; })},
+           // not a ModelConfig field: where the starting weights come from (loom export, init)
+           {"init", as_string([](Config& c) -> std::string& { return c.init_weights; })},
            {"dtype",
             [](Config& c, const toml::node& n, const std::string& where) {
               auto v = n.value<std::string>();
@@ -207,6 +209,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (c.checkpoint.every < 0) bad("[checkpoint] every", "must be >= 0");
   if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
   {
+    // Full float precision (0.9 prints as 0.90000000000000002): toml++'s relaxed mode rounds to six
+    // digits, which would change a learning rate like 0.123456789 in the run's saved config.
     std::ostringstream os;
     os << root;
     c.text = os.str() + "\n";

@@ -42,6 +42,9 @@ struct Config {
   autodiff::AdamWConfig optim;
   DataConfig data;
   CheckpointConfig checkpoint;
+  // [model] init: weights to start a fresh run from (a model.safetensors, or a directory holding one,
+  // such as `loom export`'s output); empty: random init. Ignored when resuming.
+  std::string init_weights;
   std::string text;  // the resolved config as TOML (with overrides applied), saved in run dirs
 };
 

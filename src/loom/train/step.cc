@@ -26,6 +26,9 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode)
     }
   } else if (mode == Mode::eval) {
     g.add_output(model_.loss);
+  } else if (mode == Mode::infer) {
+    g.add_output(model_.loss);
+    g.add_output(model_.logits);
   } else {
     ts = autodiff::build_train_step(g, model_.loss, cfg.optim);
     grad_norm_ = ts.grad_norm;

@@ -3,6 +3,7 @@
 // Mode::grads   forward + backward: loss, logits and every parameter's gradient (loom step, tests).
 // Mode::train   forward + backward + clipping + AdamW, updating the ParamStore in place (bench, train).
 // Mode::eval    forward and loss only (validation).
+// Mode::infer   forward, loss and logits (sampling): the logits survive, so they cost a buffer.
 // A batch is tokens (B, T+1): inputs are [:, :-1], targets [:, 1:].
 #pragma once
 
@@ -20,7 +21,7 @@ namespace loom::train {
 
 class StepRunner {
  public:
-  enum class Mode { grads, train, eval };  // eval: forward and loss only
+  enum class Mode { grads, train, eval, infer };
   StepRunner(const Config& cfg, ParamStore& params, Mode mode);
   ~StepRunner();
 
