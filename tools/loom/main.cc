@@ -1,4 +1,5 @@
 // loom: the command-line entry point. Catches loom::Error once, prints it, exits 1.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <vector>
@@ -7,6 +8,9 @@
 #include "loom/core/error.h"
 
 int main(int argc, char** argv) {
+  // A write past a file-size limit then fails with EFBIG, reported like any failed write, instead of
+  // killing the process mid-checkpoint.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"Loom: train transformer language models on one machine or many"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, std::function<int()>>> cmds;
