@@ -42,7 +42,8 @@ std::function<int()> add_bench(CLI::App& app) {
     train::StepRunner runner(cfg, params, train::StepRunner::Mode::train);
     std::mt19937 rng(uint32_t(cfg.train.seed) + 1);
     std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.model.vocab_size - 1));
-    std::vector<int32_t> tokens(size_t(B * (T + 1)));
+    const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
+    std::vector<int32_t> tokens(size_t(rows * (T + 1)));
     std::vector<double> ms;
     float loss = 0;
     for (int i = 0; i < o->warmup + o->steps; ++i) {
@@ -58,7 +59,7 @@ std::function<int()> add_bench(CLI::App& app) {
     std::sort(sorted.begin(), sorted.end());
     double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
                                       : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
-    double tokens_per_step = double(B * T);
+    double tokens_per_step = double(rows * T);
     double fpt = models::train_flops_per_token(cfg.model, T);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -68,6 +69,7 @@ std::function<int()> add_bench(CLI::App& app) {
     j["dtype"] = std::string(dtype_name(cfg.model.dtype));
     j["threads"] = omp_get_max_threads();
     j["batch_size"] = B;
+    j["grad_accum"] = cfg.train.grad_accum;
     j["seq_len"] = T;
     j["params"] = params.total_elements();
     j["steps"] = o->steps;

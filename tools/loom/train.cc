@@ -1,5 +1,5 @@
-// loom train: the training loop. Byte-level text data, AdamW with warmup + cosine, evaluation,
-// metrics.jsonl, atomic checkpoints and exact resume (--resume auto).
+// loom train: the training loop. Byte-level text or token shards (loom data prepare), AdamW with
+// warmup + cosine, evaluation, metrics.jsonl, atomic checkpoints and exact resume (--resume auto).
 //
 // The run directory holds config.toml (the resolved config), metrics.jsonl (one JSON object per step:
 // step, loss, lr, grad_norm, tokens_per_s, and val_loss when evaluated) and checkpoints/.
@@ -57,7 +57,8 @@ std::function<int()> add_train(CLI::App& app) {
     std::vector<std::string> sets;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* s = app.add_subcommand("train", "train a model on text (byte-level tokens)");
+  CLI::App* s = app.add_subcommand(
+      "train", "train a model on text (byte-level tokens) or on loom data prepare's token shards");
   s->add_option("config", o->config, "config TOML")->required();
   s->add_option("--run-dir", o->run_dir, "where metrics and checkpoints go (default runs/<config>)");
   s->add_option("--resume", o->resume, "auto: continue from the newest complete checkpoint")
@@ -67,12 +68,22 @@ std::function<int()> add_train(CLI::App& app) {
     train::Config cfg = train::load_config(o->config, o->sets);
     if (cfg.data.path.empty())
       throw Error(fmt::format("{}: [data] path is not set", o->config),
-                  "point it at a text file or a directory of .txt files");
-    if (cfg.model.vocab_size < 256)
+                  "point it at a text file, a directory of .txt files, or a loom data prepare "
+                  "directory");
+    const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
+    data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, T);
+    if (corpus.prepared() && corpus.vocab_size() != cfg.model.vocab_size)
+      throw Error(fmt::format("{}: the tokenizer's vocabulary does not match the model: vocab_size "
+                              "{} there, [model] vocab_size = {} in {}",
+                              corpus.meta_path(), corpus.vocab_size(), cfg.model.vocab_size,
+                              o->config),
+                  fmt::format("set [model] vocab_size = {}, or prepare the data again with "
+                              "--vocab-size {}",
+                              corpus.vocab_size(), cfg.model.vocab_size));
+    if (!corpus.prepared() && cfg.model.vocab_size < 256)
       throw Error(fmt::format("{}: [model] vocab_size = {} is too small for byte-level tokens",
                               o->config, cfg.model.vocab_size),
                   "byte-level text needs vocab_size >= 256");
-    const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
     std::string run = o->run_dir.empty() ? "runs/" + fs::path(o->config).stem().string() : o->run_dir;
     const std::string ckdir = run + "/checkpoints", metrics = run + "/metrics.jsonl";
     std::error_code ec;
@@ -83,7 +94,6 @@ std::function<int()> add_train(CLI::App& app) {
       throw Error(fmt::format("run dir {} already holds checkpoints", run),
                   "pass --resume auto to continue it, or choose another --run-dir");
 
-    data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, T);
     train::ParamStore params(cfg.model);
     params.init_random(uint64_t(cfg.train.seed));
     train::StepRunner runner(cfg, params, train::StepRunner::Mode::train);
@@ -118,7 +128,8 @@ std::function<int()> add_train(CLI::App& app) {
     std::ofstream log(metrics, std::ios::app);
     if (!log) throw Error(fmt::format("cannot write {}", metrics));
     const bool tty = ::isatty(STDOUT_FILENO);
-    std::vector<int32_t> tokens(size_t(B * (T + 1)));
+    const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
+    std::vector<int32_t> tokens(size_t(rows * (T + 1)));
     auto evaluate = [&]() {
       double sum = 0;
       for (int64_t i = 0; i < cfg.train.eval_batches; ++i) {
@@ -136,7 +147,7 @@ std::function<int()> add_train(CLI::App& app) {
     float loss = NAN;
     auto t_start = std::chrono::steady_clock::now();
     for (int64_t step = start; step <= cfg.train.steps; ++step) {
-      corpus.sample(data::TextCorpus::Split::train, uint64_t(cfg.train.seed), step, 0, B, T,
+      corpus.sample(data::TextCorpus::Split::train, uint64_t(cfg.train.seed), step, 0, rows, T,
                     tokens.data());
       double lr = sched.at(step);
       auto t0 = std::chrono::steady_clock::now();
@@ -149,7 +160,7 @@ std::function<int()> add_train(CLI::App& app) {
                        {"loss", loss},
                        {"lr", lr},
                        {"grad_norm", runner.grad_norm()},
-                       {"tokens_per_s", double(B * T) / dt}};
+                       {"tokens_per_s", double(rows * T) / dt}};
       bool last = step == cfg.train.steps;
       // evaluation steps depend only on the step number, so a resumed run logs what a straight one does
       if ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last || step == 1) {
@@ -165,7 +176,7 @@ std::function<int()> add_train(CLI::App& app) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
         double eta = el / double(step - start + 1) * double(cfg.train.steps - step);
         fmt::print("\rstep {}/{}  loss {:.4f}  {:.0f} tok/s  ETA {}   ", step, cfg.train.steps,
-                   loss, double(B * T) / dt, fmt_eta(eta));
+                   loss, double(rows * T) / dt, fmt_eta(eta));
         std::fflush(stdout);
       }
     }

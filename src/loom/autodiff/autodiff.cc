@@ -92,17 +92,14 @@ std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& 
   return r;
 }
 
-TrainStep build_train_step(ir::Graph& g, int loss, const AdamWConfig& cfg) {
+TrainStep add_optimizer(ir::Graph& g, const std::map<int, int>& grads, const AdamWConfig& cfg) {
   ops::Builder b(g);
   std::vector<int> params = g.inputs_of_kind(ir::ValueKind::param);
-  std::map<int, int> grads = gradients(b, loss, params);
-
   TrainStep ts;
-  ts.loss = loss;
   b.set_scope("optim.");
   int total = -1;
   for (int p : params) {
-    int s = b.emit1("sumsq", {grads[p]});
+    int s = b.emit1("sumsq", {grads.at(p)});
     total = total < 0 ? s : b.add(total, s);
   }
   auto cn = b.emit("clip_coef", {total}, {{"max_norm", cfg.grad_clip}}, {"clip_coef", "grad_norm"});
@@ -118,10 +115,18 @@ TrainStep build_train_step(ir::Graph& g, int loss, const AdamWConfig& cfg) {
     ts.moments_v[p] = v;
     double wd = t.shape.size() >= 2 ? cfg.weight_decay : 0.0;
     b.set_scope("");
-    b.emit("adamw", {p, grads[p], m, v, ts.hyper, cn[0]},
+    b.emit("adamw", {p, grads.at(p), m, v, ts.hyper, cn[0]},
            {{"beta1", cfg.beta1}, {"beta2", cfg.beta2}, {"eps", cfg.eps}, {"wd", wd}},
            {"new." + name, "new.adam.m." + name, "new.adam.v." + name});
   }
+  return ts;
+}
+
+TrainStep build_train_step(ir::Graph& g, int loss, const AdamWConfig& cfg) {
+  ops::Builder b(g);
+  std::map<int, int> grads = gradients(b, loss, g.inputs_of_kind(ir::ValueKind::param));
+  TrainStep ts = add_optimizer(g, grads, cfg);
+  ts.loss = loss;
   g.add_output(loss);
   g.add_output(ts.grad_norm);
   return ts;

@@ -36,5 +36,9 @@ struct TrainStep {
   std::map<int, int> moments_m, moments_v;  // param id -> state id
 };
 TrainStep build_train_step(ir::Graph& g, int loss, const AdamWConfig& cfg);
+// The optimizer half alone: global-norm clipping and AdamW over every param of `g`, given each
+// param's gradient value (param id -> gradient id). build_train_step is gradients + this; gradient
+// accumulation runs it as its own graph whose gradients are inputs.
+TrainStep add_optimizer(ir::Graph& g, const std::map<int, int>& grads, const AdamWConfig& cfg);
 
 }  // namespace loom::autodiff

@@ -99,6 +99,7 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
            {"min_lr", as_float([](Config& c) -> double& { return c.train.min_lr; })},
            {"eval_every", as_int([](Config& c) -> int64_t& { return c.train.eval_every; })},
            {"eval_batches", as_int([](Config& c) -> int64_t& { return c.train.eval_batches; })},
+           {"grad_accum", as_int([](Config& c) -> int64_t& { return c.train.grad_accum; })},
        }},
       {"data",
        {
@@ -206,6 +207,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!(c.train.min_lr >= 0)) bad("[train] min_lr", "must be >= 0");
   if (c.train.eval_every < 0) bad("[train] eval_every", "must be >= 0");
   if (c.train.eval_batches <= 0) bad("[train] eval_batches", "must be > 0");
+  if (c.train.grad_accum <= 0) bad("[train] grad_accum", "must be > 0");
   if (c.checkpoint.every < 0) bad("[checkpoint] every", "must be >= 0");
   if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
   {

@@ -24,6 +24,7 @@ struct TrainConfig {
   double min_lr = 0;        // the cosine schedule decays lr to this at the last step
   int64_t eval_every = 0;   // 0: evaluate only at the end
   int64_t eval_batches = 4;
+  int64_t grad_accum = 1;   // micro-batches of batch_size rows per optimizer step
 };
 
 struct DataConfig {

@@ -4,7 +4,10 @@
 // Mode::train   forward + backward + clipping + AdamW, updating the ParamStore in place (bench, train).
 // Mode::eval    forward and loss only (validation).
 // Mode::infer   forward, loss and logits (sampling): the logits survive, so they cost a buffer.
-// A batch is tokens (B, T+1): inputs are [:, :-1], targets [:, 1:].
+// A batch is tokens (rows_per_step(), T+1): inputs are [:, :-1], targets [:, 1:]. In Mode::train with
+// [train] grad_accum = k > 1, a step runs the forward+backward graph on k micro-batches of B rows,
+// sums their gradients (scaled by 1/k: the gradient of the mean loss over all k*B rows) and then runs
+// a separate optimizer graph; the returned loss is the mean over the micro-batches.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +35,7 @@ class StepRunner {
   float step(const int32_t* tokens, double lr);
 
   const ir::Graph& graph() const { return model_.graph; }
+  int64_t rows_per_step() const { return cfg_.train.batch_size * accum_; }
   runtime::Executor& executor() { return *exec_; }
   const float* logits() const;
   const float* grad(const std::string& param) const;  // Mode::grads only
@@ -56,6 +60,11 @@ class StepRunner {
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::vector<float>> moments_;
   std::map<std::string, float*> moment_of_;  // "m:" / "v:" + param name -> buffer
+  int64_t accum_ = 1;
+  // Gradient accumulation (accum_ > 1): the optimizer as its own graph, fed the summed gradients.
+  ir::Graph opt_graph_{"optimizer"};
+  std::unique_ptr<runtime::Executor> opt_exec_;
+  std::vector<std::pair<int, std::vector<float>>> accum_grads_;  // model-graph grad id, sum
   float hyper_buf_[3] = {0, 0, 0};
   int64_t t_ = 0;
 };
