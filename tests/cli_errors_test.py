@@ -161,6 +161,40 @@ with tempfile.TemporaryDirectory() as d:
     run("train: resume of a finished run", tr + ["--set", "data.path=" + text_file,
                                                  "--set", "train.steps=3", "--resume", "auto"],
         expect_ok=True, must_contain=["already trained"])
+    # loom data prepare and training on its token shards
+    prep = ["data", "prepare", "--vocab-size", "300", "--out"]
+    run("data: missing input", prep + [os.path.join(d, "tok"), "--input", os.path.join(d, "nope.txt")],
+        must_contain=["nope.txt"])
+    empty = cfg("empty.txt", "")
+    run("data: empty input", prep + [os.path.join(d, "tok"), "--input", empty],
+        must_contain=["empty.txt", "empty"])
+    words = "the model trains on text and tokens of loom weave a thread through every shard".split()
+    prose = "".join(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(3 + i % 9)) + "\n"
+                    for i in range(3000))
+    prose_file = cfg("prose.txt", prose)
+    tokdir = os.path.join(d, "tok")
+    run("data: prepare bpe", prep + [tokdir, "--input", prose_file], expect_ok=True,
+        must_contain=["vocab 300"])
+    run("train: vocab mismatch", ["train", good, "--run-dir", os.path.join(d, "run_v"),
+                                  "--set", "data.path=" + tokdir],
+        must_contain=[os.path.join(tokdir, "meta.json"), "300", "256", "does not match"])
+    run("train: on token shards", ["train", good, "--run-dir", os.path.join(d, "run_t"),
+                                   "--set", "data.path=" + tokdir, "--set", "model.vocab_size=300",
+                                   "--set", "train.steps=2"],
+        expect_ok=True, must_contain=["trained to step 2"])
+    run("sample: with the run's tokenizer", ["sample", os.path.join(d, "run_t"), "--prompt", "the",
+                                             "--max-tokens", "5"],
+        expect_ok=True, must_contain=["the"])
+    train_bin = os.path.join(tokdir, "train.bin")
+    blob = open(train_bin, "rb").read()
+    open(train_bin, "wb").write(blob[: len(blob) - 7])
+    run("train: truncated train.bin", ["train", good, "--run-dir", os.path.join(d, "run_x"),
+                                       "--set", "data.path=" + tokdir, "--set", "model.vocab_size=300"],
+        must_contain=[train_bin, "truncated", "expected %d bytes" % len(blob)])
+    bad_model = os.path.join(d, "run_t", "tokenizer.model")
+    open(bad_model, "wb").write(b"not a model")
+    run("sample: broken tokenizer", ["sample", os.path.join(d, "run_t")], must_contain=[bad_model])
+
     if os.path.exists(out):
         print("FAIL a failed step left %s behind" % out)
         failures += 1

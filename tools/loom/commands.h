@@ -14,5 +14,6 @@ std::function<int()> add_train(CLI::App& app);
 std::function<int()> add_sample(CLI::App& app);   // sample.cc
 std::function<int()> add_report(CLI::App& app);   // report.cc
 std::function<int()> add_export(CLI::App& app);   // export.cc
+std::function<int()> add_data(CLI::App& app);     // data.cc
 
 }  // namespace loom::cli

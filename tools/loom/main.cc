@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
     auto run = f(app);
     cmds.push_back({app.get_subcommands({})[before], run});
   };
+  add(loom::cli::add_data);
   add(loom::cli::add_train);
   add(loom::cli::add_sample);
   add(loom::cli::add_report);

@@ -123,6 +123,14 @@ std::function<int()> add_train(CLI::App& app) {
       std::ofstream cf(run + "/config.toml");
       cf << cfg.text;
     }
+    // the run keeps its tokenizer, so loom sample decodes the same ids wherever the data moves
+    if (corpus.prepared() && fs::exists(cfg.data.path + "/tokenizer.model", ec)) {
+      fs::copy_file(cfg.data.path + "/tokenizer.model", run + "/tokenizer.model",
+                    fs::copy_options::overwrite_existing, ec);
+      if (ec)
+        throw Error(fmt::format("cannot copy {}/tokenizer.model to {}: {}", cfg.data.path, run,
+                                ec.message()));
+    }
     train::Schedule sched{.lr = cfg.optim.lr, .min_lr = cfg.train.min_lr,
                           .warmup = cfg.train.warmup_steps, .total = cfg.train.steps};
     std::ofstream log(metrics, std::ios::app);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
 
@@ -15,10 +16,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<uint8_t> read_all(const std::string& path) {
+std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("data {}: cannot read", path));
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 uint64_t splitmix64(uint64_t x) {
@@ -30,8 +31,8 @@ uint64_t splitmix64(uint64_t x) {
 
 }  // namespace
 
-TextCorpus TextCorpus::open(const std::string& path, int64_t seq_len, int val_every) {
-  TextCorpus c;
+TextSplit split_text(const std::string& path, int val_every) {
+  TextSplit s;
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     std::vector<std::string> files;
@@ -42,39 +43,76 @@ TextCorpus TextCorpus::open(const std::string& path, int64_t seq_len, int val_ev
       throw Error(fmt::format("data {}: no .txt files in the directory", path),
                   "point [data] path at a text file or a directory of .txt files");
     for (size_t i = 0; i < files.size(); ++i) {
-      auto bytes = read_all(files[i]);
+      std::string bytes = read_all(files[i]);
       bool val = files.size() >= 2 && (i % size_t(val_every) == size_t(val_every - 1) ||
-                                       (i + 1 == files.size() && c.val_files_.empty()));
-      auto& dst = val ? c.val_ : c.train_;
-      dst.insert(dst.end(), bytes.begin(), bytes.end());
-      if (val) c.val_files_.push_back(files[i]);
+                                       (i + 1 == files.size() && s.val_files.empty()));
+      (val ? s.val : s.train) += bytes;
+      (val ? s.val_files : s.train_files).push_back(files[i]);
     }
   } else if (fs::is_regular_file(path, ec)) {
-    auto bytes = read_all(path);
+    std::string bytes = read_all(path);
     size_t cut = bytes.size() - bytes.size() / 10;
-    c.train_.assign(bytes.begin(), bytes.begin() + long(cut));
-    c.val_.assign(bytes.begin() + long(cut), bytes.end());
+    s.train = bytes.substr(0, cut);
+    s.val = bytes.substr(cut);
+    s.train_files = {path};
   } else {
     throw Error(fmt::format("data {}: no such file or directory", path),
                 "set [data] path to a text file or a directory of .txt files");
   }
-  if (c.train_.empty()) throw Error(fmt::format("data {}: the training text is empty", path));
-  if (int64_t(c.train_.size()) < seq_len + 2 || int64_t(c.val_.size()) < seq_len + 2)
-    throw Error(fmt::format("data {}: {} training and {} validation bytes are too few for "
+  if (s.train.empty()) throw Error(fmt::format("data {}: the training text is empty", path));
+  return s;
+}
+
+bool TextCorpus::is_prepared(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(path + "/meta.json", ec) &&
+         fs::exists(path + "/train.bin", ec) && fs::exists(path + "/val.bin", ec);
+}
+
+TextCorpus TextCorpus::open(const std::string& path, int64_t seq_len, int val_every) {
+  TextCorpus c;
+  if (is_prepared(path)) {
+    c.meta_ = path + "/meta.json";
+    const std::string hint = "prepare the directory again with loom data prepare";
+    try {
+      auto meta = nlohmann::json::parse(read_all(c.meta_));
+      c.vocab_ = meta.at("vocab_size").get<int64_t>();
+      c.val_files_ = meta.value("val_files", std::vector<std::string>{});
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("{}: not a loom data meta.json: {}", c.meta_, e.what()), hint);
+    }
+    c.train_.shard = Shard::open(path + "/train.bin");
+    c.val_.shard = Shard::open(path + "/val.bin");
+    c.train_.sharded = c.val_.sharded = true;
+    for (const Shard* s : {&c.train_.shard, &c.val_.shard})
+      if (s->vocab_size() != c.vocab_)
+        throw Error(fmt::format("token shard {}: vocabulary {} does not match {}'s vocab_size {}",
+                                s->path(), s->vocab_size(), c.meta_, c.vocab_),
+                    hint);
+    if (c.train_.size() == 0) throw Error(fmt::format("data {}: train.bin holds no tokens", path), hint);
+  } else {
+    TextSplit s = split_text(path, val_every);
+    c.train_.bytes.assign(s.train.begin(), s.train.end());
+    c.val_.bytes.assign(s.val.begin(), s.val.end());
+    c.val_files_ = std::move(s.val_files);
+  }
+  if (c.train_.size() < seq_len + 2 || c.val_.size() < seq_len + 2)
+    throw Error(fmt::format("data {}: {} training and {} validation {} are too few for "
                             "sequences of {} tokens",
-                            path, c.train_.size(), c.val_.size(), seq_len));
+                            path, c.train_.size(), c.val_.size(),
+                            c.prepared() ? "tokens" : "bytes", seq_len));
   return c;
 }
 
 void TextCorpus::sample(Split split, uint64_t seed, int64_t step, int rank, int64_t B, int64_t T,
                         int32_t* tokens) const {
-  const std::vector<uint8_t>& src = split == Split::train ? train_ : val_;
+  const Tokens& src = split == Split::train ? train_ : val_;
   const uint64_t span = uint64_t(src.size()) - uint64_t(T) - 1;
   for (int64_t r = 0; r < B; ++r) {
     uint64_t h = splitmix64(seed ^ splitmix64(uint64_t(step) ^ splitmix64(uint64_t(rank) * 1315423911u +
                                                                           uint64_t(r))));
     uint64_t off = h % (span + 1);
-    for (int64_t t = 0; t <= T; ++t) tokens[r * (T + 1) + t] = src[off + uint64_t(t)];
+    for (int64_t t = 0; t <= T; ++t) tokens[r * (T + 1) + t] = src[int64_t(off) + t];
   }
 }
 

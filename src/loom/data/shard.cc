@@ -1,0 +1,165 @@
+#include "loom/data/shard.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "loom/core/error.h"
+
+namespace loom::data {
+
+namespace {
+
+constexpr char kMagic[8] = {'L', 'O', 'O', 'M', 'T', 'O', 'K', '1'};
+constexpr uint32_t kVersion = 1;
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t dtype;
+  uint64_t count;
+  uint32_t vocab_size;
+  uint32_t pad;
+};
+static_assert(sizeof(Header) == kShardHeaderBytes);
+
+// Owns a file descriptor; closes it on scope exit.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void write_all(int fd, const void* p, size_t n, const std::string& path) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = ::write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw Error(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
+    c += w;
+    n -= size_t(w);
+  }
+}
+
+}  // namespace
+
+void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size) {
+  const ShardDType dt = vocab_size <= 65535 ? ShardDType::u16 : ShardDType::i32;
+  Header h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = kVersion;
+  h.dtype = uint32_t(dt);
+  h.count = tokens.size();
+  h.vocab_size = uint32_t(vocab_size);
+  const std::string tmp = path + ".tmp";
+  {
+    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    if (f.fd < 0) throw Error(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+    write_all(f.fd, &h, sizeof h, tmp);
+    if (dt == ShardDType::u16) {
+      std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
+      write_all(f.fd, narrow.data(), narrow.size() * 2, tmp);
+    } else {
+      write_all(f.fd, tokens.data(), tokens.size() * 4, tmp);
+    }
+    if (::fsync(f.fd) != 0) throw Error(fmt::format("cannot fsync {}: {}", tmp, std::strerror(errno)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(e)));
+  }
+  // make the rename itself durable
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  Fd d{::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (d.fd >= 0) ::fsync(d.fd);
+}
+
+Shard Shard::open(const std::string& path) {
+  Shard s;
+  s.path_ = path;
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) throw Error(fmt::format("token shard {}: cannot open: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0)
+    throw Error(fmt::format("token shard {}: cannot stat: {}", path, std::strerror(errno)));
+  const uint64_t bytes = uint64_t(st.st_size);
+  const std::string hint = "prepare it again with loom data prepare";
+  if (bytes < sizeof(Header))
+    throw Error(fmt::format("token shard {}: {} bytes is shorter than the {}-byte header "
+                            "(truncated?)",
+                            path, bytes, sizeof(Header)),
+                hint);
+  s.map_ = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  if (s.map_ == MAP_FAILED) {
+    s.map_ = nullptr;
+    throw Error(fmt::format("token shard {}: cannot mmap: {}", path, std::strerror(errno)));
+  }
+  s.map_bytes_ = bytes;
+  Header h;
+  std::memcpy(&h, s.map_, sizeof h);
+  if (std::memcmp(h.magic, kMagic, 8) != 0)
+    throw Error(fmt::format("token shard {}: not a token shard (no LOOMTOK1 magic)", path), hint);
+  if (h.version != kVersion)
+    throw Error(fmt::format("token shard {}: version {} (this loom reads version {})", path,
+                            h.version, kVersion),
+                hint);
+  int64_t width = 0;
+  if (h.dtype == uint32_t(ShardDType::u16)) width = 2;
+  else if (h.dtype == uint32_t(ShardDType::i32)) width = 4;
+  else throw Error(fmt::format("token shard {}: unknown dtype code {}", path, h.dtype), hint);
+  // count * width could overflow for a corrupt count; compare in the token domain first
+  if (h.count > (UINT64_MAX - sizeof(Header)) / uint64_t(width))
+    throw Error(fmt::format("token shard {}: the header's token count {} is impossible", path,
+                            h.count),
+                hint);
+  const uint64_t expect = sizeof(Header) + h.count * uint64_t(width);
+  if (bytes != expect)
+    throw Error(fmt::format("token shard {}: expected {} bytes (a 32-byte header and {} tokens of "
+                            "{} bytes) but the file has {} ({})",
+                            path, expect, h.count, width, bytes,
+                            bytes < expect ? "truncated" : "trailing bytes"),
+                hint);
+  s.dtype_ = ShardDType(h.dtype);
+  s.count_ = int64_t(h.count);
+  s.vocab_ = int64_t(h.vocab_size);
+  s.tokens_ = static_cast<const char*>(s.map_) + sizeof(Header);
+  for (int64_t i = 0; i < s.count_; ++i) {
+    const int32_t t = s[i];
+    if (t < 0 || t >= s.vocab_)
+      throw Error(fmt::format("token shard {}: token {} at index {} is outside the vocabulary of {}",
+                              path, t, i, s.vocab_),
+                  hint);
+  }
+  return s;
+}
+
+Shard::Shard(Shard&& o) noexcept { *this = std::move(o); }
+
+Shard& Shard::operator=(Shard&& o) noexcept {
+  if (this != &o) {
+    if (map_) ::munmap(map_, map_bytes_);
+    path_ = std::move(o.path_);
+    map_ = std::exchange(o.map_, nullptr);
+    map_bytes_ = std::exchange(o.map_bytes_, 0);
+    tokens_ = std::exchange(o.tokens_, nullptr);
+    count_ = std::exchange(o.count_, 0);
+    vocab_ = o.vocab_;
+    dtype_ = o.dtype_;
+  }
+  return *this;
+}
+
+Shard::~Shard() {
+  if (map_) ::munmap(map_, map_bytes_);
+}
+
+}  // namespace loom::data
