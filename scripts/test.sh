@@ -1,9 +1,6 @@
 #!/usr/bin/env bash
 # Sets up everything (scripts/setup.sh) and runs the default test suite: labels unit and golden.
-# Longer suites: # Tests run two at a time on 2 cores: OpenMP threads that spin while waiting would starve each
-# other, so they sleep instead (no effect on results, only on wall time).
-export OMP_WAIT_POLICY=passive
-ctest --test-dir build/release -L slow
+# Longer suites: ctest --test-dir build/release -L slow
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
