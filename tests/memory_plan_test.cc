@@ -35,9 +35,11 @@ void check_plan(const ir::Graph& g) {
                                                    << ")";
   }
   // every node-produced value sits inside the arena
-  for (const auto& v : g.values())
-    if (g.value(p.root[v.id]).kind == ir::ValueKind::node)
+  for (const auto& v : g.values()) {
+    if (g.value(p.root[v.id]).kind == ir::ValueKind::node) {
       ASSERT_LE(p.offset[v.id] + value_bytes(v), p.arena_bytes);
+    }
+  }
   std::printf("%s: arena %.1f MiB, liveness lower bound %.1f MiB\n", g.name().c_str(),
               p.arena_bytes / 1048576.0, lower / 1048576.0);
   EXPECT_LE(p.arena_bytes, lower * 13 / 10 + 4096) << "fragmentation above 30%";
