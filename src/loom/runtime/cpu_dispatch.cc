@@ -19,7 +19,7 @@ namespace loom::runtime {
 namespace {
 
 namespace k = loom::kernels::cpu;
-using Fn = std::function<void(const ir::Graph&, const ir::Node&, void* const*, void* const*)>;
+using Fn = CpuKernel;
 
 const ir::TensorType& in_t(const ir::Graph& g, const ir::Node& n, int i) {
   return g.value(n.inputs[i]).type;
@@ -235,11 +235,11 @@ std::unordered_map<std::string, Fn> make_table() {
 
 }  // namespace
 
-void run_cpu_node(const ir::Graph& g, const ir::Node& n, void* const* ins, void* const* outs) {
+const CpuKernel& cpu_kernel(const std::string& op) {
   static const std::unordered_map<std::string, Fn> table = make_table();
-  auto it = table.find(n.op);
-  if (it == table.end()) throw Error(fmt::format("no CPU kernel for op {}", n.op));
-  it->second(g, n, ins, outs);
+  auto it = table.find(op);
+  if (it == table.end()) throw Error(fmt::format("no CPU kernel for op {}", op));
+  return it->second;
 }
 
 }  // namespace loom::runtime

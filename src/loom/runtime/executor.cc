@@ -14,6 +14,7 @@ namespace loom::runtime {
 Executor::Executor(const ir::Graph& g) : g_(g), plan_(plan_memory(g)) {
   external_.assign(g.values().size(), nullptr);
   node_times_.resize(g.nodes().size());
+  for (const ir::Node& n : g.nodes()) kernels_.push_back(&cpu_kernel(n.op));
   if (plan_.arena_bytes > 0) {
     arena_ = static_cast<char*>(std::aligned_alloc(64, size_t(plan_.arena_bytes)));
     if (!arena_)
@@ -46,15 +47,15 @@ void Executor::run() {
     outs.clear();
     for (int v : n.inputs) ins.push_back(data(v));
     for (int v : n.outputs) outs.push_back(data(v));
-    if (profile_) {
-      auto t0 = std::chrono::steady_clock::now();
-      run_cpu_node(g_, n, ins.data(), outs.data());
-      auto t1 = std::chrono::steady_clock::now();
-      node_times_[n.id].seconds += std::chrono::duration<double>(t1 - t0).count();
-      node_times_[n.id].calls++;
-    } else {
-      run_cpu_node(g_, n, ins.data(), outs.data());
+    if (!profile_) {
+      (*kernels_[n.id])(g_, n, ins.data(), outs.data());
+      continue;
     }
+    auto t0 = std::chrono::steady_clock::now();
+    (*kernels_[n.id])(g_, n, ins.data(), outs.data());
+    node_times_[n.id].seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    node_times_[n.id].calls++;
   }
 }
 

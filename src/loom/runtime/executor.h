@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,12 @@
 #include "loom/runtime/memory_plan.h"
 
 namespace loom::runtime {
+
+// An op's CPU kernel (runtime/cpu_dispatch.cc): ins/outs point at each input/output's data. Throws
+// loom::Error for an op without one.
+using CpuKernel =
+    std::function<void(const ir::Graph&, const ir::Node&, void* const* ins, void* const* outs)>;
+const CpuKernel& cpu_kernel(const std::string& op);
 
 struct NodeTiming {
   double seconds = 0;
@@ -55,9 +62,8 @@ class Executor {
   std::vector<void*> external_;
   bool profile_ = false;
   std::vector<NodeTiming> node_times_;
+  std::vector<const CpuKernel*> kernels_;  // per node, looked up once
 };
 
-// Runs one node's CPU kernel (runtime/cpu_dispatch.cc). ins/outs point at each input/output's data.
-void run_cpu_node(const ir::Graph& g, const ir::Node& n, void* const* ins, void* const* outs);
 
 }  // namespace loom::runtime
