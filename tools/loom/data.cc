@@ -12,11 +12,11 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/data/shard.h"
 #include "loom/data/text_corpus.h"
 #include "loom/data/tokenizer.h"
@@ -93,14 +93,7 @@ std::function<int()> add_data(CLI::App& app) {
                         {"train_files", split.train_files},
                         {"val_files", split.val_files}};
     if (!bytes) meta["tokenizer_model"] = "tokenizer.model";
-    const std::string mpath = o->out + "/meta.json", mtmp = mpath + ".tmp";
-    {
-      std::ofstream m(mtmp, std::ios::trunc);
-      m << meta.dump(2) << "\n";
-      if (!m.flush()) throw Error(fmt::format("cannot write {}", mtmp));
-    }
-    fs::rename(mtmp, mpath, ec);
-    if (ec) throw Error(fmt::format("cannot rename {} to {}: {}", mtmp, mpath, ec.message()));
+    write_file_atomic(o->out + "/meta.json", meta.dump(2) + "\n");  // last: marks DIR complete
     fmt::print("{}: {} training and {} validation tokens ({:.2f} bytes per token), vocab {}\n",
                o->out, train.size(), val.size(),
                double(split.train.size()) / double(std::max<size_t>(1, train.size())),

@@ -4,7 +4,7 @@
 //
 // It does not read checkpoints, run JavaScript, or fetch anything: the page is one file with no
 // external references, so it can be mailed or opened offline. Invariant: the output file is either the
-// previous one or the complete new one (written to FILE.tmp, then renamed), never half a page.
+// previous one or the complete new one (written to a temporary file, fsynced, then renamed), never half a page.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 
 namespace loom::cli {
 
@@ -338,30 +339,6 @@ std::string render(const std::string& run_dir, const std::vector<Row>& rows, con
   return o + "</body>\n</html>\n";
 }
 
-// Writes `path` through `path.tmp` and a rename, so a reader never sees half a page.
-void write_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f)
-      throw Error(fmt::format("{}: cannot write", tmp), "check that its directory exists and is writable");
-    f << text;
-    f.close();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw Error(fmt::format("{}: write failed", tmp), "is the disk full?");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw Error(fmt::format("{}: cannot rename {} onto it ({})", path, tmp, ec.message()));
-  }
-}
-
 }  // namespace
 
 std::function<int()> add_report(CLI::App& app) {
@@ -394,7 +371,7 @@ std::function<int()> add_report(CLI::App& app) {
     const bool has_config = fs::exists(config_path, ec);
     if (has_config) config = read_file(config_path);
     const std::string out = o->out.empty() ? (fs::path(run) / "report.html").string() : o->out;
-    write_atomic(out, render(run, rows, has_config ? &config : nullptr));
+    write_file_atomic(out, render(run, rows, has_config ? &config : nullptr));
     fmt::print("{}\n", out);
     return 0;
   };

@@ -87,34 +87,6 @@ data::Tokenizer run_tokenizer(const std::string& run, const std::string& data_pa
   return data::Tokenizer::byte_level();
 }
 
-// The weights file: --checkpoint (a checkpoint directory or a .safetensors file), else the newest
-// checkpoint of the run.
-std::string weights_path(const std::string& run, const std::string& checkpoint) {
-  std::error_code ec;
-  if (checkpoint.empty()) {
-    const std::string dir = run + "/checkpoints";
-    auto latest = train::latest_checkpoint(dir);
-    if (!latest)
-      throw Error(
-          fmt::format("run dir {}: no checkpoint in {}", run, dir),
-          "train it first (loom train CONFIG --run-dir " + run + "), or pass --checkpoint PATH");
-    return *latest + "/model.safetensors";
-  }
-  if (fs::is_directory(checkpoint, ec)) {
-    std::string f = checkpoint + "/model.safetensors";
-    if (!fs::exists(f, ec))
-      throw Error(fmt::format("checkpoint {}: no model.safetensors in it", checkpoint),
-                  "pass a checkpoint directory (RUN_DIR/checkpoints/step_XXXXXXXX) or a "
-                  ".safetensors file");
-    return f;
-  }
-  if (!fs::exists(checkpoint, ec))
-    throw Error(fmt::format("checkpoint {}: not found", checkpoint),
-                "pass a checkpoint directory (RUN_DIR/checkpoints/step_XXXXXXXX) or a "
-                ".safetensors file");
-  return checkpoint;
-}
-
 // CLI11's NonNegativeNumber prints its bound (1.8e308 in full) and lets "nan" through.
 const CLI::Validator kNonNegative(
     [](std::string& in) -> std::string {
@@ -161,15 +133,8 @@ std::function<int()> add_sample(CLI::App& app) {
                 "checkpoint directory or .safetensors (default: the run's newest checkpoint)");
   return [o]() {
     const std::string& run = o->run_dir;
-    std::error_code ec;
-    if (!fs::is_directory(run, ec))
-      throw Error(fmt::format("run dir {}: not found", run),
-                  "pass the --run-dir that loom train wrote to (default runs/<config name>)");
+    train::Config cfg = train::load_run_config(run);
     const std::string config = run + "/config.toml";
-    if (!fs::exists(config, ec))
-      throw Error(fmt::format("run dir {}: no config.toml", run),
-                  "is it a directory written by loom train?");
-    train::Config cfg = train::load_config(config);
     const data::Tokenizer tok = run_tokenizer(run, cfg.data.path);
     if (!tok.is_byte_level() && tok.vocab_size() != cfg.model.vocab_size)
       throw Error(fmt::format("the tokenizer's vocabulary does not match the model: {} pieces in "
@@ -180,7 +145,7 @@ std::function<int()> add_sample(CLI::App& app) {
       throw Error(fmt::format("{}: [model] vocab_size = {} is too small for byte-level tokens",
                               config, cfg.model.vocab_size),
                   "loom sample reads byte-level models (vocab_size >= 256), as loom train makes");
-    const std::string weights = weights_path(run, o->checkpoint);
+    const std::string weights = train::run_weights(run, o->checkpoint);
     const int64_t T = cfg.model.max_seq_len, V = cfg.model.vocab_size;
     cfg.train.batch_size = 1;
     cfg.train.seq_len = T;

@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/data/text_corpus.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/schedule.h"
@@ -46,7 +47,7 @@ void truncate_metrics(const std::string& path, int64_t upto) {
     }
   }
   in.close();
-  std::ofstream(path, std::ios::trunc) << kept;
+  write_file_atomic(path, kept);
 }
 
 }  // namespace
@@ -109,20 +110,16 @@ std::function<int()> add_train(CLI::App& app) {
       // [model] init: a fresh run starts from given weights (loom export's output, a checkpoint's
       // model.safetensors) instead of the random init; a resumed run takes its checkpoint's instead.
       if (!cfg.init_weights.empty()) {
-        std::string w = cfg.init_weights;
-        if (fs::is_directory(w, ec)) w += "/model.safetensors";
-        if (!fs::is_regular_file(w, ec))
-          throw Error(fmt::format("{}: [model] init: no such file {}", o->config, w),
+        auto w = train::model_file(cfg.init_weights);
+        if (!w)
+          throw Error(fmt::format("{}: [model] init: no such file {}", o->config, cfg.init_weights),
                       "point it at a model.safetensors or a directory holding one (loom export)");
-        params.load(w);  // names, dtypes and shapes checked against [model]
-        fmt::print(stderr, "initialised from {}\n", w);
+        params.load(*w);  // names, dtypes and shapes checked against [model]
+        fmt::print(stderr, "initialised from {}\n", *w);
       }
       std::ofstream(metrics, std::ios::trunc);
     }
-    {
-      std::ofstream cf(run + "/config.toml");
-      cf << cfg.text;
-    }
+    write_file_atomic(run + "/config.toml", cfg.text);
     // the run keeps its tokenizer, so loom sample decodes the same ids wherever the data moves
     if (corpus.prepared() && fs::exists(cfg.data.path + "/tokenizer.model", ec)) {
       fs::copy_file(cfg.data.path + "/tokenizer.model", run + "/tokenizer.model",

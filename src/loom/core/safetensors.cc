@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 
 namespace loom {
 namespace {
@@ -34,84 +35,6 @@ constexpr std::string_view kMetadataKey = "__metadata__";
 constexpr std::string_view kOtherDtypes[] = {
     "BOOL", "U8",      "I8",      "I16",     "U16",     "F16",     "U32", "I64", "U64",
     "F64",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",  "C64"};
-
-// ---- checked POSIX calls ---------------------------------------------------------------------
-
-std::string os_error_text(int err) {
-  const char* name = strerrorname_np(err);  // "ENOSPC"
-  return fmt::format("{} ({})", std::generic_category().message(err), name ? name : "?");
-}
-
-std::string os_error_hint(int err, const std::string& path) {
-  switch (err) {
-    case ENOSPC:
-    case EDQUOT:
-      return "the disk (or quota) is full; free space or write somewhere else";
-    case EFBIG:
-      return "the file size limit was hit (ulimit -f, or the file system's maximum file size)";
-    case ENOENT:
-      return fmt::format("'{}' or a directory above it does not exist", path);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return "check the permissions of the file and its directory";
-    case EISDIR:
-      return fmt::format("'{}' is a directory", path);
-    default:
-      return "";
-  }
-}
-
-[[noreturn]] void throw_os(const char* op, const std::string& path, int err) {
-  throw Error(fmt::format("cannot {} '{}': {}", op, path, os_error_text(err)),
-              os_error_hint(err, path));
-}
-
-// Returns rc, or throws loom::Error "cannot <op> '<path>': <strerror> (<ENAME>)" when rc is -1.
-template <class T>
-T check_sys(T rc, const char* op, const std::string& path) {
-  if (rc < 0) throw_os(op, path, errno);
-  return rc;
-}
-
-// Owns a file descriptor; close() reports errors, the destructor (failure paths only) ignores them.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  void close(const std::string& path) {
-    int fd = fd_;
-    fd_ = -1;
-    check_sys(::close(fd), "close", path);
-  }
-
- private:
-  int fd_;
-};
-
-Fd open_checked(const std::string& path, int flags, mode_t mode, const char* op) {
-  int fd;
-  do fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-  while (fd < 0 && errno == EINTR);
-  return Fd(check_sys(fd, op, path));
-}
-
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min(n, size_t{1} << 30));
-    if (w < 0 && errno == EINTR) continue;
-    if (w == 0) throw_os("write", path, EIO);  // cannot happen for regular files; never spin
-    check_sys(w, "write", path);
-    p += w;
-    n -= size_t(w);
-  }
-}
 
 // Reads exactly n bytes at offset, or throws (a file that shrinks under us is an error too).
 void pread_all(int fd, void* data, size_t n, uint64_t offset, const std::string& path) {
@@ -130,14 +53,6 @@ void pread_all(int fd, void* data, size_t n, uint64_t offset, const std::string&
   }
 }
 
-// Removes a temporary file unless disarmed: every early exit from the writer cleans up.
-struct RemoveOnExit {
-  std::string path;
-  bool armed = true;
-  ~RemoveOnExit() {
-    if (armed) ::unlink(path.c_str());
-  }
-};
 
 // ---- header parsing ----------------------------------------------------------------------------
 
@@ -493,31 +408,13 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
 
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const Bytes parts_head[] = {{len_bytes, 8}, {text.data(), text.size()}};
+  std::vector<Bytes> parts(std::begin(parts_head), std::end(parts_head));
+  for (size_t i = 0; i < order.size(); ++i) parts.push_back({order[i]->data, sizes[i]});
   try {
-    RemoveOnExit cleanup{tmp};
-    Fd fd = open_checked(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, "create");
-    write_all(fd.get(), len_bytes, 8, tmp);
-    write_all(fd.get(), text.data(), text.size(), tmp);
-    for (size_t i = 0; i < order.size(); ++i) write_all(fd.get(), order[i]->data, sizes[i], tmp);
-    check_sys(::fsync(fd.get()), "fsync", tmp);
-    fd.close(tmp);
-    check_sys(::rename(tmp.c_str(), path.c_str()), "rename the temporary file onto", path);
-    cleanup.armed = false;
+    write_file_atomic(path, parts);
   } catch (const Error& e) {
     throw Error(fmt::format("cannot write safetensors file '{}': {}", path, e.what()));
-  }
-  // Make the rename itself durable. If this fails, PATH already holds the complete new file.
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  try {
-    Fd dfd = open_checked(dir, O_RDONLY | O_DIRECTORY, 0, "open directory");
-    check_sys(::fsync(dfd.get()), "fsync directory", dir);
-    dfd.close(dir);
-  } catch (const Error& e) {
-    throw Error(fmt::format(
-        "safetensors file '{}' was written in full, but a crash could still undo it: {}", path,
-        e.what()));
   }
 }
 

@@ -8,10 +8,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
+#include <vector>
 #include <utility>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 
 namespace loom::data {
 
@@ -30,25 +31,6 @@ struct Header {
 };
 static_assert(sizeof(Header) == kShardHeaderBytes);
 
-// Owns a file descriptor; closes it on scope exit.
-struct Fd {
-  int fd;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-void write_all(int fd, const void* p, size_t n, const std::string& path) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = ::write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw Error(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
-    c += w;
-    n -= size_t(w);
-  }
-}
-
 }  // namespace
 
 void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size) {
@@ -59,37 +41,23 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
   h.dtype = uint32_t(dt);
   h.count = tokens.size();
   h.vocab_size = uint32_t(vocab_size);
-  const std::string tmp = path + ".tmp";
-  {
-    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (f.fd < 0) throw Error(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
-    write_all(f.fd, &h, sizeof h, tmp);
-    if (dt == ShardDType::u16) {
-      std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
-      write_all(f.fd, narrow.data(), narrow.size() * 2, tmp);
-    } else {
-      write_all(f.fd, tokens.data(), tokens.size() * 4, tmp);
-    }
-    if (::fsync(f.fd) != 0) throw Error(fmt::format("cannot fsync {}: {}", tmp, std::strerror(errno)));
+  std::vector<uint16_t> narrow;
+  Bytes body{tokens.data(), tokens.size() * 4};
+  if (dt == ShardDType::u16) {
+    narrow.assign(tokens.begin(), tokens.end());
+    body = {narrow.data(), narrow.size() * 2};
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    throw Error(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(e)));
-  }
-  // make the rename itself durable
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  Fd d{::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (d.fd >= 0) ::fsync(d.fd);
+  const Bytes parts[] = {{&h, sizeof h}, body};
+  write_file_atomic(path, parts);
 }
 
 Shard Shard::open(const std::string& path) {
   Shard s;
   s.path_ = path;
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) throw Error(fmt::format("token shard {}: cannot open: {}", path, std::strerror(errno)));
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.get() < 0) throw Error(fmt::format("token shard {}: cannot open: {}", path, std::strerror(errno)));
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0)
+  if (::fstat(f.get(), &st) != 0)
     throw Error(fmt::format("token shard {}: cannot stat: {}", path, std::strerror(errno)));
   const uint64_t bytes = uint64_t(st.st_size);
   const std::string hint = "prepare it again with loom data prepare";
@@ -98,7 +66,7 @@ Shard Shard::open(const std::string& path) {
                             "(truncated?)",
                             path, bytes, sizeof(Header)),
                 hint);
-  s.map_ = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  s.map_ = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, f.get(), 0);
   if (s.map_ == MAP_FAILED) {
     s.map_ = nullptr;
     throw Error(fmt::format("token shard {}: cannot mmap: {}", path, std::strerror(errno)));

@@ -1,16 +1,15 @@
 #include "loom/train/checkpoint.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/core/safetensors.h"
 
 namespace loom::train {
@@ -18,40 +17,6 @@ namespace loom::train {
 namespace fs = std::filesystem;
 
 namespace {
-
-// Writes `text` to `path` and fsyncs it; throws naming the path and the OS error.
-void write_file_synced(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(fmt::format("cannot create {}: {}", path, std::strerror(errno)));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      int e = errno;
-      ::close(fd);
-      throw Error(fmt::format("cannot write {}: {}", path, std::strerror(e)),
-                  e == ENOSPC ? "the disk is full; free space and resume from the last checkpoint"
-                              : "");
-    }
-    done += size_t(w);
-  }
-  if (::fsync(fd) != 0) {
-    int e = errno;
-    ::close(fd);
-    throw Error(fmt::format("cannot fsync {}: {}", path, std::strerror(e)));
-  }
-  if (::close(fd) != 0) throw Error(fmt::format("cannot close {}: {}", path, std::strerror(errno)));
-}
-
-void fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw Error(fmt::format("cannot open directory {}: {}", dir, std::strerror(errno)));
-  int r = ::fsync(fd);
-  int e = errno;
-  ::close(fd);
-  if (r != 0) throw Error(fmt::format("cannot fsync directory {}: {}", dir, std::strerror(e)));
-}
 
 int64_t step_of(const std::string& name) {
   if (name.rfind("step_", 0) != 0 || name.size() <= 5) return -1;
@@ -111,12 +76,11 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
     nlohmann::json st = state;
     st["format"] = 1;
     st["step"] = step;
-    write_file_synced(tmp + "/state.json", st.dump(2) + "\n");
-    write_file_synced(tmp + "/config.toml", config_text);
-    fsync_dir(tmp);
+    write_file_atomic(tmp + "/state.json", st.dump(2) + "\n");
+    write_file_atomic(tmp + "/config.toml", config_text);  // each write fsyncs tmp as well
     if (fs::exists(final_path)) fs::remove_all(final_path);  // re-saving the same step
     fs::rename(tmp, final_path);
-    fsync_dir(dir);
+    fsync_directory(dir);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);
     throw Error(fmt::format("cannot write checkpoint {}: {}", final_path, e.what()));
@@ -130,6 +94,40 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
   for (const auto& e : fs::directory_iterator(dir, ec))
     if (e.path().filename().string().rfind(".tmp.", 0) == 0) fs::remove_all(e.path(), ec);
   return final_path;
+}
+
+Config load_run_config(const std::string& run_dir) {
+  std::error_code ec;
+  const std::string hint = "pass the directory loom train wrote (its --run-dir, default runs/<config>)";
+  if (!fs::is_directory(run_dir, ec))
+    throw Error(fmt::format("run dir {}: not a directory", run_dir), hint);
+  const std::string config = run_dir + "/config.toml";
+  if (!fs::is_regular_file(config, ec))
+    throw Error(fmt::format("run dir {}: no config.toml", run_dir), hint);
+  return load_config(config);
+}
+
+std::optional<std::string> model_file(const std::string& path) {
+  std::error_code ec;
+  std::string f = fs::is_directory(path, ec) ? path + "/model.safetensors" : path;
+  if (!fs::is_regular_file(f, ec)) return std::nullopt;
+  return f;
+}
+
+std::string run_weights(const std::string& run_dir, const std::string& choice) {
+  if (!choice.empty()) {
+    if (auto f = model_file(choice)) return *f;
+    throw Error(fmt::format("--checkpoint {}: no such file, nor a directory holding model.safetensors",
+                            choice),
+                "pass a checkpoint directory (RUN_DIR/checkpoints/step_XXXXXXXX) or a .safetensors "
+                "file");
+  }
+  const std::string ckdir = run_dir + "/checkpoints";
+  auto latest = latest_checkpoint(ckdir);
+  if (!latest)
+    throw Error(fmt::format("run dir {}: no checkpoints in {}", run_dir, ckdir),
+                "train it first (loom train CONFIG --run-dir RUN_DIR), or pass --checkpoint PATH");
+  return *latest + "/model.safetensors";
 }
 
 nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner) {

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/train/config.h"
 #include "loom/train/params.h"
 #include "loom/train/step.h"
 
@@ -38,6 +39,16 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
 // The newest complete checkpoint in `dir` (by step), if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 std::vector<std::string> list_checkpoints(const std::string& dir);  // oldest first
+
+// A run directory, as loom train writes it (config.toml, checkpoints/), read by loom sample and
+// loom export.
+// Its resolved config; throws loom::Error naming the run dir if it or its config.toml is missing.
+Config load_run_config(const std::string& run_dir);
+// `path` itself if it is a file, `path`/model.safetensors if it is a directory holding one, else none.
+std::optional<std::string> model_file(const std::string& path);
+// The weights to read: `choice` (a checkpoint directory or a .safetensors file) when given, else the
+// newest checkpoint's model.safetensors. Throws loom::Error naming the path.
+std::string run_weights(const std::string& run_dir, const std::string& choice);
 
 // Restores params, optimizer state and step count; returns state.json.
 nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner);

@@ -1,0 +1,122 @@
+// See file.h.
+#include "loom/core/file.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "loom/core/error.h"
+
+namespace loom {
+
+std::string os_error_text(int err) {
+  const char* name = strerrorname_np(err);  // "ENOSPC"
+  return fmt::format("{} ({})", std::generic_category().message(err), name ? name : "?");
+}
+
+namespace {
+std::string os_error_hint(int err, const std::string& path) {
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+      return "the disk (or quota) is full; free space or write somewhere else";
+    case EFBIG:
+      return "the file size limit was hit (ulimit -f, or the file system's maximum file size)";
+    case ENOENT:
+      return fmt::format("'{}' or a directory above it does not exist", path);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return "check the permissions of the file and its directory";
+    case EISDIR:
+      return fmt::format("'{}' is a directory", path);
+    default:
+      return "";
+  }
+}
+
+}  // namespace
+
+[[noreturn]] void throw_os(const char* op, const std::string& path, int err) {
+  throw Error(fmt::format("cannot {} '{}': {}", op, path, os_error_text(err)),
+              os_error_hint(err, path));
+}
+
+template <class T>
+T check_sys(T rc, const char* op, const std::string& path) {
+  if (rc < 0) throw_os(op, path, errno);
+  return rc;
+}
+template int check_sys<int>(int, const char*, const std::string&);
+template ssize_t check_sys<ssize_t>(ssize_t, const char*, const std::string&);
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Fd::close(const std::string& path) {
+  int fd = fd_;
+  fd_ = -1;
+  check_sys(::close(fd), "close", path);
+}
+
+Fd open_checked(const std::string& path, int flags, mode_t mode, const char* op) {
+  int fd;
+  do fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  while (fd < 0 && errno == EINTR);
+  return Fd(check_sys(fd, op, path));
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, std::min(n, size_t{1} << 30));
+    if (w < 0 && errno == EINTR) continue;
+    if (w == 0) throw_os("write", path, EIO);  // cannot happen for regular files; never spin
+    check_sys(w, "write", path);
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+void fsync_directory(const std::string& dir) {
+  Fd dfd = open_checked(dir, O_RDONLY | O_DIRECTORY, 0, "open directory");
+  check_sys(::fsync(dfd.get()), "fsync directory", dir);
+  dfd.close(dir);
+}
+
+void write_file_atomic(const std::string& path, std::span<const Bytes> parts) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  try {
+    Fd fd = open_checked(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, "create");
+    for (const Bytes& b : parts) write_all(fd.get(), b.data, b.size, tmp);
+    check_sys(::fsync(fd.get()), "fsync", tmp);
+    fd.close(tmp);
+    check_sys(::rename(tmp.c_str(), path.c_str()), "rename the temporary file onto", path);
+  } catch (const Error&) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  // Make the rename itself durable. If this fails, PATH already holds the complete new file.
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  try {
+    fsync_directory(dir);
+  } catch (const Error& e) {
+    throw Error(fmt::format("'{}' was written in full, but a crash could still undo it: {}", path,
+                            e.what()));
+  }
+}
+
+void write_file_atomic(const std::string& path, std::string_view text) {
+  const Bytes part{text.data(), text.size()};
+  write_file_atomic(path, std::span<const Bytes>(&part, 1));
+}
+
+}  // namespace loom

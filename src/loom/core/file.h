@@ -1,0 +1,58 @@
+// Files, written so that a crash never leaves a half file where a reader expects a whole one, and
+// POSIX calls that report failure as loom::Error naming the path and the OS error.
+//
+// write_file_atomic: PATH.tmp.<pid> is written in full and fsynced, renamed over PATH, and PATH's
+// directory is fsynced. On failure the temporary file is removed and PATH keeps its old content.
+// Every message reads "cannot <op> '<path>': <strerror> (<ENAME>)" with a hint (full disk, missing
+// directory, permissions, ...).
+//
+// Not here: reading formats (safetensors.h, data/shard.h), directories of files (train/checkpoint.h).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+struct Bytes {
+  const void* data;
+  size_t size;
+};
+
+// Writes the concatenation of `parts` to `path` atomically (see above).
+void write_file_atomic(const std::string& path, std::span<const Bytes> parts);
+void write_file_atomic(const std::string& path, std::string_view text);
+// Makes renames and creations inside `dir` durable.
+void fsync_directory(const std::string& dir);
+
+// ---- checked POSIX calls ----
+
+std::string os_error_text(int err);  // "No space left on device (ENOSPC)"
+[[noreturn]] void throw_os(const char* op, const std::string& path, int err);
+
+// Returns rc, or throws "cannot <op> '<path>': ..." when rc is negative (errno set).
+template <class T>
+T check_sys(T rc, const char* op, const std::string& path);
+
+// Owns a file descriptor; close() reports errors, the destructor (failure paths only) ignores them.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd();
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  void close(const std::string& path);
+
+ private:
+  int fd_;
+};
+
+Fd open_checked(const std::string& path, int flags, mode_t mode, const char* op);
+void write_all(int fd, const void* data, size_t n, const std::string& path);
+
+}  // namespace loom
