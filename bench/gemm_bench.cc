@@ -23,6 +23,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -111,6 +112,28 @@ Timing time_ms(int warmup, int reps, const std::function<void()>& f) {
 
 // Times the GEMM with B in oneDNN's preferred layout (format_tag::any) and the reorder into it,
 // against loom's gemm on plain B. The three run interleaved within each rep so that they see the
+
+// Runs the three steps in turn, warmup + reps times, so that all three see the same machine load;
+// returns each one's median and fastest time.
+std::array<Timing, 3> time_interleaved(const std::function<void()> (&steps)[3], int warmup,
+                                       int reps) {
+  std::vector<double> ms[3];
+  for (int i = 0; i < warmup + reps; ++i) {
+    for (int k = 0; k < 3; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      steps[k]();
+      const auto t1 = std::chrono::steady_clock::now();
+      if (i >= warmup) ms[k].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+  }
+  std::array<Timing, 3> tm;
+  for (int k = 0; k < 3; ++k) {
+    std::sort(ms[k].begin(), ms[k].end());
+    tm[size_t(k)] = {ms[k][size_t(reps / 2)], ms[k][0]};
+  }
+  return tm;
+}
+
 // same load.
 void bench_packing(const Shape& s, const DTypes& t, const GemmDesc& d, const void* a, const void* b,
                    void* c, int warmup, int reps, int threads) {
@@ -142,20 +165,7 @@ void bench_packing(const Shape& s, const DTypes& t, const GemmDesc& d, const voi
                    {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_dst}, {DNNL_ARG_DST, c_mem}});
         stream.wait();
       }};
-  std::vector<double> ms[3];
-  for (int i = 0; i < warmup + reps; ++i) {
-    for (int k = 0; k < 3; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      steps[k]();
-      const auto t1 = std::chrono::steady_clock::now();
-      if (i >= warmup) ms[k].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
-  }
-  Timing tm[3];
-  for (int k = 0; k < 3; ++k) {
-    std::sort(ms[k].begin(), ms[k].end());
-    tm[k] = {ms[k][reps / 2], ms[k][0]};
-  }
+  const std::array<Timing, 3> tm = time_interleaved(steps, warmup, reps);
   std::printf(
       "{\"bench\":\"gemm_pack\",\"shape\":\"%s\",\"M\":%ld,\"N\":%ld,\"K\":%ld,\"ta\":%d,\"tb\":%d,"
       "\"dtype\":\"%s\",\"threads\":%d,\"layout_differs\":%s,\"plain_ms\":%.3f,\"packed_ms\":%.3f,"
@@ -187,20 +197,7 @@ void bench_transposed_a(const Shape& s, const DTypes& t, const GemmDesc& d, cons
         stream.wait();
       },
       [&] { loom::kernels::cpu::gemm(plain, a_dst.get_data_handle(), b, c); }};
-  std::vector<double> ms[3];
-  for (int i = 0; i < warmup + reps; ++i) {
-    for (int k = 0; k < 3; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      steps[k]();
-      const auto t1 = std::chrono::steady_clock::now();
-      if (i >= warmup) ms[k].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
-  }
-  Timing tm[3];
-  for (int k = 0; k < 3; ++k) {
-    std::sort(ms[k].begin(), ms[k].end());
-    tm[k] = {ms[k][reps / 2], ms[k][0]};
-  }
+  const std::array<Timing, 3> tm = time_interleaved(steps, warmup, reps);
   std::printf(
       "{\"bench\":\"gemm_ta_copy\",\"shape\":\"%s\",\"M\":%ld,\"N\":%ld,\"K\":%ld,"
       "\"dtype\":\"%s\",\"threads\":%d,\"ta_ms\":%.3f,\"transpose_ms\":%.3f,\"plain_ms\":%.3f,"

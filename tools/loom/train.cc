@@ -98,8 +98,7 @@ std::function<int()> add_train(CLI::App& app) {
     train::ParamStore params(cfg.model);
     params.init_random(uint64_t(cfg.train.seed));
     train::StepRunner runner(cfg, params, train::StepRunner::Mode::train);
-    train::Config eval_cfg = cfg;
-    train::StepRunner evaluator(eval_cfg, params, train::StepRunner::Mode::eval);
+    train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval);
     int64_t start = 1;
     if (latest) {
       train::load_checkpoint(*latest, params, runner);
