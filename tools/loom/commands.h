@@ -15,5 +15,7 @@ std::function<int()> add_sample(CLI::App& app);   // sample.cc
 std::function<int()> add_report(CLI::App& app);   // report.cc
 std::function<int()> add_export(CLI::App& app);   // export.cc
 std::function<int()> add_data(CLI::App& app);     // data.cc
+std::function<int()> add_outer_server(CLI::App& app);  // outer_server.cc
+std::function<int()> add_islands(CLI::App& app);  // islands.cc
 
 }  // namespace loom::cli

@@ -3,10 +3,17 @@
 //
 // The run directory holds config.toml (the resolved config), metrics.jsonl (one JSON object per step:
 // step, loss, lr, grad_norm, tokens_per_s, and val_loss when evaluated) and checkpoints/.
+//
+// With [outer] server set the run is an island of DiLoCo / asynchronous Local-SGD (outer/island.h):
+// it starts from the server's parameters, samples its own data stream (rank = its island id), and
+// every H steps pushes its pseudo-gradient and pulls the new global parameters. Those steps' metrics
+// add outer_round, outer_version, bytes_sent, bytes_received and wait_s (cumulative); an evaluation
+// on such a step measures the global parameters just pulled.
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -16,7 +23,9 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/data/text_corpus.h"
+#include "loom/outer/island.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/evaluate.h"
 #include "loom/train/schedule.h"
 #include "loom/train/step.h"
 
@@ -56,6 +65,7 @@ std::function<int()> add_train(CLI::App& app) {
   struct Opts {
     std::string config, run_dir, resume;
     std::vector<std::string> sets;
+    double slowdown = 1;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* s = app.add_subcommand(
@@ -65,13 +75,16 @@ std::function<int()> add_train(CLI::App& app) {
   s->add_option("--resume", o->resume, "auto: continue from the newest complete checkpoint")
       ->check(CLI::IsMember({"auto"}));
   s->add_option("--set", o->sets, "override a config key: section.key=value");
+  s->add_option("--slowdown", o->slowdown,
+                "make each step take this many times as long, by sleeping (to test stragglers)")
+      ->check(CLI::Range(1.0, 1000.0));
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
     if (cfg.data.path.empty())
       throw Error(fmt::format("{}: [data] path is not set", o->config),
                   "point it at a text file, a directory of .txt files, or a loom data prepare "
                   "directory");
-    const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
+    const int64_t T = cfg.train.seq_len;
     data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, T);
     if (corpus.prepared() && corpus.vocab_size() != cfg.model.vocab_size)
       throw Error(fmt::format("{}: the tokenizer's vocabulary does not match the model: vocab_size "
@@ -118,6 +131,15 @@ std::function<int()> add_train(CLI::App& app) {
       }
       std::ofstream(metrics, std::ios::trunc);
     }
+    // an island takes the server's parameters (whatever a checkpoint or [model] init held)
+    std::unique_ptr<outer::Island> island;
+    if (!cfg.outer.server.empty()) {
+      char host[256] = "?";
+      ::gethostname(host, sizeof host - 1);
+      island = std::make_unique<outer::Island>(cfg, params,
+                                               fmt::format("{}:{} {}", host, ::getpid(), run));
+    }
+    const int rank = island ? int(island->id()) - 1 : 0;  // island ids count from 1
     write_file_atomic(run + "/config.toml", cfg.text);
     // the run keeps its tokenizer, so loom sample decodes the same ids wherever the data moves
     if (corpus.prepared() && fs::exists(cfg.data.path + "/tokenizer.model", ec)) {
@@ -134,15 +156,7 @@ std::function<int()> add_train(CLI::App& app) {
     const bool tty = ::isatty(STDOUT_FILENO);
     const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
     std::vector<int32_t> tokens(size_t(rows * (T + 1)));
-    auto evaluate = [&]() {
-      double sum = 0;
-      for (int64_t i = 0; i < cfg.train.eval_batches; ++i) {
-        corpus.sample(data::TextCorpus::Split::val, uint64_t(cfg.train.seed) + 7777, i, 0, B, T,
-                      tokens.data());
-        sum += evaluator.step(tokens.data());
-      }
-      return sum / double(cfg.train.eval_batches);
-    };
+    auto evaluate = [&]() { return train::validation_loss(cfg, corpus, evaluator); };
     auto save = [&]() {
       train::save_checkpoint(ckdir, params, runner, {{"data", cfg.data.path}}, cfg.text,
                              int(cfg.checkpoint.keep));
@@ -150,13 +164,21 @@ std::function<int()> add_train(CLI::App& app) {
     double first_val = NAN, last_val = NAN;
     float loss = NAN;
     auto t_start = std::chrono::steady_clock::now();
+    int64_t round_steps = 0;   // inner steps since the last outer sync
+    double round_seconds = 0;  // and the time they took
+    int64_t last_step = start - 1;
     for (int64_t step = start; step <= cfg.train.steps; ++step) {
-      corpus.sample(data::TextCorpus::Split::train, uint64_t(cfg.train.seed), step, 0, rows, T,
+      last_step = step;
+      corpus.sample(data::TextCorpus::Split::train, uint64_t(cfg.train.seed), step, rank, rows, T,
                     tokens.data());
       double lr = sched.at(step);
       auto t0 = std::chrono::steady_clock::now();
       loss = runner.step(tokens.data(), lr);
       double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (o->slowdown > 1) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(dt * (o->slowdown - 1)));
+        dt *= o->slowdown;
+      }
       if (!std::isfinite(loss))
         throw Error(fmt::format("the loss is {} at step {}", loss, step),
                     "lower [optim] lr or raise [train] warmup_steps; resume from the last checkpoint");
@@ -166,6 +188,20 @@ std::function<int()> add_train(CLI::App& app) {
                        {"grad_norm", runner.grad_norm()},
                        {"tokens_per_s", double(rows * T) / dt}};
       bool last = step == cfg.train.steps;
+      if (island) {
+        ++round_steps;
+        round_seconds += dt;
+        if (round_steps >= island->inner_steps() || last) {
+          if (!island->sync(round_steps, round_seconds)) last = true;  // the step budget is spent
+          round_steps = 0;
+          round_seconds = 0;
+          m["outer_round"] = island->rounds();
+          m["outer_version"] = island->version();
+          m["bytes_sent"] = island->bytes_sent();
+          m["bytes_received"] = island->bytes_received();
+          m["wait_s"] = island->wait_s();
+        }
+      }
       // evaluation steps depend only on the step number, so a resumed run logs what a straight one does
       if ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last || step == 1) {
         double v = evaluate();
@@ -183,16 +219,20 @@ std::function<int()> add_train(CLI::App& app) {
                    loss, double(rows * T) / dt, fmt_eta(eta));
         std::fflush(stdout);
       }
+      if (last) break;
     }
     if (tty) fmt::print("\n");
     if (start > cfg.train.steps) {
       fmt::print("{} is already trained to step {}\n", run, cfg.train.steps);
       return 0;
     }
-    fmt::print("trained to step {}: train loss {:.4f}, val loss {:.4f}", cfg.train.steps, loss,
-               last_val);
+    fmt::print("trained to step {}: train loss {:.4f}, val loss {:.4f}", last_step, loss, last_val);
     if (!std::isnan(first_val)) fmt::print(" (at step 1: {:.4f})", first_val);
     fmt::print("; run dir {}\n", run);
+    if (island)
+      fmt::print("island {}: {} outer rounds, {} bytes sent, {} received, {:.1f} s waiting for the "
+                 "server\n", island->id(), island->rounds(), island->bytes_sent(),
+                 island->bytes_received(), island->wait_s());
     return 0;
   };
 }

@@ -110,6 +110,35 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
            {"every", as_int([](Config& c) -> int64_t& { return c.checkpoint.every; })},
            {"keep", as_int([](Config& c) -> int64_t& { return c.checkpoint.keep; })},
        }},
+      {"outer",
+       {
+           {"server", as_string([](Config& c) -> std::string& { return c.outer.server; })},
+           {"mode",
+            [](Config& c, const toml::node& n, const std::string& where) {
+              auto v = n.value<std::string>();
+              if (!n.is_string() || !v || (*v != "sync" && *v != "async"))
+                throw Error(where + ": expected \"sync\" or \"async\"");
+              c.outer.mode = *v;
+            }},
+           {"compress",
+            [](Config& c, const toml::node& n, const std::string& where) {
+              auto v = n.value<std::string>();
+              if (!n.is_string() || !v || (*v != "f32" && *v != "bf16"))
+                throw Error(where + ": expected \"f32\" or \"bf16\"");
+              c.outer.compress = *v;
+            }},
+           {"inner_steps", as_int([](Config& c) -> int64_t& { return c.outer.inner_steps; })},
+           {"lr", as_float([](Config& c) -> double& { return c.outer.lr; })},
+           {"momentum", as_float([](Config& c) -> double& { return c.outer.momentum; })},
+           {"delay", as_int([](Config& c) -> int64_t& { return c.outer.delay; })},
+           {"islands", as_int([](Config& c) -> int64_t& { return c.outer.islands; })},
+           {"lease_s", as_float([](Config& c) -> double& { return c.outer.lease_s; })},
+           {"retry_s", as_float([](Config& c) -> double& { return c.outer.retry_s; })},
+           {"token_file", as_string([](Config& c) -> std::string& { return c.outer.token_file; })},
+           {"tls_ca", as_string([](Config& c) -> std::string& { return c.outer.tls_ca; })},
+           {"tls_cert", as_string([](Config& c) -> std::string& { return c.outer.tls_cert; })},
+           {"tls_key", as_string([](Config& c) -> std::string& { return c.outer.tls_key; })},
+       }},
       {"optim",
        {
            {"lr", as_float([](Config& c) -> double& { return c.optim.lr; })},
@@ -208,6 +237,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (c.train.eval_every < 0) bad("[train] eval_every", "must be >= 0");
   if (c.train.eval_batches <= 0) bad("[train] eval_batches", "must be > 0");
   if (c.train.grad_accum <= 0) bad("[train] grad_accum", "must be > 0");
+  if (c.outer.inner_steps <= 0) bad("[outer] inner_steps", "must be > 0");
+  if (!(c.outer.lr > 0)) bad("[outer] lr", "must be > 0");
+  if (!(c.outer.momentum >= 0 && c.outer.momentum < 1)) bad("[outer] momentum", "must be in [0, 1)");
+  if (c.outer.delay < 0) bad("[outer] delay", "must be >= 0");
+  if (c.outer.islands < 0) bad("[outer] islands", "must be >= 0");
+  if (!(c.outer.lease_s > 0)) bad("[outer] lease_s", "must be > 0");
+  if (!(c.outer.retry_s >= 0)) bad("[outer] retry_s", "must be >= 0");
   if (c.checkpoint.every < 0) bad("[checkpoint] every", "must be >= 0");
   if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
   {

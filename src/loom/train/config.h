@@ -36,6 +36,24 @@ struct CheckpointConfig {
   int64_t keep = 3;
 };
 
+// [outer]: the island's side of DiLoCo / asynchronous Local-SGD (src/loom/outer/), and the settings
+// `loom outer-server` reads from the same file. Empty `server`: no outer loop.
+struct OuterConfig {
+  std::string server;          // host:port of loom outer-server
+  std::string mode = "sync";   // "sync" | "async"
+  int64_t inner_steps = 50;    // H: inner steps between pushes
+  double lr = 0.7;             // outer Nesterov learning rate
+  double momentum = 0.9;
+  std::string compress = "f32";  // pseudo-gradients pushed as "f32" or "bf16"
+  int64_t delay = 0;           // async: Delayed Nesterov period; 0: the number of islands
+  int64_t islands = 0;         // islands expected (async step budget = islands x [train] steps)
+  double lease_s = 10;
+  double retry_s = 120;        // how long an island keeps reconnecting to a server that is gone
+  std::string token_file;      // else the LOOM_OUTER_TOKEN environment variable
+  std::string tls_ca;          // island: PEM to trust; server: tls_cert + tls_key
+  std::string tls_cert, tls_key;
+};
+
 struct Config {
   std::string path;  // where it came from, for messages
   models::ModelConfig model;
@@ -43,6 +61,7 @@ struct Config {
   autodiff::AdamWConfig optim;
   DataConfig data;
   CheckpointConfig checkpoint;
+  OuterConfig outer;
   // [model] init: weights to start a fresh run from (a model.safetensors, or a directory holding one,
   // such as `loom export`'s output); empty: random init. Ignored when resuming.
   std::string init_weights;

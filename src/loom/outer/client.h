@@ -1,0 +1,58 @@
+// The island's side of the outer sync service: one gRPC channel to the server, calls with deadlines,
+// and reconnection with exponential backoff (0.1 s doubling to 2 s) while the server is unreachable,
+// for at most `retry_s` before giving up with a loom::Error naming the server.
+//
+// Each call returns the server's grpc::Status for the caller to act on (NOT_FOUND: join again;
+// FAILED_PRECONDITION: stale, pull and go on); UNAUTHENTICATED is thrown as a loom::Error at once.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "loom/outer/outer.grpc.pb.h"
+#include "loom/outer/tensors.h"
+
+namespace loom::outer {
+
+struct ClientConfig {
+  std::string server;   // host:port
+  std::string token;
+  std::string tls_ca;   // PEM file of the certificate (or its CA) to trust; "": plaintext
+  double retry_s = 120;
+};
+
+class OuterClient {
+ public:
+  // `spec`: the model's tensors (names and shapes; data unused), in the server's order.
+  OuterClient(ClientConfig cfg, TensorList spec);
+
+  grpc::Status join(const std::string& name, proto::JoinReply* rep);
+  grpc::Status heartbeat(uint64_t id, proto::HeartbeatReply* rep);
+  // Fills `params` (shaped like spec) and *version.
+  grpc::Status pull(uint64_t id, TensorList& params, uint64_t* version);
+  grpc::Status push(const proto::PushHeader& h, const TensorList& grad, proto::Encoding enc,
+                    proto::PushReply* rep);
+  grpc::Status await(uint64_t id, uint64_t base_version, uint32_t wait_ms, proto::AwaitReply* rep);
+
+  // Payload bytes of tensor data sent (pushes) and received (pulls), as encoded on the wire.
+  uint64_t bytes_sent() const { return sent_; }
+  uint64_t bytes_received() const { return received_; }
+  const std::string& server() const { return cfg_.server; }
+
+ private:
+  template <class F>
+  grpc::Status retrying(const char* what, F&& call);
+  std::unique_ptr<grpc::ClientContext> context(double timeout_s) const;
+
+  ClientConfig cfg_;
+  TensorList spec_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::OuterSync::Stub> stub_;
+  std::atomic<uint64_t> sent_{0}, received_{0};
+};
+
+}  // namespace loom::outer

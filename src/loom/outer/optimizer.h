@@ -1,0 +1,33 @@
+// The outer optimizer: what the server does with pseudo-gradients (global - local parameters).
+//
+// Sync (DiLoCo): once per round, on the mean pseudo-gradient g of the islands that pushed,
+//   m <- mu m + g;   p <- p - lr (g + mu m)            (Nesterov, in PyTorch SGD's form)
+// Async (Delayed Nesterov, Liu et al. 2024): each push g is applied as it arrives, and the momentum
+// moves only every N pushes, on the mean of the pseudo-gradients buffered since:
+//   b <- b + g;  c <- c + 1
+//   if c mod N == 0:  m <- mu m + b / N;  p <- p - lr (g / N + mu m);  b <- 0
+//   else:             p <- p - lr g / N
+// Over N pushes this moves p as a sync round of N islands would (each gradient weighs 1/N); with
+// N = 1 it is the sync update.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/outer/tensors.h"
+
+namespace loom::outer {
+
+struct OuterOptConfig {
+  double lr = 0.7;
+  double momentum = 0.9;
+};
+
+void nesterov_step(const OuterOptConfig& c, TensorList& params, TensorList& momentum,
+                   const TensorList& grad);
+
+// `count` is the number of pushes applied before this one; it is incremented.
+void delayed_nesterov_push(const OuterOptConfig& c, int64_t period, TensorList& params,
+                           TensorList& momentum, TensorList& buffer, int64_t& count,
+                           const TensorList& grad);
+
+}  // namespace loom::outer

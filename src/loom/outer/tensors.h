@@ -1,0 +1,60 @@
+// Named f32 tensors as the outer sync service moves them: split into chunks for a gRPC stream, and
+// put back together by an Assembler that checks every chunk against the expected tensors.
+//
+// A stream carries the tensors in the order of the expected list, each as contiguous chunks of at
+// most kChunkBytes of data, offsets in elements. The Assembler is the only decoder of tensor data
+// that comes off the network: whatever bytes arrive, it either fills the tensors exactly or returns a
+// message naming the tensor and what was wrong (unknown or out-of-order name, offset, length,
+// encoding, a non-finite value), and never reads or writes outside them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loom/core/shape.h"
+#include "loom/outer/outer.pb.h"
+
+namespace loom::outer {
+
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;  // product(shape) elements
+};
+using TensorList = std::vector<Tensor>;
+
+constexpr size_t kChunkBytes = size_t(1) << 20;
+
+// Tensors of the same names and shapes, zero-filled.
+TensorList zeros_like(const TensorList& t);
+int64_t total_elements(const TensorList& t);
+size_t element_bytes(proto::Encoding e);  // 4 or 2
+
+// Calls emit for each chunk of `tensors` in `enc` (bf16 rounds to nearest even); stops and returns
+// false when emit does (a broken stream).
+bool for_each_chunk(const TensorList& tensors, proto::Encoding enc,
+                    const std::function<bool(proto::TensorChunk&)>& emit);
+
+class Assembler {
+ public:
+  // Receives into zero-filled tensors with the names and shapes of `expected`.
+  explicit Assembler(const TensorList& expected);
+  // "" when the chunk fits; otherwise what was wrong, naming the tensor. After an error the
+  // Assembler is left as it was before the chunk, so a caller may report and stop.
+  std::string add(const proto::TensorChunk& chunk);
+  // "" when every tensor arrived in full; otherwise names the first incomplete one.
+  std::string finish() const;
+  TensorList& tensors() { return out_; }
+  size_t bytes_received() const { return bytes_; }
+
+ private:
+  TensorList out_;
+  size_t pos_ = 0;     // the tensor being received
+  int64_t off_ = 0;    // elements of it received
+  size_t bytes_ = 0;
+};
+
+}  // namespace loom::outer
