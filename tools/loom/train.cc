@@ -5,7 +5,7 @@
 // step, loss, lr, grad_norm, tokens_per_s, and val_loss when evaluated) and checkpoints/.
 //
 // With [outer] server set the run is an island of DiLoCo / asynchronous Local-SGD (outer/island.h):
-// it starts from the server's parameters, samples its own data stream (rank = its island id), and
+// it starts from the server's parameters, samples its own data stream (rank = its island id - 1), and
 // every H steps pushes its pseudo-gradient and pulls the new global parameters. Those steps' metrics
 // add outer_round, outer_version, bytes_sent, bytes_received and wait_s (cumulative); an evaluation
 // on such a step measures the global parameters just pulled.

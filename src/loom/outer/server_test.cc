@@ -1,0 +1,373 @@
+// The outer sync service in one process: a server on loopback and clients speaking to it over gRPC.
+// Rounds, the outer step, rejections (token, stale, shapes, garbage) leaving the state untouched,
+// lease expiry, joining mid-round, restart from the state file, async mode, TLS.
+#include "loom/outer/server.h"
+
+#include <fmt/format.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "loom/core/error.h"
+#include "loom/outer/client.h"
+
+namespace loom::outer {
+namespace {
+
+namespace fs = std::filesystem;
+using grpc::StatusCode;
+
+TensorList model(uint32_t seed) {
+  TensorList t{{"w", {3, 4}, std::vector<float>(12)}, {"b", {5}, std::vector<float>(5)}};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n;
+  for (auto& x : t)
+    for (float& v : x.data) v = n(rng);
+  return t;
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/loom_outer_test_XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+struct Harness {
+  ServerConfig cfg;
+  TensorList init = model(1);
+  std::unique_ptr<OuterServer> server;
+  int port = 0;
+
+  explicit Harness(ServerConfig c = {}) : cfg(std::move(c)) {
+    cfg.token = "secret";
+    cfg.verbose = false;
+    start();
+  }
+  void start() {
+    server = std::make_unique<OuterServer>(cfg, init);
+    port = server->start(port ? fmt::format("127.0.0.1:{}", port) : "127.0.0.1:0");
+  }
+  std::string addr() const { return fmt::format("127.0.0.1:{}", port); }
+  std::unique_ptr<OuterClient> client(std::string token = "secret", TensorList spec = {}) const {
+    return std::make_unique<OuterClient>(ClientConfig{addr(), token, "", 2.0},
+                                         spec.empty() ? init : spec);
+  }
+};
+
+uint64_t join(OuterClient& c) {
+  proto::JoinReply r;
+  grpc::Status s = c.join("test", &r);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return r.island_id();
+}
+
+proto::PushHeader header(uint64_t id, uint64_t base, uint32_t steps = 5, double seconds = 0.5) {
+  proto::PushHeader h;
+  h.set_island_id(id);
+  h.set_base_version(base);
+  h.set_inner_steps(steps);
+  h.set_seconds(seconds);
+  return h;
+}
+
+grpc::Status push(OuterClient& c, uint64_t id, uint64_t base, const TensorList& g,
+                  proto::PushReply* rep = nullptr, uint32_t steps = 5, double seconds = 0.5) {
+  proto::PushReply r;
+  return c.push(header(id, base, steps, seconds), g, proto::F32, rep ? rep : &r);
+}
+
+proto::AwaitReply::State await(OuterClient& c, uint64_t id, uint64_t base, uint32_t wait_ms = 0) {
+  proto::AwaitReply a;
+  grpc::Status s = c.await(id, base, wait_ms, &a);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return a.state();
+}
+
+void expect_same(const TensorList& a, const TensorList& b, float tol = 0) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t t = 0; t < a.size(); ++t) {
+    ASSERT_EQ(a[t].name, b[t].name);
+    for (size_t i = 0; i < a[t].data.size(); ++i)
+      ASSERT_NEAR(a[t].data[i], b[t].data[i], tol) << a[t].name << "[" << i << "]";
+  }
+}
+
+TEST(OuterServer, SyncRoundTakesTheNesterovStepOnTheMean) {
+  Harness h;
+  auto a = h.client(), b = h.client();
+  uint64_t ia = join(*a), ib = join(*b);
+  TensorList got = zeros_like(h.init);
+  uint64_t v = 99;
+  ASSERT_TRUE(a->pull(ia, got, &v).ok());
+  EXPECT_EQ(v, 0u);
+  expect_same(got, h.init);
+
+  TensorList g1 = model(2), g2 = model(3);
+  ASSERT_TRUE(push(*a, ia, 0, g1).ok());
+  EXPECT_EQ(await(*a, ia, 0), proto::AwaitReply::PENDING);
+  EXPECT_EQ(h.server->version(), 0u);
+  ASSERT_TRUE(push(*b, ib, 0, g2).ok());
+  EXPECT_EQ(h.server->version(), 1u);
+  EXPECT_EQ(await(*a, ia, 0), proto::AwaitReply::CLOSED);
+
+  TensorList want = h.init, m = zeros_like(h.init), mean = zeros_like(h.init);
+  for (size_t t = 0; t < mean.size(); ++t)
+    for (size_t i = 0; i < mean[t].data.size(); ++i)
+      mean[t].data[i] = (g1[t].data[i] + g2[t].data[i]) * 0.5f;
+  nesterov_step(h.cfg.opt, want, m, mean);
+  ASSERT_TRUE(b->pull(ib, got, &v).ok());
+  EXPECT_EQ(v, 1u);
+  expect_same(got, want, 1e-6f);
+  EXPECT_EQ(a->bytes_sent(), uint64_t(total_elements(h.init)) * 4);
+  EXPECT_EQ(b->bytes_received(), uint64_t(total_elements(h.init)) * 4);  // one pull each
+  EXPECT_EQ(a->bytes_received(), uint64_t(total_elements(h.init)) * 4);
+}
+
+// Sends `bytes` as the request of `method` without any encoding: what a broken or hostile peer does.
+grpc::Status raw_call(const std::string& addr, const std::string& method, const std::string& bytes,
+                      const std::string& token = "secret") {
+  auto ch = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(ch);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer req(&slice, 1), resp;
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareUnaryCall(&ctx, method, req, &cq);
+  call->StartCall();
+  grpc::Status st;
+  call->Finish(&resp, &st, reinterpret_cast<void*>(1));
+  void* tag;
+  bool ok;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return st;
+}
+
+TEST(OuterServer, RejectsBadCallsAndKeepsServingWithItsStateUntouched) {
+  Harness h;
+  auto a = h.client(), b = h.client();
+  uint64_t ia = join(*a), ib = join(*b);
+  ASSERT_TRUE(push(*a, ia, 0, model(2)).ok());
+  ASSERT_TRUE(push(*b, ib, 0, model(3)).ok());
+  ASSERT_EQ(h.server->version(), 1u);
+  ASSERT_TRUE(push(*a, ia, 1, model(4)).ok());  // a push held for round 2
+  const TensorList before = h.server->params();
+  const int64_t pushes = h.server->pushes();
+
+  // a wrong token: refused, and the client says so
+  auto stranger = h.client("guess");
+  proto::JoinReply jr;
+  try {
+    stranger->join("x", &jr);
+    ADD_FAILURE() << "a wrong token was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("refused the token"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(raw_call(h.addr(), "/loom.outer.proto.OuterSync/Heartbeat", "", "guess").error_code(),
+            StatusCode::UNAUTHENTICATED);
+
+  // stale, future, duplicate, unknown island
+  grpc::Status s = push(*b, ib, 0, model(5));
+  EXPECT_EQ(s.error_code(), StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("stale push"), std::string::npos);
+  s = push(*b, ib, 7, model(5));
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << s.error_message();
+  s = push(*a, ia, 1, model(5));
+  EXPECT_EQ(s.error_code(), StatusCode::ALREADY_EXISTS) << s.error_message();
+  s = push(*a, 12345, 1, model(5));
+  EXPECT_EQ(s.error_code(), StatusCode::NOT_FOUND) << s.error_message();
+
+  // wrong names and shapes, a non-finite value
+  TensorList wrong = model(5);
+  wrong[0].shape = {4, 3};
+  wrong[0].name = "v";
+  s = push(*b, ib, 1, wrong);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("expected a chunk of tensor 'w', got 'v'"), std::string::npos)
+      << s.error_message();
+  TensorList shorter = model(5);
+  shorter[1].data.resize(3);
+  s = push(*b, ib, 1, shorter);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("tensor 'b' [5] incomplete: 3 of 5"), std::string::npos)
+      << s.error_message();
+  TensorList nan = model(5);
+  nan[1].data[2] = std::numeric_limits<float>::infinity();
+  s = push(*b, ib, 1, nan);
+  EXPECT_NE(s.error_message().find("non-finite value at element 2"), std::string::npos);
+  // a join with another model
+  TensorList other = h.init;
+  other[1].shape = {6};
+  other[1].data.resize(6);
+  auto c = h.client("secret", other);
+  s = c->join("other", &jr);
+  EXPECT_EQ(s.error_code(), StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("'b' [6] there, 'b' [5] here"), std::string::npos)
+      << s.error_message();
+
+  // garbage bytes to every method
+  std::mt19937 rng(3);
+  for (const char* m : {"Join", "Heartbeat", "Push", "Await", "Pull"}) {
+    for (int k = 0; k < 20; ++k) {
+      std::string bytes(1 + rng() % 200, '\0');
+      for (char& x : bytes) x = char(rng());
+      raw_call(h.addr(), std::string("/loom.outer.proto.OuterSync/") + m, bytes);  // any status
+    }
+  }
+
+  EXPECT_EQ(h.server->version(), 1u);
+  EXPECT_EQ(h.server->pushes(), pushes);
+  expect_same(h.server->params(), before);
+  // still serving: the round completes as if nothing happened
+  ASSERT_TRUE(push(*b, ib, 1, model(6)).ok());
+  EXPECT_EQ(h.server->version(), 2u);
+}
+
+TEST(OuterServer, AnIslandWhoseLeaseExpiresIsDroppedAndTheRoundCloses) {
+  ServerConfig c;
+  c.lease_s = 0.3;
+  Harness h(c);
+  auto a = h.client(), b = h.client();
+  uint64_t ia = join(*a), ib = join(*b);
+  (void)ia;  // a goes silent
+  ASSERT_TRUE(push(*b, ib, 0, model(2)).ok());
+  auto t0 = std::chrono::steady_clock::now();
+  proto::AwaitReply::State st = proto::AwaitReply::PENDING;
+  while (st == proto::AwaitReply::PENDING &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    st = await(*b, ib, 0, 200);  // each call renews b's lease
+  EXPECT_EQ(st, proto::AwaitReply::CLOSED);
+  EXPECT_EQ(h.server->version(), 1u);
+  EXPECT_EQ(h.server->members(), 1u);
+  // the dropped island learns it must join again
+  proto::HeartbeatReply hr;
+  EXPECT_EQ(a->heartbeat(ia, &hr).error_code(), StatusCode::NOT_FOUND);
+}
+
+TEST(OuterServer, AnIslandJoiningMidRoundIsExpectedFromTheNextRound) {
+  Harness h;
+  auto a = h.client(), b = h.client(), c = h.client();
+  uint64_t ia = join(*a), ib = join(*b);
+  ASSERT_TRUE(push(*a, ia, 0, model(2)).ok());
+  proto::JoinReply jr;
+  ASSERT_TRUE(c->join("late", &jr).ok());
+  uint64_t ic = jr.island_id();
+  EXPECT_EQ(jr.version(), 0u);
+  ASSERT_TRUE(push(*b, ib, 0, model(3)).ok());
+  EXPECT_EQ(h.server->version(), 1u);  // closed without c
+  ASSERT_TRUE(push(*a, ia, 1, model(4)).ok());
+  ASSERT_TRUE(push(*b, ib, 1, model(5)).ok());
+  EXPECT_EQ(h.server->version(), 1u);  // now c is expected
+  EXPECT_EQ(push(*c, ic, 0, model(6)).error_code(), StatusCode::FAILED_PRECONDITION);  // stale
+  ASSERT_TRUE(push(*c, ic, 1, model(6)).ok());
+  EXPECT_EQ(h.server->version(), 2u);
+}
+
+TEST(OuterServer, ARestartedServerResumesItsStateAndAsksForLostPushes) {
+  TempDir dir;
+  ServerConfig c;
+  c.state_dir = dir.path;
+  Harness h(c);
+  auto a = h.client(), b = h.client();
+  uint64_t ia = join(*a), ib = join(*b);
+  ASSERT_TRUE(push(*a, ia, 0, model(2)).ok());
+  ASSERT_TRUE(push(*b, ib, 0, model(3)).ok());
+  ASSERT_TRUE(push(*a, ia, 1, model(4)).ok());  // in flight when the server goes
+  const TensorList after_round = h.server->params();
+  h.server.reset();  // as after a crash, the file holds what the last round wrote
+  uint64_t v = 0;
+  expect_same(read_state_params(state_file(dir.path), &v), after_round);
+  EXPECT_EQ(v, 1u);
+
+  h.start();  // same port, same state dir
+  EXPECT_EQ(h.server->version(), 1u);
+  EXPECT_EQ(h.server->members(), 2u);
+  expect_same(h.server->params(), after_round);
+  EXPECT_EQ(await(*a, ia, 1), proto::AwaitReply::RESEND);
+  ASSERT_TRUE(push(*a, ia, 1, model(4)).ok());
+  ASSERT_TRUE(push(*b, ib, 1, model(5)).ok());
+  EXPECT_EQ(h.server->version(), 2u);
+}
+
+TEST(OuterServer, AStateOfAnotherModelOrModeIsRefused) {
+  TempDir dir;
+  ServerConfig c;
+  c.state_dir = dir.path;
+  c.token = "t";
+  c.verbose = false;
+  { OuterServer s(c, model(1)); s.start("127.0.0.1:0"); }
+  TensorList other = model(1);
+  other[0].shape = {4, 3};
+  try {
+    OuterServer s(c, other);
+    ADD_FAILURE() << "another model's state was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'param.w' is f32[3,4], the model's is f32[4,3]"),
+              std::string::npos) << e.what();
+  }
+  c.mode = "async";
+  EXPECT_THROW(OuterServer(c, model(1)), Error);
+}
+
+TEST(OuterServer, AsyncAppliesEachPushAndGivesSlowIslandsFewerSteps) {
+  ServerConfig c;
+  c.mode = "async";
+  c.inner_steps = 12;
+  c.delay = 2;
+  c.step_budget = 48;
+  Harness h(c);
+  auto a = h.client(), b = h.client();
+  uint64_t ia = join(*a), ib = join(*b);
+  TensorList want = h.init, m = zeros_like(want), buf = zeros_like(want);
+  int64_t count = 0;
+  proto::PushReply r;
+  ASSERT_TRUE(push(*a, ia, 0, model(2), &r, 12, 1.2).ok());
+  delayed_nesterov_push(c.opt, 2, want, m, buf, count, model(2));
+  EXPECT_EQ(r.version(), 1u);
+  EXPECT_EQ(r.inner_steps(), 12u);
+  EXPECT_FALSE(r.done());
+  ASSERT_TRUE(push(*b, ib, 0, model(3), &r, 12, 3.6).ok());  // stale by one: applied anyway
+  delayed_nesterov_push(c.opt, 2, want, m, buf, count, model(3));
+  EXPECT_EQ(r.version(), 2u);
+  EXPECT_EQ(r.inner_steps(), 4u);  // three times slower: a third of the steps
+  ASSERT_TRUE(push(*a, ia, 1, model(4), &r, 12, 1.2).ok());
+  delayed_nesterov_push(c.opt, 2, want, m, buf, count, model(4));
+  EXPECT_EQ(r.inner_steps(), 12u);
+  EXPECT_FALSE(r.done());
+  ASSERT_TRUE(push(*b, ib, 2, model(5), &r, 12, 3.6).ok());
+  delayed_nesterov_push(c.opt, 2, want, m, buf, count, model(5));
+  EXPECT_TRUE(r.done());  // 48 inner steps pushed
+  expect_same(h.server->params(), want, 1e-6f);
+}
+
+TEST(OuterServer, ServesOverTlsAndRefusesPlaintext) {
+  TempDir dir;
+  const std::string key = dir.path + "/key.pem", cert = dir.path + "/cert.pem";
+  std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                    "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " + key +
+                    " -out " + cert + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl could not make a test certificate";
+  ServerConfig c;
+  c.tls_cert = cert;
+  c.tls_key = key;
+  Harness h(c);
+  OuterClient tls(ClientConfig{h.addr(), "secret", cert, 2.0}, h.init);
+  EXPECT_NE(join(tls), 0u);
+  OuterClient plain(ClientConfig{h.addr(), "secret", "", 0.5}, h.init);
+  proto::JoinReply r;
+  EXPECT_THROW(plain.join("plain", &r), Error);
+}
+
+}  // namespace
+}  // namespace loom::outer
