@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# gRPC + protobuf: the outer sync service (loom outer-server); openssl makes the TLS test's certificate.
 # libopenblas0-pthread: Debian's PyTorch takes its f32 GEMM from the system BLAS; without OpenBLAS it falls
 # back to the netlib reference BLAS (~1 GFLOP/s), which would make the benchmark peer a straw man.
 packages=(
@@ -11,6 +12,7 @@ packages=(
   libdnnl-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev
   python3-torch python3-numpy libopenblas0-pthread
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc openssl
 )
 missing=()
 for p in "${packages[@]}"; do

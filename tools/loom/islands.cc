@@ -221,6 +221,7 @@ std::function<int()> add_islands(CLI::App& app) {
     nlohmann::json summary{{"islands", o->islands},      {"mode", cfg.outer.mode},
                            {"inner_steps", cfg.outer.inner_steps},
                            {"compress", cfg.outer.compress}, {"version", version},
+                           {"parameters", params.total_elements()},
                            {"val_loss", val},           {"bytes_sent", sent},
                            {"bytes_received", received},   {"wall_s", wall},
                            {"per_island", islands}};

@@ -250,9 +250,12 @@ std::string svg_plot(const std::string& title, const std::string& ytitle, std::v
                          "{:.4f}</title></circle>\n", X(x), Y(y), s.color, int64_t(x), y);
   }
   if (series.size() > 1) {  // legend, top right inside the frame
-    double lx = px1 - 90, ly = py0 + 8;
-    o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"84\" height=\"{}\" class=\"legend\"/>\n",
-                     lx - 6, ly - 4, 16 * series.size() + 4);
+    size_t longest = 0;
+    for (const Series& se : series) longest = std::max(longest, se.name.size());
+    const double lw = 32 + 6.5 * double(longest);  // line sample, gap, ~6.5 px per character
+    double lx = px1 - lw - 6, ly = py0 + 8;
+    o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"legend\"/>\n",
+                     lx - 6, ly - 4, lw, 16 * series.size() + 4);
     for (size_t i = 0; i < series.size(); ++i) {
       double y = ly + 16 * double(i) + 6;
       o += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" "
@@ -339,18 +342,90 @@ std::string render(const std::string& run_dir, const std::vector<Row>& rows, con
   return o + "</body>\n</html>\n";
 }
 
+// Several runs on one page: a summary row per run and their train and validation losses overlaid.
+std::string render_compare(const std::vector<std::string>& names, const std::vector<std::vector<Row>>& runs) {
+  static const char* palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                  "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  std::string o = fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+      "<title>loom report: {0} runs</title>\n<style>\n{1}</style>\n</head>\n<body>\n"
+      "<h1>loom report: {0} runs</h1>\n<table class=\"summary\">\n<tr><td>run</td><td>steps</td>"
+      "<td>final train loss</td><td>final val loss</td><td>best val loss</td>"
+      "<td>median tokens/s</td></tr>\n",
+      runs.size(), kStyle);
+  std::vector<Series> train, val;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    Points loss, vl;
+    std::vector<double> tps;
+    double last_val = NAN, best_val = NAN;
+    for (const Row& r : runs[i]) {
+      if (std::isfinite(r.loss)) loss.push_back({double(r.step), r.loss});
+      if (std::isfinite(r.tokens_per_s)) tps.push_back(r.tokens_per_s);
+      if (std::isfinite(r.val_loss)) {
+        vl.push_back({double(r.step), r.val_loss});
+        last_val = r.val_loss;
+        if (!(r.val_loss >= best_val)) best_val = r.val_loss;
+      }
+    }
+    o += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+                     esc(names[i]), runs[i].back().step, fixed(runs[i].back().loss, 4),
+                     fixed(last_val, 4), fixed(best_val, 4), fixed(median(tps), 0));
+    const char* color = palette[i % std::size(palette)];
+    train.push_back({.name = names[i], .color = color, .pts = std::move(loss)});
+    val.push_back({.name = names[i], .color = color, .pts = std::move(vl), .markers = true});
+  }
+  o += "</table>\n<div class=\"plots\">\n";
+  o += svg_plot("validation loss", "val loss", std::move(val), false);
+  o += svg_plot("train loss", "loss", std::move(train), false);
+  return o + "</div>\n</body>\n</html>\n";
+}
+
+// A run's label on a comparison page: its directory's name, or for an island (runs/x/island_0) the
+// name of the directory holding the islands.
+std::string run_label(const std::string& run) {
+  fs::path p = fs::path(run).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  std::string name = p.filename().string();
+  if (name.rfind("island_", 0) == 0 && p.has_parent_path())
+    name = p.parent_path().filename().string() + "/" + name;
+  return name;
+}
+
 }  // namespace
 
 std::function<int()> add_report(CLI::App& app) {
   struct Opts {
-    std::string run_dir, out;
+    std::vector<std::string> run_dirs;
+    std::string out;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* s = app.add_subcommand("report", "write an HTML page of a run's metrics and config");
-  s->add_option("run_dir", o->run_dir, "the run directory of a loom train run")->required();
-  s->add_option("--out", o->out, "the HTML file to write (default RUN_DIR/report.html)");
+  CLI::App* s = app.add_subcommand(
+      "report", "write an HTML page of a run's metrics and config, or compare several runs");
+  s->add_option("run_dir", o->run_dirs, "run directories of loom train runs (several: compared)")
+      ->required();
+  s->add_option("--out", o->out,
+                "the HTML file to write (default RUN_DIR/report.html; required for several runs)");
   return [o]() {
-    const std::string& run = o->run_dir;
+    if (o->run_dirs.size() > 1) {
+      if (o->out.empty())
+        throw Error("loom report: comparing several runs needs --out FILE.html");
+      std::vector<std::string> names;
+      std::vector<std::vector<Row>> runs;
+      for (const auto& run : o->run_dirs) {
+        const std::string metrics = (fs::path(run) / "metrics.jsonl").string();
+        std::error_code ec;
+        if (!fs::exists(metrics, ec))
+          throw Error(fmt::format("{}: does not exist", metrics),
+                      "each argument must be the --run-dir of a loom train run");
+        runs.push_back(read_metrics(metrics));
+        if (runs.back().empty()) throw Error(fmt::format("{}: no complete step logged", metrics));
+        names.push_back(run_label(run));
+      }
+      write_file_atomic(o->out, render_compare(names, runs));
+      fmt::print("{}\n", o->out);
+      return 0;
+    }
+    const std::string& run = o->run_dirs[0];
     std::error_code ec;
     if (!fs::exists(run, ec))
       throw Error(fmt::format("run dir {}: does not exist", run),

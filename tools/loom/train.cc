@@ -167,7 +167,12 @@ std::function<int()> add_train(CLI::App& app) {
     int64_t round_steps = 0;   // inner steps since the last outer sync
     double round_seconds = 0;  // and the time they took
     int64_t last_step = start - 1;
-    for (int64_t step = start; step <= cfg.train.steps; ++step) {
+    // An async island whose server holds a step budget ([outer] islands x [train] steps) trains until
+    // the server says it is spent: a fast island goes on past [train] steps (at the schedule's final
+    // lr) while a slow one stops short of them; at most twice [train] steps.
+    const bool until_done = island && cfg.outer.mode == "async" && cfg.outer.islands > 0;
+    const int64_t max_steps = until_done ? 2 * cfg.train.steps : cfg.train.steps;
+    for (int64_t step = start; step <= max_steps; ++step) {
       last_step = step;
       corpus.sample(data::TextCorpus::Split::train, uint64_t(cfg.train.seed), step, rank, rows, T,
                     tokens.data());
@@ -187,7 +192,7 @@ std::function<int()> add_train(CLI::App& app) {
                        {"lr", lr},
                        {"grad_norm", runner.grad_norm()},
                        {"tokens_per_s", double(rows * T) / dt}};
-      bool last = step == cfg.train.steps;
+      bool last = step == max_steps;
       if (island) {
         ++round_steps;
         round_seconds += dt;
@@ -214,8 +219,8 @@ std::function<int()> add_train(CLI::App& app) {
       if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || last) save();
       if (tty) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        double eta = el / double(step - start + 1) * double(cfg.train.steps - step);
-        fmt::print("\rstep {}/{}  loss {:.4f}  {:.0f} tok/s  ETA {}   ", step, cfg.train.steps,
+        double eta = el / double(step - start + 1) * double(max_steps - step);
+        fmt::print("\rstep {}/{}  loss {:.4f}  {:.0f} tok/s  ETA {}   ", step, max_steps,
                    loss, double(rows * T) / dt, fmt_eta(eta));
         std::fflush(stdout);
       }

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""The DiLoCo experiment: 4 islands with H inner steps between outer syncs against the synchronous
+baseline on the same tokens, and async against sync mode with one island slowed 3x.
+
+    bench/diloco/run.py [--loom build/release/tools/loom/loom] [--out runs/diloco] [--steps 1000]
+
+Runs (config bench/diloco/diloco.toml; all on this machine, one after another):
+  baseline     one process, batch 8 x grad_accum 4 = 32 rows per step, [train] steps steps
+  h{H}         loom islands --islands 4, each island batch 8 for [train] steps inner steps, outer
+               Nesterov (lr 0.7, momentum 0.9) every H steps; H in --hs; plus H=50 with bf16 pushes
+  slow-sync    4 islands, H=50, island 0 sleeping so each of its steps takes 3x as long
+  slow-async   the same in async mode (Delayed Nesterov, slow islands take fewer local steps)
+
+Every run evaluates with the same validation batches (loom train's validation_loss); an island run's
+final figure is the server's final global parameters. Writes OUT/results.json, OUT/results.md (the
+table for docs/benchmarks.md) and OUT/report.html (loom report of the validation curves).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CONFIG = os.path.join(HERE, "diloco.toml")
+N = 4
+
+
+def run(cmd, env):
+    print("+", " ".join(cmd), flush=True)
+    t0 = time.time()
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT)
+    return time.time() - t0
+
+
+def last_val(run_dir):
+    val = None
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            j = json.loads(line)
+            if j.get("val_loss") is not None:
+                val = j["val_loss"]
+    return val
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", default=os.path.join(ROOT, "build/release/tools/loom/loom"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs/diloco"))
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--hs", default="10,50,100")
+    ap.add_argument("--skip-slow", action="store_true", help="leave out the slow-island pair")
+    a = ap.parse_args()
+    if os.path.exists(a.out):
+        shutil.rmtree(a.out)
+    os.makedirs(a.out)
+    env = dict(os.environ, OMP_WAIT_POLICY="passive")
+    env.setdefault("LOOM_OUTER_TOKEN", os.urandom(16).hex())
+    common = ["--set", "train.steps=%d" % a.steps]
+    results = {"config": os.path.relpath(CONFIG, ROOT), "steps": a.steps, "islands": N, "runs": []}
+
+    base = os.path.join(a.out, "baseline")
+    wall = run([a.loom, "train", CONFIG, "--run-dir", base, "--set", "train.grad_accum=%d" % N]
+               + common, dict(env, OMP_NUM_THREADS="2"))
+    results["runs"].append({"name": "baseline", "val_loss": last_val(base), "wall_s": wall,
+                            "bytes": 0})
+
+    def islands(name, sets, slow=None):
+        d = os.path.join(a.out, name)
+        cmd = [a.loom, "islands", CONFIG, "--islands", str(N), "--run-dir", d] + common
+        for s in sets:
+            cmd += ["--set", s]
+        if slow:
+            cmd += ["--slow", slow]
+        run(cmd, dict(env, OMP_NUM_THREADS="1"))
+        with open(os.path.join(d, "summary.json")) as f:
+            s = json.load(f)
+        results["parameters"] = s["parameters"]
+        r = {"name": name, "mode": s["mode"], "H": s["inner_steps"], "compress": s["compress"],
+             "val_loss": s["val_loss"], "wall_s": s["wall_s"], "version": s["version"],
+             "bytes": s["bytes_sent"] + s["bytes_received"], "bytes_sent": s["bytes_sent"],
+             "bytes_received": s["bytes_received"],
+             "island_steps": [i["steps"] for i in s["per_island"]]}
+        results["runs"].append(r)
+        return r
+
+    for h in [int(x) for x in a.hs.split(",")]:
+        islands("h%d" % h, ["outer.inner_steps=%d" % h])
+    islands("h50-bf16", ["outer.inner_steps=50", "outer.compress=bf16"])
+    if not a.skip_slow:
+        islands("slow-sync", ["outer.inner_steps=50"], slow="0=3")
+        islands("slow-async", ["outer.inner_steps=50", "outer.mode=async"], slow="0=3")
+
+    # What the synchronous baseline would move as data parallelism on N workers: every step, a ring
+    # all-reduce of the f32 gradients, in which each worker sends and receives 2 (N-1)/N of them.
+    P = results["parameters"]
+    ring = a.steps * N * 2 * (2 * (N - 1) / N) * 4 * P
+    results["baseline_ring_allreduce_bytes"] = ring
+    b = results["runs"][0]["val_loss"]
+    lines = ["| run | outer syncs | final val loss | vs baseline | bytes moved (all islands) | "
+             "ring all-reduce bytes / these | wall s |", "|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        if r["name"] == "baseline":
+            lines.append("| baseline (1 process, 4x batch) | %d steps | %.4f | | (DDP-equivalent: %.3g) | 1x | %.0f |"
+                         % (a.steps, r["val_loss"], ring, r["wall_s"]))
+            continue
+        rel = (r["val_loss"] - b) / b * 100
+        lines.append("| %s (%s, H=%d, push %s) | %d | %.4f | %+.2f%% | %.3g | %.0fx | %.0f |"
+                     % (r["name"], r["mode"], r["H"], r["compress"], r["version"], r["val_loss"], rel,
+                        r["bytes"], ring / r["bytes"], r["wall_s"]))
+    md = ("Model: %s, %d parameters; %d islands x %d inner steps x batch %d x %d tokens = %d "
+          "training tokens per run.\n\n" % (results["config"], P, N, a.steps, 8, 128,
+                                           N * a.steps * 8 * 128)) + "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write(md)
+    print(md)
+    runs = [base] + [os.path.join(a.out, "h%s" % h, "island_0") for h in a.hs.split(",")]
+    subprocess.run([a.loom, "report"] + runs + ["--out", os.path.join(a.out, "report.html")],
+                   check=False, cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,375 @@
+#!/usr/bin/env python3
+"""Faults of the outer sync service (loom outer-server and loom train islands), end to end.
+
+1. An island SIGKILLed mid-run (after its first outer round): the server drops it when its lease
+   expires, rounds keep closing, and the two survivors train to their last step and exit 0 at the
+   final version steps/H.
+2. An island joining mid-run (the server at version >= 2) joins at that version, takes part in the
+   rounds from then on, and finishes with exit 0.
+3. The server SIGKILLed mid-run and restarted on the same port with the same --state-dir: it resumes
+   from its state, the islands reconnect, re-push what was lost, and finish with exit 0; no completed
+   round is lost (the final version is steps/H, the resumed version at least what islands had seen).
+4. One island with outer lr 1 and momentum 0 (global = local after every round) logs the same loss
+   at every step as a plain loom train of the same config (1e-5 relative).
+5. Bad configuration: a wrong token (the island exits non-zero, quickly, saying "token"), a server
+   without a token (exit 1 naming LOOM_OUTER_TOKEN), an island whose model differs (exit non-zero
+   naming a tensor).
+
+Every process is started with OMP_NUM_THREADS=1 and passive OpenMP waits (many share the cores), every
+wait has a deadline, and every process is killed and reaped before its scenario ends.
+
+    outer_faults_test.py LOOM_BINARY SOURCE_DIR
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+LOOM, SRC = sys.argv[1], sys.argv[2]
+CONFIG = os.path.join(SRC, "configs", "tiny-llama.toml")
+TOKEN = "outer-faults-test-token"
+H, STEPS, LEASE = 5, 60, 1.5
+SLOW = "20"  # --slowdown of the islands: ~60 ms a step, so a run of 60 steps lasts a few seconds
+failures = 0
+procs = []  # the processes of the scenario under way
+
+
+def check(ok, what):
+    global failures
+    print("%-4s %s" % ("ok" if ok else "FAIL", what), flush=True)
+    failures += 0 if ok else 1
+    return ok
+
+
+def env(token=TOKEN):
+    e = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
+    e.pop("LOOM_OUTER_TOKEN", None)
+    if token is not None:
+        e["LOOM_OUTER_TOKEN"] = token
+    return e
+
+
+def sets(**kv):
+    out = []
+    for k, v in kv.items():
+        out += ["--set", "%s=%s" % (k.replace("__", "."), v)]
+    return out
+
+
+class Proc:
+    """A loom process with stdout and stderr in one log file."""
+
+    def __init__(self, args, log, token=TOKEN, run=None):
+        self.log, self.run, self.args = log, run, args
+        self.f = open(log, "wb")
+        self.p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.f,
+                                  stderr=subprocess.STDOUT, env=env(token))
+        self.pid = self.p.pid
+        procs.append(self)
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def wait(self, timeout):
+        """The exit status, or None (the process is killed) if it did not end in `timeout` s."""
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+    def text(self):
+        with open(self.log, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+
+def reap_all():
+    while procs:
+        pr = procs.pop()
+        pr.kill()
+        pr.f.close()
+
+
+def start_server(d, name, common, state, listen="127.0.0.1:0", token=TOKEN):
+    """(server, port); port is None (and the server killed) if it does not come up in 30 s."""
+    pf = os.path.join(d, name + ".port")
+    srv = Proc([LOOM, "outer-server", CONFIG, "--listen", listen, "--state-dir", state,
+                "--port-file", pf] + common, os.path.join(d, name + ".log"), token=token)
+    deadline = time.time() + 30
+    while time.time() < deadline and srv.alive():
+        try:
+            with open(pf) as f:
+                return srv, int(f.read().strip())
+        except (OSError, ValueError):
+            time.sleep(0.02)
+    check(False, "%s did not come up (rc %s): %s" % (name, srv.p.poll(), srv.text()[-600:]))
+    srv.kill()
+    return srv, None
+
+
+def start_island(d, name, port, common, slowdown=SLOW, extra=(), token=TOKEN):
+    run = os.path.join(d, name)
+    args = [LOOM, "train", CONFIG, "--run-dir", run, "--set", "outer.server=127.0.0.1:%d" % port]
+    if slowdown:
+        args += ["--slowdown", slowdown]
+    return Proc(args + common + list(extra), os.path.join(d, name + ".log"), token=token, run=run)
+
+
+def metrics(run):
+    """The complete lines of RUN/metrics.jsonl (one being written is left out)."""
+    out = []
+    try:
+        with open(os.path.join(run, "metrics.jsonl")) as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                out.append(json.loads(line))
+    except OSError:
+        pass
+    return out
+
+
+def last_version(run):
+    v = [j["outer_version"] for j in metrics(run) if "outer_version" in j]
+    return v[-1] if v else None
+
+
+def wait_for(pred, timeout, alive):
+    """Polls pred() until it is true, every process in `alive` still runs, and `timeout` s pass."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        if not all(p.alive() for p in alive):
+            return pred()
+        time.sleep(0.02)
+    return False
+
+
+def check_finished(isl, rc, what):
+    """The island exited 0 with every step logged and a last sync at version STEPS/H."""
+    m = metrics(isl.run)
+    steps = [j["step"] for j in m]
+    check(rc == 0, "%s exits 0 (rc %s)%s" % (what, rc, "" if rc == 0 else ": " + isl.text()[-800:]))
+    check(steps == list(range(1, STEPS + 1)), "%s logs steps 1..%d (%d lines, last %s)"
+          % (what, STEPS, len(steps), steps[-1] if steps else None))
+    v = last_version(isl.run)
+    check(v == STEPS // H, "%s ends at outer version %s (want %d)" % (what, v, STEPS // H))
+
+
+def stop_server(srv):
+    """SIGTERM; the version of its `stopped at version V` line, or None."""
+    srv.p.send_signal(signal.SIGTERM)
+    rc = srv.wait(30)
+    m = re.search(r"stopped at version (\d+)", srv.text())
+    check(rc == 0 and m is not None, "%s stops on SIGTERM (rc %s)" % (os.path.basename(srv.log), rc))
+    return int(m.group(1)) if m else None
+
+
+def common_sets(data, **more):
+    kv = dict(data__path=data, train__steps=STEPS, outer__inner_steps=H, outer__lease_s=LEASE,
+              outer__mode="sync", outer__retry_s=30)
+    kv.update(more)
+    return sets(**kv)
+
+
+# ---- the scenarios ----
+
+def island_killed(d, data):
+    common = common_sets(data)
+    srv, port = start_server(d, "server", common, os.path.join(d, "state"))
+    if port is None:
+        return
+    isl = [start_island(d, "island%d" % i, port, common) for i in range(3)]
+    victim = isl[2]
+    ok = wait_for(lambda: any("outer_round" in j for j in metrics(victim.run)), 60, isl)
+    if not check(ok, "the victim completes an outer round (rc %s)" % victim.p.poll()):
+        return
+    victim.kill()
+    killed_at = metrics(victim.run)
+    check(victim.p.returncode == -signal.SIGKILL and killed_at[-1]["step"] < STEPS,
+          "victim (pid %d) SIGKILLed mid-run, after step %d, version %s"
+          % (victim.pid, killed_at[-1]["step"], last_version(victim.run)))
+    for i, s in enumerate(isl[:2]):
+        check_finished(s, s.wait(120), "survivor %d" % i)
+    log = srv.text()
+    drop = re.search(r"island (\d+) \(\S+:%d [^)]*\) dropped: lease expired" % victim.pid, log)
+    check(drop is not None, "the server drops the victim by lease expiry")
+    if drop:
+        later = [int(r) for r in re.findall(r"round (\d+) closed", log[drop.end():])]
+        check(later and max(later) == STEPS // H,
+              "rounds keep closing after the drop: %s" % later)
+    check(stop_server(srv) == STEPS // H, "the server stops at version %d" % (STEPS // H))
+
+
+def island_joins(d, data):
+    common = common_sets(data)
+    srv, port = start_server(d, "server", common, os.path.join(d, "state"))
+    if port is None:
+        return
+    isl = [start_island(d, "island%d" % i, port, common) for i in range(2)]
+    ok = wait_for(lambda: (last_version(isl[0].run) or 0) >= 2, 60, isl)
+    if not check(ok, "the first two islands reach version 2"):
+        return
+    late = start_island(d, "late", port, common)
+    rcs = [s.wait(120) for s in isl + [late]]
+    for i, s in enumerate(isl):
+        check(rcs[i] == 0, "island %d exits 0 (rc %s)" % (i, rcs[i]))
+    text = late.text()
+    j = re.search(r"island (\d+): joined 127\.0\.0\.1:%d at version (\d+)" % port, text)
+    v = int(j.group(2)) if j else -1
+    check(j is not None and v >= 2, "the late island joins at version %d (>= 2)" % v)
+    check_late = rcs[2] == 0
+    check(check_late, "the late island exits 0 (rc %s)%s" % (rcs[2], "" if check_late else ": " + text[-800:]))
+    m = metrics(late.run)
+    steps = [x["step"] for x in m]
+    check(steps == list(range(1, STEPS + 1)), "the late island logs steps 1..%d" % STEPS)
+    first = next((x for x in m if "outer_round" in x), None)
+    check(first is not None and first["step"] == H and first["outer_round"] == 1
+          and first["outer_version"] > v,
+          "its first outer round completes at step %d: %s" % (H, first and {
+              k: first[k] for k in ("step", "outer_round", "outer_version")}))
+    check("dropped by the server" not in text and "rejected" not in text,
+          "the late island is never dropped nor refused")
+    if "stale push" in text:
+        print("     (its first push came after that round had closed: %s)"
+              % re.search(r"stale push[^\n]*", text).group(0))
+    log = srv.text()
+    jl = re.search(r"island %s \(\S+:%d [^)]*\) joined at version %d" % (j.group(1) if j else "-",
+                                                                          late.pid, v), log)
+    three = re.findall(r"round (\d+) closed: 3 island\(s\) pushed", log[jl.end():] if jl else "")
+    check(jl is not None and len(three) > 0,
+          "the server logs its join and rounds with 3 pushes after it: %s" % three)
+    stop_server(srv)
+
+
+def server_restarted(d, data):
+    common = common_sets(data)
+    state = os.path.join(d, "state")
+    srv, port = start_server(d, "server", common, state)
+    if port is None:
+        return
+    isl = [start_island(d, "island%d" % i, port, common) for i in range(2)]
+    ok = wait_for(lambda: (last_version(isl[0].run) or 0) >= 2, 60, isl + [srv])
+    if not check(ok, "the islands reach version 2"):
+        return
+    srv.kill()
+    seen = max(last_version(s.run) or 0 for s in isl)
+    check(srv.p.returncode == -signal.SIGKILL, "server SIGKILLed (islands had seen version %d)" % seen)
+    time.sleep(0.3)  # the islands find it gone
+    srv2, port2 = start_server(d, "server2", common, state, listen="127.0.0.1:%d" % port)
+    if port2 is None:
+        return
+    check(port2 == port, "restarted on the same port %d (%s)" % (port, port2))
+    m = re.search(r"resumed from \S+: version (\d+)", srv2.text())
+    check(m is not None and int(m.group(1)) >= seen,
+          "the restarted server resumes from its state at version %s (islands had seen %d)"
+          % (m and m.group(1), seen))
+    for i, s in enumerate(isl):
+        check_finished(s, s.wait(120), "island %d" % i)
+    texts = "".join(s.text() for s in isl)
+    print("     islands re-pushed %d time(s) after the restart" % texts.count("pushing again"))
+    check(stop_server(srv2) == STEPS // H, "the server stops at version %d" % (STEPS // H))
+
+
+def single_island_parity(d, data):
+    common = common_sets(data, train__steps=30, outer__lr=1.0, outer__momentum=0.0)
+    plain = os.path.join(d, "plain")
+    p = Proc([LOOM, "train", CONFIG, "--run-dir", plain] + common, os.path.join(d, "plain.log"))
+    rc = p.wait(120)
+    if not check(rc == 0, "plain loom train exits 0 (rc %s)" % rc):
+        return
+    srv, port = start_server(d, "server", common, os.path.join(d, "state"))
+    if port is None:
+        return
+    isl = start_island(d, "island", port, common, slowdown=None)
+    rc = isl.wait(120)
+    check(rc == 0 and re.search(r"island 1: joined", isl.text()) is not None,
+          "the island (id 1, data rank 0) exits 0 (rc %s)" % rc)
+    a, b = metrics(plain), metrics(isl.run)
+    check(len(a) == 30 and len(b) == 30, "both log 30 steps (%d, %d)" % (len(a), len(b)))
+    worst, at = 0.0, None
+    for x, y in zip(a, b):
+        rel = abs(x["loss"] - y["loss"]) / abs(x["loss"])
+        if rel > worst:
+            worst, at = rel, x["step"]
+    check(worst <= 1e-5 and len(a) == len(b),
+          "per-step losses agree: worst relative difference %.2g (step %s); last %.5f vs %.5f"
+          % (worst, at, a[-1]["loss"] if a else float("nan"), b[-1]["loss"] if b else float("nan")))
+    check(last_version(isl.run) == 6, "6 outer rounds (version %s)" % last_version(isl.run))
+    stop_server(srv)
+
+
+def bad_config(d, data):
+    common = common_sets(data, train__steps=10)
+    srv, port = start_server(d, "server", common, os.path.join(d, "state"))
+    if port is None:
+        return
+    t0 = time.time()
+    wrong = start_island(d, "wrong_token", port, common, slowdown=None, token="not-" + TOKEN)
+    rc = wrong.wait(30)
+    dt = time.time() - t0
+    text = wrong.text()
+    check(rc not in (0, None) and "token" in text and dt < 15,
+          "wrong token: exit %s in %.1f s: %s" % (rc, dt, text.strip()[-300:]))
+    other = start_island(d, "other_model", port, common, slowdown=None,
+                         extra=sets(model__d_model=32, model__ffn_hidden=88))
+    rc = other.wait(30)
+    text = other.text()
+    m = re.search(r"tensor \d+ is '([^']+)'", text)
+    check(rc not in (0, None) and m is not None,
+          "another model: exit %s naming tensor %s: %s" % (rc, m and m.group(1), text.strip()[-300:]))
+    check("joined" not in srv.text(), "the server let neither join")
+    stop_server(srv)
+    t0 = time.time()
+    none = Proc([LOOM, "outer-server", CONFIG, "--listen", "127.0.0.1:0", "--state-dir",
+                 os.path.join(d, "state_none"), "--port-file", os.path.join(d, "none.port")] + common,
+                os.path.join(d, "no_token.log"), token=None)
+    rc = none.wait(30)
+    text = none.text()
+    check(rc == 1 and "LOOM_OUTER_TOKEN" in text and not os.path.exists(os.path.join(d, "none.port")),
+          "server without a token: exit %s in %.1f s: %s" % (rc, time.time() - t0, text.strip()[-300:]))
+
+
+SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),
+             ("2. island joining mid-run", island_joins),
+             ("3. server SIGKILLed and restarted", server_restarted),
+             ("4. single island parity with plain training", single_island_parity),
+             ("5. bad configuration", bad_config)]
+
+with tempfile.TemporaryDirectory() as tmp:
+    data = os.path.join(tmp, "text.txt")
+    with open(data, "w") as f:  # deterministic pseudo-English
+        words = "the of and to a in that it is was he for on are as with his they at be".split()
+        x = 12345
+        for _ in range(60000):
+            x = (x * 1103515245 + 12345) % 2**31
+            f.write(words[x % len(words)] + ("\n" if x % 17 == 0 else " "))
+    for i, (name, fn) in enumerate(SCENARIOS):
+        d = os.path.join(tmp, "s%d" % (i + 1))
+        os.makedirs(d)
+        print("== %s" % name, flush=True)
+        t0 = time.time()
+        try:
+            fn(d, data)
+        except Exception:
+            check(False, "%s raised:\n%s" % (name, traceback.format_exc()))
+        finally:
+            reap_all()
+        print("   (%.1f s)" % (time.time() - t0), flush=True)
+print("outer faults: all passed" if not failures else "outer faults: %d FAILED" % failures)
+sys.exit(1 if failures else 0)
