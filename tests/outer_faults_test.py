@@ -4,10 +4,11 @@
 1. An island SIGKILLed mid-run (after its first outer round): the server drops it when its lease
    expires, rounds keep closing, and the two survivors train to their last step and exit 0 at the
    final version steps/H.
-2. An island joining mid-run (the server at version >= 2) joins at that version, takes part in the
-   rounds from then on, and finishes with exit 0.
-3. The server SIGKILLed mid-run and restarted on the same port with the same --state-dir: it resumes
-   from its state, the islands reconnect, re-push what was lost, and finish with exit 0; no completed
+2. An island joining mid-run (the server at version >= 2) joins at that version, completes its first
+   outer round, takes part in the rounds from then on, and finishes with exit 0.
+3. The server SIGKILLed mid-run, while it holds one island's push of the open round and not the
+   other's, and restarted on the same port with the same --state-dir: it resumes from its state, the
+   islands reconnect, the lost push is sent again (RESEND), and both finish with exit 0; no completed
    round is lost (the final version is steps/H, the resumed version at least what islands had seen).
 4. One island with outer lr 1 and momentum 0 (global = local after every round) logs the same loss
    at every step as a plain loom train of the same config (1e-5 relative).
@@ -35,6 +36,7 @@ CONFIG = os.path.join(SRC, "configs", "tiny-llama.toml")
 TOKEN = "outer-faults-test-token"
 H, STEPS, LEASE = 5, 60, 1.5
 SLOW = "20"  # --slowdown of the islands: ~60 ms a step, so a run of 60 steps lasts a few seconds
+ROW_TOKENS = 4 * 64  # tokens a step of tiny-llama.toml (batch_size x seq_len)
 failures = 0
 procs = []  # the processes of the scenario under way
 
@@ -44,6 +46,10 @@ def check(ok, what):
     print("%-4s %s" % ("ok" if ok else "FAIL", what), flush=True)
     failures += 0 if ok else 1
     return ok
+
+
+def one_line(text, n=300):
+    return " | ".join(text.strip().splitlines())[-n:]
 
 
 def env(token=TOKEN):
@@ -233,8 +239,7 @@ def island_joins(d, data):
     j = re.search(r"island (\d+): joined 127\.0\.0\.1:%d at version (\d+)" % port, text)
     v = int(j.group(2)) if j else -1
     check(j is not None and v >= 2, "the late island joins at version %d (>= 2)" % v)
-    check_late = rcs[2] == 0
-    check(check_late, "the late island exits 0 (rc %s)%s" % (rcs[2], "" if check_late else ": " + text[-800:]))
+    check(rcs[2] == 0, "the late island exits 0 (rc %s)%s" % (rcs[2], "" if rcs[2] == 0 else ": " + text[-800:]))
     m = metrics(late.run)
     steps = [x["step"] for x in m]
     check(steps == list(range(1, STEPS + 1)), "the late island logs steps 1..%d" % STEPS)
@@ -258,31 +263,62 @@ def island_joins(d, data):
 
 
 def server_restarted(d, data):
+    # With LEASE = 1.5 s the islands must get through to the restarted server well within a lease
+    # (an island whose lease ran out is dropped and rejoins, throwing its round away by design).
     common = common_sets(data)
     state = os.path.join(d, "state")
     srv, port = start_server(d, "server", common, state)
     if port is None:
         return
-    isl = [start_island(d, "island%d" % i, port, common) for i in range(2)]
-    ok = wait_for(lambda: (last_version(isl[0].run) or 0) >= 2, 60, isl + [srv])
+    # a fast island and a slow one: each round the fast one pushes, then waits for the slow one
+    fast = start_island(d, "fast", port, common, slowdown="5")
+    slow = start_island(d, "slow", port, common, slowdown="25")
+    isl = [fast, slow]
+    ok = wait_for(lambda: (last_version(slow.run) or 0) >= 2, 60, isl + [srv])
     if not check(ok, "the islands reach version 2"):
         return
+    # Kill the server while it holds the fast island's push of the open round and not the slow
+    # one's: the fast island logged step 5k+4 over three of its steps ago (so it has made step 5k+5
+    # and pushed), the slow one is at most at step 5k+3 (two steps from its push).
+    seen = {"n": 0, "t": time.time()}
+
+    def fast_waits():
+        m, s = metrics(fast.run), metrics(slow.run)
+        if len(m) != seen["n"]:
+            seen["n"], seen["t"] = len(m), time.time()
+            return False
+        if not m or not s:
+            return False
+        step_s = ROW_TOKENS / m[-1]["tokens_per_s"]  # the fast island's last step, slowdown included
+        return (m[-1]["step"] % H == H - 1 and m[-1]["step"] < STEPS
+                and s[-1]["step"] <= m[-1]["step"] - 1 and time.time() - seen["t"] > 3 * step_s + 0.05)
+
+    ok = wait_for(fast_waits, 60, isl + [srv])
+    if not check(ok, "the fast island waits in a round the slow one has not pushed to"):
+        return
     srv.kill()
-    seen = max(last_version(s.run) or 0 for s in isl)
-    check(srv.p.returncode == -signal.SIGKILL, "server SIGKILLed (islands had seen version %d)" % seen)
+    seen_v = max(last_version(s.run) or 0 for s in isl)
+    check(srv.p.returncode == -signal.SIGKILL,
+          "server SIGKILLed: fast island after step %d, slow after step %d, version %d seen"
+          % (metrics(fast.run)[-1]["step"], metrics(slow.run)[-1]["step"], seen_v))
     time.sleep(0.3)  # the islands find it gone
     srv2, port2 = start_server(d, "server2", common, state, listen="127.0.0.1:%d" % port)
     if port2 is None:
         return
     check(port2 == port, "restarted on the same port %d (%s)" % (port, port2))
     m = re.search(r"resumed from \S+: version (\d+)", srv2.text())
-    check(m is not None and int(m.group(1)) >= seen,
+    check(m is not None and int(m.group(1)) >= seen_v,
           "the restarted server resumes from its state at version %s (islands had seen %d)"
-          % (m and m.group(1), seen))
-    for i, s in enumerate(isl):
-        check_finished(s, s.wait(120), "island %d" % i)
-    texts = "".join(s.text() for s in isl)
-    print("     islands re-pushed %d time(s) after the restart" % texts.count("pushing again"))
+          % (m and m.group(1), seen_v))
+    check_finished(fast, fast.wait(120), "fast island")
+    check_finished(slow, slow.wait(120), "slow island")
+    check("pushing again" in fast.text() and "dropped by the server" not in fast.text(),
+          "the fast island pushes its lost push again: %s" % (
+              re.findall(r"island \d+: [^\n]*(?:again|stale)[^\n]*", fast.text()) or "no such line"))
+    for s in isl:
+        w = [j["wait_s"] for j in metrics(s.run) if "wait_s" in j]
+        print("     %s island: %.1f s waiting for the server in all" % (os.path.basename(s.run),
+                                                                        w[-1] if w else -1))
     check(stop_server(srv2) == STEPS // H, "the server stops at version %d" % (STEPS // H))
 
 
@@ -325,14 +361,14 @@ def bad_config(d, data):
     dt = time.time() - t0
     text = wrong.text()
     check(rc not in (0, None) and "token" in text and dt < 15,
-          "wrong token: exit %s in %.1f s: %s" % (rc, dt, text.strip()[-300:]))
+          "wrong token: exit %s in %.1f s: %s" % (rc, dt, one_line(text)))
     other = start_island(d, "other_model", port, common, slowdown=None,
                          extra=sets(model__d_model=32, model__ffn_hidden=88))
     rc = other.wait(30)
     text = other.text()
     m = re.search(r"tensor \d+ is '([^']+)'", text)
     check(rc not in (0, None) and m is not None,
-          "another model: exit %s naming tensor %s: %s" % (rc, m and m.group(1), text.strip()[-300:]))
+          "another model: exit %s naming tensor %s: %s" % (rc, m and m.group(1), one_line(text)))
     check("joined" not in srv.text(), "the server let neither join")
     stop_server(srv)
     t0 = time.time()
@@ -342,7 +378,7 @@ def bad_config(d, data):
     rc = none.wait(30)
     text = none.text()
     check(rc == 1 and "LOOM_OUTER_TOKEN" in text and not os.path.exists(os.path.join(d, "none.port")),
-          "server without a token: exit %s in %.1f s: %s" % (rc, time.time() - t0, text.strip()[-300:]))
+          "server without a token: exit %s in %.1f s: %s" % (rc, time.time() - t0, one_line(text)))
 
 
 SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),
@@ -351,6 +387,8 @@ SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),
              ("4. single island parity with plain training", single_island_parity),
              ("5. bad configuration", bad_config)]
 
+# a SIGTERM (a harness timing the test out) still goes through the finally blocks that end the processes
+signal.signal(signal.SIGTERM, lambda *_: sys.exit("outer faults: terminated"))
 with tempfile.TemporaryDirectory() as tmp:
     data = os.path.join(tmp, "text.txt")
     with open(data, "w") as f:  # deterministic pseudo-English

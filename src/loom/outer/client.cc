@@ -33,7 +33,6 @@ OuterClient::OuterClient(ClientConfig cfg, TensorList spec) : cfg_(std::move(cfg
   // reconnect quickly after a server restart (gRPC's default backoff grows to 2 minutes)
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetMaxReceiveMessageSize(int(kChunkBytes) + (1 << 16));
   channel_ = grpc::CreateCustomChannel(cfg_.server, creds, args);
   stub_ = proto::OuterSync::NewStub(channel_);
@@ -65,8 +64,12 @@ grpc::Status OuterClient::retrying(const char* what, F&& call) {
       throw Error(fmt::format("outer server {} unreachable for {:.0f} s ({}): {}", cfg_.server,
                               waited, what, s.error_message()),
                   "is loom outer-server running there? [outer] retry_s sets how long to wait");
-    std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
-    backoff = std::min(backoff * 2, 2.0);
+    auto until = std::chrono::system_clock::now() +
+                 std::chrono::milliseconds(int64_t(backoff * 1000));
+    if (channel_->WaitForConnected(until))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // connected (again): retry soon
+    else
+      backoff = std::min(backoff * 2, 2.0);
   }
 }
 
@@ -144,6 +147,13 @@ grpc::Status OuterClient::push(const proto::PushHeader& h, const TensorList& gra
     if (s.ok()) sent_ += bytes;
     return s;
   });
+}
+
+grpc::Status OuterClient::leave(uint64_t id) {
+  proto::LeaveRequest req;
+  proto::LeaveReply rep;
+  req.set_island_id(id);
+  return stub_->Leave(context(5).get(), req, &rep);
 }
 
 grpc::Status OuterClient::await(uint64_t id, uint64_t base_version, uint32_t wait_ms,

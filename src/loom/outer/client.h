@@ -1,6 +1,8 @@
 // The island's side of the outer sync service: one gRPC channel to the server, calls with deadlines,
 // and reconnection with exponential backoff (0.1 s doubling to 2 s) while the server is unreachable,
-// for at most `retry_s` before giving up with a loom::Error naming the server.
+// for at most `retry_s` before giving up with a loom::Error naming the server. Between tries the
+// caller waits on the channel's connection (a synchronous client's connection attempts only make
+// progress while some thread polls it; a plain sleep would leave them to gRPC's 5 s backup poller).
 //
 // Each call returns the server's grpc::Status for the caller to act on (NOT_FOUND: join again;
 // FAILED_PRECONDITION: stale, pull and go on); UNAUTHENTICATED is thrown as a loom::Error at once.
@@ -37,6 +39,7 @@ class OuterClient {
   grpc::Status push(const proto::PushHeader& h, const TensorList& grad, proto::Encoding enc,
                     proto::PushReply* rep);
   grpc::Status await(uint64_t id, uint64_t base_version, uint32_t wait_ms, proto::AwaitReply* rep);
+  grpc::Status leave(uint64_t id);  // one try
 
   // Payload bytes of tensor data sent (pushes) and received (pulls), as encoded on the wire.
   uint64_t bytes_sent() const { return sent_; }

@@ -46,6 +46,7 @@ Island::Island(const train::Config& cfg, train::ParamStore& params, const std::s
 }
 
 Island::~Island() {
+  client_->leave(id_);  // best effort: else the server drops this island when its lease runs out
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;

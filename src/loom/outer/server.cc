@@ -75,6 +75,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
   // the open sync round
   TensorList round_sum;
   std::set<uint64_t> round_pushed;
+  Clock::time_point first_push;  // of the open round
 
   std::unique_ptr<grpc::Server> server;
   std::thread sweeper;
@@ -204,6 +205,9 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
   // Sync: closes the round when everyone expected has pushed. Returns true if it closed.
   bool maybe_close_locked() {
     if (cfg.mode != "sync" || round_pushed.empty()) return false;
+    if (version == 0 && int64_t(round_pushed.size()) < cfg.min_islands &&
+        Clock::now() < first_push + std::chrono::milliseconds(int64_t(cfg.start_grace_s * 1000)))
+      return false;  // the start barrier
     for (const auto& [id, m] : members)
       if (m.joined_round <= version && !round_pushed.count(id)) return false;
     const float inv = 1.f / float(round_pushed.size());
@@ -237,7 +241,8 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
             ++it;
           }
         }
-        if (dropped) maybe_close_locked();
+        (void)dropped;
+        maybe_close_locked();  // a lease ran out, or the start barrier's grace did
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -271,7 +276,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     }
     uint64_t id = next_id++;
     Member m{req->name().substr(0, 200), Clock::now() + lease(),
-             round_pushed.empty() ? version : version + 1, 0};
+             round_pushed.empty() || version == 0 ? version : version + 1, 0};
     members[id] = m;  // saved with the next round: a member lost in a restart simply joins again
     log(fmt::format("island {} ({}) joined at version {}", id, m.name, version));
     rep->set_island_id(id);
@@ -373,6 +378,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
         const float* x = g[t].data.data();
         for (size_t i = 0; i < g[t].data.size(); ++i) s[i] += x[i];
       }
+      if (round_pushed.empty()) first_push = Clock::now();
       round_pushed.insert(h.island_id());
     } else {
       auto next = std::make_shared<TensorList>(*params);
@@ -392,6 +398,17 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     rep->set_version(version);
     rep->set_inner_steps(inner_steps_for_locked(*m));
     rep->set_done(done_locked());
+    return Status::OK;
+  }
+
+  Status Leave(grpc::ServerContext* ctx, const proto::LeaveRequest* req, proto::LeaveReply*) override {
+    if (Status s = check_token(ctx); !s.ok()) return s;
+    std::lock_guard<std::mutex> lk(mu);
+    auto it = members.find(req->island_id());
+    if (it == members.end()) return not_member(req->island_id());
+    log(fmt::format("island {} ({}) left", it->first, it->second.name));
+    members.erase(it);
+    maybe_close_locked();
     return Status::OK;
   }
 

@@ -19,9 +19,13 @@
 //                     fewer local steps), and `done` once the pushed inner steps reach the budget.
 //   Await      sync: waits up to wait_ms for the island's round to close: CLOSED, PENDING, or RESEND
 //              when the server holds no push from it for that round (the server restarted mid-round).
+//   Leave      an island that has finished leaves at once, so no round waits for its lease to expire.
 //
 // Membership: an island joining while a round has pushes is expected from the next round on (its
-// push still counts in the current one if it arrives in time).
+// push still counts in the current one if it arrives in time); before the first round closes every
+// island that joins is expected in it. Sync mode with `min_islands` > 0 starts with a barrier: the
+// first round closes only once that many islands have pushed to it, or `start_grace_s` after its first
+// push (islands that never come are not waited for forever).
 //
 // Durability: after every round (sync) or push (async), before any caller can see the new version,
 // the state (parameters, momentum, Delayed Nesterov buffer, version, membership) is written atomically
@@ -45,6 +49,8 @@ struct ServerConfig {
   int64_t delay = 0;          // async: Delayed Nesterov period N; 0: `islands`, or 1 if that is 0
   int64_t step_budget = 0;    // async: inner steps, summed over pushes, after which islands stop
   double lease_s = 10;
+  int64_t min_islands = 0;     // sync: pushes the first round waits for ([outer] islands)
+  double start_grace_s = 60;   // ... at most this long after its first push
   std::string state_dir;      // "": keep no state on disk
   std::string token;          // required, non-empty
   std::string tls_cert, tls_key;  // PEM files; both empty: plaintext

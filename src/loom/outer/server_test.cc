@@ -260,18 +260,57 @@ TEST(OuterServer, AnIslandJoiningMidRoundIsExpectedFromTheNextRound) {
   auto a = h.client(), b = h.client(), c = h.client();
   uint64_t ia = join(*a), ib = join(*b);
   ASSERT_TRUE(push(*a, ia, 0, model(2)).ok());
+  ASSERT_TRUE(push(*b, ib, 0, model(3)).ok());
+  ASSERT_EQ(h.server->version(), 1u);
+  ASSERT_TRUE(push(*a, ia, 1, model(2)).ok());  // round 2 under way
   proto::JoinReply jr;
   ASSERT_TRUE(c->join("late", &jr).ok());
   uint64_t ic = jr.island_id();
-  EXPECT_EQ(jr.version(), 0u);
+  EXPECT_EQ(jr.version(), 1u);
+  ASSERT_TRUE(push(*b, ib, 1, model(3)).ok());
+  EXPECT_EQ(h.server->version(), 2u);  // closed without c
+  ASSERT_TRUE(push(*a, ia, 2, model(4)).ok());
+  ASSERT_TRUE(push(*b, ib, 2, model(5)).ok());
+  EXPECT_EQ(h.server->version(), 2u);  // now c is expected
+  EXPECT_EQ(push(*c, ic, 1, model(6)).error_code(), StatusCode::FAILED_PRECONDITION);  // stale
+  ASSERT_TRUE(push(*c, ic, 2, model(6)).ok());
+  EXPECT_EQ(h.server->version(), 3u);
+}
+
+TEST(OuterServer, TheFirstRoundWaitsForMinIslandsOrItsGrace) {
+  ServerConfig cfg;
+  cfg.min_islands = 3;
+  cfg.start_grace_s = 0.4;
+  Harness h(cfg);
+  auto a = h.client(), b = h.client(), c = h.client();
+  uint64_t ia = join(*a), ib = join(*b);
+  ASSERT_TRUE(push(*a, ia, 0, model(2)).ok());
   ASSERT_TRUE(push(*b, ib, 0, model(3)).ok());
-  EXPECT_EQ(h.server->version(), 1u);  // closed without c
-  ASSERT_TRUE(push(*a, ia, 1, model(4)).ok());
-  ASSERT_TRUE(push(*b, ib, 1, model(5)).ok());
-  EXPECT_EQ(h.server->version(), 1u);  // now c is expected
-  EXPECT_EQ(push(*c, ic, 0, model(6)).error_code(), StatusCode::FAILED_PRECONDITION);  // stale
-  ASSERT_TRUE(push(*c, ic, 1, model(6)).ok());
-  EXPECT_EQ(h.server->version(), 2u);
+  EXPECT_EQ(h.server->version(), 0u);  // two of three
+  uint64_t ic = join(*c);              // a late starter is still expected in round 1
+  ASSERT_TRUE(push(*c, ic, 0, model(4)).ok());
+  EXPECT_EQ(h.server->version(), 1u);
+
+  Harness g(cfg);  // only two ever come: the round closes after the grace
+  auto d = g.client(), e = g.client();
+  uint64_t id = join(*d), ie = join(*e);
+  ASSERT_TRUE(push(*d, id, 0, model(2)).ok());
+  ASSERT_TRUE(push(*e, ie, 0, model(3)).ok());
+  EXPECT_EQ(g.server->version(), 0u);
+  EXPECT_EQ(await(*d, id, 0, 3000), proto::AwaitReply::CLOSED);
+  EXPECT_EQ(g.server->version(), 1u);
+}
+
+TEST(OuterServer, AnIslandThatLeavesIsNotWaitedFor) {
+  Harness h;
+  auto a = h.client(), b = h.client();
+  uint64_t ia = join(*a), ib = join(*b);
+  ASSERT_TRUE(push(*a, ia, 0, model(2)).ok());
+  EXPECT_EQ(h.server->version(), 0u);
+  ASSERT_TRUE(b->leave(ib).ok());
+  EXPECT_EQ(h.server->version(), 1u);
+  EXPECT_EQ(h.server->members(), 1u);
+  EXPECT_EQ(b->leave(ib).error_code(), StatusCode::NOT_FOUND);
 }
 
 TEST(OuterServer, ARestartedServerResumesItsStateAndAsksForLostPushes) {
