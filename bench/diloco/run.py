@@ -36,6 +36,11 @@ def run(cmd, env):
     return time.time() - t0
 
 
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
 def last_val(run_dir):
     val = None
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
@@ -94,6 +99,18 @@ def main():
         islands("slow-sync", ["outer.inner_steps=50"], slow="0=3")
         islands("slow-async", ["outer.inner_steps=50", "outer.mode=async"], slow="0=3")
 
+    # Async against sync with a straggler: when does each run's global model (evaluated by island 1, a
+    # fast one, right after its pulls) first reach the sync run's final validation loss?
+    by = {r["name"]: r for r in results["runs"]}
+    if "slow-sync" in by and "slow-async" in by:
+        target = by["slow-sync"]["val_loss"]
+        for name in ("slow-sync", "slow-async"):
+            curve = [(j["elapsed_s"], j["val_loss"]) for j in metrics(os.path.join(a.out, name, "island_1"))
+                     if j.get("val_loss") is not None and j["step"] > 1]
+            hit = next((t for t, v in curve if v <= target * 1.0005), None)
+            by[name]["curve"] = curve
+            by[name]["seconds_to_sync_final"] = hit
+
     # What the synchronous baseline would move as data parallelism on N workers: every step, a ring
     # all-reduce of the f32 gradients, in which each worker sends and receives 2 (N-1)/N of them.
     P = results["parameters"]
@@ -111,6 +128,15 @@ def main():
         lines.append("| %s (%s, H=%d, push %s) | %d | %.4f | %+.2f%% | %.3g | %.0fx | %.0f |"
                      % (r["name"], r["mode"], r["H"], r["compress"], r["version"], r["val_loss"], rel,
                         r["bytes"], ring / r["bytes"], r["wall_s"]))
+    for name in ("slow-sync", "slow-async"):
+        r = by.get(name)
+        if r and "curve" in r:
+            t = r["seconds_to_sync_final"]
+            lines.append("")
+            lines.append("%s: island 1 first sees val loss <= %.4f (slow-sync's final) after %s s; the run "
+                         "took %.0f s; island steps %s" % (name, by["slow-sync"]["val_loss"],
+                                                          "%.0f" % t if t is not None else "never",
+                                                          r["wall_s"], r["island_steps"]))
     md = ("Model: %s, %d parameters; %d islands x %d inner steps x batch %d x %d tokens = %d "
           "training tokens per run.\n\n" % (results["config"], P, N, a.steps, 8, 128,
                                            N * a.steps * 8 * 128)) + "\n".join(lines) + "\n"

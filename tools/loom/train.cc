@@ -2,7 +2,8 @@
 // warmup + cosine, evaluation, metrics.jsonl, atomic checkpoints and exact resume (--resume auto).
 //
 // The run directory holds config.toml (the resolved config), metrics.jsonl (one JSON object per step:
-// step, loss, lr, grad_norm, tokens_per_s, and val_loss when evaluated) and checkpoints/.
+// step, loss, lr, grad_norm, tokens_per_s, elapsed_s since this process started training, and
+// val_loss when evaluated) and checkpoints/.
 //
 // With [outer] server set the run is an island of DiLoCo / asynchronous Local-SGD (outer/island.h):
 // it starts from the server's parameters, samples its own data stream (rank = its island id - 1), and
@@ -214,6 +215,8 @@ std::function<int()> add_train(CLI::App& app) {
         if (step == 1) first_val = v;
         last_val = v;
       }
+      m["elapsed_s"] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       log << m.dump() << "\n";
       log.flush();
       if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || last) save();
