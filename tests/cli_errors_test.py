@@ -195,6 +195,21 @@ with tempfile.TemporaryDirectory() as d:
     open(bad_model, "wb").write(b"not a model")
     run("sample: broken tokenizer", ["sample", os.path.join(d, "run_t")], must_contain=[bad_model])
 
+    # the outer sync service: bad [outer] settings and launcher flags fail before anything starts
+    run("outer: bad mode", bench + [good, "--set", "outer.mode=fast"],
+        must_contain=["[outer] mode", "\"sync\" or \"async\""])
+    run("outer: bad momentum", bench + [good, "--set", "outer.momentum=1.5"],
+        must_contain=["[outer] momentum", "[0, 1)"])
+    run("outer: bad compress", bench + [good, "--set", "outer.compress=int4"],
+        must_contain=["[outer] compress"])
+    run("islands: bad --slow", ["islands", good, "--islands", "2", "--run-dir", os.path.join(d, "isl"),
+                                "--slow", "5=3"], must_contain=["--slow 5=3", "0 <= I < 2"])
+    run("islands: no data", ["islands", good, "--islands", "2", "--run-dir", os.path.join(d, "isl2")],
+        must_contain=["[data] path is not set"])
+    if os.path.exists(os.path.join(d, "isl")):
+        print("FAIL a refused loom islands left %s behind" % os.path.join(d, "isl"))
+        failures += 1
+
     if os.path.exists(out):
         print("FAIL a failed step left %s behind" % out)
         failures += 1

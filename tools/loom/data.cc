@@ -19,7 +19,7 @@
 #include "loom/core/file.h"
 #include "loom/data/shard.h"
 #include "loom/data/text_corpus.h"
-#include "loom/data/tokenizer.h"
+#include "loom/tokenizer/tokenizer.h"
 
 namespace loom::cli {
 

@@ -96,16 +96,23 @@ std::function<int()> add_islands(CLI::App& app) {
     for (const auto& sl : o->slow) {
       size_t eq = sl.find('=');
       int i = -1;
+      double f = 0;
       try {
         i = eq == std::string::npos ? -1 : std::stoi(sl.substr(0, eq));
-        (void)std::stod(sl.substr(eq + 1));
+        f = std::stod(sl.substr(eq + 1));
       } catch (const std::exception&) {
         i = -1;
       }
-      if (i < 0 || i >= o->islands)
-        throw Error(fmt::format("--slow {}: expected I=F with 0 <= I < {}", sl, o->islands));
+      if (i < 0 || i >= o->islands || !(f >= 1 && f <= 1000))
+        throw Error(fmt::format("--slow {}: expected I=F with 0 <= I < {} and 1 <= F <= 1000", sl,
+                                o->islands));
       slow[i] = sl.substr(eq + 1);
     }
+    if (cfg.data.path.empty())
+      throw Error(fmt::format("{}: [data] path is not set", o->config),
+                  "point it at a text file, a directory of .txt files, or a loom data prepare "
+                  "directory");
+    data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, cfg.train.seq_len);
     const std::string run =
         o->run_dir.empty() ? "runs/" + fs::path(o->config).stem().string() + "-islands" : o->run_dir;
     const std::string sdir = run + "/server";
@@ -195,7 +202,6 @@ std::function<int()> add_islands(CLI::App& app) {
       float* d = params.data(t.name);
       std::copy(t.data.begin(), t.data.end(), d);
     }
-    data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, cfg.train.seq_len);
     train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval);
     const double val = train::validation_loss(cfg, corpus, evaluator);
     nlohmann::json islands = nlohmann::json::array();

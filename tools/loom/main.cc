@@ -1,11 +1,35 @@
 // loom: the command-line entry point. Catches loom::Error once, prints it, exits 1.
+//
+// Built twice (CMakeLists.txt): `loom` runs every command but data and sample, which it hands to
+// `loom-text` beside it (same arguments); loom-text (LOOM_TEXT_TOOLS) runs only those two.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <vector>
 
 #include "commands.h"
 #include "loom/core/error.h"
+
+namespace {
+
+#ifndef LOOM_TEXT_TOOLS
+// `loom data ...` / `loom sample ...`: replaces this process with loom-text from the same directory.
+[[noreturn]] void run_text_tools(char** argv) {
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::string path = (ec ? std::filesystem::path(argv[0]) : self).parent_path() / "loom-text";
+  ::execv(path.c_str(), argv);
+  std::fprintf(stderr, "loom: error: cannot run %s (the data and sample commands): %s\n",
+               path.c_str(), std::strerror(errno));
+  std::exit(1);
+}
+#endif
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // A write past a file-size limit then fails with EFBIG, reported like any failed write, instead of
@@ -19,9 +43,16 @@ int main(int argc, char** argv) {
     auto run = f(app);
     cmds.push_back({app.get_subcommands({})[before], run});
   };
+#ifdef LOOM_TEXT_TOOLS
   add(loom::cli::add_data);
-  add(loom::cli::add_train);
   add(loom::cli::add_sample);
+#else
+  if (argc > 1 && (std::strcmp(argv[1], "data") == 0 || std::strcmp(argv[1], "sample") == 0))
+    run_text_tools(argv);
+  // listed in --help; never parsed here
+  app.add_subcommand("data", "prepare a corpus: train a BPE tokenizer and write token shards");
+  app.add_subcommand("sample", "generate text from a trained run");
+  add(loom::cli::add_train);
   add(loom::cli::add_report);
   add(loom::cli::add_export);
   add(loom::cli::add_step);
@@ -29,6 +60,7 @@ int main(int argc, char** argv) {
   add(loom::cli::add_inspect);
   add(loom::cli::add_outer_server);
   add(loom::cli::add_islands);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

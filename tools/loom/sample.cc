@@ -34,7 +34,7 @@
 
 #include "commands.h"
 #include "loom/core/error.h"
-#include "loom/data/tokenizer.h"
+#include "loom/tokenizer/tokenizer.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/step.h"
 

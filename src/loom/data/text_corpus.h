@@ -8,7 +8,7 @@
 // batch for `step` starts at offset splitmix64(seed, step, rank, r) mod (size - T - 1). A resumed run
 // therefore sees exactly the batches it would have seen, with no loader state to save.
 //
-// Not here: tokenizing (tokenizer.h; `loom data prepare` does it ahead of training).
+// Not here: tokenizing (tokenizer/tokenizer.h; `loom data prepare` does it ahead of training).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "loom/data/tokenizer.h"
+#include "loom/tokenizer/tokenizer.h"
 
 #include <fmt/format.h>
 #include <sentencepiece_processor.h>

@@ -1,7 +1,7 @@
 // Tests for the tokenizers: byte-level identity, and a SentencePiece BPE model trained on a small
 // generated text that must round-trip text with newlines, tabs, runs of spaces and characters it never
 // saw (byte fallback) exactly.
-#include "loom/data/tokenizer.h"
+#include "loom/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
