@@ -10,6 +10,7 @@ Runs (config bench/diloco/diloco.toml; all on this machine, one after another):
                Nesterov (lr 0.7, momentum 0.9) every H steps; H in --hs; plus H=50 with bf16 pushes
   slow-sync    4 islands, H=50, island 0 sleeping so each of its steps takes 3x as long
   slow-async   the same in async mode (Delayed Nesterov, slow islands take fewer local steps)
+  slow-async-long  the same with [train] steps (schedule, step budget) 30% longer
 
 Every run evaluates with the same validation batches (loom train's validation_loss); an island run's
 final figure is the server's final global parameters. Writes OUT/results.json, OUT/results.md (the
@@ -98,13 +99,19 @@ def main():
     if not a.skip_slow:
         islands("slow-sync", ["outer.inner_steps=50"], slow="0=3")
         islands("slow-async", ["outer.inner_steps=50", "outer.mode=async"], slow="0=3")
+        # the same with a 30% longer horizon (schedule and step budget): async spends the time a sync
+        # run waits for its straggler on training
+        islands("slow-async-long", ["outer.inner_steps=50", "outer.mode=async",
+                                    "train.steps=%d" % (a.steps * 13 // 10)], slow="0=3")
 
     # Async against sync with a straggler: when does each run's global model (evaluated by island 1, a
     # fast one, right after its pulls) first reach the sync run's final validation loss?
     by = {r["name"]: r for r in results["runs"]}
     if "slow-sync" in by and "slow-async" in by:
         target = by["slow-sync"]["val_loss"]
-        for name in ("slow-sync", "slow-async"):
+        for name in ("slow-sync", "slow-async", "slow-async-long"):
+            if name not in by:
+                continue
             curve = [(j["elapsed_s"], j["val_loss"]) for j in metrics(os.path.join(a.out, name, "island_1"))
                      if j.get("val_loss") is not None and j["step"] > 1]
             hit = next((t for t, v in curve if v <= target * 1.0005), None)
@@ -128,7 +135,7 @@ def main():
         lines.append("| %s (%s, H=%d, push %s) | %d | %.4f | %+.2f%% | %.3g | %.0fx | %.0f |"
                      % (r["name"], r["mode"], r["H"], r["compress"], r["version"], r["val_loss"], rel,
                         r["bytes"], ring / r["bytes"], r["wall_s"]))
-    for name in ("slow-sync", "slow-async"):
+    for name in ("slow-sync", "slow-async", "slow-async-long"):
         r = by.get(name)
         if r and "curve" in r:
             t = r["seconds_to_sync_final"]

@@ -14,11 +14,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <thread>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "commands.h"
 #include "loom/core/error.h"
