@@ -14,7 +14,7 @@
    at every step as a plain loom train of the same config (1e-5 relative).
 5. Bad configuration: a wrong token (the island exits non-zero, quickly, saying "token"), a server
    without a token (exit 1 naming LOOM_OUTER_TOKEN), an island whose model differs (exit non-zero
-   naming a tensor).
+   naming a tensor), a server that cannot write its state (exit 1, nothing left behind).
 
 Every process is started with OMP_NUM_THREADS=1 and passive OpenMP waits (many share the cores), every
 wait has a deadline, and every process is killed and reaped before its scenario ends.
@@ -24,6 +24,7 @@ wait has a deadline, and every process is killed and reaped before its scenario 
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -379,6 +380,18 @@ def bad_config(d, data):
     text = none.text()
     check(rc == 1 and "LOOM_OUTER_TOKEN" in text and not os.path.exists(os.path.join(d, "none.port")),
           "server without a token: exit %s in %.1f s: %s" % (rc, time.time() - t0, one_line(text)))
+    # a state that cannot be written (a file size limit standing in for a full disk): exit 1, no
+    # version served, nothing half-written left behind
+    full = os.path.join(d, "state_full")
+    os.makedirs(full)
+    r = subprocess.run([LOOM, "outer-server", CONFIG, "--listen", "127.0.0.1:0", "--state-dir", full,
+                        "--port-file", os.path.join(d, "full.port")] + common, env=env(),
+                       capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384)))
+    check(r.returncode == 1 and "cannot save the state" in r.stderr and "EFBIG" in r.stderr
+          and os.listdir(full) == [] and not os.path.exists(os.path.join(d, "full.port")),
+          "server that cannot write its state: exit %s, left %s: %s"
+          % (r.returncode, os.listdir(full), one_line(r.stderr)))
 
 
 SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <condition_variable>
 #include <filesystem>
@@ -116,7 +118,16 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
                         {"version", version},   {"async_count", async_count},
                         {"total_steps", total_steps}, {"next_id", next_id},
                         {"members", ms}};
-    write_safetensors(state_file(cfg.state_dir), ts, {{"loom_outer", meta.dump()}});
+    try {
+      write_safetensors(state_file(cfg.state_dir), ts, {{"loom_outer", meta.dump()}});
+    } catch (const Error& e) {
+      // A version nobody can recover must not be served. The file on disk is the last good state
+      // (the write is atomic); islands re-send what this server loses, once it is restarted.
+      std::fprintf(stderr, "outer-server: error: cannot save the state at version %llu: %s\n"
+                   "outer-server: stopping; the previous state is intact, restart once fixed\n",
+                   (unsigned long long)version, e.what());
+      std::_Exit(1);
+    }
   }
 
   void restore(TensorList& initial) {

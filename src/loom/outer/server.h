@@ -31,6 +31,8 @@
 // the state (parameters, momentum, Delayed Nesterov buffer, version, membership) is written atomically
 // to STATE_DIR/outer_state.safetensors. A restarted server resumes from it: members keep their ids
 // with fresh leases, and only the pushes of the round in flight are lost (islands re-push on RESEND).
+// A state that cannot be written (full disk) stops the server with exit status 1 and a message rather
+// than serving a version that a restart would not know.
 #pragma once
 
 #include <cstdint>
