@@ -242,17 +242,14 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
       {
         std::lock_guard<std::mutex> lk(mu);
         auto now = Clock::now();
-        bool dropped = false;
         for (auto it = members.begin(); it != members.end();) {
           if (it->second.deadline < now) {
             log(fmt::format("island {} ({}) dropped: lease expired", it->first, it->second.name));
             it = members.erase(it);
-            dropped = true;
           } else {
             ++it;
           }
         }
-        (void)dropped;
         maybe_close_locked();  // a lease ran out, or the start barrier's grace did
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
