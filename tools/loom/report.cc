@@ -10,9 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "commands.h"
 #include "loom/core/error.h"
@@ -29,14 +27,6 @@ struct Row {
   int64_t step = 0;
   double loss = NAN, lr = NAN, grad_norm = NAN, tokens_per_s = NAN, val_loss = NAN;
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open", path), "check the file's permissions");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Parses metrics.jsonl, sorted by step (a duplicated step keeps its last line). Blank lines are
 // skipped. A last line that is not valid JSON is a write torn by a crash and is dropped; any other

@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <system_error>
 
 #include "loom/core/error.h"
@@ -46,6 +48,14 @@ std::string os_error_hint(int err, const std::string& path) {
 [[noreturn]] void throw_os(const char* op, const std::string& path, int err) {
   throw Error(fmt::format("cannot {} '{}': {}", op, path, os_error_text(err)),
               os_error_hint(err, path));
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_os("read", path, errno);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw_os("read", path, errno);
+  return s;
 }
 
 template <class T>

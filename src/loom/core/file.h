@@ -28,6 +28,8 @@ void write_file_atomic(const std::string& path, std::span<const Bytes> parts);
 void write_file_atomic(const std::string& path, std::string_view text);
 // Makes renames and creations inside `dir` durable.
 void fsync_directory(const std::string& dir);
+// The whole file as bytes; throws "cannot read '<path>': ..." naming the OS error.
+std::string read_file(const std::string& path);
 
 // ---- checked POSIX calls ----
 

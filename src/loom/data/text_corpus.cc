@@ -4,23 +4,16 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 
 namespace loom::data {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("data {}: cannot read", path));
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -43,14 +36,14 @@ TextSplit split_text(const std::string& path, int val_every) {
       throw Error(fmt::format("data {}: no .txt files in the directory", path),
                   "point [data] path at a text file or a directory of .txt files");
     for (size_t i = 0; i < files.size(); ++i) {
-      std::string bytes = read_all(files[i]);
+      std::string bytes = read_file(files[i]);
       bool val = files.size() >= 2 && (i % size_t(val_every) == size_t(val_every - 1) ||
                                        (i + 1 == files.size() && s.val_files.empty()));
       (val ? s.val : s.train) += bytes;
       (val ? s.val_files : s.train_files).push_back(files[i]);
     }
   } else if (fs::is_regular_file(path, ec)) {
-    std::string bytes = read_all(path);
+    std::string bytes = read_file(path);
     size_t cut = bytes.size() - bytes.size() / 10;
     s.train = bytes.substr(0, cut);
     s.val = bytes.substr(cut);
@@ -75,7 +68,7 @@ TextCorpus TextCorpus::open(const std::string& path, int64_t seq_len, int val_ev
     c.meta_ = path + "/meta.json";
     const std::string hint = "prepare the directory again with loom data prepare";
     try {
-      auto meta = nlohmann::json::parse(read_all(c.meta_));
+      auto meta = nlohmann::json::parse(read_file(c.meta_));
       c.vocab_ = meta.at("vocab_size").get<int64_t>();
       c.val_files_ = meta.value("val_files", std::vector<std::string>{});
     } catch (const nlohmann::json::exception& e) {

@@ -3,11 +3,10 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 
 namespace loom::outer {
 
@@ -19,12 +18,8 @@ OuterClient::OuterClient(ClientConfig cfg, TensorList spec) : cfg_(std::move(cfg
                 "set LOOM_OUTER_TOKEN or [outer] token_file");
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (!cfg_.tls_ca.empty()) {
-    std::ifstream in(cfg_.tls_ca);
-    if (!in) throw Error(fmt::format("[outer] tls_ca: cannot read {}", cfg_.tls_ca));
-    std::stringstream ss;
-    ss << in.rdbuf();
     grpc::SslCredentialsOptions o;
-    o.pem_root_certs = ss.str();
+    o.pem_root_certs = read_file(cfg_.tls_ca);
     creds = grpc::SslCredentials(o);
   } else {
     creds = grpc::InsecureChannelCredentials();

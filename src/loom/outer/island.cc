@@ -5,10 +5,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 
 namespace loom::outer {
 
@@ -16,11 +15,12 @@ using Clock = std::chrono::steady_clock;
 
 std::string read_token(const train::OuterConfig& c, const std::string& config_path) {
   if (!c.token_file.empty()) {
-    std::ifstream in(c.token_file);
-    if (!in) throw Error(fmt::format("{}: [outer] token_file: cannot read {}", config_path, c.token_file));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string t = ss.str();
+    std::string t;
+    try {
+      t = read_file(c.token_file);
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: [outer] token_file: {}", config_path, e.what()));
+    }
     while (!t.empty() && std::isspace(uint8_t(t.back()))) t.pop_back();
     while (!t.empty() && std::isspace(uint8_t(t.front()))) t.erase(t.begin());
     if (t.empty()) throw Error(fmt::format("[outer] token_file {} is empty", c.token_file));

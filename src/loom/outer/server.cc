@@ -11,15 +11,14 @@
 #include <cstring>
 #include <condition_variable>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <thread>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/core/safetensors.h"
 #include "loom/outer/outer.grpc.pb.h"
 
@@ -33,14 +32,6 @@ using grpc::StatusCode;
 std::string state_file(const std::string& state_dir) { return state_dir + "/outer_state.safetensors"; }
 
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("cannot read {}", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Compares without returning early at the first differing byte.
 bool same_token(const std::string& got, const std::string& want) {
@@ -452,7 +443,7 @@ int OuterServer::start(const std::string& addr) {
     throw Error("outer server: TLS needs both [outer] tls_cert and tls_key");
   if (!c.tls_cert.empty()) {
     grpc::SslServerCredentialsOptions opts;
-    opts.pem_key_cert_pairs.push_back({read_text(c.tls_key), read_text(c.tls_cert)});
+    opts.pem_key_cert_pairs.push_back({read_file(c.tls_key), read_file(c.tls_cert)});
     creds = grpc::SslServerCredentials(opts);
   } else {
     creds = grpc::InsecureServerCredentials();

@@ -5,12 +5,11 @@
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 #include <thread>
 #include <unordered_map>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 
 namespace loom::data {
 
@@ -112,11 +111,7 @@ void Tokenizer::train_bpe(const std::string& text, int vocab_size, const std::st
 void Tokenizer::train_bpe(const std::vector<std::string>& text_files, int vocab_size,
                           const std::string& model_prefix) {
   std::string text;
-  for (const auto& f : text_files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw Error(fmt::format("data {}: cannot read", f));
-    text.append(std::istreambuf_iterator<char>(in), {});
-  }
+  for (const auto& f : text_files) text += read_file(f);
   train_bpe(text, vocab_size, model_prefix,
             text_files.size() == 1 ? text_files[0] : fmt::format("{} text files", text_files.size()));
 }
