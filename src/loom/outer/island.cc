@@ -34,12 +34,13 @@ std::string read_token(const train::OuterConfig& c, const std::string& config_pa
 
 Island::Island(const train::Config& cfg, train::ParamStore& params, const std::string& name)
     : cfg_(cfg.outer), params_(params), name_(name) {
-  for (const auto& p : params.infos())
-    global_.push_back({p.name, p.shape, std::vector<float>(size_t(numel(p.shape)))});
+  TensorList spec;  // names and shapes
+  for (const auto& p : params.infos()) spec.push_back({p.name, p.shape, {}});
+  global_ = zeros_like(spec);
   client_ = std::make_unique<OuterClient>(
       ClientConfig{cfg.outer.server, read_token(cfg.outer, cfg.path), cfg.outer.tls_ca,
                    cfg.outer.retry_s},
-      global_);
+      std::move(spec));
   join();
   pull();
   heartbeat_ = std::thread([this] { heartbeat_loop(); });

@@ -53,6 +53,7 @@ struct Member {
 struct OuterServer::Impl final : proto::OuterSync::Service {
   ServerConfig cfg;
   int64_t period = 1;  // async Delayed Nesterov N
+  TensorList spec;     // the parameters' names and shapes, without data (fixed)
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -81,6 +82,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     if (cfg.inner_steps < 1) throw Error("outer server: [outer] inner_steps must be >= 1");
     if (!(cfg.lease_s > 0)) throw Error("outer server: [outer] lease_s must be > 0");
     period = cfg.delay > 0 ? cfg.delay : 1;
+    for (const auto& t : initial) spec.push_back({t.name, t.shape, {}});
     momentum = zeros_like(initial);
     buffer = zeros_like(initial);
     round_sum = zeros_like(initial);
@@ -247,13 +249,6 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     }
   }
 
-  TensorList spec() const {
-    std::lock_guard<std::mutex> lk(mu);
-    TensorList s;
-    for (const auto& t : *params) s.push_back({t.name, t.shape, {}});
-    return s;
-  }
-
   // ---- the calls ----
 
   Status Join(grpc::ServerContext* ctx, const proto::JoinRequest* req, proto::JoinReply* rep) override {
@@ -334,7 +329,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
       return Status(StatusCode::INVALID_ARGUMENT,
                     fmt::format("push header: inner_steps {} and seconds {} must be positive",
                                 h.inner_steps(), h.seconds()));
-    Assembler as(spec_with_storage());
+    Assembler as(spec);
     bool first = true;
     do {
       if (!first && msg.has_header())
@@ -348,13 +343,6 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     if (std::string err = as.finish(); !err.empty())
       return Status(StatusCode::INVALID_ARGUMENT, "push: " + err);
     return apply(h, as.tensors(), rep);
-  }
-
-  TensorList spec_with_storage() const {
-    std::lock_guard<std::mutex> lk(mu);
-    TensorList s;
-    for (const auto& t : *params) s.push_back({t.name, t.shape, std::vector<float>(t.data.size())});
-    return s;
   }
 
   Status apply(const proto::PushHeader& h, const TensorList& g, proto::PushReply* rep) {

@@ -28,7 +28,7 @@ using TensorList = std::vector<Tensor>;
 
 constexpr size_t kChunkBytes = size_t(1) << 20;
 
-// Tensors of the same names and shapes, zero-filled.
+// Tensors of the same names and shapes, zero-filled (`t` may be a spec without data).
 TensorList zeros_like(const TensorList& t);
 int64_t total_elements(const TensorList& t);
 size_t element_bytes(proto::Encoding e);  // 4 or 2
@@ -40,7 +40,7 @@ bool for_each_chunk(const TensorList& tensors, proto::Encoding enc,
 
 class Assembler {
  public:
-  // Receives into zero-filled tensors with the names and shapes of `expected`.
+  // Receives into zero-filled tensors with the names and shapes of `expected` (its data unused).
   explicit Assembler(const TensorList& expected);
   // "" when the chunk fits; otherwise what was wrong, naming the tensor. After an error the
   // Assembler is left as it was before the chunk, so a caller may report and stop.
