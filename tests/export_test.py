@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 
+from textdata import write_pseudo_english
+
 TORCH_PYTHON = "/usr/bin/python3"
 kRtol = 1e-4
 
@@ -151,12 +153,7 @@ EXPECTED_HF = {
 
 with tempfile.TemporaryDirectory() as d:
     data = os.path.join(d, "text.txt")
-    with open(data, "w") as f:  # deterministic pseudo-English, as in train_resume_test.py
-        words = "the of and to a in that it is was he for on are as with his they at be".split()
-        x = 12345
-        for _ in range(60000):
-            x = (x * 1103515245 + 12345) % 2**31
-            f.write(words[x % len(words)] + ("\n" if x % 17 == 0 else " "))
+    write_pseudo_english(data)
     # A fixed batch, B = 3 rows of T+1 = 49 bytes of the text (T < both configs' max_seq_len).
     with open(data, "rb") as f:
         text = f.read()

@@ -32,6 +32,8 @@ import tempfile
 import time
 import traceback
 
+from textdata import write_pseudo_english
+
 LOOM, SRC = sys.argv[1], sys.argv[2]
 CONFIG = os.path.join(SRC, "configs", "tiny-llama.toml")
 TOKEN = "outer-faults-test-token"
@@ -404,12 +406,7 @@ SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),
 signal.signal(signal.SIGTERM, lambda *_: sys.exit("outer faults: terminated"))
 with tempfile.TemporaryDirectory() as tmp:
     data = os.path.join(tmp, "text.txt")
-    with open(data, "w") as f:  # deterministic pseudo-English
-        words = "the of and to a in that it is was he for on are as with his they at be".split()
-        x = 12345
-        for _ in range(60000):
-            x = (x * 1103515245 + 12345) % 2**31
-            f.write(words[x % len(words)] + ("\n" if x % 17 == 0 else " "))
+    write_pseudo_english(data)
     for i, (name, fn) in enumerate(SCENARIOS):
         d = os.path.join(tmp, "s%d" % (i + 1))
         os.makedirs(d)

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from textdata import write_pseudo_english
+
 LOOM, SRC = sys.argv[1], sys.argv[2]
 CONFIG = os.path.join(SRC, "configs", "tiny-llama.toml")
 N, H, STEPS = 16, 2, 100
@@ -63,12 +65,7 @@ procs, logs = [], []
 signal.signal(signal.SIGTERM, lambda *_: sys.exit("outer load: terminated"))
 with tempfile.TemporaryDirectory() as d:
     data = os.path.join(d, "text.txt")
-    with open(data, "w") as f:  # deterministic pseudo-English
-        words = "the of and to a in that it is was he for on are as with his they at be".split()
-        x = 12345
-        for _ in range(60000):
-            x = (x * 1103515245 + 12345) % 2**31
-            f.write(words[x % len(words)] + ("\n" if x % 17 == 0 else " "))
+    write_pseudo_english(data)
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive",
                LOOM_OUTER_TOKEN="outer-load-test-token")
     # a generous lease: 17 processes share the cores, and a dropped island would lose its round

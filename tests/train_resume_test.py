@@ -12,6 +12,8 @@ import sys
 import tempfile
 import time
 
+from textdata import write_pseudo_english
+
 LOOM, SRC = sys.argv[1], sys.argv[2]
 CONFIG = os.path.join(SRC, "configs", "tiny-llama.toml")
 failures = 0
@@ -31,12 +33,7 @@ def losses(run):
 
 with tempfile.TemporaryDirectory() as d:
     data = os.path.join(d, "text.txt")
-    with open(data, "w") as f:  # deterministic pseudo-English
-        words = "the of and to a in that it is was he for on are as with his they at be".split()
-        x = 12345
-        for _ in range(60000):
-            x = (x * 1103515245 + 12345) % 2**31
-            f.write(words[x % len(words)] + ("\n" if x % 17 == 0 else " "))
+    write_pseudo_english(data)
     env = dict(os.environ, OMP_NUM_THREADS="2")
     for dtype in ["f32", "bf16"]:
         straight, resumed = os.path.join(d, "a" + dtype), os.path.join(d, "b" + dtype)
