@@ -284,49 +284,66 @@ svg .legend { fill: #fff; fill-opacity: 0.85; stroke: #ccc; } svg .none { fill: 
 pre { background: #f6f6f6; border: 1px solid #ddd; padding: 12px; overflow-x: auto; }
 )";
 
-std::string render(const std::string& run_dir, const std::vector<Row>& rows, const std::string* config) {
+// One run's series against step, and its validation summary.
+struct Curves {
   Points loss, val, lr, tps, gn;
   std::vector<double> tps_all;
   const Row* last_val = nullptr;
   const Row* best_val = nullptr;
+};
+
+Curves curves(const std::vector<Row>& rows) {
+  Curves c;
   for (const Row& r : rows) {
     double x = double(r.step);
-    if (std::isfinite(r.loss)) loss.push_back({x, r.loss});
-    if (std::isfinite(r.lr)) lr.push_back({x, r.lr});
-    if (std::isfinite(r.grad_norm)) gn.push_back({x, r.grad_norm});
-    if (std::isfinite(r.tokens_per_s)) tps.push_back({x, r.tokens_per_s}), tps_all.push_back(r.tokens_per_s);
+    if (std::isfinite(r.loss)) c.loss.push_back({x, r.loss});
+    if (std::isfinite(r.lr)) c.lr.push_back({x, r.lr});
+    if (std::isfinite(r.grad_norm)) c.gn.push_back({x, r.grad_norm});
+    if (std::isfinite(r.tokens_per_s))
+      c.tps.push_back({x, r.tokens_per_s}), c.tps_all.push_back(r.tokens_per_s);
     if (std::isfinite(r.val_loss)) {
-      val.push_back({x, r.val_loss});
-      last_val = &r;
-      if (!best_val || r.val_loss < best_val->val_loss) best_val = &r;
+      c.val.push_back({x, r.val_loss});
+      c.last_val = &r;
+      if (!c.best_val || r.val_loss < c.best_val->val_loss) c.best_val = &r;
     }
   }
-  const Row& fin = rows.back();
-  std::string o = fmt::format(
+  return c;
+}
+
+// The page up to its title heading, and the opening of the summary table.
+std::string page_head(const std::string& title) {
+  return fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       "<title>loom report: {0}</title>\n<style>\n{1}</style>\n</head>\n<body>\n"
       "<h1>loom report: {0}</h1>\n<table class=\"summary\">\n",
-      esc(run_dir), kStyle);
+      esc(title), kStyle);
+}
+
+std::string render(const std::string& run_dir, const std::vector<Row>& rows, const std::string* config) {
+  Curves c = curves(rows);
+  const Row& fin = rows.back();
+  std::string o = page_head(run_dir);
   auto row = [&](const std::string& k, const std::string& v) {
     o += fmt::format("<tr><td>{}</td><td>{}</td></tr>\n", k, v);
   };
   row("steps", fmt::format("{} logged, steps {} to {}", rows.size(), rows.front().step, fin.step));
   row("final train loss", fixed(fin.loss, 4) + fmt::format(" (step {})", fin.step));
-  row("final val loss", last_val ? fmt::format("{} (step {})", fixed(last_val->val_loss, 4), last_val->step)
-                                 : "&mdash;");
-  if (best_val)
-    row("best val loss", fmt::format("{} (step {})", fixed(best_val->val_loss, 4), best_val->step));
-  row("median tokens/s", fixed(median(tps_all), 0));
+  row("final val loss",
+      c.last_val ? fmt::format("{} (step {})", fixed(c.last_val->val_loss, 4), c.last_val->step)
+                 : "&mdash;");
+  if (c.best_val)
+    row("best val loss", fmt::format("{} (step {})", fixed(c.best_val->val_loss, 4), c.best_val->step));
+  row("median tokens/s", fixed(median(c.tps_all), 0));
   o += "</table>\n<div class=\"plots\">\n";
   o += svg_plot("loss", "loss",
-                {{.name = "train", .color = "#1f77b4", .pts = std::move(loss)},
-                 {.name = "val", .color = "#ff7f0e", .pts = std::move(val), .markers = true}},
+                {{.name = "train", .color = "#1f77b4", .pts = std::move(c.loss)},
+                 {.name = "val", .color = "#ff7f0e", .pts = std::move(c.val), .markers = true}},
                 false);
-  o += svg_plot("learning rate", "lr", {{.name = "lr", .color = "#2ca02c", .pts = std::move(lr)}}, true);
+  o += svg_plot("learning rate", "lr", {{.name = "lr", .color = "#2ca02c", .pts = std::move(c.lr)}}, true);
   o += svg_plot("throughput", "tokens/s",
-                {{.name = "tokens/s", .color = "#9467bd", .pts = std::move(tps)}}, true);
+                {{.name = "tokens/s", .color = "#9467bd", .pts = std::move(c.tps)}}, true);
   o += svg_plot("gradient norm", "grad norm (before clipping)",
-                {{.name = "grad norm", .color = "#d62728", .pts = std::move(gn)}}, true);
+                {{.name = "grad norm", .color = "#d62728", .pts = std::move(c.gn)}}, true);
   o += "</div>\n";
   if (config) o += "<h2>config.toml</h2>\n<pre>" + esc(*config) + "</pre>\n";
   return o + "</body>\n</html>\n";
@@ -336,33 +353,19 @@ std::string render(const std::string& run_dir, const std::vector<Row>& rows, con
 std::string render_compare(const std::vector<std::string>& names, const std::vector<std::vector<Row>>& runs) {
   static const char* palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
                                   "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
-  std::string o = fmt::format(
-      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-      "<title>loom report: {0} runs</title>\n<style>\n{1}</style>\n</head>\n<body>\n"
-      "<h1>loom report: {0} runs</h1>\n<table class=\"summary\">\n<tr><td>run</td><td>steps</td>"
-      "<td>final train loss</td><td>final val loss</td><td>best val loss</td>"
-      "<td>median tokens/s</td></tr>\n",
-      runs.size(), kStyle);
+  std::string o = page_head(fmt::format("{} runs", runs.size()));
+  o += "<tr><td>run</td><td>steps</td><td>final train loss</td><td>final val loss</td>"
+       "<td>best val loss</td><td>median tokens/s</td></tr>\n";
   std::vector<Series> train, val;
   for (size_t i = 0; i < runs.size(); ++i) {
-    Points loss, vl;
-    std::vector<double> tps;
-    double last_val = NAN, best_val = NAN;
-    for (const Row& r : runs[i]) {
-      if (std::isfinite(r.loss)) loss.push_back({double(r.step), r.loss});
-      if (std::isfinite(r.tokens_per_s)) tps.push_back(r.tokens_per_s);
-      if (std::isfinite(r.val_loss)) {
-        vl.push_back({double(r.step), r.val_loss});
-        last_val = r.val_loss;
-        if (!(r.val_loss >= best_val)) best_val = r.val_loss;
-      }
-    }
+    Curves c = curves(runs[i]);
     o += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
                      esc(names[i]), runs[i].back().step, fixed(runs[i].back().loss, 4),
-                     fixed(last_val, 4), fixed(best_val, 4), fixed(median(tps), 0));
+                     fixed(c.last_val ? c.last_val->val_loss : NAN, 4),
+                     fixed(c.best_val ? c.best_val->val_loss : NAN, 4), fixed(median(c.tps_all), 0));
     const char* color = palette[i % std::size(palette)];
-    train.push_back({.name = names[i], .color = color, .pts = std::move(loss)});
-    val.push_back({.name = names[i], .color = color, .pts = std::move(vl), .markers = true});
+    train.push_back({.name = names[i], .color = color, .pts = std::move(c.loss)});
+    val.push_back({.name = names[i], .color = color, .pts = std::move(c.val), .markers = true});
   }
   o += "</table>\n<div class=\"plots\">\n";
   o += svg_plot("validation loss", "val loss", std::move(val), false);
