@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Open MPI: the mpi communicator and multi-process runs (mpirun).
 # gRPC + protobuf: the outer sync service (loom outer-server); openssl makes the TLS test's certificate.
 # libopenblas0-pthread: Debian's PyTorch takes its f32 GEMM from the system BLAS; without OpenBLAS it falls
 # back to the netlib reference BLAS (~1 GFLOP/s), which would make the benchmark peer a straw man.
@@ -13,6 +14,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev
   python3-torch python3-numpy libopenblas0-pthread
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc openssl
+  libopenmpi-dev openmpi-bin
 )
 missing=()
 for p in "${packages[@]}"; do

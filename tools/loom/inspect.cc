@@ -1,10 +1,17 @@
 // loom inspect: print a model's graph as IR text at a stage of the pipeline.
+//
+//   forward   the model and its loss
+//   train     forward, backward, clipping and AdamW: the global training step
+//   sharded   the training step with every value's sharding under the config's [plan]
+//   lowered   the per-rank program: local shapes and collectives (--rank R picks the rank whose
+//             coordinates the header shows; the program itself is the same on every rank)
 #include <fmt/format.h>
 
 #include "commands.h"
 #include "loom/autodiff/autodiff.h"
 #include "loom/core/error.h"
 #include "loom/ir/text.h"
+#include "loom/shard/lower.h"
 #include "loom/train/config.h"
 
 namespace loom::cli {
@@ -12,19 +19,49 @@ namespace loom::cli {
 std::function<int()> add_inspect(CLI::App& app) {
   struct Opts {
     std::string config, stage = "forward";
+    int64_t rank = 0;
     std::vector<std::string> sets;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* s = app.add_subcommand("inspect", "print the graph as IR text");
   s->add_option("config", o->config, "config TOML")->required();
-  s->add_option("--stage", o->stage, "forward | train")->check(CLI::IsMember({"forward", "train"}));
+  s->add_option("--stage", o->stage, "forward | train | sharded | lowered")
+      ->check(CLI::IsMember({"forward", "train", "sharded", "lowered"}));
+  s->add_option("--rank", o->rank, "the rank to show (--stage lowered)");
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
     models::ModelGraph m = models::build_model(cfg.model, cfg.train.batch_size, cfg.train.seq_len);
-    if (o->stage == "forward") m.graph.add_output(m.loss);
-    else autodiff::build_train_step(m.graph, m.loss, cfg.optim);
-    fmt::print("{}", ir::print(m.graph));
+    if (o->stage == "forward") {
+      m.graph.add_output(m.loss);
+      fmt::print("{}", ir::print(m.graph));
+      return 0;
+    }
+    autodiff::build_train_step(m.graph, m.loss, cfg.optim);
+    if (o->stage == "train") {
+      fmt::print("{}", ir::print(m.graph));
+      return 0;
+    }
+    const shard::Plan& plan = cfg.plan.plan;
+    if (plan.empty())
+      throw Error(fmt::format("{}: no [plan] mesh to shard by", cfg.path),
+                  "add [plan] mesh = { data = 2 } and tactics = [ { kind = \"data\", axis = \"data\" } ]");
+    if (o->rank < 0 || o->rank >= plan.mesh.size())
+      throw Error(fmt::format("--rank {}: the mesh {} has ranks 0..{}", o->rank, plan.mesh.to_string(),
+                              plan.mesh.size() - 1));
+    shard::Sharded sh =
+        shard::shard_graph(m.graph, plan, {.batch_inputs = {m.tokens, m.targets}}, plan.mesh.size());
+    if (o->stage == "sharded") {
+      fmt::print("# mesh {}: propagation reached {} after {} sweeps\n", plan.mesh.to_string(),
+                 sh.propagation.converged ? "a fixed point" : "its sweep limit", sh.propagation.sweeps);
+      fmt::print("{}", shard::print_sharded(m.graph, sh.propagation));
+      return 0;
+    }
+    std::string coords;
+    for (const auto& [axis, n] : plan.mesh.axes())
+      coords += fmt::format("{}{} = {}", coords.empty() ? "" : ", ", axis, plan.mesh.coord(o->rank, axis));
+    fmt::print("# rank {} of {}: {{{}}}\n", o->rank, plan.mesh.size(), coords);
+    fmt::print("{}", ir::print(sh.program.graph));
     return 0;
   };
 }

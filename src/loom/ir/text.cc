@@ -30,16 +30,19 @@ std::string format_attr(const AttrValue& v) {
 
 }  // namespace
 
-std::string print(const Graph& g) {
+std::string print(const Graph& g) { return print(g, nullptr); }
+
+std::string print(const Graph& g, const std::function<std::string(int)>& annotate) {
+  auto type = [&](const Value& v) { return type_str(v.type) + (annotate ? annotate(v.id) : ""); };
   std::string out = "graph " + g.name() + " {\n";
   for (const Value& v : g.values())
     if (v.kind != ValueKind::node)
-      out += fmt::format("  {} %{} : {}\n", kind_name(v.kind), v.name, type_str(v.type));
+      out += fmt::format("  {} %{} : {}\n", kind_name(v.kind), v.name, type(v));
   for (const Node& n : g.nodes()) {
     out += "  ";
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       const Value& v = g.value(n.outputs[i]);
-      out += fmt::format("{}%{} : {}", i ? ", " : "", v.name, type_str(v.type));
+      out += fmt::format("{}%{} : {}", i ? ", " : "", v.name, type(v));
     }
     out += " = " + n.op + "(";
     for (size_t i = 0; i < n.inputs.size(); ++i)

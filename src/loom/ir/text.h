@@ -15,6 +15,7 @@
 // or an integer list (`[1, 2]`). Floats print as the shortest text that reads back to the same double.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,9 @@
 namespace loom::ir {
 
 std::string print(const Graph& g);
+// The same, with annotate(value id) written right after each value's type (the sharded stage prints
+// shardings there: `f32[4,64]{data,_}`). Text with annotations is for reading; parse() rejects it.
+std::string print(const Graph& g, const std::function<std::string(int)>& annotate);
 // Throws loom::Error naming `source` (a file name or "<text>") and the line on malformed text. Checks
 // syntax and that every used value is defined; types are taken as written (run the verifier to check
 // them against the ops).

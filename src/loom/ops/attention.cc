@@ -95,6 +95,14 @@ void register_attention_ops() {
                    },
                .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 3); },
                .reuse = {{0, 0}}});
+
+  // Sharding rules (ops/sharding_rule.h): heads and batch split; time and head size do not (causal
+  // attention reads every earlier key; rotary pairs span the head). A query head block (h g) uses key
+  // head h, so splitting h keeps grouped-query heads together.
+  set_sharding_rule("attention", einsum("bT(hg)D,bThD,bThD->bT(hg)D,b(hg)T"));
+  set_sharding_rule("attention_bwd",
+                    einsum("bT(hg)D,bT(hg)D,bThD,bThD,bT(hg)D,b(hg)T->bT(hg)D,bThD,bThD"));
+  set_sharding_rule("rope", einsum("bThD->bThD", {0}));
 }
 
 }  // namespace loom::ops

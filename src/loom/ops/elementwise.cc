@@ -272,6 +272,33 @@ void register_elementwise_ops() {
                      return {TensorType{t, attr_shape(a, "fill")}};
                    },
                .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 0); }});
+
+  // Sharding rules (ops/sharding_rule.h).
+  set_sharding_rule("add", {.rule = [](const Types& in, const Types& out, const Attrs&) {
+                      return einsum_rule(in[0].shape == in[1].shape ? "*,*->*" : "*c,c->*c", in, out,
+                                         {0, 1});
+                    }});
+  set_sharding_rule("mul", einsum("*,*->*"));
+  set_sharding_rule("scale", einsum("*->*", {0}));
+  set_sharding_rule("mul_scalar", einsum("*,->*", {0}));
+  set_sharding_rule("gelu", einsum("*->*"));
+  set_sharding_rule("gelu_bwd", einsum("*,*->*"));
+  set_sharding_rule("swiglu", einsum("*,*->*"));
+  set_sharding_rule("swiglu_bwd", einsum("*,*,*->*,*"));
+  set_sharding_rule("cast", einsum("*->*"));
+  set_sharding_rule("sum", einsum("*->", {0}));
+  set_sharding_rule("sumsq", einsum("*->"));
+  set_sharding_rule("sum_rows", einsum("*c->c", {0}));
+  auto with_shape = [](ShardingRule r) {
+    r.localize = [](Attrs& a, const Types&, const Types&, const Types& local_out) {
+      a["shape"] = local_out[0].shape;
+    };
+    return r;
+  };
+  set_sharding_rule("broadcast_scalar", with_shape(einsum("->*", {0})));
+  set_sharding_rule("broadcast_rows", with_shape(einsum("c->*c", {0})));
+  set_sharding_rule("positions", with_shape(einsum("->*T")));
+  set_sharding_rule("fill", with_shape(einsum("->*")));
 }
 
 }  // namespace loom::ops

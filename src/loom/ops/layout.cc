@@ -136,6 +136,89 @@ void register_layout_ops() {
                      return b.emit("split", {d[0]}, {{"sizes", sizes}});
                    },
                .cost = copy_cost});
+
+  // Sharding rules (ops/sharding_rule.h).
+  // reshape: dims are matched in groups of equal size from the left; a dim split into several
+  // ((B,T,C) -> (B,T,NH,HS)) carries their factors major first, so splitting C splits NH. A group that
+  // both splits and merges dims is fixed.
+  set_sharding_rule(
+      "reshape",
+      {.rule =
+           [](const Types& in, const Types& out, const Attrs&) {
+             const Shape &a = in[0].shape, &b = out[0].shape;
+             FactorRule r;
+             r.linear = {0};
+             r.operands.resize(1);
+             r.results.resize(1);
+             auto& da = r.operands[0];
+             auto& db = r.results[0];
+             size_t i = 0, j = 0;
+             while (i < a.size() || j < b.size()) {
+               size_t i0 = i, j0 = j;
+               if (i == a.size() || j == b.size()) {  // trailing size-1 dims
+                 if (i < a.size()) da.push_back({r.add_factor(a[i++], true)});
+                 else db.push_back({r.add_factor(b[j++], true)});
+                 continue;
+               }
+               int64_t pa = a[i++], pb = b[j++];
+               while (pa != pb) {
+                 if (pa < pb && i < a.size()) pa *= a[i++];
+                 else if (pb < pa && j < b.size()) pb *= b[j++];
+                 else break;
+               }
+               const size_t na = i - i0, nb = j - j0;
+               if (pa != pb || (na > 1 && nb > 1)) {
+                 for (size_t k = i0; k < i; ++k) da.push_back({r.add_factor(a[k], true)});
+                 for (size_t k = j0; k < j; ++k) db.push_back({r.add_factor(b[k], true)});
+               } else if (na == 1) {  // one dim in, nb dims out
+                 std::vector<int> fs;
+                 for (size_t k = j0; k < j; ++k) {
+                   fs.push_back(r.add_factor(b[k], false));
+                   db.push_back({fs.back()});
+                 }
+                 da.push_back(fs);
+               } else {  // na dims in, one dim out
+                 std::vector<int> fs;
+                 for (size_t k = i0; k < i; ++k) {
+                   fs.push_back(r.add_factor(a[k], false));
+                   da.push_back({fs.back()});
+                 }
+                 db.push_back(fs);
+               }
+             }
+             return r;
+           },
+       .localize = [](Attrs& a, const Types&, const Types&, const Types& local_out) {
+         a["shape"] = local_out[0].shape;
+       }});
+  set_sharding_rule("transpose", {.rule = [](const Types& in, const Types& out, const Attrs& a) {
+                      FactorRule r;
+                      r.linear = {0};
+                      r.operands.resize(1);
+                      r.results.resize(1);
+                      for (int64_t s : in[0].shape) r.operands[0].push_back({r.add_factor(s, false)});
+                      for (int64_t p : std::get<std::vector<int64_t>>(a.at("perm")))
+                        r.results[0].push_back(r.operands[0][size_t(p)]);
+                      return r;
+                    }});
+  // split and concat: along the last dim, which stays whole; the leading dims split freely.
+  auto last_dim_whole = [](const Types& in, const Types& out, const Attrs&) {
+    FactorRule r;
+    for (size_t i = 0; i < in.size(); ++i) r.linear.push_back(int(i));
+    std::vector<std::vector<int>> lead;
+    for (size_t d = 0; d + 1 < in[0].shape.size(); ++d) lead.push_back({r.add_factor(in[0].shape[d], false)});
+    for (const auto& t : in) {
+      r.operands.push_back(lead);
+      r.operands.back().push_back({r.add_factor(t.shape.back(), true)});
+    }
+    for (const auto& t : out) {
+      r.results.push_back(lead);
+      r.results.back().push_back({r.add_factor(t.shape.back(), true)});
+    }
+    return r;
+  };
+  set_sharding_rule("split", {.rule = last_dim_whole});
+  set_sharding_rule("concat", {.rule = last_dim_whole});
 }
 
 }  // namespace loom::ops

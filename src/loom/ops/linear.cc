@@ -198,6 +198,27 @@ void register_linear_ops() {
                  c.flops = double(numel(g.value(n.inputs[1]).type.shape));
                  return c;
                }});
+
+  // Sharding rules (ops/sharding_rule.h). matmul: the rows of x @ W^T split freely, the contraction
+  // dim leaves the product a partial sum; dW = dY^T X contracts over every leading dim.
+  set_sharding_rule(
+      "matmul", {.rule = [](const Types& in, const Types& out, const Attrs& a) {
+        const bool ta = get_int(a, "ta", 0), tb = get_int(a, "tb", 0);
+        const size_t ra = in[0].shape.size(), rb = in[1].shape.size();
+        if (get_int(a, "batch", 0))
+          return einsum_rule(std::string(ta ? "bkm," : "bmk,") + (tb ? "bnk" : "bkn") + "->bmn", in,
+                             out);
+        if (!ta && rb == 2) return einsum_rule(tb ? "*k,nk->*n" : "*k,kn->*n", in, out);
+        if (ta && !tb && ra == rb &&
+            Shape(in[0].shape.begin(), in[0].shape.end() - 1) ==
+                Shape(in[1].shape.begin(), in[1].shape.end() - 1))
+          return einsum_rule("*m,*n->mn", in, out);
+        if (ta && tb && ra == 2 && rb == 2) return einsum_rule("km,nk->mn", in, out);
+        return fixed_rule(in, out);
+      }});
+  // embedding: rows and channels split; a token may name any row of the table, so V does not.
+  set_sharding_rule("embedding", einsum("*,Vc->*c"));
+  set_sharding_rule("embedding_bwd", einsum("*,*c->Vc"));
 }
 
 }  // namespace loom::ops

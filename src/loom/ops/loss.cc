@@ -2,6 +2,8 @@
 //
 // Fused with its gradient: one pass over the logits computes the mean loss over all rows and
 // dlogits = (softmax - onehot) / rows, so the backward is a single scaling by the incoming dloss.
+// Attribute `rows` (optional) is the divisor: the row count of the whole batch when this op runs on a
+// shard of it (set by the sharding rule's localize), so the shards' losses add up to the global mean.
 #include "loom/core/error.h"
 #include "loom/ops/builder.h"
 #include "loom/ops/op.h"
@@ -35,6 +37,15 @@ void register_loss_ops() {
                  return c;
                },
                .reuse = {{1, 0}}});
+
+  // Sharding rule (ops/sharding_rule.h): rows split (the loss becomes a partial sum of row losses over
+  // the global row count), the vocabulary does not.
+  set_sharding_rule("cross_entropy",
+                    {.rule = [](const Types& in, const Types& out,
+                                const ir::Attrs&) { return einsum_rule("*V,*->,*V", in, out); },
+                     .localize = [](ir::Attrs& a, const Types& global_in, const Types&, const Types&) {
+                       if (!a.count("rows")) a["rows"] = numel(global_in[1].shape);
+                     }});
 }
 
 }  // namespace loom::ops

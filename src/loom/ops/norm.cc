@@ -91,6 +91,12 @@ void register_norm_ops() {
                      return Types{in[1], in[2], in[2]};
                    },
                .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 10); }});
+
+  // Sharding rules (ops/sharding_rule.h): the normalised dim C is whole on every rank.
+  set_sharding_rule("rmsnorm", einsum("*C,C->*C,*"));
+  set_sharding_rule("rmsnorm_bwd", einsum("*C,*C,C,*->*C,C"));
+  set_sharding_rule("layernorm", einsum("*C,C,C->*C,*,*"));
+  set_sharding_rule("layernorm_bwd", einsum("*C,*C,C,*,*->*C,C,C"));
 }
 
 }  // namespace loom::ops

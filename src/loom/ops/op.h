@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "loom/ir/graph.h"
+#include "loom/ops/sharding_rule.h"
 
 namespace loom::ops {
 
@@ -25,9 +26,6 @@ struct Cost {
   double bytes_written = 0;
 };
 
-// Filled by the sharding issue: which input/output dims may be split, which splits make an output a
-// partial sum, which dims must agree. Empty for now.
-struct ShardingRule {};
 
 using InferFn =
     std::function<std::vector<ir::TensorType>(const std::vector<ir::TensorType>&, const ir::Attrs&)>;
@@ -65,6 +63,7 @@ void register_attention_ops();
 void register_loss_ops();
 void register_layout_ops();
 void register_optim_ops();
+void register_collective_ops();
 
 // Helpers for infer functions.
 void expect_inputs(std::string_view op, const std::vector<ir::TensorType>& in, size_t n);

@@ -46,6 +46,10 @@ void register_optim_ops() {
                      return Types{in[0], in[0]};
                    },
                .cost = [](const ir::Graph&, const ir::Node&) { return Cost{0, 4, 8}; }});
+
+  // Sharding rules (ops/sharding_rule.h): AdamW is elementwise over a parameter, its gradient and
+  // moments; the hyper-parameters and the clipping coefficient are whole everywhere.
+  set_sharding_rule("adamw", einsum("*,*,*,*,H,->*,*,*"));
 }
 
 }  // namespace loom::ops

@@ -24,6 +24,7 @@ void ensure_registered() {
     register_loss_ops();
     register_layout_ops();
     register_optim_ops();
+    register_collective_ops();
   });
 }
 }  // namespace
@@ -40,6 +41,12 @@ const OpDef& op_def(std::string_view name) {
   auto it = table().find(name);
   if (it == table().end()) throw Error(fmt::format("unknown op '{}'", name));
   return it->second;
+}
+
+void set_sharding_rule(std::string_view op, ShardingRule rule) {
+  auto it = table().find(op);
+  LOOM_CHECK(it != table().end()) << "sharding rule for an unregistered op " << op;
+  it->second.sharding = std::move(rule);
 }
 
 bool has_op(std::string_view name) {

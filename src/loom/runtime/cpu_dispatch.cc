@@ -102,6 +102,10 @@ std::unordered_map<std::string, Fn> make_table() {
     int64_t C = in_n(g, n, 0), rows = C ? out_n(g, n, 0) / C : 0;
     for (int64_t r = 0; r < rows; ++r) std::memcpy(F(out[0]) + r * C, in[0], size_t(C) * 4);
   };
+  t["assign"] = [](auto& g, auto& n, auto in, auto out) {
+    if (out[0] != in[1])
+      std::memmove(out[0], in[1], size_t(out_n(g, n, 0)) * dtype_size(out_t(g, n, 0).dtype));
+  };
   t["fill"] = [](auto& g, auto& n, auto in, auto out) {
     float v = float(n.attr_float("value", 0.0));
     int64_t e = out_n(g, n, 0);
@@ -189,7 +193,7 @@ std::unordered_map<std::string, Fn> make_table() {
   t["cross_entropy"] = [](auto& g, auto& n, auto in, auto out) {
     int64_t V = in_t(g, n, 0).shape.back(), N = in_n(g, n, 1);
     check_ids(g, n, 1, I(in[1]), N, V);
-    k::cross_entropy(CF(in[0]), I(in[1]), F(out[0]), F(out[1]), N, V);
+    k::cross_entropy(CF(in[0]), I(in[1]), F(out[0]), F(out[1]), N, V, n.attr_int("rows", N));
   };
   t["reshape"] = [](auto& g, auto& n, auto in, auto out) {
     if (in[0] != out[0])

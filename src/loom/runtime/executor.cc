@@ -8,13 +8,15 @@
 #include <map>
 
 #include "loom/core/error.h"
+#include "loom/runtime/collectives.h"
 
 namespace loom::runtime {
 
 Executor::Executor(const ir::Graph& g) : g_(g), plan_(plan_memory(g)) {
   external_.assign(g.values().size(), nullptr);
   node_times_.resize(g.nodes().size());
-  for (const ir::Node& n : g.nodes()) kernels_.push_back(&cpu_kernel(n.op));
+  for (const ir::Node& n : g.nodes())
+    kernels_.push_back(is_collective(n.op) ? nullptr : &cpu_kernel(n.op));
   if (plan_.arena_bytes > 0) {
     arena_ = static_cast<char*>(std::aligned_alloc(64, size_t(plan_.arena_bytes)));
     if (!arena_)
@@ -36,6 +38,18 @@ void* Executor::data(int value) const {
   return arena_ + plan_.offset[value];
 }
 
+void Executor::launch(const ir::Node& n, void* const* ins, void* const* outs) {
+  if (kernels_[n.id]) {
+    (*kernels_[n.id])(g_, n, ins, outs);
+    return;
+  }
+  if (!comms_)
+    throw Error(fmt::format("executor: %{} = {}(...) needs communicators (a sharded program run "
+                            "without its ranks)",
+                            g_.value(n.outputs[0]).name, n.op));
+  run_collective(g_, n, ins, outs, *comms_);
+}
+
 void Executor::run() {
   for (const ir::Value& v : g_.values())
     if (v.kind != ir::ValueKind::node && !external_[v.id] && value_bytes(v) > 0)
@@ -48,11 +62,11 @@ void Executor::run() {
     for (int v : n.inputs) ins.push_back(data(v));
     for (int v : n.outputs) outs.push_back(data(v));
     if (!profile_) {
-      (*kernels_[n.id])(g_, n, ins.data(), outs.data());
+      launch(n, ins.data(), outs.data());
       continue;
     }
     auto t0 = std::chrono::steady_clock::now();
-    (*kernels_[n.id])(g_, n, ins.data(), outs.data());
+    launch(n, ins.data(), outs.data());
     node_times_[n.id].seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     node_times_[n.id].calls++;

@@ -2,6 +2,9 @@
 // its planned offset in one arena (memory_plan.h). External values (params, states, inputs) are bound
 // by the caller and must stay valid while the executor runs.
 //
+// A per-rank program's collectives (shard/lower.h) run on the communicators given by set_comms(), in
+// program order on the calling thread.
+//
 // Not here (yet): a communication stream, multi-device; one executor runs on one thread and calls
 // kernels that use OpenMP inside.
 #pragma once
@@ -16,6 +19,8 @@
 #include "loom/runtime/memory_plan.h"
 
 namespace loom::runtime {
+
+class MeshComms;
 
 // An op's CPU kernel (runtime/cpu_dispatch.cc): ins/outs point at each input/output's data. Throws
 // loom::Error for an op without one.
@@ -50,6 +55,9 @@ class Executor {
     return static_cast<T*>(data(value));
   }
 
+  // The communicators a sharded program's collectives run on (kept by the caller).
+  void set_comms(const MeshComms* comms) { comms_ = comms; }
+
   // Per-op wall time, summed over runs, when profiling is on.
   void set_profiling(bool on) { profile_ = on; }
   std::vector<std::pair<std::string, NodeTiming>> op_times() const;
@@ -62,7 +70,9 @@ class Executor {
   std::vector<void*> external_;
   bool profile_ = false;
   std::vector<NodeTiming> node_times_;
-  std::vector<const CpuKernel*> kernels_;  // per node, looked up once
+  std::vector<const CpuKernel*> kernels_;  // per node, looked up once; null for a collective
+  const MeshComms* comms_ = nullptr;
+  void launch(const ir::Node& n, void* const* ins, void* const* outs);
 };
 
 

@@ -54,7 +54,16 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 
 std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunner& runner,
                             const nlohmann::json& state, const std::string& config_text,
-                            int keep) {
+                            int keep, bool writer) {
+  // every rank of a sharded run gathers (collectively); only the writer touches the disk
+  runner.push_params();
+  std::vector<std::vector<float>> moments;
+  for (const auto& p : params.infos())
+    for (int which : {0, 1}) {
+      moments.emplace_back(size_t(numel(p.shape)));
+      runner.read_moment(p.name, which, moments.back().data());
+    }
+  if (!writer) return "";
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(fmt::format("cannot create checkpoint directory {}: {}", dir, ec.message()));
@@ -68,9 +77,10 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
   try {
     params.save(tmp + "/model.safetensors");
     std::vector<TensorToWrite> opt;
+    size_t i = 0;
     for (const auto& p : params.infos()) {
-      opt.push_back({"adam.m." + p.name, DType::f32, p.shape, runner.moment(p.name, 0)});
-      opt.push_back({"adam.v." + p.name, DType::f32, p.shape, runner.moment(p.name, 1)});
+      opt.push_back({"adam.m." + p.name, DType::f32, p.shape, moments[i++].data()});
+      opt.push_back({"adam.v." + p.name, DType::f32, p.shape, moments[i++].data()});
     }
     write_safetensors(tmp + "/optimizer.safetensors", opt);
     nlohmann::json st = state;
@@ -145,6 +155,7 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
     throw Error(fmt::format("checkpoint {}: state.json lacks an integer 'step' or format 1",
                             state_path));
   params.load(path + "/model.safetensors");
+  runner.pull_params();
   const std::string opt_path = path + "/optimizer.safetensors";
   SafetensorsFile opt = SafetensorsFile::open(opt_path);
   for (const auto& p : params.infos())
@@ -156,7 +167,7 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
       if (t.dtype != DType::f32 || t.shape != p.shape)
         throw Error(fmt::format("checkpoint {}: tensor '{}' is {}{}, expected f32{}", opt_path, name,
                                 dtype_name(t.dtype), shape_str(t.shape), shape_str(p.shape)));
-      std::memcpy(runner.moment(p.name, which), t.data, t.nbytes);
+      runner.write_moment(p.name, which, static_cast<const float*>(t.data));
     }
   runner.set_step_count(st["step"].get<int64_t>());
   return st;

@@ -32,9 +32,11 @@ std::string checkpoint_name(int64_t step);  // "step_00000100"
 
 // Saves params, the runner's optimizer state and step count, `state` and `config_text`; returns the
 // checkpoint's path. Throws loom::Error naming the path on failure, leaving earlier checkpoints intact.
+// A sharded run calls it on every rank (it gathers the parameters and moments collectively, so the
+// checkpoint holds whole tensors and loads under any plan); only the `writer` rank writes.
 std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunner& runner,
                             const nlohmann::json& state, const std::string& config_text,
-                            int keep);
+                            int keep, bool writer = true);
 
 // The newest complete checkpoint in `dir` (by step), if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
@@ -50,7 +52,8 @@ std::optional<std::string> model_file(const std::string& path);
 // newest checkpoint's model.safetensors. Throws loom::Error naming the path.
 std::string run_weights(const std::string& run_dir, const std::string& choice);
 
-// Restores params, optimizer state and step count; returns state.json.
+// Restores params, optimizer state and step count; returns state.json. A sharded runner takes its
+// blocks of them (every rank reads the files).
 nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner);
 
 }  // namespace loom::train

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -139,6 +140,77 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
            {"tls_cert", as_string([](Config& c) -> std::string& { return c.outer.tls_cert; })},
            {"tls_key", as_string([](Config& c) -> std::string& { return c.outer.tls_key; })},
        }},
+      {"plan",
+       {
+           {"mesh",
+            [](Config& c, const toml::node& n, const std::string& where) {
+              const toml::table* t = n.as_table();
+              if (!t || t->empty())
+                throw Error(where + ": expected a table of axis sizes",
+                            "mesh = { data = 2, model = 2 }");
+              // toml++ keeps keys sorted; the mesh keeps the order they were written in
+              std::vector<std::pair<toml::source_position, std::pair<std::string, int64_t>>> axes;
+              for (const auto& [k, v] : *t) {
+                auto size = v.value<int64_t>();
+                if (!v.is_integer() || !size)
+                  throw Error(fmt::format("{}: axis {} needs an integer size", where, k.str()));
+                axes.push_back({k.source().begin, {std::string(k.str()), *size}});
+              }
+              std::stable_sort(axes.begin(), axes.end(), [](const auto& a, const auto& b) {
+                return a.first.line != b.first.line ? a.first.line < b.first.line
+                                                    : a.first.column < b.first.column;
+              });
+              std::vector<std::pair<std::string, int64_t>> m;
+              for (auto& a : axes) m.push_back(std::move(a.second));
+              c.plan.plan.mesh = shard::Mesh(std::move(m), where);
+            }},
+           {"tactics",
+            [](Config& c, const toml::node& n, const std::string& where) {
+              const toml::array* a = n.as_array();
+              if (!a) throw Error(where + ": expected an array of tables",
+                                  "tactics = [ { kind = \"fsdp\", axis = \"data\" } ]");
+              c.plan.plan.tactics.clear();
+              for (size_t i = 0; i < a->size(); ++i) {
+                std::string at = fmt::format("{}[{}]", where, i);
+                const toml::table* t = (*a)[i].as_table();
+                if (!t) throw Error(at + ": expected a table { kind = ..., axis = ... }");
+                shard::Tactic tac;
+                for (const auto& [k, v] : *t) {
+                  std::string key(k.str());
+                  auto str = [&]() {
+                    if (!v.is_string()) throw Error(fmt::format("{}: {} must be a string", at, key));
+                    return *v.value<std::string>();
+                  };
+                  if (key == "kind") tac.kind = str();
+                  else if (key == "axis") tac.axis = str();
+                  else if (key == "pattern") tac.pattern = str();
+                  else if (key == "dim") {
+                    if (!v.is_integer()) throw Error(fmt::format("{}: dim must be an integer", at));
+                    tac.dim = *v.value<int64_t>();
+                  } else {
+                    throw Error(fmt::format("{}: unknown key '{}'", at, key),
+                                suggest(key, {"kind", "axis", "pattern", "dim"}));
+                  }
+                }
+                const auto& kinds = shard::tactic_kinds();
+                if (std::find(kinds.begin(), kinds.end(), tac.kind) == kinds.end())
+                  throw Error(fmt::format("{}: unknown tactic kind '{}'", at, tac.kind),
+                              suggest(tac.kind, kinds));
+                if (tac.axis.empty()) throw Error(at + ": missing key 'axis'");
+                if (tac.kind == "shard" && (tac.pattern.empty() || tac.dim < 0))
+                  throw Error(at + ": a shard tactic needs pattern and dim",
+                              "{ kind = \"shard\", pattern = \"lm_head.weight\", dim = 0, axis = \"model\" }");
+                c.plan.plan.tactics.push_back(tac);
+              }
+            }},
+           {"ranks",
+            [](Config& c, const toml::node& n, const std::string& where) {
+              auto v = n.value<std::string>();
+              if (!n.is_string() || !v || (*v != "mpi" && *v != "local"))
+                throw Error(where + ": expected \"mpi\" or \"local\"");
+              c.plan.ranks = *v;
+            }},
+       }},
       {"optim",
        {
            {"lr", as_float([](Config& c) -> double& { return c.optim.lr; })},
@@ -246,12 +318,28 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!(c.outer.retry_s >= 0)) bad("[outer] retry_s", "must be >= 0");
   if (c.checkpoint.every < 0) bad("[checkpoint] every", "must be >= 0");
   if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
+  c.plan.plan.where = fmt::format("{}: [plan]", path);
+  if (c.plan.plan.empty() && !c.plan.plan.tactics.empty())
+    bad("[plan] tactics", "need a mesh: add [plan] mesh = { data = 2 }");
   {
     // Full float precision (0.9 prints as 0.90000000000000002): toml++'s relaxed mode rounds to six
     // digits, which would change a learning rate like 0.123456789 in the run's saved config.
     std::ostringstream os;
     os << root;
     c.text = os.str() + "\n";
+    // ... and the mesh in the order it was written, not toml++'s sorted order
+    if (const toml::table* plan = root["plan"].as_table(); plan && plan->contains("mesh")) {
+      std::ostringstream m;
+      if (const toml::table* mt = (*plan)["mesh"].as_table()) m << *mt;
+      std::string written = "{ ";
+      for (size_t i = 0; i < c.plan.plan.mesh.axes().size(); ++i) {
+        const auto& [a, n] = c.plan.plan.mesh.axes()[i];
+        written += fmt::format("{}{} = {}", i ? ", " : "", a, n);
+      }
+      written += " }";
+      size_t at = c.text.find("mesh = " + m.str());
+      if (at != std::string::npos) c.text.replace(at + 7, m.str().size(), written);
+    }
   }
   return c;
 }

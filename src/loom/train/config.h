@@ -1,4 +1,5 @@
-// The run configuration: a TOML file with sections [model], [train], [optim], overridden from the
+// The run configuration: a TOML file with sections [model], [train], [optim], [data], [checkpoint],
+// [outer] and [plan], overridden from the
 // command line with `--set section.key=value`.
 //
 // Strict: an unknown section or key, or a value of the wrong type, is a loom::Error naming the file and
@@ -12,6 +13,7 @@
 
 #include "loom/autodiff/autodiff.h"
 #include "loom/models/model.h"
+#include "loom/shard/plan.h"
 
 namespace loom::train {
 
@@ -54,6 +56,14 @@ struct OuterConfig {
   std::string tls_cert, tls_key;
 };
 
+// [plan]: how the training step is split across ranks (shard/plan.h). No mesh: one process, unsplit.
+struct PlanConfig {
+  shard::Plan plan;            // mesh = { data = 2, model = 2 } (axes in the order written),
+                               // tactics = [ { kind = "fsdp", axis = "data" }, ... ]
+  std::string ranks = "mpi";   // "mpi": one process per rank (mpirun -np N loom train ...);
+                               // "local": N threads of this process
+};
+
 struct Config {
   std::string path;  // where it came from, for messages
   models::ModelConfig model;
@@ -62,6 +72,7 @@ struct Config {
   DataConfig data;
   CheckpointConfig checkpoint;
   OuterConfig outer;
+  PlanConfig plan;
   // [model] init: weights to start a fresh run from (a model.safetensors, or a directory holding one,
   // such as `loom export`'s output); empty: random init. Ignored when resuming.
   std::string init_weights;

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "loom/autodiff/autodiff.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/kernels.h"
@@ -10,7 +12,8 @@
 
 namespace loom::train {
 
-StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode)
+StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
+                       const runtime::MeshComms* comms)
     : cfg_(cfg), params_(params), mode_(mode) {
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
   model_ = models::build_model(cfg.model, B, T);
@@ -31,6 +34,9 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode)
     g.add_output(model_.loss);
     g.add_output(model_.logits);
   } else if (cfg.train.grad_accum > 1) {
+    if (comms && !cfg.plan.plan.empty())
+      throw Error(fmt::format("{}: [train] grad_accum > 1 with a [plan] is not supported yet", cfg.path),
+                  "raise [train] batch_size instead: the plan splits it across ranks");
     accum_ = cfg.train.grad_accum;
     ops::Builder b(g);
     auto grads = autodiff::gradients(b, model_.loss, g.inputs_of_kind(ir::ValueKind::param));
@@ -60,10 +66,17 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode)
     hyper_ = ts.hyper;
   }
   ops::verify_or_throw(g, "training graph for " + cfg.path);
-  exec_ = std::make_unique<runtime::Executor>(g);
-  for (const auto& p : params_.infos()) exec_->bind(g.find(p.name), params_.data(p.name));
   inputs_.resize(size_t(B * T));
   targets_.resize(size_t(B * T));
+  out_loss_ = model_.loss;
+  if (comms && !cfg.plan.plan.empty()) {
+    shard_program(comms);
+    for (auto [p, m] : ts.moments_m) state_of_["m:" + g.value(p).name] = m;
+    for (auto [p, v] : ts.moments_v) state_of_["v:" + g.value(p).name] = v;
+    return;
+  }
+  exec_ = std::make_unique<runtime::Executor>(g);
+  for (const auto& p : params_.infos()) exec_->bind(g.find(p.name), params_.data(p.name));
   exec_->bind(model_.tokens, inputs_.data());
   exec_->bind(model_.targets, targets_.data());
   if (mode == Mode::train) {
@@ -82,14 +95,138 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode)
   }
 }
 
+void StepRunner::shard_program(const runtime::MeshComms* comms) {
+  const ir::Graph& g = model_.graph;
+  sharded_ = std::make_unique<Sharded>();
+  Sharded& sh = *sharded_;
+  sh.comms = comms;
+  sh.rank = comms->world().rank();
+  sh.plan = shard::shard_graph(g, cfg_.plan.plan, {.batch_inputs = {model_.tokens, model_.targets}},
+                               comms->world().size());
+  const shard::Program& prog = sh.plan.program;
+  const shard::Mesh& mesh = cfg_.plan.plan.mesh;
+  exec_ = std::make_unique<runtime::Executor>(prog.graph);
+  exec_->set_comms(comms);
+  for (const ir::Value& v : g.values()) {
+    if (v.kind == ir::ValueKind::node) continue;
+    const int local = prog.local[size_t(v.id)];
+    const shard::Sharding& s = sh.plan.propagation.value[size_t(v.id)];
+    const int64_t n = numel(prog.graph.value(local).type.shape);
+    if (v.kind == ir::ValueKind::param) {
+      if (s.is_replicated()) {
+        exec_->bind(local, params_.data(v.name));
+      } else {
+        auto& buf = sh.params[v.name];
+        buf.resize(size_t(n));
+        shard::copy_block(params_.data(v.name), buf.data(), v.type.shape, 4, s, mesh, sh.rank);
+        exec_->bind(local, buf.data());
+      }
+    } else if (v.id == model_.tokens || v.id == model_.targets) {
+      auto& buf = v.id == model_.tokens ? sh.tokens : sh.targets;
+      buf.resize(size_t(n));
+      exec_->bind(local, buf.data());
+    } else if (v.id == hyper_) {
+      exec_->bind(local, hyper_buf_);
+    } else if (v.kind == ir::ValueKind::state) {
+      moments_.emplace_back(size_t(n), 0.0f);
+      exec_->bind(local, moments_.back().data());
+      moment_of_[v.name] = moments_.back().data();
+    } else {
+      LOOM_CHECK(false) << "unbound graph input %" << v.name;
+    }
+  }
+  for (size_t i = 0; i < g.outputs().size(); ++i) out_local_[g.outputs()[i]] = prog.outputs[i];
+  out_loss_ = out_local_.at(model_.loss);
+}
+
+std::vector<float> StepRunner::gather(int v, const float* local) {
+  const Sharded& sh = *sharded_;
+  const ir::TensorType& t = model_.graph.value(v).type;
+  shard::Sharding s = sh.plan.propagation.value[size_t(v)];
+  s.partial.clear();
+  const shard::Mesh& mesh = cfg_.plan.plan.mesh;
+  const int64_t n = numel(shard::local_shape(t.shape, s, mesh));
+  comm::Communicator& world = sh.comms->world();
+  std::vector<float> all(size_t(n * world.size())), full(size_t(numel(t.shape)));
+  world.all_gather(local, all.data(), n * 4);
+  for (int r = 0; r < world.size(); ++r)
+    shard::copy_block_back(all.data() + r * n, full.data(), t.shape, 4, s, mesh, r);
+  return full;
+}
+
+void StepRunner::push_params() {
+  if (!sharded_) return;
+  for (auto& [name, buf] : sharded_->params) {
+    auto full = gather(model_.graph.find(name), buf.data());
+    std::memcpy(params_.data(name), full.data(), full.size() * 4);
+  }
+}
+
+void StepRunner::pull_params() {
+  if (!sharded_) return;
+  for (auto& [name, buf] : sharded_->params) {
+    int v = model_.graph.find(name);
+    shard::copy_block(params_.data(name), buf.data(), model_.graph.value(v).type.shape, 4,
+                      sharded_->plan.propagation.value[size_t(v)], cfg_.plan.plan.mesh,
+                      sharded_->rank);
+  }
+}
+
+StepRunner::StateBytes StepRunner::state_bytes() const {
+  const ir::Graph& p = exec_->graph();
+  auto bytes = [&](int v) { return runtime::value_bytes(p.value(v)); };
+  StateBytes b;
+  for (const ir::Value& v : p.values()) {
+    if (v.kind == ir::ValueKind::param) b.params += bytes(v.id);
+    if (v.kind == ir::ValueKind::state) b.moments += bytes(v.id);
+  }
+  for (const ir::Node& n : p.nodes())
+    if (n.op == "adamw") b.grads += bytes(n.inputs[1]);
+  return b;
+}
+
 StepRunner::~StepRunner() = default;
 
 float StepRunner::step(const int32_t* tokens) { return step(tokens, cfg_.optim.lr); }
 
-float* StepRunner::moment(const std::string& param, int which) {
-  auto it = moment_of_.find((which == 0 ? "m:" : "v:") + param);
+float* StepRunner::moment_ptr(const std::string& param, int which) {
+  const std::string key = (which == 0 ? "m:" : "v:") + param;
+  auto it = sharded_ ? moment_of_.find(model_.graph.value(state_of_.at(key)).name)
+                     : moment_of_.find(key);
   LOOM_CHECK(it != moment_of_.end()) << "no optimizer moment for " << param;
   return it->second;
+}
+
+void StepRunner::read_moment(const std::string& param, int which, float* full) {
+  const float* m = moment_ptr(param, which);
+  if (!sharded_) {
+    std::memcpy(full, m, size_t(numel(model_.graph.value(model_.graph.find(param)).type.shape)) * 4);
+    return;
+  }
+  auto all = gather(state_of_.at((which == 0 ? "m:" : "v:") + param), m);
+  std::memcpy(full, all.data(), all.size() * 4);
+}
+
+void StepRunner::write_moment(const std::string& param, int which, const float* full) {
+  float* m = moment_ptr(param, which);
+  const ir::Value& pv = model_.graph.value(model_.graph.find(param));
+  if (!sharded_) {
+    std::memcpy(m, full, size_t(numel(pv.type.shape)) * 4);
+    return;
+  }
+  int v = state_of_.at((which == 0 ? "m:" : "v:") + param);
+  shard::copy_block(full, m, pv.type.shape, 4, sharded_->plan.propagation.value[size_t(v)],
+                    cfg_.plan.plan.mesh, sharded_->rank);
+}
+
+std::vector<float> StepRunner::full_grad(const std::string& param) {
+  auto it = grad_of_.find(param);
+  LOOM_CHECK(it != grad_of_.end()) << "no gradient for " << param;
+  if (!sharded_) {
+    const float* g = exec_->ptr<float>(it->second);
+    return {g, g + numel(model_.graph.value(it->second).type.shape)};
+  }
+  return gather(it->second, exec_->ptr<float>(out_local_.at(it->second)));
 }
 
 float StepRunner::step(const int32_t* tokens, double lr) {
@@ -108,8 +245,16 @@ float StepRunner::step(const int32_t* tokens, double lr) {
   }
   if (!opt_exec_) {
     load_rows(tokens);
+    if (sharded_) {  // this rank's block of the batch
+      const auto& pv = sharded_->plan.propagation.value;
+      const Shape& shape = model_.graph.value(model_.tokens).type.shape;
+      shard::copy_block(inputs_.data(), sharded_->tokens.data(), shape, 4,
+                        pv[size_t(model_.tokens)], cfg_.plan.plan.mesh, sharded_->rank);
+      shard::copy_block(targets_.data(), sharded_->targets.data(), shape, 4,
+                        pv[size_t(model_.targets)], cfg_.plan.plan.mesh, sharded_->rank);
+    }
     exec_->run();
-    return *exec_->ptr<float>(model_.loss);
+    return *exec_->ptr<float>(out_loss_);
   }
   // Gradient accumulation: sum micro-batch gradients, then one optimizer step on their mean.
   double loss = 0;
@@ -130,9 +275,13 @@ float StepRunner::step(const int32_t* tokens, double lr) {
   return float(loss / double(accum_));
 }
 
-const float* StepRunner::logits() const { return exec_->ptr<float>(model_.logits); }
+const float* StepRunner::logits() const {
+  LOOM_CHECK(!sharded_) << "logits of a sharded run";
+  return exec_->ptr<float>(model_.logits);
+}
 
 const float* StepRunner::grad(const std::string& param) const {
+  LOOM_CHECK(!sharded_) << "grad() of a sharded run: use full_grad()";
   auto it = grad_of_.find(param);
   LOOM_CHECK(it != grad_of_.end()) << "no gradient for " << param;
   return exec_->ptr<float>(it->second);
@@ -140,6 +289,7 @@ const float* StepRunner::grad(const std::string& param) const {
 
 float StepRunner::grad_norm() const {
   LOOM_CHECK(grad_norm_ >= 0);
+  if (sharded_) return *exec_->ptr<float>(out_local_.at(grad_norm_));
   return *(opt_exec_ ? opt_exec_ : exec_)->ptr<float>(grad_norm_);
 }
 

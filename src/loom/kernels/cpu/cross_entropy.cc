@@ -74,20 +74,21 @@ double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float i
 
 // logits (N,V), targets (N) -> loss (1), dlogits (N,V) (may alias logits, may be null).
 void cross_entropy(const float* logits, const int32_t* targets, float* loss, float* dlogits,
-                   int64_t N, int64_t V) {
+                   int64_t N, int64_t V, int64_t rows) {
+  if (rows <= 0) rows = N;
   for (int64_t n = 0; n < N; ++n)
     LOOM_CHECK(targets[n] >= 0 && targets[n] < V)
         << "cross_entropy: targets[" << n << "] = " << targets[n] << " outside [0," << V << ")";
   std::vector<double> row_loss(static_cast<size_t>(N));  // (N)
   double* const rl = row_loss.data();
-  const float inv_n = 1.0f / float(N);
+  const float inv_n = 1.0f / float(rows);
   detail::for_blocks(N, 1, [&](int64_t n, int64_t) {
     rl[n] = cross_entropy_row(logits + n * V, targets[n], dlogits ? dlogits + n * V : nullptr, V,
                               inv_n);
   });
   double total = 0;
   for (int64_t n = 0; n < N; ++n) total += rl[n];
-  loss[0] = float(total / double(N));
+  loss[0] = float(total / double(rows));
 }
 
 }  // namespace loom::kernels::cpu

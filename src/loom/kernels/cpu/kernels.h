@@ -59,10 +59,11 @@ void gelu_fwd(const float* x, float* y, int64_t n);
 void gelu_bwd(const float* dy, const float* x, float* dx, int64_t n);
 
 // ---- cross-entropy fused with its gradient ----
-// logits (N,V), targets (N) -> loss (scalar, mean over N), dlogits (N,V) = (softmax - onehot) / N.
-// Accumulates in f32 (f64 for the mean over rows). dlogits may alias logits.
+// logits (N,V), targets (N) -> loss (scalar, sum over N / rows), dlogits (N,V) = (softmax - onehot) /
+// rows, where rows = N unless given (a shard of a batch divides by the whole batch's row count).
+// Accumulates in f32 (f64 for the sum over rows). dlogits may alias logits.
 void cross_entropy(const float* logits, const int32_t* targets, float* loss, float* dlogits,
-                   int64_t N, int64_t V);
+                   int64_t N, int64_t V, int64_t rows = 0);
 
 // ---- elementwise ----
 void add(const float* a, const float* b, float* y, int64_t n);  // y = a + b

@@ -1,0 +1,265 @@
+// The MPI backend (see mpi.h). Every MPI call is written LOOM_MPI(MPI_Xxx, args...), which passes the
+// return code and the call's name to mpi_call, the one place that turns a failure into loom::Error.
+// Not here: choosing algorithms (Open MPI's tuned module does), averaging, device buffers.
+// Invariant: no MPI count exceeds INT_MAX, because every call moves one piece of at most chunk_bytes
+// (<= kMaxChunkBytes = 1 GiB) per rank.
+#include "loom/comm/mpi.h"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+
+#include "loom/comm/chunking.h"
+#include "loom/core/error.h"
+
+namespace loom::comm {
+
+namespace {
+
+// The checking wrapper: throws loom::Error("MPI_Xxx failed: <MPI's error string>").
+void mpi_call(const char* name, int rc) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+    len = std::snprintf(text, sizeof text, "MPI error code %d", rc);
+  throw Error(fmt::format("{} failed: {}", name, std::string(text, size_t(len))),
+              "an MPI failure on one rank ends the job: see the other ranks' output too");
+}
+
+#define LOOM_MPI(fn, ...) mpi_call(#fn, fn(__VA_ARGS__))
+
+// Calls `release` where a destructor must not throw: a failure is printed, not thrown.
+template <class F>
+void release_quietly(F&& release) {
+  try {
+    release();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "warning: %s\n", e.what());
+  }
+}
+
+bool mpi_running() {
+  int init = 0, fin = 0;
+  LOOM_MPI(MPI_Initialized, &init);
+  LOOM_MPI(MPI_Finalized, &fin);
+  return init && !fin;
+}
+
+int to_int(int64_t n) {
+  LOOM_CHECK(n >= 0 && n <= INT_MAX) << "an MPI count of " << n << " (pieces are <= chunk_bytes)";
+  return int(n);
+}
+
+// The bf16 sum as an MPI_Op: inout[i] = bf16(f32(in[i]) + f32(inout[i])), round to nearest even.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const bf16* a = static_cast<const bf16*>(in);
+  bf16* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::bf16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+// Owns an MPI communicator handle. MPI_Comm_free is collective in name only: it marks the handle for
+// deallocation and returns without waiting for the other ranks, so it is safe in a destructor.
+struct CommHandle {
+  MPI_Comm comm = MPI_COMM_NULL;
+  explicit CommHandle(MPI_Comm c) : comm(c) {}
+  CommHandle(const CommHandle&) = delete;
+  CommHandle& operator=(const CommHandle&) = delete;
+  ~CommHandle() {
+    release_quietly([&] {
+      if (comm != MPI_COMM_NULL && mpi_running()) LOOM_MPI(MPI_Comm_free, &comm);
+    });
+  }
+};
+
+// Owns the bf16 sum MPI_Op (one per communicator: no global state).
+struct OpHandle {
+  MPI_Op op = MPI_OP_NULL;
+  OpHandle() { LOOM_MPI(MPI_Op_create, &bf16_sum, /*commute=*/1, &op); }
+  OpHandle(const OpHandle&) = delete;
+  OpHandle& operator=(const OpHandle&) = delete;
+  ~OpHandle() {
+    release_quietly([&] {
+      if (op != MPI_OP_NULL && mpi_running()) LOOM_MPI(MPI_Op_free, &op);
+    });
+  }
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm`.
+  MpiCommunicator(MPI_Comm comm, int64_t chunk_bytes) : Communicator(chunk_bytes), comm_(comm) {
+    LOOM_MPI(MPI_Comm_set_errhandler, comm_.comm, MPI_ERRORS_RETURN);
+    LOOM_MPI(MPI_Comm_rank, comm_.comm, &rank_);
+    LOOM_MPI(MPI_Comm_size, comm_.comm, &size_);
+    int* ub = nullptr;
+    int flag = 0;
+    LOOM_MPI(MPI_Comm_get_attr, comm_.comm, MPI_TAG_UB, &ub, &flag);
+    tag_ub_ = flag && ub ? *ub : 32767;  // the standard's minimum
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  void all_reduce(void* buf, int64_t count, DType dt) override {
+    detail::check_count("all_reduce", count);
+    detail::check_reduce_dtype("all_reduce", dt);
+    const int64_t es = int64_t(dtype_size(dt));
+    detail::check_buffer("all_reduce", buf, count * es);
+    char* p = static_cast<char*>(buf);
+    for_each_piece(count, piece_units(es, chunk_bytes()), [&](int64_t off, int64_t n) {
+      LOOM_MPI(MPI_Allreduce, MPI_IN_PLACE, p + off * es, to_int(n), mpi_type(dt), sum_op(dt), comm_.comm);
+    });
+  }
+
+  void all_gather(const void* in, void* out, int64_t bytes) override {
+    detail::check_count("all_gather", bytes);
+    detail::check_buffer("all_gather", in, bytes);
+    detail::check_buffer("all_gather", out, bytes);
+    chunked_all_gather(in, out, bytes, size_, chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
+      LOOM_MPI(MPI_Allgather, pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
+    });
+  }
+
+  void reduce_scatter(const void* in, void* out, int64_t count, DType dt) override {
+    detail::check_count("reduce_scatter", count);
+    detail::check_reduce_dtype("reduce_scatter", dt);
+    const int64_t es = int64_t(dtype_size(dt));
+    detail::check_buffer("reduce_scatter", in, count * es);
+    detail::check_buffer("reduce_scatter", out, count * es);
+    chunked_reduce_scatter(in, out, count, es, size_, chunk_bytes(),
+                           [&](const void* pin, void* pout, int64_t n) {
+                             LOOM_MPI(MPI_Reduce_scatter_block, pin, pout, to_int(n), mpi_type(dt),
+                                      sum_op(dt), comm_.comm);
+                           });
+  }
+
+  void broadcast(void* buf, int64_t bytes, int root) override {
+    detail::check_count("broadcast", bytes);
+    detail::check_peer(*this, "broadcast", "root", root);
+    detail::check_buffer("broadcast", buf, bytes);
+    char* p = static_cast<char*>(buf);
+    for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
+      LOOM_MPI(MPI_Bcast, p + off, to_int(n), MPI_BYTE, root, comm_.comm);
+    });
+  }
+
+  void all_to_all(const void* in, void* out, int64_t bytes) override {
+    detail::check_count("all_to_all", bytes);
+    detail::check_buffer("all_to_all", in, bytes);
+    detail::check_buffer("all_to_all", out, bytes);
+    chunked_all_to_all(in, out, bytes, size_, chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
+      LOOM_MPI(MPI_Alltoall, pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
+    });
+  }
+
+  void send(const void* buf, int64_t bytes, int peer, int tag) override {
+    check_p2p("send", buf, bytes, peer, tag);
+    const char* p = static_cast<const char*>(buf);
+    for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
+      LOOM_MPI(MPI_Send, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm);
+    });
+  }
+
+  void recv(void* buf, int64_t bytes, int peer, int tag) override {
+    check_p2p("recv", buf, bytes, peer, tag);
+    char* p = static_cast<char*>(buf);
+    for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
+      MPI_Status st;
+      LOOM_MPI(MPI_Recv, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm, &st);
+      int got = 0;
+      LOOM_MPI(MPI_Get_count, &st, MPI_BYTE, &got);
+      if (got != n)
+        throw Error(fmt::format("recv: rank {} sent a piece of {} bytes with tag {}, this recv of {} "
+                                "bytes expects {}",
+                                peer, got, tag, bytes, n),
+                    "send and recv must agree on bytes and chunk_bytes");
+    });
+  }
+
+  void barrier() override { LOOM_MPI(MPI_Barrier, comm_.comm); }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    LOOM_MPI(MPI_Comm_split, comm_.comm, color < 0 ? MPI_UNDEFINED : color, key, &sub);
+    if (sub == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiCommunicator>(sub, chunk_bytes());
+  }
+
+ private:
+  MPI_Op sum_op(DType dt) const { return dt == DType::bf16 ? bf16_sum_.op : MPI_SUM; }
+
+  void check_p2p(const char* op, const void* buf, int64_t bytes, int peer, int tag) const {
+    detail::check_count(op, bytes);
+    detail::check_peer(*this, op, "peer", peer);
+    detail::check_tag(op, tag);
+    if (tag > tag_ub_) throw Error(fmt::format("{}: tag {} is over MPI_TAG_UB = {}", op, tag, tag_ub_));
+    detail::check_buffer(op, buf, bytes);
+  }
+
+  CommHandle comm_;
+  OpHandle bf16_sum_;
+  int rank_ = 0, size_ = 0, tag_ub_ = 0;
+};
+
+}  // namespace
+
+MpiSession::MpiSession() {
+  int init = 0, provided = 0;
+  LOOM_MPI(MPI_Initialized, &init);
+  if (init) {
+    LOOM_MPI(MPI_Query_thread, &provided);
+  } else {
+    LOOM_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    owns_ = true;
+  }
+  if (provided < MPI_THREAD_FUNNELED) {
+    if (owns_) LOOM_MPI(MPI_Finalize);
+    throw Error(fmt::format("MPI provides thread level {}, Loom needs MPI_THREAD_FUNNELED ({})", provided,
+                            int(MPI_THREAD_FUNNELED)),
+                "initialize MPI with MPI_Init_thread(MPI_THREAD_FUNNELED) or let MpiSession do it");
+  }
+  LOOM_MPI(MPI_Comm_set_errhandler, MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+MpiSession::~MpiSession() {
+  if (!owns_) return;
+  release_quietly([] {
+    if (mpi_running()) LOOM_MPI(MPI_Finalize);
+  });
+}
+
+bool MpiSession::launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+std::unique_ptr<Communicator> mpi_world() {
+  if (!mpi_running())
+    throw Error("mpi_world: MPI is not running", "create a loom::comm::MpiSession first and keep it alive");
+  MPI_Comm dup = MPI_COMM_NULL;
+  LOOM_MPI(MPI_Comm_dup, MPI_COMM_WORLD, &dup);
+  return std::make_unique<MpiCommunicator>(dup, kDefaultChunkBytes);
+}
+
+void mpi_abort(int code) {
+  std::fflush(nullptr);
+  release_quietly([&] {
+    if (mpi_running()) LOOM_MPI(MPI_Abort, MPI_COMM_WORLD, code);
+  });
+  std::_Exit(code);
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,131 @@
+// Collective ops: what shard/lower inserts where a consumer needs another sharding than its producer
+// gives. They appear only in per-rank programs, so their shapes are local; `axis` names the mesh axis
+// whose ranks take part and `n` is its size.
+//
+// all_gather(x) {axis, dim, n}        x's dim grows n-fold: the ranks' blocks in axis order
+// reduce_scatter(x) {axis, dim, n}    sum over the axis, then keep this rank's 1/n block of dim
+// all_reduce(x) {axis}                sum over the axis
+// all_to_all(x) {axis, split_dim, concat_dim, n}
+//                                     split_dim shrinks n-fold, concat_dim grows n-fold (block j of
+//                                     split_dim goes to rank j; received blocks are concatenated)
+// shard_slice(x) {axis, dim, n}       keep this rank's 1/n block of dim: no communication
+// assign(dst, src) -> dst             copy src into dst's memory (an optimizer result returned to its
+//                                     parameter's storage after a reshard)
+//
+// Not here: how the bytes move (comm/ and runtime/collectives.cc). No VJPs: collectives are inserted
+// after autodiff, on the per-rank program.
+#include <fmt/format.h>
+
+#include "loom/core/error.h"
+#include "loom/ops/op.h"
+
+namespace loom::ops {
+
+namespace {
+
+using Types = std::vector<ir::TensorType>;
+
+int64_t int_attr(std::string_view op, const ir::Attrs& a, const char* key) {
+  auto it = a.find(key);
+  if (it == a.end() || !std::holds_alternative<int64_t>(it->second))
+    throw Error(fmt::format("op {}: missing integer attribute '{}'", op, key));
+  return std::get<int64_t>(it->second);
+}
+
+void check_axis(std::string_view op, const Types& in, const ir::Attrs& a) {
+  auto it = a.find("axis");
+  if (it == a.end() || !std::holds_alternative<std::string>(it->second))
+    type_error(op, in, "needs a string attribute 'axis' naming a mesh axis");
+}
+
+int64_t dim_attr(std::string_view op, const Types& in, const ir::Attrs& a, const char* key) {
+  int64_t d = int_attr(op, a, key);
+  if (d < 0 || d >= int64_t(in[0].shape.size()))
+    type_error(op, in, fmt::format("{} = {} is not a dim of the input", key, d));
+  return d;
+}
+
+int64_t group_size(std::string_view op, const Types& in, const ir::Attrs& a) {
+  int64_t n = int_attr(op, a, "n");
+  if (n < 1) type_error(op, in, "n must be >= 1");
+  return n;
+}
+
+Cost comm_cost(const ir::Graph& g, const ir::Node& n) {
+  Cost c;
+  const auto& t = g.value(n.inputs[0]).type;
+  c.bytes_read = double(numel(t.shape)) * double(dtype_size(t.dtype));
+  const auto& o = g.value(n.outputs[0]).type;
+  c.bytes_written = double(numel(o.shape)) * double(dtype_size(o.dtype));
+  return c;
+}
+
+// all_gather / reduce_scatter / shard_slice: one dim scaled by n (grow) or divided by n (shrink).
+OpDef resize_dim(const char* name, bool grow) {
+  return OpDef{.name = name,
+               .num_inputs = 1,
+               .infer =
+                   [name, grow](const Types& in, const ir::Attrs& a) -> Types {
+                     expect_inputs(name, in, 1);
+                     check_axis(name, in, a);
+                     int64_t d = dim_attr(name, in, a, "dim"), n = group_size(name, in, a);
+                     Shape s = in[0].shape;
+                     if (grow) {
+                       s[size_t(d)] *= n;
+                     } else {
+                       if (s[size_t(d)] % n)
+                         type_error(name, in, fmt::format("dim {} is not divisible by {}", d, n));
+                       s[size_t(d)] /= n;
+                     }
+                     return {{in[0].dtype, s}};
+                   },
+               .cost = comm_cost};
+}
+
+}  // namespace
+
+void register_collective_ops() {
+  register_op(resize_dim("all_gather", true));
+  register_op(resize_dim("reduce_scatter", false));
+  register_op(resize_dim("shard_slice", false));
+  register_op({.name = "all_reduce",
+               .num_inputs = 1,
+               .infer =
+                   [](const Types& in, const ir::Attrs& a) -> Types {
+                     expect_inputs("all_reduce", in, 1);
+                     check_axis("all_reduce", in, a);
+                     if (in[0].dtype == DType::i32) type_error("all_reduce", in, "cannot sum i32");
+                     return {in[0]};
+                   },
+               .cost = comm_cost,
+               .reuse = {{0, 0}}});
+  register_op({.name = "all_to_all",
+               .num_inputs = 1,
+               .infer =
+                   [](const Types& in, const ir::Attrs& a) -> Types {
+                     expect_inputs("all_to_all", in, 1);
+                     check_axis("all_to_all", in, a);
+                     int64_t sd = dim_attr("all_to_all", in, a, "split_dim");
+                     int64_t cd = dim_attr("all_to_all", in, a, "concat_dim");
+                     int64_t n = group_size("all_to_all", in, a);
+                     Shape s = in[0].shape;
+                     if (s[size_t(sd)] % n)
+                       type_error("all_to_all", in, fmt::format("dim {} is not divisible by {}", sd, n));
+                     s[size_t(sd)] /= n;
+                     s[size_t(cd)] *= n;
+                     return {{in[0].dtype, s}};
+                   },
+               .cost = comm_cost});
+  register_op({.name = "assign",
+               .num_inputs = 2,
+               .infer =
+                   [](const Types& in, const ir::Attrs&) -> Types {
+                     expect_inputs("assign", in, 2);
+                     if (!(in[0] == in[1])) type_error("assign", in, "dst and src types differ");
+                     return {in[0]};
+                   },
+               .cost = comm_cost,
+               .inplace = {{0, 0}}});
+}
+
+}  // namespace loom::ops

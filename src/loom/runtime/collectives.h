@@ -1,0 +1,43 @@
+// The collective ops of a per-rank program (ops/collective.cc) run on a Communicator per mesh axis.
+//
+// MeshComms splits a world communicator into one communicator per axis: the ranks that differ only in
+// that axis's coordinate, ranked by it. With the mesh {data = 2, model = 2} (rank = 2 * data + model),
+// rank 3's `data` communicator holds ranks {1, 3} and its `model` communicator ranks {2, 3}.
+//
+// Layout: a collective over dim d of a local (outer, s, inner) tensor moves whole (s, inner) blocks;
+// when outer > 1 the blocks are packed into rank order in a scratch buffer first, so the wire always
+// carries contiguous per-rank blocks.
+//
+// Not here: choosing collectives (shard/lower.h), moving bytes (comm/).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/comm/communicator.h"
+#include "loom/ir/graph.h"
+
+namespace loom::runtime {
+
+class MeshComms {
+ public:
+  // Collective over `world`, whose size must be the product of the axis sizes.
+  MeshComms(comm::Communicator& world, const std::vector<std::pair<std::string, int64_t>>& axes);
+  comm::Communicator& world() const { return world_; }
+  // LOOM_CHECKs that the axis exists (lowering only names mesh axes).
+  comm::Communicator& axis(const std::string& name) const;
+
+ private:
+  comm::Communicator& world_;
+  std::map<std::string, std::unique_ptr<comm::Communicator>> axes_;
+};
+
+bool is_collective(const std::string& op);
+// Runs one collective node; ins/outs as for CPU kernels.
+void run_collective(const ir::Graph& g, const ir::Node& n, void* const* ins, void* const* outs,
+                    const MeshComms& comms);
+
+}  // namespace loom::runtime

@@ -1,0 +1,222 @@
+#include "loom/shard/propagate.h"
+
+#include <algorithm>
+#include <set>
+
+#include "loom/core/error.h"
+#include "loom/ops/op.h"
+
+namespace loom::shard {
+
+namespace {
+
+constexpr int kPropagated = 1 << 20;  // priority of a sharding no tactic set
+constexpr int kMaxSweeps = 16;
+
+bool updates_in_place(const ir::Node& n, size_t i) {
+  for (auto [o, in] : ops::op_def(n.op).inplace)
+    if (size_t(in) == i) return true;
+  return false;
+}
+
+std::vector<std::string> mesh_sorted(std::vector<std::string> axes, const Mesh& m) {
+  std::sort(axes.begin(), axes.end(), [&](const std::string& a, const std::string& b) {
+    return m.index(a) < m.index(b);
+  });
+  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+  return axes;
+}
+
+class Propagator {
+ public:
+  Propagator(const ir::Graph& g, const Mesh& m, const Annotations& ann) : g_(g), m_(m), ann_(ann) {
+    p_.value.resize(g.values().size());
+    p_.explicit_.resize(g.values().size());
+    p_.node.resize(g.nodes().size());
+    for (const ir::Value& v : g.values()) {
+      auto it = ann.find(v.id);
+      p_.explicit_[size_t(v.id)] = it != ann.end();
+      p_.value[size_t(v.id)] =
+          it != ann.end() ? it->second.sharding : Sharding::replicated(v.type.shape.size());
+    }
+    rules_.reserve(g.nodes().size());
+    for (const ir::Node& n : g.nodes()) rules_.push_back(ops::factor_rule(g, n));
+  }
+
+  Propagation run() {
+    for (p_.sweeps = 1; p_.sweeps <= kMaxSweeps; ++p_.sweeps) {
+      bool changed = false;
+      for (const ir::Node& n : g_.nodes()) changed |= visit(n);
+      for (auto it = g_.nodes().rbegin(); it != g_.nodes().rend(); ++it) changed |= visit(*it);
+      if (!changed) {
+        p_.converged = true;
+        break;
+      }
+    }
+    p_.sweeps = std::min(p_.sweeps, kMaxSweeps);
+    return std::move(p_);
+  }
+
+ private:
+  // A tactic's priority counts for graph inputs (parameters, batch): how they are stored is how ops
+  // should split. A tactic's sharding of an intermediate value (a gradient kept split, the sequence
+  // stream) says how to keep it, not how its consumers compute: it ranks with propagated ones.
+  int priority(int v) const {
+    auto it = ann_.find(v);
+    if (it == ann_.end() || g_.value(v).kind == ir::ValueKind::node) return kPropagated;
+    return it->second.priority;
+  }
+
+  // Returns whether any value's sharding changed.
+  bool visit(const ir::Node& n) {
+    const ops::FactorRule& r = rules_[size_t(n.id)];
+    const int nf = r.num_factors();
+    // factors that are not the major factor of some dim cannot carry axes (a dim lists its axes once)
+    std::vector<bool> minor(size_t(nf), false);
+    auto mark = [&](const std::vector<std::vector<std::vector<int>>>& side) {
+      for (const auto& t : side)
+        for (const auto& d : t)
+          for (size_t k = 1; k < d.size(); ++k) minor[size_t(d[k])] = true;
+    };
+    mark(r.operands);
+    mark(r.results);
+
+    std::vector<const Sharding*> view(n.inputs.size());
+    for (size_t i = 0; i < n.inputs.size(); ++i) view[i] = &operand_view(g_, p_, ann_, n, i);
+
+    // partial sums pass through the op's linear operands when they all agree
+    std::vector<std::string> pass;
+    bool linear_ok = !r.linear.empty();
+    for (size_t i = 0; i < n.inputs.size() && linear_ok; ++i) {
+      bool lin = std::find(r.linear.begin(), r.linear.end(), int(i)) != r.linear.end();
+      const auto& part = view[i]->partial;
+      if (lin && size_t(i) == size_t(r.linear[0])) pass = part;
+      if (lin ? part != view[size_t(r.linear[0])]->partial : !part.empty()) linear_ok = false;
+    }
+    if (!linear_ok) pass.clear();
+
+    struct Cand {
+      int prio, order, factor;
+      const std::vector<std::string>* axes;
+    };
+    std::vector<Cand> cands;
+    auto collect = [&](const Sharding& s, const std::vector<std::vector<int>>& dims, int prio,
+                       int order) {
+      for (size_t d = 0; d < dims.size() && d < s.dims.size(); ++d)
+        if (!s.dims[d].empty() && !dims[d].empty()) cands.push_back({prio, order, dims[d][0], &s.dims[d]});
+    };
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      collect(*view[i], r.operands[i], priority(n.inputs[i]), int(i));
+    for (size_t j = 0; j < n.outputs.size(); ++j)
+      collect(p_.value[size_t(n.outputs[j])], r.results[j], priority(n.outputs[j]), 1000 + int(j));
+    // operands before results: a result's sharding (a tactic's choice of how to keep it, or a
+    // consumer's wish) only fills factors its operands leave free; it is met by a reshard otherwise
+    std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
+      bool ra = a.order >= 1000, rb = b.order >= 1000;
+      if (ra != rb) return rb;
+      return a.prio != b.prio ? a.prio < b.prio : a.order < b.order;
+    });
+
+    NodeSharding ns;
+    ns.factor_axes.assign(size_t(nf), {});
+    std::set<std::string> used(pass.begin(), pass.end());
+    for (const Cand& c : cands) {
+      auto& fa = ns.factor_axes[size_t(c.factor)];
+      if (!fa.empty() || r.fixed[size_t(c.factor)] || minor[size_t(c.factor)]) continue;
+      int64_t ways = 1;
+      bool free = true;
+      for (const auto& a : *c.axes) {
+        free &= !used.count(a);
+        ways *= m_.axis_size(a);
+      }
+      if (!free || r.size[size_t(c.factor)] % ways) continue;
+      fa = *c.axes;
+      used.insert(c.axes->begin(), c.axes->end());
+    }
+
+    auto project = [&](const std::vector<std::vector<int>>& dims) {
+      Sharding s = Sharding::replicated(dims.size());
+      for (size_t d = 0; d < dims.size(); ++d)
+        if (!dims[d].empty()) s.dims[d] = ns.factor_axes[size_t(dims[d][0])];
+      return s;
+    };
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      Sharding s = project(r.operands[i]);
+      if (std::find(r.linear.begin(), r.linear.end(), int(i)) != r.linear.end()) s.partial = pass;
+      ns.operands.push_back(std::move(s));
+    }
+    for (size_t j = 0; j < n.outputs.size(); ++j) {
+      Sharding s = project(r.results[j]);
+      std::vector<std::string> part = pass;
+      for (int f = 0; f < nf; ++f)
+        if (r.kind(f, int(j)) == ops::FactorKind::reduce)
+          part.insert(part.end(), ns.factor_axes[size_t(f)].begin(), ns.factor_axes[size_t(f)].end());
+      s.partial = mesh_sorted(part, m_);
+      ns.results.push_back(std::move(s));
+    }
+
+    bool changed = false;
+    // forward: results not set by a tactic take what the node produces, keeping splits that their
+    // consumers asked for on dims the node leaves whole
+    for (size_t j = 0; j < n.outputs.size(); ++j) {
+      int v = n.outputs[j];
+      if (p_.explicit_[size_t(v)]) continue;
+      Sharding s = ns.results[j];
+      const Sharding& old = p_.value[size_t(v)];
+      for (size_t d = 0; d < s.dims.size(); ++d)
+        if (s.dims[d].empty() && !old.dims[d].empty() && fits(s, old.dims[d], g_.value(v).type.shape[d]))
+          s.dims[d] = old.dims[d];
+      if (!(s == old)) {
+        p_.value[size_t(v)] = std::move(s);
+        changed = true;
+      }
+    }
+    // backward: operands not set by a tactic grow the splits this node asks for
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      int v = n.inputs[i];
+      if (p_.explicit_[size_t(v)]) continue;
+      Sharding& s = p_.value[size_t(v)];
+      for (size_t d = 0; d < s.dims.size(); ++d) {
+        const auto& want = ns.operands[i].dims[d];
+        if (s.dims[d].empty() && !want.empty() && fits(s, want, g_.value(v).type.shape[d])) {
+          s.dims[d] = want;
+          changed = true;
+        }
+      }
+    }
+    p_.node[size_t(n.id)] = std::move(ns);
+    return changed;
+  }
+
+  // Whether `axes` may split a whole dim of size n of a value sharded as s.
+  bool fits(const Sharding& s, const std::vector<std::string>& axes, int64_t n) const {
+    int64_t ways = 1;
+    for (const auto& a : axes) {
+      if (s.uses(a)) return false;
+      ways *= m_.axis_size(a);
+    }
+    return n % ways == 0;
+  }
+
+  const ir::Graph& g_;
+  const Mesh& m_;
+  const Annotations& ann_;
+  std::vector<ops::FactorRule> rules_;
+  Propagation p_;
+};
+
+}  // namespace
+
+const Sharding& operand_view(const ir::Graph& g, const Propagation& p, const Annotations& ann,
+                             const ir::Node& node, size_t i) {
+  int v = node.inputs[i];
+  auto it = ann.find(v);
+  if (it != ann.end() && it->second.has_use && !updates_in_place(node, i)) return it->second.use;
+  return p.value[size_t(v)];
+}
+
+Propagation propagate(const ir::Graph& g, const Mesh& mesh, const Annotations& ann) {
+  return Propagator(g, mesh, ann).run();
+}
+
+}  // namespace loom::shard
