@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "ranks.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/data/text_corpus.h"
@@ -109,16 +110,27 @@ std::function<int()> add_train(CLI::App& app) {
       throw Error(fmt::format("run dir {} already holds checkpoints", run),
                   "pass --resume auto to continue it, or choose another --run-dir");
 
+    const shard::Plan& plan = cfg.plan.plan;
+    if (!plan.empty() && !cfg.outer.server.empty())
+      throw Error(fmt::format("{}: [outer] islands with a [plan] are not supported yet", o->config),
+                  "run each island as one process (no [plan]), or drop [outer]");
+
+    // One rank's training loop; `comms` is null without a plan. Rank 0 writes metrics and
+    // checkpoints; every rank computes (a sharded step, gathers and evaluation are collective).
+    auto train_rank = [&](const runtime::MeshComms* comms) -> int {
+    const bool writer = !comms || comms->world().rank() == 0;
     train::ParamStore params(cfg.model);
     params.init_random(uint64_t(cfg.train.seed));
-    train::StepRunner runner(cfg, params, train::StepRunner::Mode::train);
-    train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval);
+    train::StepRunner runner(cfg, params, train::StepRunner::Mode::train, comms);
+    train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval, comms);
     int64_t start = 1;
     if (latest) {
       train::load_checkpoint(*latest, params, runner);
       start = runner.step_count() + 1;
-      fmt::print(stderr, "resuming from {} (step {})\n", *latest, runner.step_count());
-      truncate_metrics(metrics, runner.step_count());
+      if (writer) {
+        fmt::print(stderr, "resuming from {} (step {})\n", *latest, runner.step_count());
+        truncate_metrics(metrics, runner.step_count());
+      }
     } else {
       // [model] init: a fresh run starts from given weights (loom export's output, a checkpoint's
       // model.safetensors) instead of the random init; a resumed run takes its checkpoint's instead.
@@ -128,9 +140,10 @@ std::function<int()> add_train(CLI::App& app) {
           throw Error(fmt::format("{}: [model] init: no such file {}", o->config, cfg.init_weights),
                       "point it at a model.safetensors or a directory holding one (loom export)");
         params.load(*w);  // names, dtypes and shapes checked against [model]
-        fmt::print(stderr, "initialised from {}\n", *w);
+        runner.pull_params();
+        if (writer) fmt::print(stderr, "initialised from {}\n", *w);
       }
-      std::ofstream(metrics, std::ios::trunc);
+      if (writer) std::ofstream(metrics, std::ios::trunc);
     }
     // an island takes the server's parameters (whatever a checkpoint or [model] init held)
     std::unique_ptr<outer::Island> island;
@@ -141,9 +154,10 @@ std::function<int()> add_train(CLI::App& app) {
                                                fmt::format("{}:{} {}", host, ::getpid(), run));
     }
     const int rank = island ? int(island->id()) - 1 : 0;  // island ids count from 1
-    write_file_atomic(run + "/config.toml", cfg.text);
+    if (writer) write_file_atomic(run + "/config.toml", cfg.text);
     // the run keeps its tokenizer, so loom sample decodes the same ids wherever the data moves
-    if (corpus.prepared() && fs::exists(cfg.data.path + "/tokenizer.model", ec)) {
+    std::error_code ec;
+    if (writer && corpus.prepared() && fs::exists(cfg.data.path + "/tokenizer.model", ec)) {
       fs::copy_file(cfg.data.path + "/tokenizer.model", run + "/tokenizer.model",
                     fs::copy_options::overwrite_existing, ec);
       if (ec)
@@ -152,15 +166,22 @@ std::function<int()> add_train(CLI::App& app) {
     }
     train::Schedule sched{.lr = cfg.optim.lr, .min_lr = cfg.train.min_lr,
                           .warmup = cfg.train.warmup_steps, .total = cfg.train.steps};
-    std::ofstream log(metrics, std::ios::app);
-    if (!log) throw Error(fmt::format("cannot write {}", metrics));
-    const bool tty = ::isatty(STDOUT_FILENO);
+    std::ofstream log;
+    if (writer) {
+      log.open(metrics, std::ios::app);
+      if (!log) throw Error(fmt::format("cannot write {}", metrics));
+    }
+    const bool tty = writer && ::isatty(STDOUT_FILENO);
     const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
     std::vector<int32_t> tokens(size_t(rows * (T + 1)));
-    auto evaluate = [&]() { return train::validation_loss(cfg, corpus, evaluator); };
+    auto evaluate = [&]() {
+      runner.push_params();  // a sharded evaluator takes its blocks of the updated parameters
+      evaluator.pull_params();
+      return train::validation_loss(cfg, corpus, evaluator);
+    };
     auto save = [&]() {
       train::save_checkpoint(ckdir, params, runner, {{"data", cfg.data.path}}, cfg.text,
-                             int(cfg.checkpoint.keep));
+                             int(cfg.checkpoint.keep), writer);
     };
     double first_val = NAN, last_val = NAN;
     float loss = NAN;
@@ -217,8 +238,10 @@ std::function<int()> add_train(CLI::App& app) {
       }
       m["elapsed_s"] =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      log << m.dump() << "\n";
-      log.flush();
+      if (writer) {
+        log << m.dump() << "\n";
+        log.flush();
+      }
       if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || last) save();
       if (tty) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -230,18 +253,22 @@ std::function<int()> add_train(CLI::App& app) {
       if (last) break;
     }
     if (tty) fmt::print("\n");
+    if (!writer) return 0;
     if (start > cfg.train.steps) {
       fmt::print("{} is already trained to step {}\n", run, cfg.train.steps);
       return 0;
     }
     fmt::print("trained to step {}: train loss {:.4f}, val loss {:.4f}", last_step, loss, last_val);
     if (!std::isnan(first_val)) fmt::print(" (at step 1: {:.4f})", first_val);
+    if (comms) fmt::print(" on {} ranks {}", plan.mesh.size(), plan.mesh.to_string());
     fmt::print("; run dir {}\n", run);
     if (island)
       fmt::print("island {}: {} outer rounds, {} bytes sent, {} received, {:.1f} s waiting for the "
                  "server\n", island->id(), island->rounds(), island->bytes_sent(),
                  island->bytes_received(), island->wait_s());
     return 0;
+    };
+    return run_ranks(cfg, train_rank);
   };
 }
 

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""loom train with a [plan], as a user runs it, against the same config on one process:
+
+  1. every tactic, with its ranks as threads ([plan] ranks = "local") and as mpirun processes, logs
+     the losses of the unsharded run at every step (f32, within 1e-5 relative) and the same
+     validation losses;
+  2. a checkpoint written under one plan resumes under another plan, and under no plan, continuing
+     with the straight run's losses;
+  3. plan errors (an unknown axis or tactic, a mesh that does not match the ranks, a dim its axes do
+     not divide, two tactics splitting one value over one axis) exit non-zero before training, with
+     a message naming the tactic, the value and the axis.
+
+A rank that cannot start fails the test; nothing is skipped.
+
+    plan_cli_test.py LOOM_BINARY SOURCE_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from textdata import write_pseudo_english
+
+LOOM, SRC = sys.argv[1], sys.argv[2]
+CONFIG = os.path.join(SRC, "configs", "tiny-llama.toml")
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+          "-x", "OMP_NUM_THREADS", "-x", "OMP_WAIT_POLICY"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
+failures = 0
+
+DATA_TACTIC = '{kind="data",axis="data"}'
+PLANS = {
+    "data": ("{data=2}", "[%s]" % DATA_TACTIC),
+    "fsdp": ("{data=2}", '[{kind="fsdp",axis="data"},%s]' % DATA_TACTIC),
+    "zero1": ("{data=2}", '[{kind="zero1",axis="data"},%s]' % DATA_TACTIC),
+    "zero2": ("{data=2}", '[{kind="zero2",axis="data"},%s]' % DATA_TACTIC),
+    "megatron": ("{model=2}", '[{kind="megatron",axis="model"}]'),
+    "megatron+sequence": ("{model=2}",
+                          '[{kind="megatron",axis="model"},{kind="sequence",axis="model"}]'),
+    "fsdp x megatron": ("{data=2,model=2}",
+                        '[{kind="megatron",axis="model"},{kind="fsdp",axis="data"},%s]'
+                        % DATA_TACTIC),
+}
+
+
+def fail(msg):
+    global failures
+    failures += 1
+    print("FAIL " + msg)
+
+
+def train_args(run, data, plan=None, ranks="mpi", extra=()):
+    a = [LOOM, "train", CONFIG, "--run-dir", run, "--set", "data.path=" + data,
+         "--set", "train.steps=20", "--set", "train.warmup_steps=4", "--set", "train.eval_every=10",
+         "--set", "train.seq_len=32", "--set", "checkpoint.every=10", "--set", "checkpoint.keep=0",
+         "--set", "optim.lr=3e-3"] + list(extra)
+    if plan:
+        mesh, tactics = PLANS[plan]
+        a += ["--set", "plan.mesh=" + mesh, "--set", "plan.tactics=" + tactics,
+              "--set", "plan.ranks=" + ranks]
+    return a
+
+
+def ranks_of(plan):
+    mesh = PLANS[plan][0].strip("{}")
+    n = 1
+    for part in mesh.split(","):
+        n *= int(part.split("=")[1])
+    return n
+
+
+def run(args, mpi_ranks=0):
+    cmd = (MPIRUN + ["-np", str(mpi_ranks)] + args) if mpi_ranks else args
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def compare(name, got, want, first_step=1):
+    want = [m for m in want if m["step"] >= first_step]
+    if [m["step"] for m in got] != [m["step"] for m in want]:
+        fail("%s: steps %s, expected %s" % (name, [m["step"] for m in got],
+                                             [m["step"] for m in want]))
+        return
+    worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(got, want))
+    vals = [(a.get("val_loss"), b.get("val_loss")) for a, b in zip(got, want)]
+    val_worst = max([abs(a - b) / abs(b) for a, b in vals if b is not None] + [0])
+    if worst > 1e-5 or val_worst > 1e-5 or any((a is None) != (b is None) for a, b in vals):
+        fail("%s: worst relative loss difference %.3g, validation %.3g" % (name, worst, val_worst))
+    else:
+        print("ok   %s: %d steps, worst relative loss difference %.2g" % (name, len(got), worst))
+
+
+def expect_error(name, result, *needles):
+    out = result.stdout + result.stderr
+    if result.returncode == 0:
+        fail("%s: exited 0" % name)
+    elif "Traceback" in out or "terminate called" in out or "Segmentation" in out:
+        fail("%s: crashed: %s" % (name, out[-500:]))
+    elif not all(n in out for n in needles):
+        fail("%s: message lacks %s: %s" % (name, needles, out[-800:]))
+    else:
+        print("ok   %s: exit %d, %s" % (name, result.returncode,
+                                       next(l for l in out.splitlines() if needles[0] in l).strip()))
+
+
+with tempfile.TemporaryDirectory() as d:
+    data = os.path.join(d, "text.txt")
+    write_pseudo_english(data)
+    straight = os.path.join(d, "straight")
+    r = run(train_args(straight, data))
+    if r.returncode != 0:
+        print("FAIL the unsharded run exited %d: %s" % (r.returncode, r.stderr))
+        sys.exit(1)
+    ref = metrics(straight)
+
+    # 1. every tactic, local and mpirun
+    for plan in PLANS:
+        for launcher in ["local", "mpirun"]:
+            rd = os.path.join(d, "%s-%s" % (plan.replace(" ", "_"), launcher))
+            if launcher == "local":
+                r = run(train_args(rd, data, plan, "local"))
+            else:
+                r = run(train_args(rd, data, plan, "mpi"), mpi_ranks=ranks_of(plan))
+            if r.returncode != 0:
+                fail("%s under %s exited %d: %s" % (plan, launcher, r.returncode,
+                                                    (r.stdout + r.stderr)[-1500:]))
+                continue
+            compare("%s under %s" % (plan, launcher), metrics(rd), ref)
+
+    # 2. checkpoints across plans: the fsdp run's step-10 checkpoint, resumed elsewhere
+    src = os.path.join(d, "fsdp-mpirun")
+    for target, launcher in [("fsdp x megatron", "local"), ("megatron", "mpirun"), (None, "")]:
+        rd = os.path.join(d, "resume-%s" % (target or "single").replace(" ", "_"))
+        if not os.path.isdir(src):
+            fail("no fsdp run to resume from")
+            break
+        shutil.copytree(src, rd)
+        shutil.rmtree(os.path.join(rd, "checkpoints", "step_00000020"))
+        args = train_args(rd, data, target, "local" if launcher == "local" else "mpi",
+                          ["--resume", "auto"])
+        r = run(args, mpi_ranks=ranks_of(target) if launcher == "mpirun" else 0)
+        name = "fsdp checkpoint resumed under %s" % (target or "one process")
+        if r.returncode != 0:
+            fail("%s exited %d: %s" % (name, r.returncode, (r.stdout + r.stderr)[-1500:]))
+            continue
+        if "resuming from" not in r.stderr:
+            fail("%s: did not resume: %s" % (name, r.stderr[-500:]))
+            continue
+        compare(name, [m for m in metrics(rd) if m["step"] > 10], ref, first_step=11)
+
+    # 3. plan errors, before training
+    bad = os.path.join(d, "bad")
+
+    def bad_args(mesh, tactics, ranks="local"):
+        shutil.rmtree(bad, ignore_errors=True)
+        return [LOOM, "train", CONFIG, "--run-dir", bad, "--set", "data.path=" + data,
+                "--set", "plan.mesh=" + mesh, "--set", "plan.tactics=" + tactics,
+                "--set", "plan.ranks=" + ranks]
+
+    expect_error("unknown axis", run(bad_args("{data=2}", '[{kind="data",axis="batch"}]')),
+                 "tactics[0] (data)", "'batch'", "{data = 2}")
+    expect_error("unknown tactic", run(bad_args("{data=2}", '[{kind="ddp",axis="data"}]')),
+                 "tactics[0]", "unknown tactic kind 'ddp'")
+    expect_error("mesh without mpirun", run(bad_args("{data=2}", "[%s]" % DATA_TACTIC, "mpi")),
+                 "not started by mpirun", "mpirun -np 2")
+    expect_error("mesh larger than the job",
+                 run(bad_args("{data=4}", "[%s]" % DATA_TACTIC, "mpi"), mpi_ranks=2),
+                 "mpirun started 2", "{data = 4}")
+    expect_error("dim not divisible",
+                 run(bad_args("{model=3}",
+                              '[{kind="shard",axis="model",pattern="lm_head.weight",dim=1}]')),
+                 "tactics[0] (shard)", "%lm_head.weight", "not divisible by 3")
+    expect_error("two tactics, one axis",
+                 run(bad_args("{data=2}", '[{kind="fsdp",axis="data"},{kind="zero1",axis="data"}]')),
+                 "tactics[1] (zero1)", "already split over axis 'data'", "tactics[0] (fsdp)")
+    expect_error("pattern matching nothing",
+                 run(bad_args("{model=2}", '[{kind="shard",axis="model",pattern="nope*",dim=0}]')),
+                 "tactics[0] (shard)", "'nope*' matches no value")
+    if os.path.exists(os.path.join(bad, "checkpoints")):
+        fail("a rejected plan left checkpoints behind")
+
+print("plan_cli: %d failure(s)" % failures)
+sys.exit(1 if failures else 0)
