@@ -1,5 +1,9 @@
 // loom bench: trains on synthetic tokens and prints one JSON line of throughput and memory.
 //
+// With a [plan] every rank runs the step (ranks.h: threads or mpirun processes) on the same global
+// batch; rank 0 prints the line, with the plan and, per rank, the planned bytes of parameters,
+// gradients and optimizer moments, the planned peak and the measured peak RSS.
+//
 // model_flops_per_token = 6 * (matmul params incl. the output head) + 12 * L * T * d_model
 // (training forward+backward; models::train_flops_per_token), so achieved_gflops is comparable across
 // implementations of the same model (it ignores the causal half-saving and recomputation).
@@ -14,20 +18,125 @@
 #include <random>
 
 #include "commands.h"
+#include "ranks.h"
 #include "loom/core/error.h"
 #include "loom/ops/linear.h"
 #include "loom/train/step.h"
 
 namespace loom::cli {
 
+namespace {
+
+struct BenchOpts {
+  std::string config;
+  int steps = 10, warmup = 3;
+  bool profile = false;
+  std::vector<std::string> sets;
+};
+
+int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::MeshComms* comms) {
+  const BenchOpts* o = &o_;
+  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
+  train::ParamStore params(cfg.model);
+  params.init_random(uint64_t(cfg.train.seed));
+  train::StepRunner runner(cfg, params, train::StepRunner::Mode::train, comms);
+  std::mt19937 rng(uint32_t(cfg.train.seed) + 1);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.model.vocab_size - 1));
+  const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
+  std::vector<int32_t> tokens(size_t(rows * (T + 1)));
+  std::vector<double> ms;
+  float loss = 0;
+  for (int i = 0; i < o->warmup + o->steps; ++i) {
+    for (auto& t : tokens) t = tok(rng);
+    if (i == o->warmup) runner.executor().set_profiling(o->profile);
+    auto t0 = std::chrono::steady_clock::now();
+    loss = runner.step(tokens.data());
+    auto t1 = std::chrono::steady_clock::now();
+    if (i >= o->warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  if (!std::isfinite(loss)) throw Error("bench: the loss is not finite");
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                    : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  double tokens_per_step = double(rows * T);
+  double fpt = models::train_flops_per_token(cfg.model, T);
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  nlohmann::json j;
+  j["config"] = o->config;
+  j["arch"] = cfg.model.arch;
+  j["dtype"] = std::string(dtype_name(cfg.model.dtype));
+  j["threads"] = omp_get_max_threads();
+  j["batch_size"] = B;
+  j["grad_accum"] = cfg.train.grad_accum;
+  j["seq_len"] = T;
+  j["params"] = params.total_elements();
+  j["steps"] = o->steps;
+  j["tokens_per_s"] = tokens_per_step / (median / 1000.0);
+  j["step_ms"] = {{"median", median}, {"min", sorted.front()}, {"max", sorted.back()}};
+  j["model_flops_per_token"] = fpt;
+  j["achieved_gflops"] = fpt * tokens_per_step / (median / 1000.0) / 1e9;
+  j["planned_peak_bytes"] = runner.planned_peak_bytes();
+  j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
+  j["final_loss"] = loss;
+  // per rank: planned bytes of parameters, gradients, moments and the whole step; measured peak RSS
+  const train::StepRunner::StateBytes sb = runner.state_bytes();
+  std::vector<int64_t> mine{sb.params, sb.grads, sb.moments, runner.planned_peak_bytes(),
+                            int64_t(ru.ru_maxrss) * 1024};
+  std::vector<int64_t> all = mine;
+  if (comms) {
+    all.resize(mine.size() * size_t(comms->world().size()));
+    comms->world().all_gather(mine.data(), all.data(), int64_t(mine.size() * 8));
+    nlohmann::json tactics = nlohmann::json::array();
+    for (const auto& t : cfg.plan.plan.tactics) tactics.push_back(t.kind + ":" + t.axis);
+    j["plan"] = {{"mesh", cfg.plan.plan.mesh.to_string()}, {"tactics", tactics},
+                 {"ranks", cfg.plan.ranks}};
+  }
+  j["per_rank"] = nlohmann::json::array();
+  for (size_t r = 0; r < all.size() / mine.size(); ++r) {
+    const int64_t* x = &all[r * mine.size()];
+    j["per_rank"].push_back({{"param_bytes", x[0]}, {"grad_bytes", x[1]}, {"moment_bytes", x[2]},
+                             {"planned_peak_bytes", x[3]}, {"peak_rss_bytes", x[4]}});
+  }
+  if (comms && comms->world().rank() != 0) return 0;
+  fmt::print("{}\n", j.dump());
+  if (o->profile) {
+    nlohmann::json p = nlohmann::json::object();
+    for (auto& [op, t] : runner.executor().op_times())
+      p[op] = {{"ms_per_step", t.seconds * 1000.0 / o->steps}, {"calls", t.calls}};
+    fmt::print(stderr, "{}\n", p.dump());
+    fmt::print(stderr, "{}", runtime::memory_report(runner.program(), runner.executor().plan()));
+    // matmuls grouped by shape: where the GEMM time goes
+    struct Group {
+      double seconds = 0, flops = 0;
+      int calls = 0;
+    };
+    std::map<std::string, Group> mm;
+    const auto& nt = runner.executor().node_times();
+    const ir::Graph& g = runner.program();
+    for (const ir::Node& n : g.nodes()) {
+      if (n.op != "matmul") continue;
+      ops::MatmulDims d = ops::matmul_dims(g, n);
+      std::string key = fmt::format("M={} N={} K={} ta={} tb={} {}->{}", d.M, d.N, d.K, int(d.ta),
+                                    int(d.tb), dtype_name(g.value(n.inputs[0]).type.dtype),
+                                    dtype_name(g.value(n.outputs[0]).type.dtype));
+      Group& gr = mm[key];
+      gr.seconds += nt[n.id].seconds / o->steps;
+      gr.flops += 2.0 * double(d.batch * d.M) * double(d.N) * double(d.K);
+      gr.calls++;
+    }
+    for (const auto& [k, gr] : mm)
+      fmt::print(stderr, "  matmul {:<44} x{:<3} {:8.1f} ms/step {:6.1f} GFLOP/s\n", k, gr.calls,
+                 gr.seconds * 1000.0, gr.seconds > 0 ? gr.flops / gr.seconds / 1e9 : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+
 std::function<int()> add_bench(CLI::App& app) {
-  struct Opts {
-    std::string config;
-    int steps = 10, warmup = 3;
-    bool profile = false;
-    std::vector<std::string> sets;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<BenchOpts>();
   CLI::App* s = app.add_subcommand("bench", "time training steps on synthetic tokens (JSON)");
   s->add_option("config", o->config, "config TOML")->required();
   s->add_option("--steps", o->steps, "timed steps")->check(CLI::PositiveNumber);
@@ -36,81 +145,7 @@ std::function<int()> add_bench(CLI::App& app) {
   s->add_flag("--profile", o->profile, "also print time per op (JSON, to stderr)");
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
-    const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
-    train::ParamStore params(cfg.model);
-    params.init_random(uint64_t(cfg.train.seed));
-    train::StepRunner runner(cfg, params, train::StepRunner::Mode::train);
-    std::mt19937 rng(uint32_t(cfg.train.seed) + 1);
-    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.model.vocab_size - 1));
-    const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
-    std::vector<int32_t> tokens(size_t(rows * (T + 1)));
-    std::vector<double> ms;
-    float loss = 0;
-    for (int i = 0; i < o->warmup + o->steps; ++i) {
-      for (auto& t : tokens) t = tok(rng);
-      if (i == o->warmup) runner.executor().set_profiling(o->profile);
-      auto t0 = std::chrono::steady_clock::now();
-      loss = runner.step(tokens.data());
-      auto t1 = std::chrono::steady_clock::now();
-      if (i >= o->warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
-    if (!std::isfinite(loss)) throw Error("bench: the loss is not finite");
-    std::vector<double> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                      : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
-    double tokens_per_step = double(rows * T);
-    double fpt = models::train_flops_per_token(cfg.model, T);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    nlohmann::json j;
-    j["config"] = o->config;
-    j["arch"] = cfg.model.arch;
-    j["dtype"] = std::string(dtype_name(cfg.model.dtype));
-    j["threads"] = omp_get_max_threads();
-    j["batch_size"] = B;
-    j["grad_accum"] = cfg.train.grad_accum;
-    j["seq_len"] = T;
-    j["params"] = params.total_elements();
-    j["steps"] = o->steps;
-    j["tokens_per_s"] = tokens_per_step / (median / 1000.0);
-    j["step_ms"] = {{"median", median}, {"min", sorted.front()}, {"max", sorted.back()}};
-    j["model_flops_per_token"] = fpt;
-    j["achieved_gflops"] = fpt * tokens_per_step / (median / 1000.0) / 1e9;
-    j["planned_peak_bytes"] = runner.planned_peak_bytes();
-    j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
-    j["final_loss"] = loss;
-    fmt::print("{}\n", j.dump());
-    if (o->profile) {
-      nlohmann::json p = nlohmann::json::object();
-      for (auto& [op, t] : runner.executor().op_times())
-        p[op] = {{"ms_per_step", t.seconds * 1000.0 / o->steps}, {"calls", t.calls}};
-      fmt::print(stderr, "{}\n", p.dump());
-      fmt::print(stderr, "{}", runtime::memory_report(runner.graph(), runner.executor().plan()));
-      // matmuls grouped by shape: where the GEMM time goes
-      struct Group {
-        double seconds = 0, flops = 0;
-        int calls = 0;
-      };
-      std::map<std::string, Group> mm;
-      const auto& nt = runner.executor().node_times();
-      const ir::Graph& g = runner.graph();
-      for (const ir::Node& n : g.nodes()) {
-        if (n.op != "matmul") continue;
-        ops::MatmulDims d = ops::matmul_dims(g, n);
-        std::string key = fmt::format("M={} N={} K={} ta={} tb={} {}->{}", d.M, d.N, d.K, int(d.ta),
-                                      int(d.tb), dtype_name(g.value(n.inputs[0]).type.dtype),
-                                      dtype_name(g.value(n.outputs[0]).type.dtype));
-        Group& gr = mm[key];
-        gr.seconds += nt[n.id].seconds / o->steps;
-        gr.flops += 2.0 * double(d.batch * d.M) * double(d.N) * double(d.K);
-        gr.calls++;
-      }
-      for (const auto& [k, gr] : mm)
-        fmt::print(stderr, "  matmul {:<44} x{:<3} {:8.1f} ms/step {:6.1f} GFLOP/s\n", k, gr.calls,
-                   gr.seconds * 1000.0, gr.seconds > 0 ? gr.flops / gr.seconds / 1e9 : 0.0);
-    }
-    return 0;
+    return run_ranks(cfg, [&](const runtime::MeshComms* comms) { return bench_rank(*o, cfg, comms); });
   };
 }
 

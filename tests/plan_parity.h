@@ -1,0 +1,169 @@
+// Shared by plan_parity_test (ranks as threads) and plan_parity_mpi (ranks under mpirun): the cases,
+// and the one-rank and N-rank runs they compare.
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/runtime/collectives.h"
+#include "loom/train/config.h"
+#include "loom/train/step.h"
+
+namespace loom::train::parity {
+
+struct Case {
+  std::string name, mesh, tactics;
+  std::string model = "tiny";  // tiny | mid
+};
+
+inline std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
+
+inline Config config(const Case& c) {
+  std::vector<std::string> sets = {"plan.mesh=" + c.mesh, "plan.tactics=" + c.tactics,
+                                   "train.batch_size=4", "train.seq_len=16",
+                                   // see expect_close_norm: fewer gradients near eps
+                                   "optim.eps=1e-6"};
+  if (c.model == "mid")
+    for (std::string s : {"model.d_model=128", "model.n_heads=8", "model.n_kv_heads=4",
+                          "model.ffn_hidden=352", "model.n_layers=3", "model.vocab_size=512"})
+      sets.push_back(s);
+  return load_config(std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml", sets);
+}
+
+inline std::vector<int32_t> batch(const Config& c, int64_t step) {
+  std::mt19937 rng(uint32_t(7919 * step + 3));
+  std::uniform_int_distribution<int32_t> u(0, int32_t(c.model.vocab_size - 1));
+  std::vector<int32_t> t(size_t(c.train.batch_size * (c.train.seq_len + 1)));
+  for (auto& x : t) x = u(rng);
+  return t;
+}
+
+inline const int kSteps = std::getenv("PARITY_STEPS") ? std::atoi(std::getenv("PARITY_STEPS")) : 20;
+inline double lr_at(int64_t s) { return 3e-3 * (1.0 - 0.03 * double(s)); }
+
+struct TrainRun {
+  std::vector<float> losses, grad_norms;
+  std::map<std::string, std::vector<float>> params, m, v;
+};
+
+inline TrainRun train_run(const Config& cfg, const runtime::MeshComms* comms) {
+  ParamStore p(cfg.model);
+  p.init_random(11);
+  StepRunner r(cfg, p, StepRunner::Mode::train, comms);
+  TrainRun out;
+  for (int64_t s = 1; s <= kSteps; ++s) {
+    out.losses.push_back(r.step(batch(cfg, s).data(), lr_at(s)));
+    out.grad_norms.push_back(r.grad_norm());
+  }
+  r.push_params();
+  for (const auto& info : p.infos()) {
+    const float* d = p.data(info.name);
+    out.params[info.name].assign(d, d + numel(info.shape));
+    for (int which : {0, 1}) {
+      auto& dst = (which == 0 ? out.m : out.v)[info.name];
+      dst.resize(size_t(numel(info.shape)));
+      r.read_moment(info.name, which, dst.data());
+    }
+  }
+  return out;
+}
+
+inline std::map<std::string, std::vector<float>> grads_run(const Config& cfg,
+                                                    const runtime::MeshComms* comms) {
+  ParamStore p(cfg.model);
+  p.init_random(5);
+  StepRunner r(cfg, p, StepRunner::Mode::grads, comms);
+  r.step(batch(cfg, 1).data());
+  std::map<std::string, std::vector<float>> g;
+  for (const auto& info : p.infos()) g[info.name] = r.full_grad(info.name);
+  return g;
+}
+
+// "" when every |a - b| <= atol + rtol |b|, else the worst element.
+inline std::string close(const std::vector<float>& a, const std::vector<float>& b, double rtol,
+                         double atol, const std::string& what) {
+  if (a.size() != b.size()) return what + ": sizes differ";
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double err = std::abs(double(a[i]) - double(b[i])) - atol - rtol * std::abs(double(b[i]));
+    if (err > worst) worst = err, at = i;
+  }
+  if (worst <= 0) return "";
+  return what + "[" + std::to_string(at) + "]: " + std::to_string(a[at]) + " vs " +
+         std::to_string(b[at]);
+}
+
+// ||a - b|| / ||b||: for parameters and moments after 20 AdamW steps, whose elements with a gradient
+// near AdamW's eps move by up to ~lr/100 when a split changes the order of a sum (a 1-ulp change in
+// a tiny gradient). A misplaced block or a stale shard moves the norm by O(1).
+inline std::string close_norm(const std::vector<float>& a, const std::vector<float>& b, double rel,
+                              const std::string& what) {
+  if (a.size() != b.size()) return what + ": sizes differ";
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    n += double(b[i]) * b[i];
+  }
+  if (std::sqrt(d) <= rel * std::sqrt(n) + 1e-30) return "";
+  return what + ": relative error " + std::to_string(std::sqrt(d / std::max(n, 1e-300)));
+}
+
+// Every difference between an N-rank training run and the reference ("" entries dropped).
+inline std::vector<std::string> compare_training(const TrainRun& got, const TrainRun& ref) {
+  std::vector<std::string> errs{close(got.losses, ref.losses, 1e-5, 0, "loss"),
+                                close(got.grad_norms, ref.grad_norms, 1e-4, 0, "grad_norm")};
+  for (const auto& [name, want] : ref.params) {
+    errs.push_back(close(got.params.at(name), want, 0, 1e-4, "param " + name));
+    errs.push_back(close_norm(got.params.at(name), want, 1e-4, "param " + name));
+    errs.push_back(close_norm(got.m.at(name), ref.m.at(name), 1e-3, "adam.m " + name));
+    errs.push_back(close_norm(got.v.at(name), ref.v.at(name), 1e-3, "adam.v " + name));
+  }
+  std::erase(errs, std::string());
+  return errs;
+}
+
+inline std::vector<std::string> compare_grads(const std::map<std::string, std::vector<float>>& got,
+                                              const std::map<std::string, std::vector<float>>& ref) {
+  std::vector<std::string> errs;
+  for (const auto& [name, want] : ref) errs.push_back(close(got.at(name), want, 1e-4, 1e-7, "grad " + name));
+  std::erase(errs, std::string());
+  return errs;
+}
+
+inline Config single(Config c) {
+  c.plan = {};
+  return c;
+}
+
+
+// The tactics of the issue, on the tiny Llama and a mid-size one (3 layers, d_model 128, 8 heads).
+inline std::vector<Case> cases() {
+  const char* data = R"({kind="data",axis="data"})";
+  const std::string fsdp_megatron =
+      std::string(R"([{kind="megatron",axis="model"},{kind="fsdp",axis="data"},)") + data + "]";
+  const std::string megatron_sequence =
+      R"([{kind="megatron",axis="model"},{kind="sequence",axis="model"}])";
+  return {
+      {"data", "{data=2}", std::string("[") + data + "]"},
+      {"data4", "{data=4}", std::string("[") + data + "]"},
+      {"fsdp", "{data=2}", std::string(R"([{kind="fsdp",axis="data"},)") + data + "]"},
+      {"zero1", "{data=2}", std::string(R"([{kind="zero1",axis="data"},)") + data + "]"},
+      {"zero2", "{data=2}", std::string(R"([{kind="zero2",axis="data"},)") + data + "]"},
+      {"megatron", "{model=2}", R"([{kind="megatron",axis="model"}])"},
+      {"megatron_sequence", "{model=2}", megatron_sequence},
+      {"fsdp_megatron_2x2", "{data=2,model=2}", fsdp_megatron},
+      {"shard_lm_head", "{model=2}", R"([{kind="shard",axis="model",pattern="lm_head.weight",dim=0}])"},
+      {"mid_fsdp_megatron_2x2", "{data=2,model=2}", fsdp_megatron, "mid"},
+      {"mid_megatron_sequence", "{model=2}", megatron_sequence, "mid"},
+  };
+}
+
+}  // namespace loom::train::parity
