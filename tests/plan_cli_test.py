@@ -182,6 +182,17 @@ with tempfile.TemporaryDirectory() as d:
     expect_error("pattern matching nothing",
                  run(bad_args("{model=2}", '[{kind="shard",axis="model",pattern="nope*",dim=0}]')),
                  "tactics[0] (shard)", "'nope*' matches no value")
+    expect_error("mesh not a table", run(bad_args("3", "[%s]" % DATA_TACTIC)),
+                 "[plan] mesh", "expected a table of axis sizes")
+    expect_error("axis of size 0", run(bad_args("{data=0}", "[%s]" % DATA_TACTIC)),
+                 "[plan] mesh", "axis data has size 0")
+    expect_error("tactic without an axis", run(bad_args("{data=2}", '[{kind="data"}]')),
+                 "[plan] tactics[0]", "missing key 'axis'")
+    expect_error("unknown tactic key",
+                 run(bad_args("{data=2}", '[{kind="data",axis="data",axes="x"}]')),
+                 "[plan] tactics[0]", "unknown key 'axes'")
+    expect_error("unknown ranks", run(bad_args("{data=2}", "[%s]" % DATA_TACTIC, "gpu")),
+                 "[plan] ranks", "expected \"mpi\" or \"local\"")
     if os.path.exists(os.path.join(bad, "checkpoints")):
         fail("a rejected plan left checkpoints behind")
 

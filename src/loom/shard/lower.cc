@@ -48,7 +48,8 @@ class Lowerer {
 
   void keep(int v, const Sharding& s, int local) { versions_[size_t(v)][to_string(s)] = local; }
 
-  // The local id of global value v in sharding `want`, emitting a reshard from its kept sharding.
+  // The local id of global value v in sharding `want`, emitting a reshard from the sharding v is
+  // kept in (once: later consumers reuse it).
   int get(int v, const Sharding& want) {
     auto& vs = versions_[size_t(v)];
     if (auto it = vs.find(to_string(want)); it != vs.end()) return it->second;
@@ -121,11 +122,16 @@ class Lowerer {
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       int v = n.inputs[i];
       gin.push_back(g_.value(v).type);
-      // a consumer of an fsdp parameter starts from its use sharding, gathered once
+      // A consumer of an fsdp parameter gathers it for itself, and the copy dies after that use:
+      // the forward and the backward each gather (FSDP's reshard after forward), so no whole
+      // parameter outlives the op that reads it.
       const Sharding& view = operand_view(g_, p_, ann_, n, i);
-      if (&view != &p_.value[size_t(v)] && !versions_[size_t(v)].count(to_string(view)))
-        keep(v, view, get(v, view));
-      ins.push_back(get(v, ns.operands[i]));
+      const Sharding& kept = p_.value[size_t(v)];
+      if (&view != &kept)
+        ins.push_back(reshard(versions_[size_t(v)].at(to_string(kept)), kept, ns.operands[i],
+                              g_.value(v).name));
+      else
+        ins.push_back(get(v, ns.operands[i]));
     }
     std::vector<std::string> names;
     for (size_t j = 0; j < n.outputs.size(); ++j) {
