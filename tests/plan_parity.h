@@ -20,7 +20,7 @@ namespace loom::train::parity {
 
 struct Case {
   std::string name, mesh, tactics;
-  std::string model = "tiny";  // tiny | mid
+  std::string model = "tiny";  // tiny | mid (Llama) | gpt2 (the tiny GPT-2)
 };
 
 inline std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
@@ -34,7 +34,8 @@ inline Config config(const Case& c) {
     for (std::string s : {"model.d_model=128", "model.n_heads=8", "model.n_kv_heads=4",
                           "model.ffn_hidden=352", "model.n_layers=3", "model.vocab_size=512"})
       sets.push_back(s);
-  return load_config(std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml", sets);
+  const char* file = c.model == "gpt2" ? "/configs/tiny-gpt2.toml" : "/configs/tiny-llama.toml";
+  return load_config(std::string(LOOM_SOURCE_DIR) + file, sets);
 }
 
 inline std::vector<int32_t> batch(const Config& c, int64_t step) {
@@ -144,7 +145,8 @@ inline Config single(Config c) {
 }
 
 
-// The tactics of the issue, on the tiny Llama and a mid-size one (3 layers, d_model 128, 8 heads).
+// The tactics of the issue, on the tiny Llama, a mid-size one (3 layers, d_model 128, 8 heads), and
+// the tiny GPT-2 (LayerNorm with bias, fused qkv, GELU MLP).
 inline std::vector<Case> cases() {
   const char* data = R"({kind="data",axis="data"})";
   const std::string fsdp_megatron =
@@ -163,6 +165,8 @@ inline std::vector<Case> cases() {
       {"shard_lm_head", "{model=2}", R"([{kind="shard",axis="model",pattern="lm_head.weight",dim=0}])"},
       {"mid_fsdp_megatron_2x2", "{data=2,model=2}", fsdp_megatron, "mid"},
       {"mid_megatron_sequence", "{model=2}", megatron_sequence, "mid"},
+      {"gpt2_megatron", "{model=2}", R"([{kind="megatron",axis="model"}])", "gpt2"},
+      {"gpt2_fsdp", "{data=2}", std::string(R"([{kind="fsdp",axis="data"},)") + data + "]", "gpt2"},
   };
 }
 
