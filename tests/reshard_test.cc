@@ -1,7 +1,7 @@
 // Cross-component (shard + runtime + comm): Mesh and Sharding values, the text form, block copies,
-// and the reshard property: for random
-// shardings A and B of a random tensor, lowering A -> B -> A and running it on local ranks gives back
-// every rank's block of A, and the B stage holds exactly B's blocks (seeds printed on failure).
+// and the reshard property: for random shardings A and B of a random tensor, lowering A -> B -> A and
+// running it on local ranks gives back every rank's block of A, and the B stage holds exactly B's
+// blocks (seed printed on failure); an axis moving between dims is one all_to_all.
 #include "loom/shard/sharding.h"
 
 #include <gtest/gtest.h>
@@ -87,6 +87,48 @@ Sharding random_sharding(std::mt19937& rng, const Shape& shape, const Mesh& m, b
   return s;
 }
 
+// Lowers x (kept as a) -> y (kept as b) -> z (kept as a) and runs it on local ranks: returns the
+// lowered program's text and every rank whose B blocks or round trip differ.
+std::pair<std::string, std::vector<std::string>> round_trip(const Sharding& a, const Sharding& b,
+                                                            const Mesh& m, const Shape& shape,
+                                                            std::mt19937& rng) {
+  ir::Graph g("reshard");
+  int x = g.add_input("x", {DType::f32, shape}, ir::ValueKind::input);
+  int y = g.add_node("scale", {x}, {{"s", 1.0}}, {{DType::f32, shape}}, {"y"})[0];
+  int z = g.add_node("scale", {y}, {{"s", 1.0}}, {{DType::f32, shape}}, {"z"})[0];
+  g.add_output(z);
+  g.add_output(y);  // an output stays live to the end of the run
+  Annotations ann;
+  ann[x].sharding = a;
+  ann[y].sharding = b;
+  ann[z].sharding = a;
+  Propagation p = propagate(g, m, ann);
+  Program prog = lower(g, m, p, ann);
+  std::vector<float> full(size_t(numel(shape)));
+  for (auto& v : full) v = float(rng() % 1000) / 8.0f;
+  std::mutex mu;
+  std::vector<std::string> errors;
+  comm::run_local(int(m.size()), [&](comm::Communicator& c) {
+    runtime::MeshComms mc(c, m.axes());
+    runtime::Executor ex(prog.graph);
+    ex.set_comms(&mc);
+    std::vector<float> in(size_t(numel(local_shape(shape, a, m))));
+    copy_block(full.data(), in.data(), shape, 4, a, m, c.rank());
+    ex.bind(prog.local[size_t(x)], in.data());
+    ex.run();
+    std::vector<float> want_b(size_t(numel(local_shape(shape, b, m))));
+    copy_block(full.data(), want_b.data(), shape, 4, b, m, c.rank());
+    const float* got_b = ex.ptr<float>(prog.outputs[1]);
+    const float* got_a = ex.ptr<float>(prog.outputs[0]);
+    std::lock_guard<std::mutex> lock(mu);
+    if (!std::equal(want_b.begin(), want_b.end(), got_b))
+      errors.push_back("rank " + std::to_string(c.rank()) + ": the B blocks differ");
+    if (!std::equal(in.begin(), in.end(), got_a))
+      errors.push_back("rank " + std::to_string(c.rank()) + ": A -> B -> A differs");
+  });
+  return {ir::print(prog.graph), errors};
+}
+
 TEST(Reshard, RoundTripRestoresEveryBlock) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -95,44 +137,22 @@ TEST(Reshard, RoundTripRestoresEveryBlock) {
   for (int trial = 0; trial < 25; ++trial) {
     Shape shape{4, 8, 6};
     Sharding a = random_sharding(rng, shape, m, false), b = random_sharding(rng, shape, m, false);
-    // global graph: x -> scale(1) (kept as b) -> scale(1) (kept as a)
-    ir::Graph g("reshard");
-    int x = g.add_input("x", {DType::f32, shape}, ir::ValueKind::input);
-    int y = g.add_node("scale", {x}, {{"s", 1.0}}, {{DType::f32, shape}}, {"y"})[0];
-    int z = g.add_node("scale", {y}, {{"s", 1.0}}, {{DType::f32, shape}}, {"z"})[0];
-    g.add_output(z);
-    g.add_output(y);  // an output stays live to the end of the run
-    Annotations ann;
-    ann[x].sharding = a;
-    ann[y].sharding = b;
-    ann[z].sharding = a;
-    Propagation p = propagate(g, m, ann);
-    Program prog = lower(g, m, p, ann);
-    SCOPED_TRACE(to_string(a) + " -> " + to_string(b) + "\n" + ir::print(prog.graph));
-    std::vector<float> full(size_t(numel(shape)));
-    for (auto& v : full) v = float(rng() % 1000) / 8.0f;  // exact in f32 sums of 4
-    std::mutex mu;
-    std::vector<std::string> errors;
-    comm::run_local(int(m.size()), [&](comm::Communicator& c) {
-      runtime::MeshComms mc(c, m.axes());
-      runtime::Executor ex(prog.graph);
-      ex.set_comms(&mc);
-      std::vector<float> in(size_t(numel(local_shape(shape, a, m))));
-      copy_block(full.data(), in.data(), shape, 4, a, m, c.rank());
-      ex.bind(prog.local[size_t(x)], in.data());
-      ex.run();
-      std::vector<float> want_b(size_t(numel(local_shape(shape, b, m))));
-      copy_block(full.data(), want_b.data(), shape, 4, b, m, c.rank());
-      const float* got_b = ex.ptr<float>(prog.outputs[1]);
-      const float* got_a = ex.ptr<float>(prog.outputs[0]);
-      std::lock_guard<std::mutex> lock(mu);
-      if (!std::equal(want_b.begin(), want_b.end(), got_b))
-        errors.push_back("rank " + std::to_string(c.rank()) + ": the B blocks differ");
-      if (!std::equal(in.begin(), in.end(), got_a))
-        errors.push_back("rank " + std::to_string(c.rank()) + ": A -> B -> A differs");
-    });
-    for (const auto& e : errors) ADD_FAILURE() << e;
+    auto [text, errors] = round_trip(a, b, m, shape, rng);
+    for (const auto& e : errors)
+      ADD_FAILURE() << to_string(a) << " -> " << to_string(b) << ": " << e << "\n" << text;
   }
+}
+
+TEST(Reshard, MovingAnAxisBetweenDimsIsOneAllToAll) {
+  std::mt19937 rng(7);
+  Mesh m({{"data", 2}, {"model", 2}});
+  auto [text, errors] = round_trip(parse_sharding("{model,data,_}"), parse_sharding("{_,data,model}"),
+                                   m, {4, 8, 6}, rng);
+  for (const auto& e : errors) ADD_FAILURE() << e << "\n" << text;
+  EXPECT_NE(text.find("all_to_all(%y) {axis = \"model\", concat_dim = 0, n = 2, split_dim = 2}"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("all_gather"), std::string::npos) << text;
 }
 
 TEST(Reshard, PartialSumsReduceToTheirTarget) {

@@ -46,6 +46,12 @@ class Lowerer {
     return {t.dtype, local_shape(t.shape, s, m_)};
   }
 
+  static size_t common_prefix(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    size_t k = 0;
+    while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+    return k;
+  }
+
   void keep(int v, const Sharding& s, int local) { versions_[size_t(v)][to_string(s)] = local; }
 
   // The local id of global value v in sharding `want`, emitting a reshard from the sharding v is
@@ -94,9 +100,32 @@ class Lowerer {
       }
       from.partial.erase(std::find(from.partial.begin(), from.partial.end(), a));
     }
+    // an axis that moves from the end of one dim's split to the end of another's: all_to_all
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (size_t d = 0; d < from.dims.size() && !moved; ++d) {
+        if (from.dims[d].empty() || common_prefix(from.dims[d], to.dims[d]) == from.dims[d].size())
+          continue;
+        const std::string a = from.dims[d].back();
+        for (size_t d2 = 0; d2 < from.dims.size() && !moved; ++d2) {
+          auto grown = from.dims[d2];
+          grown.push_back(a);
+          const int64_t n = m_.axis_size(a);
+          if (d2 == d || grown.size() > to.dims[d2].size() ||
+              !std::equal(grown.begin(), grown.end(), to.dims[d2].begin()) ||
+              prog_.graph.value(id).type.shape[d2] % n)
+            continue;
+          id = emit("all_to_all", {id},
+                    {{"axis", a}, {"split_dim", int64_t(d2)}, {"concat_dim", int64_t(d)}, {"n", n}},
+                    name);
+          from.dims[d].pop_back();
+          from.dims[d2].push_back(a);
+          moved = true;
+        }
+      }
+    }
     for (size_t d = 0; d < from.dims.size(); ++d) {
-      size_t k = 0;
-      while (k < from.dims[d].size() && k < to.dims[d].size() && from.dims[d][k] == to.dims[d][k]) ++k;
+      size_t k = common_prefix(from.dims[d], to.dims[d]);
       while (from.dims[d].size() > k) {
         const std::string a = from.dims[d].back();
         id = emit("all_gather", {id}, {{"axis", a}, {"dim", int64_t(d)}, {"n", m_.axis_size(a)}}, name);

@@ -5,8 +5,10 @@
 // A reshard from sharding S to T is emitted as, in order:
 //   1. each partial axis of S that T does not keep: reduce_scatter over it onto the dim where T adds
 //      exactly that axis next, else all_reduce;
-//   2. each split T does not keep, last axis first: all_gather;
-//   3. each split T adds: shard_slice (local, no communication).
+//   2. an axis that leaves the end of one dim's split for the end of another's ({model,_} ->
+//      {_,model}): all_to_all;
+//   3. each split T does not keep, last axis first: all_gather;
+//   4. each split T adds: shard_slice (local, no communication).
 // Example (fsdp): a parameter kept as {data,_} and used whole becomes `all_gather {axis = "data",
 // dim = 0}` before its first use; its gradient, produced as {_,_|sum=data} and kept as {data,_},
 // becomes `reduce_scatter {axis = "data", dim = 0}`.

@@ -82,7 +82,7 @@ class Applier {
     a.sharding = std::move(s);
   }
 
-  // Splits dim d of v (and, with `also`, the same way its gradient and moments).
+  // Appends this tactic's axis to dim d of v.
   void split(int v, size_t d) { set(v, with_axis(v, current(v), d)); }
 
   const ir::Graph& g_;
