@@ -193,6 +193,9 @@ with tempfile.TemporaryDirectory() as d:
                  "[plan] tactics[0]", "unknown key 'axes'")
     expect_error("unknown ranks", run(bad_args("{data=2}", "[%s]" % DATA_TACTIC, "gpu")),
                  "[plan] ranks", "expected \"mpi\" or \"local\"")
+    expect_error("grad_accum with a plan",
+                 run(bad_args("{data=2}", "[%s]" % DATA_TACTIC) + ["--set", "train.grad_accum=2"]),
+                 "grad_accum > 1 with a [plan]")
     if os.path.exists(os.path.join(bad, "checkpoints")):
         fail("a rejected plan left checkpoints behind")
 
