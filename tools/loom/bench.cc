@@ -40,6 +40,7 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   train::ParamStore params(cfg.model);
   params.init_random(uint64_t(cfg.train.seed));
   train::StepRunner runner(cfg, params, train::StepRunner::Mode::train, comms);
+  runner.release_params();  // a sharded rank keeps only its blocks of split parameters
   std::mt19937 rng(uint32_t(cfg.train.seed) + 1);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.model.vocab_size - 1));
   const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum

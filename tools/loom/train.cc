@@ -122,7 +122,8 @@ std::function<int()> add_train(CLI::App& app) {
     train::ParamStore params(cfg.model);
     params.init_random(uint64_t(cfg.train.seed));
     train::StepRunner runner(cfg, params, train::StepRunner::Mode::train, comms);
-    train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval, comms);
+    // the evaluator reads the trainer's parameter blocks (a sharded run keeps no second copy)
+    train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval, comms, &runner);
     int64_t start = 1;
     if (latest) {
       train::load_checkpoint(*latest, params, runner);
@@ -145,6 +146,8 @@ std::function<int()> add_train(CLI::App& app) {
       }
       if (writer) std::ofstream(metrics, std::ios::trunc);
     }
+    // a sharded run's parameters now live in the runner's blocks: free the whole copies
+    runner.release_params();
     // an island takes the server's parameters (whatever a checkpoint or [model] init held)
     std::unique_ptr<outer::Island> island;
     if (!cfg.outer.server.empty()) {
@@ -174,14 +177,11 @@ std::function<int()> add_train(CLI::App& app) {
     const bool tty = writer && ::isatty(STDOUT_FILENO);
     const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
     std::vector<int32_t> tokens(size_t(rows * (T + 1)));
-    auto evaluate = [&]() {
-      runner.push_params();  // a sharded evaluator takes its blocks of the updated parameters
-      evaluator.pull_params();
-      return train::validation_loss(cfg, corpus, evaluator);
-    };
+    auto evaluate = [&]() { return train::validation_loss(cfg, corpus, evaluator); };
     auto save = [&]() {
       train::save_checkpoint(ckdir, params, runner, {{"data", cfg.data.path}}, cfg.text,
                              int(cfg.checkpoint.keep), writer);
+      runner.release_params();  // the gathered whole parameters were only for the file
     };
     double first_val = NAN, last_val = NAN;
     float loss = NAN;

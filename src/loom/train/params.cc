@@ -22,10 +22,32 @@ ParamStore::ParamStore(const models::ModelConfig& c) : cfg_(c), infos_(models::p
 float* ParamStore::data(const std::string& name) {
   auto it = buf_.find(name);
   LOOM_CHECK(it != buf_.end()) << "no parameter " << name;
+  LOOM_CHECK(!it->second.empty() || numel(info(name).shape) == 0)
+      << "parameter " << name << " was released to a sharded runner's blocks (push_params first)";
   return it->second.data();
 }
 
+const models::ParamInfo& ParamStore::info(const std::string& name) const {
+  for (const auto& p : infos_)
+    if (p.name == name) return p;
+  LOOM_CHECK(false) << "no parameter " << name;
+  return infos_.front();
+}
+
+void ParamStore::release(const std::string& name) {
+  auto it = buf_.find(name);
+  LOOM_CHECK(it != buf_.end()) << "no parameter " << name;
+  std::vector<float>().swap(it->second);
+}
+
+void ParamStore::restore(const std::string& name) {
+  auto it = buf_.find(name);
+  LOOM_CHECK(it != buf_.end()) << "no parameter " << name;
+  it->second.resize(size_t(numel(info(name).shape)));
+}
+
 void ParamStore::init_random(uint64_t seed) {
+  for (const auto& p : infos_) restore(p.name);
   std::mt19937_64 rng(seed);
   const double resid = 0.02 / std::sqrt(2.0 * double(cfg_.n_layers));
   for (const auto& p : infos_) {
@@ -58,6 +80,7 @@ void ParamStore::load(const std::string& path) {
       throw Error(fmt::format("weights {}: tensor '{}' is {}{}, the model expects f32{}", path,
                               p.name, dtype_name(t.dtype), shape_str(t.shape),
                               shape_str(p.shape)));
+    restore(p.name);
     std::memcpy(buf_[p.name].data(), t.data, t.nbytes);
   }
   for (const auto& n : f.names())

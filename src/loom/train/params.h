@@ -25,7 +25,13 @@ class ParamStore {
   void save(const std::string& path) const;
 
   const std::vector<models::ParamInfo>& infos() const { return infos_; }
-  float* data(const std::string& name);
+  float* data(const std::string& name);  // LOOM_CHECKs the parameter is held (not released)
+  // A sharded run keeps its blocks of split parameters in its StepRunner; it can free the whole
+  // copies here (release) and bring them back to gather into (restore: zeros until written).
+  // load() and init_random() restore what they write.
+  void release(const std::string& name);
+  void restore(const std::string& name);
+  const models::ParamInfo& info(const std::string& name) const;
   int64_t total_elements() const { return total_; }
 
  private:

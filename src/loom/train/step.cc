@@ -13,7 +13,7 @@
 namespace loom::train {
 
 StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
-                       const runtime::MeshComms* comms)
+                       const runtime::MeshComms* comms, StepRunner* share)
     : cfg_(cfg), params_(params), mode_(mode) {
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
   model_ = models::build_model(cfg.model, B, T);
@@ -70,7 +70,7 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
   targets_.resize(size_t(B * T));
   out_loss_ = model_.loss;
   if (comms && !cfg.plan.plan.empty()) {
-    shard_program(comms);
+    shard_program(comms, share);
     for (auto [p, m] : ts.moments_m) state_of_["m:" + g.value(p).name] = m;
     for (auto [p, v] : ts.moments_v) state_of_["v:" + g.value(p).name] = v;
     return;
@@ -95,7 +95,7 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
   }
 }
 
-void StepRunner::shard_program(const runtime::MeshComms* comms) {
+void StepRunner::shard_program(const runtime::MeshComms* comms, StepRunner* share) {
   const ir::Graph& g = model_.graph;
   sharded_ = std::make_unique<Sharded>();
   Sharded& sh = *sharded_;
@@ -115,10 +115,17 @@ void StepRunner::shard_program(const runtime::MeshComms* comms) {
     if (v.kind == ir::ValueKind::param) {
       if (s.is_replicated()) {
         exec_->bind(local, params_.data(v.name));
+      } else if (share) {
+        LOOM_CHECK(share->sharded_ && share->sharded_->param_ptr.count(v.name) &&
+                   share->sharded_->plan.propagation.value[size_t(share->model_.graph.find(v.name))] == s)
+            << "a runner sharing parameter blocks must split %" << v.name << " the same way";
+        sh.param_ptr[v.name] = share->sharded_->param_ptr.at(v.name);
+        exec_->bind(local, sh.param_ptr[v.name]);
       } else {
         auto& buf = sh.params[v.name];
         buf.resize(size_t(n));
         shard::copy_block(params_.data(v.name), buf.data(), v.type.shape, 4, s, mesh, sh.rank);
+        sh.param_ptr[v.name] = buf.data();
         exec_->bind(local, buf.data());
       }
     } else if (v.id == model_.tokens || v.id == model_.targets) {
@@ -156,20 +163,26 @@ std::vector<float> StepRunner::gather(int v, const float* local) {
 
 void StepRunner::push_params() {
   if (!sharded_) return;
-  for (auto& [name, buf] : sharded_->params) {
-    auto full = gather(model_.graph.find(name), buf.data());
+  for (auto& [name, ptr] : sharded_->param_ptr) {
+    auto full = gather(model_.graph.find(name), ptr);
+    params_.restore(name);
     std::memcpy(params_.data(name), full.data(), full.size() * 4);
   }
 }
 
 void StepRunner::pull_params() {
   if (!sharded_) return;
-  for (auto& [name, buf] : sharded_->params) {
+  for (auto& [name, ptr] : sharded_->param_ptr) {
     int v = model_.graph.find(name);
-    shard::copy_block(params_.data(name), buf.data(), model_.graph.value(v).type.shape, 4,
+    shard::copy_block(params_.data(name), ptr, model_.graph.value(v).type.shape, 4,
                       sharded_->plan.propagation.value[size_t(v)], cfg_.plan.plan.mesh,
                       sharded_->rank);
   }
+}
+
+void StepRunner::release_params() {
+  if (!sharded_) return;
+  for (auto& [name, ptr] : sharded_->param_ptr) params_.release(name);
 }
 
 StepRunner::StateBytes StepRunner::state_bytes() const {

@@ -36,8 +36,10 @@ class StepRunner {
   enum class Mode { grads, train, eval, infer };
   // comms: this rank's mesh communicators when cfg has a [plan] (null: one process, no plan). Throws
   // loom::Error for a plan that does not fit the model or the ranks.
+  // share: a sharded runner of the same plan whose parameter blocks this one reads and writes too
+  // (an evaluator beside its trainer: no second copy, nothing to refresh).
   StepRunner(const Config& cfg, ParamStore& params, Mode mode,
-             const runtime::MeshComms* comms = nullptr);
+             const runtime::MeshComms* comms = nullptr, StepRunner* share = nullptr);
   ~StepRunner();
 
   // Runs one step on tokens (B, T+1); returns the loss. Throws loom::Error for token ids outside the
@@ -67,6 +69,9 @@ class StepRunner {
   // or take this rank's blocks from it (after loading weights into the store).
   void push_params();
   void pull_params();
+  // Frees the ParamStore's whole copies of the parameters this rank holds blocks of (push_params
+  // brings them back). No-op unsharded.
+  void release_params();
   void set_step_count(int64_t t) { t_ = t; }
   // Bytes of the activation arena plus every bound buffer (params, gradients live in the arena,
   // optimizer moments, inputs).
@@ -100,6 +105,7 @@ class StepRunner {
     const runtime::MeshComms* comms = nullptr;
     shard::Sharded plan;
     std::map<std::string, std::vector<float>> params;  // split parameters: this rank's block
+    std::map<std::string, float*> param_ptr;            // ... or a shared runner's block
     std::vector<int32_t> tokens, targets;               // this rank's block of the batch
     int64_t rank = 0;
   };
@@ -108,7 +114,7 @@ class StepRunner {
   std::map<int, int> out_local_;         // global output value -> the executor's value
   std::map<std::string, int> state_of_;  // "m:" / "v:" + param name -> global state value
   float* moment_ptr(const std::string& param, int which);
-  void shard_program(const runtime::MeshComms* comms);
+  void shard_program(const runtime::MeshComms* comms, StepRunner* share);
   // The whole value of global value v from this rank's blocks (collective).
   std::vector<float> gather(int v, const float* local);
 };
