@@ -111,6 +111,10 @@ std::function<int()> add_train(CLI::App& app) {
                   "pass --resume auto to continue it, or choose another --run-dir");
 
     const shard::Plan& plan = cfg.plan.plan;
+    if (!plan.empty() && o->slowdown > 1)
+      throw Error(fmt::format("{}: --slowdown makes a straggler island; the ranks of a [plan] step "
+                              "together", o->config),
+                  "drop --slowdown, or run without [plan]");
     if (!plan.empty() && !cfg.outer.server.empty())
       throw Error(fmt::format("{}: [outer] islands with a [plan] are not supported yet", o->config),
                   "run each island as one process (no [plan]), or drop [outer]");
