@@ -4,8 +4,11 @@
 //   train     forward, backward, clipping and AdamW: the global training step
 //   sharded   the training step with every value's sharding under the config's [plan]
 //   lowered   the per-rank program: local shapes and collectives (--rank R picks the rank whose
-//             coordinates the header shows; the program itself is the same on every rank)
+//             coordinates the header shows; the program itself is the same on every rank), after a
+//             header counting each axis's collectives and their bytes per step
 #include <fmt/format.h>
+
+#include <map>
 
 #include "commands.h"
 #include "loom/autodiff/autodiff.h"
@@ -61,7 +64,29 @@ std::function<int()> add_inspect(CLI::App& app) {
     for (const auto& [axis, n] : plan.mesh.axes())
       coords += fmt::format("{}{} = {}", coords.empty() ? "" : ", ", axis, plan.mesh.coord(o->rank, axis));
     fmt::print("# rank {} of {}: {{{}}}\n", o->rank, plan.mesh.size(), coords);
-    fmt::print("{}", ir::print(sh.program.graph));
+    // what one step moves: per axis and collective, the count and the bytes of the whole buffer
+    // (all_gather: what arrives; reduce_scatter, all_reduce, all_to_all: what goes in)
+    std::map<std::string, std::map<std::string, std::pair<int, double>>> moved;
+    const ir::Graph& pg = sh.program.graph;
+    auto bytes = [&](int v) {
+      const auto& t = pg.value(v).type;
+      return double(numel(t.shape)) * double(dtype_size(t.dtype));
+    };
+    for (const ir::Node& n : pg.nodes()) {
+      if (n.op != "all_gather" && n.op != "reduce_scatter" && n.op != "all_reduce" &&
+          n.op != "all_to_all")
+        continue;
+      auto& e = moved[n.attr_str("axis")][n.op];
+      e.first++;
+      e.second += bytes(n.op == "all_gather" ? n.outputs[0] : n.inputs[0]);
+    }
+    for (const auto& [axis, ops] : moved) {
+      std::string line;
+      for (const auto& [op, e] : ops)
+        line += fmt::format("{}{} x{} ({:.3g} MB)", line.empty() ? "" : ", ", op, e.first, e.second / 1e6);
+      fmt::print("# axis {}: {}\n", axis, line);
+    }
+    fmt::print("{}", ir::print(pg));
     return 0;
   };
 }

@@ -84,14 +84,25 @@ class Propagator {
     std::vector<const Sharding*> view(n.inputs.size());
     for (size_t i = 0; i < n.inputs.size(); ++i) view[i] = &operand_view(g_, p_, ann_, n, i);
 
-    // partial sums pass through the op's linear operands when they all agree
+    // Partial sums pass through the op's linear operands over the axes they all share (the others
+    // are reduced first), provided no other operand is partial: add({|sum=data+model}, {|sum=data})
+    // reduces the first over model and stays a partial sum over data.
     std::vector<std::string> pass;
-    bool linear_ok = !r.linear.empty();
+    bool linear_ok = !r.linear.empty(), first = true;
     for (size_t i = 0; i < n.inputs.size() && linear_ok; ++i) {
-      bool lin = std::find(r.linear.begin(), r.linear.end(), int(i)) != r.linear.end();
       const auto& part = view[i]->partial;
-      if (lin && size_t(i) == size_t(r.linear[0])) pass = part;
-      if (lin ? part != view[size_t(r.linear[0])]->partial : !part.empty()) linear_ok = false;
+      if (std::find(r.linear.begin(), r.linear.end(), int(i)) == r.linear.end()) {
+        linear_ok = part.empty();
+        continue;
+      }
+      if (first) {
+        pass = part;
+        first = false;
+      } else {
+        std::erase_if(pass, [&](const std::string& a) {
+          return std::find(part.begin(), part.end(), a) == part.end();
+        });
+      }
     }
     if (!linear_ok) pass.clear();
 
