@@ -270,15 +270,19 @@ inline void check_chunking(Communicator& c, const Options& o) {
     r.push_back(in);
     return r;
   };
+  const int64_t saved_gather = c.gather_chunk_bytes();
   c.set_chunk_bytes(kDefaultChunkBytes);
+  c.set_gather_chunk_bytes(kMaxChunkBytes);
   const std::vector<Bytes> whole = run_all();
   for (int64_t chunk : {12, 64}) {
     c.set_chunk_bytes(chunk);
+    c.set_gather_chunk_bytes(chunk);
     const std::vector<Bytes> pieces = run_all();
     for (size_t k = 0; k < whole.size(); ++k)
       expect_same(fmt::format("chunking: result {} at chunk_bytes {}", k, chunk), c, pieces[k], whole[k], 1);
   }
   c.set_chunk_bytes(saved);
+  c.set_gather_chunk_bytes(saved_gather);
 }
 
 // Split by parity with the key reversing the order; the last rank (when there are 2 or more) passes a

@@ -23,6 +23,7 @@ void on_every_world(Check check) {
       try {
         run_local(n, [&](Communicator& c) {
           c.set_chunk_bytes(chunk);
+          c.set_gather_chunk_bytes(chunk);
           check(c, checks::Options{});
         });
       } catch (const std::exception& e) {
@@ -44,6 +45,7 @@ TEST(LocalComm, Mesh2x2RowsAndColumns) {
   for (int64_t chunk : {kDefaultChunkBytes, int64_t(12)})
     EXPECT_NO_THROW(run_local(4, [&](Communicator& c) {
       c.set_chunk_bytes(chunk);
+      c.set_gather_chunk_bytes(chunk);
       checks::check_mesh_2x2(c, checks::Options{});
     })) << "chunk_bytes = " << chunk;
 }

@@ -17,6 +17,13 @@ void Communicator::set_chunk_bytes(int64_t bytes) {
   chunk_bytes_ = bytes;
 }
 
+void Communicator::set_gather_chunk_bytes(int64_t bytes) {
+  if (bytes < kMinChunkBytes || bytes > kMaxChunkBytes)
+    throw Error(fmt::format("gather_chunk_bytes {} is outside {}..{}", bytes, kMinChunkBytes,
+                            kMaxChunkBytes));
+  gather_chunk_bytes_ = bytes;
+}
+
 namespace detail {
 
 void check_count(const char* op, int64_t n) {

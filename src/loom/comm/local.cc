@@ -171,7 +171,7 @@ class LocalCommunicator final : public Communicator {
     detail::check_count("all_gather", bytes);
     detail::check_buffer("all_gather", in, bytes);
     detail::check_buffer("all_gather", out, bytes);
-    chunked_all_gather(in, out, bytes, size(), chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
+    chunked_all_gather(in, out, bytes, size(), gather_chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
       LocalSlot s;
       s.call = {"all_gather", bytes, n};
       s.in = pin;
@@ -316,7 +316,9 @@ class LocalCommunicator final : public Communicator {
     const int new_rank =
         int(std::find(made->world_rank.begin(), made->world_rank.end(), me) - made->world_rank.begin());
     lk.unlock();
-    return std::make_unique<LocalCommunicator>(world_, made, new_rank, chunk_bytes());
+    auto sub = std::make_unique<LocalCommunicator>(world_, made, new_rank, chunk_bytes());
+    sub->set_gather_chunk_bytes(gather_chunk_bytes());
+    return sub;
   }
 
  private:

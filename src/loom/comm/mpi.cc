@@ -129,7 +129,7 @@ class MpiCommunicator final : public Communicator {
     detail::check_count("all_gather", bytes);
     detail::check_buffer("all_gather", in, bytes);
     detail::check_buffer("all_gather", out, bytes);
-    chunked_all_gather(in, out, bytes, size_, chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
+    chunked_all_gather(in, out, bytes, size_, gather_chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
       LOOM_MPI(MPI_Allgather, pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
     });
   }
@@ -196,7 +196,9 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm sub = MPI_COMM_NULL;
     LOOM_MPI(MPI_Comm_split, comm_.comm, color < 0 ? MPI_UNDEFINED : color, key, &sub);
     if (sub == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiCommunicator>(sub, chunk_bytes());
+    auto made = std::make_unique<MpiCommunicator>(sub, chunk_bytes());
+    made->set_gather_chunk_bytes(gather_chunk_bytes());
+    return made;
   }
 
  private:

@@ -70,9 +70,11 @@ void run(Communicator& world) {
   const checks::Options exact{.rank_order = false};
   for (int64_t chunk : {kDefaultChunkBytes, int64_t(12), int64_t(64)}) {
     world.set_chunk_bytes(chunk);
+    world.set_gather_chunk_bytes(chunk == kDefaultChunkBytes ? kMaxChunkBytes : chunk);
     checks::run_all(world, exact);
   }
   world.set_chunk_bytes(kDefaultChunkBytes);
+  world.set_gather_chunk_bytes(kMaxChunkBytes);
   checks::check_chunking(world, exact);
   check_random_sums_agree(world);
   check_mpi_errors_are_thrown(world);
