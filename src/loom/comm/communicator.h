@@ -38,21 +38,23 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Every call below checks its arguments (a loom::Error naming the call) and then hands over to the
+  // backend's do_* method.
   // Sum over all ranks, in place. dt is f32, bf16 (summed in f32, rounded once at the end) or i32
   // (exact while no partial sum overflows). buf: (count,)
-  virtual void all_reduce(void* buf, int64_t count, DType dt) = 0;
+  void all_reduce(void* buf, int64_t count, DType dt);
   // out = the `bytes` bytes of `in` from every rank, concatenated in rank order (out holds size()*bytes).
-  virtual void all_gather(const void* in, void* out, int64_t bytes) = 0;
+  void all_gather(const void* in, void* out, int64_t bytes);
   // in: size() blocks of `count` elements (rank-major); out (count elements) = sum over ranks of their
   // block number rank().  in: (size, count)  out: (count,)
-  virtual void reduce_scatter(const void* in, void* out, int64_t count, DType dt) = 0;
-  virtual void broadcast(void* buf, int64_t bytes, int root) = 0;
+  void reduce_scatter(const void* in, void* out, int64_t count, DType dt);
+  void broadcast(void* buf, int64_t bytes, int root);
   // in: size() blocks of `bytes`, block j is sent to rank j; out: size() blocks, block i came from rank i.
-  virtual void all_to_all(const void* in, void* out, int64_t bytes) = 0;
+  void all_to_all(const void* in, void* out, int64_t bytes);
   // Blocking; tag >= 0. A message is received by the recv with the same (peer, tag) and the same
   // `bytes`, in the order sent.
-  virtual void send(const void* buf, int64_t bytes, int peer, int tag) = 0;
-  virtual void recv(void* buf, int64_t bytes, int peer, int tag) = 0;
+  void send(const void* buf, int64_t bytes, int peer, int tag);
+  void recv(void* buf, int64_t bytes, int peer, int tag);
   virtual void barrier() = 0;
   // Collective over this communicator: ranks passing the same color form a new communicator, ranked by
   // (key, old rank) (MPI_Comm_split semantics). A negative color (MPI_UNDEFINED) joins none: the call
@@ -74,19 +76,18 @@ class Communicator {
 
  protected:
   explicit Communicator(int64_t chunk_bytes = kDefaultChunkBytes) { set_chunk_bytes(chunk_bytes); }
+  // The backend's collectives, called with checked arguments.
+  virtual void do_all_reduce(void* buf, int64_t count, DType dt) = 0;
+  virtual void do_all_gather(const void* in, void* out, int64_t bytes) = 0;
+  virtual void do_reduce_scatter(const void* in, void* out, int64_t count, DType dt) = 0;
+  virtual void do_broadcast(void* buf, int64_t bytes, int root) = 0;
+  virtual void do_all_to_all(const void* in, void* out, int64_t bytes) = 0;
+  virtual void do_send(const void* buf, int64_t bytes, int peer, int tag) = 0;
+  virtual void do_recv(void* buf, int64_t bytes, int peer, int tag) = 0;
 
  private:
   int64_t chunk_bytes_ = kDefaultChunkBytes;
   int64_t gather_chunk_bytes_ = kMaxChunkBytes;
 };
-
-// Argument checks the backends share: each throws loom::Error("<op>: ...") on a bad argument.
-namespace detail {
-void check_count(const char* op, int64_t n);
-void check_reduce_dtype(const char* op, DType dt);
-void check_peer(const Communicator& c, const char* op, const char* what, int r);
-void check_tag(const char* op, int tag);
-void check_buffer(const char* op, const void* p, int64_t n);
-}  // namespace detail
 
 }  // namespace loom::comm

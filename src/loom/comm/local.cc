@@ -149,11 +149,9 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return int(group_->world_rank.size()); }
   std::string backend() const override { return "local"; }
 
-  void all_reduce(void* buf, int64_t count, DType dt) override {
-    detail::check_count("all_reduce", count);
-    detail::check_reduce_dtype("all_reduce", dt);
+ protected:
+  void do_all_reduce(void* buf, int64_t count, DType dt) override {
     const int64_t es = int64_t(dtype_size(dt));
-    detail::check_buffer("all_reduce", buf, count * es);
     const int64_t max_n = piece_units(es, chunk_bytes());
     std::vector<char> sum(size_t(std::min(count, max_n) * es));
     char* p = static_cast<char*>(buf);
@@ -167,10 +165,7 @@ class LocalCommunicator final : public Communicator {
     });
   }
 
-  void all_gather(const void* in, void* out, int64_t bytes) override {
-    detail::check_count("all_gather", bytes);
-    detail::check_buffer("all_gather", in, bytes);
-    detail::check_buffer("all_gather", out, bytes);
+  void do_all_gather(const void* in, void* out, int64_t bytes) override {
     chunked_all_gather(in, out, bytes, size(), gather_chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
       LocalSlot s;
       s.call = {"all_gather", bytes, n};
@@ -182,12 +177,8 @@ class LocalCommunicator final : public Communicator {
     });
   }
 
-  void reduce_scatter(const void* in, void* out, int64_t count, DType dt) override {
-    detail::check_count("reduce_scatter", count);
-    detail::check_reduce_dtype("reduce_scatter", dt);
+  void do_reduce_scatter(const void* in, void* out, int64_t count, DType dt) override {
     const int64_t es = int64_t(dtype_size(dt));
-    detail::check_buffer("reduce_scatter", in, count * es);
-    detail::check_buffer("reduce_scatter", out, count * es);
     chunked_reduce_scatter(in, out, count, es, size(), chunk_bytes(),
                            [&](const void* pin, void* pout, int64_t n) {
                              LocalSlot s;
@@ -199,10 +190,7 @@ class LocalCommunicator final : public Communicator {
                            });
   }
 
-  void broadcast(void* buf, int64_t bytes, int root) override {
-    detail::check_count("broadcast", bytes);
-    detail::check_peer(*this, "broadcast", "root", root);
-    detail::check_buffer("broadcast", buf, bytes);
+  void do_broadcast(void* buf, int64_t bytes, int root) override {
     char* p = static_cast<char*>(buf);
     for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
       LocalSlot s;
@@ -214,10 +202,7 @@ class LocalCommunicator final : public Communicator {
     });
   }
 
-  void all_to_all(const void* in, void* out, int64_t bytes) override {
-    detail::check_count("all_to_all", bytes);
-    detail::check_buffer("all_to_all", in, bytes);
-    detail::check_buffer("all_to_all", out, bytes);
+  void do_all_to_all(const void* in, void* out, int64_t bytes) override {
     chunked_all_to_all(in, out, bytes, size(), chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
       LocalSlot s;
       s.call = {"all_to_all", bytes, n};
@@ -230,11 +215,7 @@ class LocalCommunicator final : public Communicator {
     });
   }
 
-  void send(const void* buf, int64_t bytes, int peer, int tag) override {
-    detail::check_count("send", bytes);
-    detail::check_peer(*this, "send", "peer", peer);
-    detail::check_tag("send", tag);
-    detail::check_buffer("send", buf, bytes);
+  void do_send(const void* buf, int64_t bytes, int peer, int tag) override {
     const char* p = static_cast<const char*>(buf);
     for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
       std::vector<char> msg(p + off, p + off + n);
@@ -245,11 +226,7 @@ class LocalCommunicator final : public Communicator {
     });
   }
 
-  void recv(void* buf, int64_t bytes, int peer, int tag) override {
-    detail::check_count("recv", bytes);
-    detail::check_peer(*this, "recv", "peer", peer);
-    detail::check_tag("recv", tag);
-    detail::check_buffer("recv", buf, bytes);
+  void do_recv(void* buf, int64_t bytes, int peer, int tag) override {
     char* p = static_cast<char*>(buf);
     const auto key = std::make_tuple(group_->id, peer, rank_, tag);
     for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
@@ -274,6 +251,7 @@ class LocalCommunicator final : public Communicator {
     });
   }
 
+ public:
   void barrier() override {
     LocalSlot s;
     s.call = {"barrier"};

@@ -114,32 +114,23 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
-  void all_reduce(void* buf, int64_t count, DType dt) override {
-    detail::check_count("all_reduce", count);
-    detail::check_reduce_dtype("all_reduce", dt);
+ protected:
+  void do_all_reduce(void* buf, int64_t count, DType dt) override {
     const int64_t es = int64_t(dtype_size(dt));
-    detail::check_buffer("all_reduce", buf, count * es);
     char* p = static_cast<char*>(buf);
     for_each_piece(count, piece_units(es, chunk_bytes()), [&](int64_t off, int64_t n) {
       LOOM_MPI(MPI_Allreduce, MPI_IN_PLACE, p + off * es, to_int(n), mpi_type(dt), sum_op(dt), comm_.comm);
     });
   }
 
-  void all_gather(const void* in, void* out, int64_t bytes) override {
-    detail::check_count("all_gather", bytes);
-    detail::check_buffer("all_gather", in, bytes);
-    detail::check_buffer("all_gather", out, bytes);
+  void do_all_gather(const void* in, void* out, int64_t bytes) override {
     chunked_all_gather(in, out, bytes, size_, gather_chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
       LOOM_MPI(MPI_Allgather, pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
     });
   }
 
-  void reduce_scatter(const void* in, void* out, int64_t count, DType dt) override {
-    detail::check_count("reduce_scatter", count);
-    detail::check_reduce_dtype("reduce_scatter", dt);
+  void do_reduce_scatter(const void* in, void* out, int64_t count, DType dt) override {
     const int64_t es = int64_t(dtype_size(dt));
-    detail::check_buffer("reduce_scatter", in, count * es);
-    detail::check_buffer("reduce_scatter", out, count * es);
     chunked_reduce_scatter(in, out, count, es, size_, chunk_bytes(),
                            [&](const void* pin, void* pout, int64_t n) {
                              LOOM_MPI(MPI_Reduce_scatter_block, pin, pout, to_int(n), mpi_type(dt),
@@ -147,35 +138,29 @@ class MpiCommunicator final : public Communicator {
                            });
   }
 
-  void broadcast(void* buf, int64_t bytes, int root) override {
-    detail::check_count("broadcast", bytes);
-    detail::check_peer(*this, "broadcast", "root", root);
-    detail::check_buffer("broadcast", buf, bytes);
+  void do_broadcast(void* buf, int64_t bytes, int root) override {
     char* p = static_cast<char*>(buf);
     for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
       LOOM_MPI(MPI_Bcast, p + off, to_int(n), MPI_BYTE, root, comm_.comm);
     });
   }
 
-  void all_to_all(const void* in, void* out, int64_t bytes) override {
-    detail::check_count("all_to_all", bytes);
-    detail::check_buffer("all_to_all", in, bytes);
-    detail::check_buffer("all_to_all", out, bytes);
+  void do_all_to_all(const void* in, void* out, int64_t bytes) override {
     chunked_all_to_all(in, out, bytes, size_, chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
       LOOM_MPI(MPI_Alltoall, pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
     });
   }
 
-  void send(const void* buf, int64_t bytes, int peer, int tag) override {
-    check_p2p("send", buf, bytes, peer, tag);
+  void do_send(const void* buf, int64_t bytes, int peer, int tag) override {
+    check_tag_bound("send", tag);
     const char* p = static_cast<const char*>(buf);
     for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
       LOOM_MPI(MPI_Send, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm);
     });
   }
 
-  void recv(void* buf, int64_t bytes, int peer, int tag) override {
-    check_p2p("recv", buf, bytes, peer, tag);
+  void do_recv(void* buf, int64_t bytes, int peer, int tag) override {
+    check_tag_bound("recv", tag);
     char* p = static_cast<char*>(buf);
     for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
       MPI_Status st;
@@ -190,6 +175,7 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+ public:
   void barrier() override { LOOM_MPI(MPI_Barrier, comm_.comm); }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -204,12 +190,9 @@ class MpiCommunicator final : public Communicator {
  private:
   MPI_Op sum_op(DType dt) const { return dt == DType::bf16 ? bf16_sum_.op : MPI_SUM; }
 
-  void check_p2p(const char* op, const void* buf, int64_t bytes, int peer, int tag) const {
-    detail::check_count(op, bytes);
-    detail::check_peer(*this, op, "peer", peer);
-    detail::check_tag(op, tag);
+  // MPI's own limit on tags, beyond the base class's checks
+  void check_tag_bound(const char* op, int tag) const {
     if (tag > tag_ub_) throw Error(fmt::format("{}: tag {} is over MPI_TAG_UB = {}", op, tag, tag_ub_));
-    detail::check_buffer(op, buf, bytes);
   }
 
   CommHandle comm_;
