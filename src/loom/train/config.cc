@@ -66,6 +66,21 @@ Setter as_string(F field) {
   };
 }
 
+// A string that must be one of `choices`; the message lists them ("expected \"sync\" or \"async\"").
+template <class F>
+Setter as_choice(F field, std::vector<std::string> choices) {
+  return [field, choices](Config& c, const toml::node& n, const std::string& where) {
+    auto v = n.value<std::string>();
+    if (!n.is_string() || !v || std::find(choices.begin(), choices.end(), *v) == choices.end()) {
+      std::string list;
+      for (size_t i = 0; i < choices.size(); ++i)
+        list += fmt::format("{}\"{}\"", i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ", choices[i]);
+      throw Error(where + ": expected " + list);
+    }
+    field(c) = *v;
+  };
+}
+
 const std::map<std::string, std::map<std::string, Setter>>& schema() {
   static const std::map<std::string, std::map<std::string, Setter>> s = {
       {"model",
@@ -114,20 +129,10 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
       {"outer",
        {
            {"server", as_string([](Config& c) -> std::string& { return c.outer.server; })},
-           {"mode",
-            [](Config& c, const toml::node& n, const std::string& where) {
-              auto v = n.value<std::string>();
-              if (!n.is_string() || !v || (*v != "sync" && *v != "async"))
-                throw Error(where + ": expected \"sync\" or \"async\"");
-              c.outer.mode = *v;
-            }},
-           {"compress",
-            [](Config& c, const toml::node& n, const std::string& where) {
-              auto v = n.value<std::string>();
-              if (!n.is_string() || !v || (*v != "f32" && *v != "bf16"))
-                throw Error(where + ": expected \"f32\" or \"bf16\"");
-              c.outer.compress = *v;
-            }},
+           {"mode", as_choice([](Config& c) -> std::string& { return c.outer.mode; },
+                              {"sync", "async"})},
+           {"compress", as_choice([](Config& c) -> std::string& { return c.outer.compress; },
+                                  {"f32", "bf16"})},
            {"inner_steps", as_int([](Config& c) -> int64_t& { return c.outer.inner_steps; })},
            {"lr", as_float([](Config& c) -> double& { return c.outer.lr; })},
            {"momentum", as_float([](Config& c) -> double& { return c.outer.momentum; })},
@@ -203,13 +208,8 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
                 c.plan.plan.tactics.push_back(tac);
               }
             }},
-           {"ranks",
-            [](Config& c, const toml::node& n, const std::string& where) {
-              auto v = n.value<std::string>();
-              if (!n.is_string() || !v || (*v != "mpi" && *v != "local"))
-                throw Error(where + ": expected \"mpi\" or \"local\"");
-              c.plan.ranks = *v;
-            }},
+           {"ranks", as_choice([](Config& c) -> std::string& { return c.plan.ranks; },
+                               {"mpi", "local"})},
        }},
       {"optim",
        {
