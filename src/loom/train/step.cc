@@ -70,9 +70,12 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
   targets_.resize(size_t(B * T));
   out_loss_ = model_.loss;
   if (comms && !cfg.plan.plan.empty()) {
-    shard_program(comms, share);
-    for (auto [p, m] : ts.moments_m) state_of_["m:" + g.value(p).name] = m;
-    for (auto [p, v] : ts.moments_v) state_of_["v:" + g.value(p).name] = v;
+    std::map<int, float*> state_buf = shard_program(comms, share);
+    for (const auto& [prefix, pairs] : {std::pair{"m:", ts.moments_m}, std::pair{"v:", ts.moments_v}})
+      for (auto [p, st] : pairs) {
+        state_of_[prefix + g.value(p).name] = st;
+        moment_of_[prefix + g.value(p).name] = state_buf.at(st);
+      }
     return;
   }
   exec_ = std::make_unique<runtime::Executor>(g);
@@ -95,7 +98,7 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
   }
 }
 
-void StepRunner::shard_program(const runtime::MeshComms* comms, StepRunner* share) {
+std::map<int, float*> StepRunner::shard_program(const runtime::MeshComms* comms, StepRunner* share) {
   const ir::Graph& g = model_.graph;
   sharded_ = std::make_unique<Sharded>();
   Sharded& sh = *sharded_;
@@ -107,6 +110,7 @@ void StepRunner::shard_program(const runtime::MeshComms* comms, StepRunner* shar
   const shard::Mesh& mesh = cfg_.plan.plan.mesh;
   exec_ = std::make_unique<runtime::Executor>(prog.graph);
   exec_->set_comms(comms);
+  std::map<int, float*> state_buf;  // global state value -> this rank's block of it
   for (const ir::Value& v : g.values()) {
     if (v.kind == ir::ValueKind::node) continue;
     const int local = prog.local[size_t(v.id)];
@@ -137,13 +141,14 @@ void StepRunner::shard_program(const runtime::MeshComms* comms, StepRunner* shar
     } else if (v.kind == ir::ValueKind::state) {
       moments_.emplace_back(size_t(n), 0.0f);
       exec_->bind(local, moments_.back().data());
-      moment_of_[v.name] = moments_.back().data();
+      state_buf[v.id] = moments_.back().data();
     } else {
       LOOM_CHECK(false) << "unbound graph input %" << v.name;
     }
   }
   for (size_t i = 0; i < g.outputs().size(); ++i) out_local_[g.outputs()[i]] = prog.outputs[i];
   out_loss_ = out_local_.at(model_.loss);
+  return state_buf;
 }
 
 std::vector<float> StepRunner::gather(int v, const float* local) {
@@ -203,9 +208,7 @@ StepRunner::~StepRunner() = default;
 float StepRunner::step(const int32_t* tokens) { return step(tokens, cfg_.optim.lr); }
 
 float* StepRunner::moment_ptr(const std::string& param, int which) {
-  const std::string key = (which == 0 ? "m:" : "v:") + param;
-  auto it = sharded_ ? moment_of_.find(model_.graph.value(state_of_.at(key)).name)
-                     : moment_of_.find(key);
+  auto it = moment_of_.find((which == 0 ? "m:" : "v:") + param);
   LOOM_CHECK(it != moment_of_.end()) << "no optimizer moment for " << param;
   return it->second;
 }

@@ -92,7 +92,7 @@ class StepRunner {
   int grad_norm_ = -1, hyper_ = -1;
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::vector<float>> moments_;
-  std::map<std::string, float*> moment_of_;  // "m:" / "v:" + param name -> buffer
+  std::map<std::string, float*> moment_of_;  // "m:" / "v:" + param name -> buffer (this rank's block)
   int64_t accum_ = 1;
   // Gradient accumulation (accum_ > 1): the optimizer as its own graph, fed the summed gradients.
   ir::Graph opt_graph_{"optimizer"};
@@ -112,9 +112,10 @@ class StepRunner {
   std::unique_ptr<Sharded> sharded_;
   int out_loss_ = -1;  // the executor's loss value
   std::map<int, int> out_local_;         // global output value -> the executor's value
-  std::map<std::string, int> state_of_;  // "m:" / "v:" + param name -> global state value
+  std::map<std::string, int> state_of_;  // sharded: "m:" / "v:" + param name -> global state value
   float* moment_ptr(const std::string& param, int which);
-  void shard_program(const runtime::MeshComms* comms, StepRunner* share);
+  // Builds and binds this rank's program; returns each AdamW moment's buffer (by global value).
+  std::map<int, float*> shard_program(const runtime::MeshComms* comms, StepRunner* share);
   // The whole value of global value v from this rank's blocks (collective).
   std::vector<float> gather(int v, const float* local);
 };
