@@ -22,7 +22,7 @@ int main() {
     for (const Case& c : cases()) {
       Config cfg = config(c);
       if (cfg.plan.plan.mesh.size() != world->size()) continue;
-      runtime::MeshComms mc(*world, cfg.plan.plan.mesh.axes());
+      runtime::MeshComms mc(*world, cfg.plan.plan.mesh);
       TrainRun got = train_run(cfg, &mc);
       auto grads = grads_run(cfg, &mc);
       if (world->rank() != 0) continue;

@@ -16,7 +16,7 @@ T on_ranks(const Config& cfg, const std::function<T(const runtime::MeshComms&)>&
   T result{};
   std::mutex mu;
   comm::run_local(int(cfg.plan.plan.mesh.size()), [&](comm::Communicator& c) {
-    runtime::MeshComms mc(c, cfg.plan.plan.mesh.axes());
+    runtime::MeshComms mc(c, cfg.plan.plan.mesh);
     T r = fn(mc);
     std::lock_guard<std::mutex> lock(mu);
     if (c.rank() == 0) result = std::move(r);

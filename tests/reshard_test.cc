@@ -109,7 +109,7 @@ std::pair<std::string, std::vector<std::string>> round_trip(const Sharding& a, c
   std::mutex mu;
   std::vector<std::string> errors;
   comm::run_local(int(m.size()), [&](comm::Communicator& c) {
-    runtime::MeshComms mc(c, m.axes());
+    runtime::MeshComms mc(c, m);
     runtime::Executor ex(prog.graph);
     ex.set_comms(&mc);
     std::vector<float> in(size_t(numel(local_shape(shape, a, m))));
@@ -183,7 +183,7 @@ TEST(Reshard, PartialSumsReduceToTheirTarget) {
     std::mutex mu;
     std::vector<std::string> errors;
     comm::run_local(2, [&](comm::Communicator& c) {
-      runtime::MeshComms mc(c, m.axes());
+      runtime::MeshComms mc(c, m);
       runtime::Executor ex(prog.graph);
       ex.set_comms(&mc);
       std::vector<float> wl(24);

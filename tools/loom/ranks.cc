@@ -39,7 +39,7 @@ int run_ranks(const train::Config& cfg, const std::function<int(const runtime::M
     const int threads = std::max(1, omp_get_max_threads() / n);
     comm::run_local(n, [&](comm::Communicator& c) {
       omp_set_num_threads(threads);
-      runtime::MeshComms mc(c, plan.mesh.axes());
+      runtime::MeshComms mc(c, plan.mesh);
       fn(&mc);
     });
     return 0;
@@ -59,7 +59,7 @@ int run_ranks(const train::Config& cfg, const std::function<int(const runtime::M
                 fmt::format("run mpirun -np {}, or change [plan] mesh", n));
   int rc = 0;
   try {
-    runtime::MeshComms mc(*world, plan.mesh.axes());
+    runtime::MeshComms mc(*world, plan.mesh);
     rc = fn(&mc);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom: error on rank %d of %d: %s\n", world->rank(), n, e.what());

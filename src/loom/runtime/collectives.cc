@@ -8,21 +8,14 @@
 
 namespace loom::runtime {
 
-MeshComms::MeshComms(comm::Communicator& world,
-                     const std::vector<std::pair<std::string, int64_t>>& axes)
-    : world_(world) {
-  int64_t size = 1;
-  for (const auto& a : axes) size *= a.second;
-  if (size != world.size())
-    throw Error(fmt::format("the mesh has {} ranks, the communicator {}", size, world.size()));
+MeshComms::MeshComms(comm::Communicator& world, const shard::Mesh& mesh) : world_(world) {
+  if (mesh.size() != world.size())
+    throw Error(fmt::format("the mesh has {} ranks, the communicator {}", mesh.size(), world.size()));
   const int r = world.rank();
-  int64_t stride = size;
-  for (const auto& [name, n] : axes) {
-    stride /= n;
-    const int64_t coord = (r / stride) % n;
+  for (const auto& [name, n] : mesh.axes()) {
+    const int64_t coord = mesh.coord(r, name);
     // ranks sharing every other coordinate: the rank with this axis's coordinate zeroed names them
-    const int color = int(r - coord * stride);
-    axes_[name] = world.split(color, int(coord));
+    axes_[name] = world.split(int(r - coord * mesh.stride(name)), int(coord));
   }
 }
 

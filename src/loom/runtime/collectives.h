@@ -1,6 +1,6 @@
 // The collective ops of a per-rank program (ops/collective.cc) run on a Communicator per mesh axis.
 //
-// MeshComms splits a world communicator into one communicator per axis: the ranks that differ only in
+// MeshComms splits a world communicator into one communicator per mesh axis (shard::Mesh): the ranks that differ only in
 // that axis's coordinate, ranked by it. With the mesh {data = 2, model = 2} (rank = 2 * data + model),
 // rank 3's `data` communicator holds ranks {1, 3} and its `model` communicator ranks {2, 3}.
 //
@@ -19,13 +19,14 @@
 
 #include "loom/comm/communicator.h"
 #include "loom/ir/graph.h"
+#include "loom/shard/sharding.h"
 
 namespace loom::runtime {
 
 class MeshComms {
  public:
-  // Collective over `world`, whose size must be the product of the axis sizes.
-  MeshComms(comm::Communicator& world, const std::vector<std::pair<std::string, int64_t>>& axes);
+  // Collective over `world`, whose size must be the mesh's.
+  MeshComms(comm::Communicator& world, const shard::Mesh& mesh);
   comm::Communicator& world() const { return world_; }
   // LOOM_CHECKs that the axis exists (lowering only names mesh axes).
   comm::Communicator& axis(const std::string& name) const;

@@ -39,12 +39,16 @@ int64_t Mesh::axis_size(std::string_view axis) const {
   return axes_[size_t(i)].second;
 }
 
-int64_t Mesh::coord(int64_t rank, std::string_view axis) const {
+int64_t Mesh::stride(std::string_view axis) const {
   int i = index(axis);
   LOOM_CHECK(i >= 0) << "no mesh axis " << axis << " in " << to_string();
   int64_t stride = 1;
   for (size_t j = size_t(i) + 1; j < axes_.size(); ++j) stride *= axes_[j].second;
-  return (rank / stride) % axes_[size_t(i)].second;
+  return stride;
+}
+
+int64_t Mesh::coord(int64_t rank, std::string_view axis) const {
+  return (rank / stride(axis)) % axis_size(axis);
 }
 
 std::string Mesh::to_string() const {

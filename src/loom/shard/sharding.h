@@ -38,8 +38,9 @@ class Mesh {
   bool has(std::string_view axis) const { return index(axis) >= 0; }
   int index(std::string_view axis) const;  // -1 when absent
   int64_t axis_size(std::string_view axis) const;  // LOOM_CHECKs the axis exists
-  // The coordinate of `rank` along `axis`.
+  // The coordinate of `rank` along `axis`, and how far apart in rank two neighbours on it are.
   int64_t coord(int64_t rank, std::string_view axis) const;
+  int64_t stride(std::string_view axis) const;
   std::string to_string() const;  // "{data = 2, model = 2}"
   bool operator==(const Mesh&) const = default;
 
