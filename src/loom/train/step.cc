@@ -12,6 +12,25 @@
 
 namespace loom::train {
 
+namespace {
+
+// What a plan cannot be combined with yet.
+void require_plannable(const Config& cfg) {
+  if (cfg.train.grad_accum > 1)
+    throw Error(fmt::format("{}: [train] grad_accum > 1 with a [plan] is not supported yet", cfg.path),
+                "raise [train] batch_size instead: the plan splits it across ranks");
+}
+
+}  // namespace
+
+void check_plan(const Config& cfg) {
+  require_plannable(cfg);
+  models::ModelGraph m = models::build_model(cfg.model, cfg.train.batch_size, cfg.train.seq_len);
+  autodiff::build_train_step(m.graph, m.loss, cfg.optim);
+  shard::shard_graph(m.graph, cfg.plan.plan, {.batch_inputs = {m.tokens, m.targets}},
+                     cfg.plan.plan.mesh.size());
+}
+
 StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
                        const runtime::MeshComms* comms, StepRunner* share)
     : cfg_(cfg), params_(params), mode_(mode) {
@@ -34,9 +53,7 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
     g.add_output(model_.loss);
     g.add_output(model_.logits);
   } else if (cfg.train.grad_accum > 1) {
-    if (comms && !cfg.plan.plan.empty())
-      throw Error(fmt::format("{}: [train] grad_accum > 1 with a [plan] is not supported yet", cfg.path),
-                  "raise [train] batch_size instead: the plan splits it across ranks");
+    if (comms && !cfg.plan.plan.empty()) require_plannable(cfg);
     accum_ = cfg.train.grad_accum;
     ops::Builder b(g);
     auto grads = autodiff::gradients(b, model_.loss, g.inputs_of_kind(ir::ValueKind::param));

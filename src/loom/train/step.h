@@ -31,6 +31,10 @@
 
 namespace loom::train {
 
+// Shards the training step of cfg's [plan] as every rank's StepRunner will, so a plan's errors
+// (loom::Error naming the tactic, value and axis) come before any rank starts.
+void check_plan(const Config& cfg);
+
 class StepRunner {
  public:
   enum class Mode { grads, train, eval, infer };
