@@ -14,6 +14,7 @@
 #include "loom/autodiff/autodiff.h"
 #include "loom/core/error.h"
 #include "loom/ir/text.h"
+#include "loom/runtime/collectives.h"
 #include "loom/shard/lower.h"
 #include "loom/train/config.h"
 
@@ -73,9 +74,7 @@ std::function<int()> add_inspect(CLI::App& app) {
       return double(numel(t.shape)) * double(dtype_size(t.dtype));
     };
     for (const ir::Node& n : pg.nodes()) {
-      if (n.op != "all_gather" && n.op != "reduce_scatter" && n.op != "all_reduce" &&
-          n.op != "all_to_all")
-        continue;
+      if (!runtime::is_collective(n.op) || n.op == "shard_slice") continue;  // a slice moves nothing
       auto& e = moved[n.attr_str("axis")][n.op];
       e.first++;
       e.second += bytes(n.op == "all_gather" ? n.outputs[0] : n.inputs[0]);

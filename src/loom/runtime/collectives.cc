@@ -32,31 +32,29 @@ bool is_collective(const std::string& op) {
 
 namespace {
 
-// A local tensor viewed as (outer, size[d], inner) around dim d, in bytes.
-struct DimView {
-  int64_t outer = 1, dim = 1, inner = 1;  // inner in bytes
+// A tensor split into p equal blocks along dim d, seen as (outer, p, block) with block in bytes: the
+// strided side of a collective (the whole tensor an all_gather makes, a reduce_scatter or
+// shard_slice reads).
+struct Blocks {
+  int64_t outer = 1, block = 1;
 };
 
-DimView view(const ir::TensorType& t, int64_t d) {
-  DimView v;
-  for (int64_t i = 0; i < d; ++i) v.outer *= t.shape[size_t(i)];
-  v.dim = t.shape[size_t(d)];
-  v.inner = int64_t(dtype_size(t.dtype));
-  for (size_t i = size_t(d) + 1; i < t.shape.size(); ++i) v.inner *= t.shape[i];
-  return v;
+Blocks blocks(const ir::TensorType& whole, int64_t d, int64_t p) {
+  Blocks b;
+  for (int64_t i = 0; i < d; ++i) b.outer *= whole.shape[size_t(i)];
+  b.block = whole.shape[size_t(d)] / p * int64_t(dtype_size(whole.dtype));
+  for (size_t i = size_t(d) + 1; i < whole.shape.size(); ++i) b.block *= whole.shape[i];
+  return b;
 }
 
-// Copies block j of n along the viewed dim of `src` (outer, n*b, inner) to contiguous `dst`
-// (outer, b, inner), or back (unpack).
-void pack_block(const char* src, char* dst, const DimView& v, int64_t n, int64_t j) {
-  const int64_t b = v.dim / n * v.inner;
-  for (int64_t o = 0; o < v.outer; ++o)
-    std::memcpy(dst + o * b, src + (o * n + j) * b, size_t(b));
+// Block j of the strided `whole` (outer, p, block) to or from contiguous `piece` (outer, block).
+void pack_block(const char* whole, char* piece, const Blocks& b, int64_t p, int64_t j) {
+  for (int64_t o = 0; o < b.outer; ++o)
+    std::memcpy(piece + o * b.block, whole + (o * p + j) * b.block, size_t(b.block));
 }
-void unpack_block(const char* src, char* dst, const DimView& v, int64_t n, int64_t j) {
-  const int64_t b = v.dim * v.inner;  // v describes the block here
-  for (int64_t o = 0; o < v.outer; ++o)
-    std::memcpy(dst + (o * n + j) * b, src + o * b, size_t(b));
+void unpack_block(const char* piece, char* whole, const Blocks& b, int64_t p, int64_t j) {
+  for (int64_t o = 0; o < b.outer; ++o)
+    std::memcpy(whole + (o * p + j) * b.block, piece + o * b.block, size_t(b.block));
 }
 
 }  // namespace
@@ -76,39 +74,36 @@ void run_collective(const ir::Graph& g, const ir::Node& n, void* const* ins, voi
     if (src != dst) std::memmove(dst, src, size_t(in_bytes));
     c.all_reduce(dst, numel(in.shape), in.dtype);
   } else if (n.op == "all_gather") {
-    DimView v = view(in, n.attr_int("dim"));
-    if (v.outer == 1) {
+    Blocks b = blocks(out, n.attr_int("dim"), p);
+    if (b.outer == 1) {
       c.all_gather(src, dst, in_bytes);
     } else {
       scratch.resize(size_t(in_bytes * p));
       c.all_gather(src, scratch.data(), in_bytes);
-      for (int64_t j = 0; j < p; ++j) unpack_block(scratch.data() + j * in_bytes, dst, v, p, j);
+      for (int64_t j = 0; j < p; ++j) unpack_block(scratch.data() + j * in_bytes, dst, b, p, j);
     }
   } else if (n.op == "reduce_scatter") {
-    DimView v = view(in, n.attr_int("dim"));
+    Blocks b = blocks(in, n.attr_int("dim"), p);
     const int64_t count = numel(out.shape);
-    if (v.outer == 1) {
+    if (b.outer == 1) {
       c.reduce_scatter(src, dst, count, in.dtype);
     } else {
-      const int64_t block = in_bytes / p;
+      const int64_t piece = in_bytes / p;
       scratch.resize(size_t(in_bytes));
-      for (int64_t j = 0; j < p; ++j) pack_block(src, scratch.data() + j * block, v, p, j);
+      for (int64_t j = 0; j < p; ++j) pack_block(src, scratch.data() + j * piece, b, p, j);
       c.reduce_scatter(scratch.data(), dst, count, in.dtype);
     }
   } else if (n.op == "shard_slice") {
-    pack_block(src, dst, view(in, n.attr_int("dim")), p, c.rank());
+    pack_block(src, dst, blocks(in, n.attr_int("dim"), p), p, c.rank());
   } else if (n.op == "all_to_all") {
-    const int64_t sd = n.attr_int("split_dim"), cd = n.attr_int("concat_dim");
-    DimView vs = view(in, sd), vc = view(out, cd);
-    const int64_t block = in_bytes / p;
+    Blocks sent = blocks(in, n.attr_int("split_dim"), p), got = blocks(out, n.attr_int("concat_dim"), p);
+    const int64_t piece = in_bytes / p;
     scratch.resize(size_t(2 * in_bytes));
     char* send = scratch.data();
     char* recv = scratch.data() + in_bytes;
-    for (int64_t j = 0; j < p; ++j) pack_block(src, send + j * block, vs, p, j);
-    c.all_to_all(send, recv, block);
-    DimView piece = vc;
-    piece.dim = vc.dim / p;
-    for (int64_t i = 0; i < p; ++i) unpack_block(recv + i * block, dst, piece, p, i);
+    for (int64_t j = 0; j < p; ++j) pack_block(src, send + j * piece, sent, p, j);
+    c.all_to_all(send, recv, piece);
+    for (int64_t i = 0; i < p; ++i) unpack_block(recv + i * piece, dst, got, p, i);
   } else {
     LOOM_CHECK(false) << "not a collective: " << n.op;
   }
