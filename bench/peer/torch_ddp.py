@@ -18,7 +18,6 @@ import resource
 import socket
 import statistics
 import sys
-import time
 
 
 def parse_cli(argv):
@@ -63,22 +62,8 @@ def worker(rank, args, port, queue):
     local = batch[rank * B // args.ranks:(rank + 1) * B // args.ranks]
     inputs, targets = local[:, :-1], local[:, 1:]
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = torch_lm.lm_loss(ddp(inputs), targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        opt.step()
-        return loss.item()
-
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        loss = step()
-        times.append(time.perf_counter() - t0)
+    step = torch_lm.make_step(ddp, model, opt, inputs, targets, cfg.optim.grad_clip)
+    times, loss = torch_lm.time_steps(step, args.warmup, args.steps, before=dist.barrier)
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024],
                        dtype=torch.int64)
     all_rss = [torch.zeros_like(rss) for _ in range(args.ranks)]

@@ -517,6 +517,35 @@ def blas_library():
     return ",".join(names) or "unknown"
 
 
+def make_step(forward, model, opt, inputs, targets, grad_clip, bf16=False):
+    """The benchmarks' training step: zero_grad, forward (`forward`: the model, or its DDP wrapper;
+    under autocast for bf16), loss, backward, clip_grad_norm_, AdamW; returns the loss."""
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = forward(inputs)
+        loss = lm_loss(logits.float(), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        return loss.item()
+    return step
+
+
+def time_steps(step, warmup, steps, before=lambda: None):
+    """Runs `warmup` untimed steps, then `steps` timed ones (each after `before()`); returns the
+    seconds of each timed step and the last loss."""
+    for _ in range(warmup):
+        step()
+    times, loss = [], None
+    for _ in range(steps):
+        before()
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+    return times, loss
+
+
 def bench(args):
     cfg = load_config(args.config)
     m = cfg.model
@@ -536,23 +565,8 @@ def bench(args):
     batch = torch.randint(0, m.vocab_size, (B, T + 1), generator=g)
     inputs, targets = batch[:, :-1], batch[:, 1:]
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=(dtype == "bf16")):
-            logits = model(inputs)
-        loss = lm_loss(logits.float(), targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        opt.step()
-        return loss.item()
-
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        loss = step()
-        times.append(time.perf_counter() - t0)
+    step = make_step(model, model, opt, inputs, targets, cfg.optim.grad_clip, bf16=(dtype == "bf16"))
+    times, loss = time_steps(step, args.warmup, args.steps)
 
     median = statistics.median(times)
     out = {
