@@ -117,10 +117,9 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
 
 std::map<int, float*> StepRunner::shard_program(const runtime::MeshComms* comms, StepRunner* share) {
   const ir::Graph& g = model_.graph;
-  sharded_ = std::make_unique<Sharded>();
-  Sharded& sh = *sharded_;
+  sharded_ = std::make_unique<RankState>();
+  RankState& sh = *sharded_;
   sh.comms = comms;
-  sh.rank = comms->world().rank();
   sh.plan = shard::shard_graph(g, cfg_.plan.plan, {.batch_inputs = {model_.tokens, model_.targets}},
                                comms->world().size());
   const shard::Program& prog = sh.plan.program;
@@ -145,7 +144,7 @@ std::map<int, float*> StepRunner::shard_program(const runtime::MeshComms* comms,
       } else {
         auto& buf = sh.params[v.name];
         buf.resize(size_t(n));
-        shard::copy_block(params_.data(v.name), buf.data(), v.type.shape, 4, s, mesh, sh.rank);
+        shard::copy_block(params_.data(v.name), buf.data(), v.type.shape, 4, s, mesh, sh.rank());
         sh.param_ptr[v.name] = buf.data();
         exec_->bind(local, buf.data());
       }
@@ -169,7 +168,7 @@ std::map<int, float*> StepRunner::shard_program(const runtime::MeshComms* comms,
 }
 
 std::vector<float> StepRunner::gather(int v, const float* local) {
-  const Sharded& sh = *sharded_;
+  const RankState& sh = *sharded_;
   const ir::TensorType& t = model_.graph.value(v).type;
   shard::Sharding s = sh.plan.propagation.value[size_t(v)];
   s.partial.clear();
@@ -198,7 +197,7 @@ void StepRunner::pull_params() {
     int v = model_.graph.find(name);
     shard::copy_block(params_.data(name), ptr, model_.graph.value(v).type.shape, 4,
                       sharded_->plan.propagation.value[size_t(v)], cfg_.plan.plan.mesh,
-                      sharded_->rank);
+                      sharded_->rank());
   }
 }
 
@@ -249,7 +248,7 @@ void StepRunner::write_moment(const std::string& param, int which, const float* 
   }
   int v = state_of_.at((which == 0 ? "m:" : "v:") + param);
   shard::copy_block(full, m, pv.type.shape, 4, sharded_->plan.propagation.value[size_t(v)],
-                    cfg_.plan.plan.mesh, sharded_->rank);
+                    cfg_.plan.plan.mesh, sharded_->rank());
 }
 
 std::vector<float> StepRunner::full_grad(const std::string& param) {
@@ -282,9 +281,9 @@ float StepRunner::step(const int32_t* tokens, double lr) {
       const auto& pv = sharded_->plan.propagation.value;
       const Shape& shape = model_.graph.value(model_.tokens).type.shape;
       shard::copy_block(inputs_.data(), sharded_->tokens.data(), shape, 4,
-                        pv[size_t(model_.tokens)], cfg_.plan.plan.mesh, sharded_->rank);
+                        pv[size_t(model_.tokens)], cfg_.plan.plan.mesh, sharded_->rank());
       shard::copy_block(targets_.data(), sharded_->targets.data(), shape, 4,
-                        pv[size_t(model_.targets)], cfg_.plan.plan.mesh, sharded_->rank);
+                        pv[size_t(model_.targets)], cfg_.plan.plan.mesh, sharded_->rank());
     }
     exec_->run();
     return *exec_->ptr<float>(out_loss_);

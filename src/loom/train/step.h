@@ -105,15 +105,15 @@ class StepRunner {
   float hyper_buf_[3] = {0, 0, 0};
   int64_t t_ = 0;
   // sharded runs
-  struct Sharded {
+  struct RankState {
     const runtime::MeshComms* comms = nullptr;
     shard::Sharded plan;
-    std::map<std::string, std::vector<float>> params;  // split parameters: this rank's block
-    std::map<std::string, float*> param_ptr;            // ... or a shared runner's block
-    std::vector<int32_t> tokens, targets;               // this rank's block of the batch
-    int64_t rank = 0;
+    std::map<std::string, std::vector<float>> params;  // split parameters: this rank's own blocks
+    std::map<std::string, float*> param_ptr;  // every split parameter's block (own or a shared runner's)
+    std::vector<int32_t> tokens, targets;     // this rank's block of the batch
+    int64_t rank() const { return comms->world().rank(); }
   };
-  std::unique_ptr<Sharded> sharded_;
+  std::unique_ptr<RankState> sharded_;
   int out_loss_ = -1;  // the executor's loss value
   std::map<int, int> out_local_;         // global output value -> the executor's value
   std::map<std::string, int> state_of_;  // sharded: "m:" / "v:" + param name -> global state value
