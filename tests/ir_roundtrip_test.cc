@@ -6,6 +6,8 @@
 #include "loom/core/error.h"
 #include "loom/ir/text.h"
 #include "loom/ops/verify.h"
+#include "loom/passes/pipeline.h"
+#include "loom/train/compile.h"
 #include "loom/train/config.h"
 
 namespace loom {
@@ -26,9 +28,8 @@ TEST_P(IrRoundTrip, PrintParsePrintIsIdentity) {
   train::Config cfg =
       train::load_config(std::string(LOOM_SOURCE_DIR) + "/configs/" + c.config + ".toml",
                          {"model.dtype=" + c.dtype});
-  auto m = models::build_model(cfg.model, cfg.train.batch_size, cfg.train.seq_len);
-  if (c.stage == "train") autodiff::build_train_step(m.graph, m.loss, cfg.optim);
-  else m.graph.add_output(m.loss);
+  const auto m = passes::compile(train::step_options(cfg, passes::StepKind::train, 0),
+                                 passes::parse_stage(c.stage)).model;
   std::string text = ir::print(m.graph);
   ir::Graph parsed = ir::parse(text, c.config);
   EXPECT_EQ(ir::print(parsed), text);

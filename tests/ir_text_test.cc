@@ -1,11 +1,16 @@
-// IR-text tests of plans: for each tests/ir_text/*.ir, a small graph (the .ir.in it names), a plan,
-// and the expected per-rank program, compared as printed text. Each file reads:
+// IR-text tests of passes: for each tests/ir_text/*.ir, a small graph (the .ir.in it names), the
+// roles a model would declare, a plan, the passes to run, and the expected program, compared as
+// printed text (Shardy's lit tests: input, pass, expected output). Each file reads:
 //
 //   # graph: mlp_train.ir.in
 //   # mesh: data=2
 //   # tactics: fsdp:data data:data      (kind:axis, or shard:axis:pattern:dim)
-//   # batch: x                          (inputs whose dim 0 is the batch)
-//   graph mlp.rank { ... }              (the expected lowered program)
+//   # batch: x                          (roles: inputs whose dim 0 is the batch)
+//   # column: w1:0 w2:0                 (roles: column-parallel weights, value:dim)
+//   # row: w3:1                         (roles: row-parallel weights, value:dim)
+//   # passes: apply_tactics propagate lower   (default; passes/pipeline.h names them)
+//   graph mlp.rank { ... }              (the expected program: the per-rank one once `lower` ran,
+//                                        else the global graph)
 //
 // LOOM_UPDATE_IR_TEXT=1 rewrites the expected text from the actual one; review the diff before
 // committing it (that review is the test's oracle).
@@ -17,9 +22,9 @@
 
 #include "loom/core/file.h"
 #include "loom/ir/text.h"
-#include "loom/shard/lower.h"
+#include "loom/passes/pipeline.h"
 
-namespace loom::shard {
+namespace loom::passes {
 namespace {
 
 namespace fs = std::filesystem;
@@ -58,35 +63,55 @@ TEST_P(IrText, LoweredProgramMatches) {
       expected += line + "\n";
     }
   }
-  ir::Graph g = ir::parse(read_file((kDir / header.at("graph")).string()), header.at("graph"));
-  Plan plan;
+  Compilation c;
+  c.model.graph = ir::parse(read_file((kDir / header.at("graph")).string()), header.at("graph"));
+  const ir::Graph& g = c.model.graph;
+  auto value = [&](const std::string& name) {
+    int v = g.find(name);
+    if (v < 0) ADD_FAILURE() << GetParam() << ": the header names %" << name << ", not in the graph";
+    return v;
+  };
+  Options opts;
   std::vector<std::pair<std::string, int64_t>> axes;
   for (const auto& a : split(header.at("mesh"), ',')) {
     auto kv = split(a, '=');
     axes.push_back({words(kv[0])[0], std::stoll(kv[1])});
   }
-  plan.mesh = Mesh(axes);
+  opts.plan.mesh = shard::Mesh(axes);
+  opts.ranks = opts.plan.mesh.size();
   for (const auto& t : words(header.at("tactics"))) {
     auto f = split(t, ':');
-    Tactic tac{f[0], f[1]};
+    shard::Tactic tac{f[0], f[1]};
     if (f.size() == 4) tac.pattern = f[2], tac.dim = std::stoll(f[3]);
-    plan.tactics.push_back(tac);
+    opts.plan.tactics.push_back(tac);
   }
-  GraphRoles roles;
-  for (const auto& b : words(header["batch"])) roles.batch_inputs.push_back(g.find(b));
-  Sharded s = shard_graph(g, plan, roles, plan.mesh.size());
-  EXPECT_TRUE(s.propagation.converged) << "propagation reached no fixed point";
-  const std::string actual = ir::print(s.program.graph);
-  // the lowered program is plain IR: it parses back to the same text
+  auto get = [&](const std::string& key) {
+    auto it = header.find(key);
+    return it == header.end() ? std::string() : it->second;
+  };
+  ir::Roles& roles = c.model.roles;
+  for (const auto& b : words(get("batch"))) roles.batch_inputs.push_back(value(b));
+  for (auto [key, list] : {std::pair{"column", &roles.column_parallel}, {"row", &roles.row_parallel}})
+    for (const auto& w : words(get(key))) {
+      auto f = split(w, ':');
+      list->push_back({value(f[0]), std::stoll(f.at(1))});
+    }
+  std::vector<std::string> passes = words(get("passes"));
+  if (passes.empty()) passes = {"apply_tactics", "propagate", "lower"};
+  run_passes(c, opts, passes);
+  const bool lowered = std::find(passes.begin(), passes.end(), "lower") != passes.end();
+  if (lowered) EXPECT_TRUE(c.propagation.converged) << "propagation reached no fixed point";
+  const std::string actual = ir::print(lowered ? c.rank.graph : c.model.graph);
+  // the program is plain IR: it parses back to the same text
   EXPECT_EQ(ir::print(ir::parse(actual, GetParam())), actual);
   if (std::getenv("LOOM_UPDATE_IR_TEXT")) {
     std::string head;
-    for (const auto& key : {"graph", "mesh", "tactics", "batch"})
+    for (const auto& key : {"graph", "mesh", "tactics", "batch", "column", "row", "passes"})
       if (header.count(key)) head += std::string("# ") + key + ": " + header[key] + "\n";
     write_file_atomic(file.string(), head + actual);
     return;
   }
-  EXPECT_EQ(actual, expected) << GetParam() << ": the lowered program differs";
+  EXPECT_EQ(actual, expected) << GetParam() << ": the program differs";
 }
 
 std::vector<std::string> cases() {
@@ -105,4 +130,4 @@ INSTANTIATE_TEST_SUITE_P(Plans, IrText, ::testing::ValuesIn(cases()), [](const a
 });
 
 }  // namespace
-}  // namespace loom::shard
+}  // namespace loom::passes

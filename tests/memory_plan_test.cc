@@ -9,6 +9,7 @@
 
 #include "loom/autodiff/autodiff.h"
 #include "loom/models/model.h"
+#include "loom/passes/pipeline.h"
 
 namespace loom::runtime {
 namespace {
@@ -57,9 +58,11 @@ TEST(MemoryPlan, TrainingGraphsNeverOverlapLiveBuffers) {
       c.n_kv_heads = std::string(arch) == "llama" ? 2 : 0;
       c.max_seq_len = 32;
       c.dtype = dt;
-      auto m = models::build_model(c, 3, 32);
-      autodiff::build_train_step(m.graph, m.loss, {});
-      check_plan(m.graph);
+      passes::Options o;
+      o.model = c;
+      o.batch = 3;
+      o.seq_len = 32;
+      check_plan(passes::compile(o, passes::Stage::train).model.graph);
     }
 }
 

@@ -67,8 +67,8 @@ inline TrainRun train_run(const Config& cfg, const runtime::MeshComms* comms) {
   for (const auto& info : p.infos()) {
     const float* d = p.data(info.name);
     out.params[info.name].assign(d, d + numel(info.shape));
-    for (int which : {0, 1}) {
-      auto& dst = (which == 0 ? out.m : out.v)[info.name];
+    for (autodiff::Moment which : autodiff::kMoments) {
+      auto& dst = (which == autodiff::Moment::m ? out.m : out.v)[info.name];
       dst.resize(size_t(numel(info.shape)));
       r.read_moment(info.name, which, dst.data());
     }

@@ -6,7 +6,8 @@
 //   model.safetensors  every parameter under its Hugging Face name, f32 (Loom's names already are
 //                      Hugging Face's, GPT-2's without the "transformer." prefix, as HF's own gpt2
 //                      checkpoints store them)
-//   config.json        LlamaForCausalLM or GPT2LMHeadModel, from the run's [model]
+//   config.json        LlamaForCausalLM or GPT2LMHeadModel, from the run's [model] (each
+//                      architecture's hf_config, models/architecture.h)
 // so that `LlamaForCausalLM.from_pretrained(OUT_DIR)` (or GPT2LMHeadModel) loads it unchanged, and
 // `[model] init = "OUT_DIR"` starts a new Loom run from it.
 //
@@ -24,6 +25,7 @@
 #include "commands.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/models/architecture.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/config.h"
 #include "loom/train/params.h"
@@ -31,44 +33,6 @@
 namespace loom::cli {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-// The Hugging Face config.json for `m`. Keys follow transformers' LlamaConfig / GPT2Config; what is
-// left out takes HF's default, which matches Loom (no attention or MLP biases in Llama, GPT-2's
-// attention scaled by 1/sqrt(head size)). Dropout defaults are irrelevant at inference.
-nlohmann::ordered_json hf_config(const models::ModelConfig& m) {
-  if (m.arch == "llama")
-    return {{"architectures", {"LlamaForCausalLM"}},
-            {"model_type", "llama"},
-            {"vocab_size", m.vocab_size},
-            {"hidden_size", m.d_model},
-            {"intermediate_size", m.ffn()},
-            {"num_hidden_layers", m.n_layers},
-            {"num_attention_heads", m.n_heads},
-            {"num_key_value_heads", m.kv_heads()},
-            {"max_position_embeddings", m.max_seq_len},
-            {"rms_norm_eps", m.norm_eps},
-            {"rope_theta", m.rope_theta},
-            {"hidden_act", "silu"},
-            {"tie_word_embeddings", false},  // Loom's lm_head is its own parameter
-            {"torch_dtype", "float32"}};
-  LOOM_CHECK(m.arch == "gpt2") << "validated arch " << m.arch;
-  return {{"architectures", {"GPT2LMHeadModel"}},
-          {"model_type", "gpt2"},
-          {"vocab_size", m.vocab_size},
-          {"n_embd", m.d_model},
-          {"n_layer", m.n_layers},
-          {"n_head", m.n_heads},
-          {"n_positions", m.max_seq_len},
-          {"n_inner", m.ffn()},
-          {"layer_norm_epsilon", m.norm_eps},
-          {"activation_function", "gelu_new"},  // GELU, tanh approximation
-          {"tie_word_embeddings", true},        // the logits are ln_f(x) @ wte^T
-          {"torch_dtype", "float32"}};
-}
-
-}  // namespace
 
 std::function<int()> add_export(CLI::App& app) {
   struct Opts {
@@ -95,9 +59,9 @@ std::function<int()> add_export(CLI::App& app) {
                   "choose a writable output directory");
     const std::string model_out = o->hf + "/model.safetensors";
     params.save(model_out);  // atomic: MODEL.tmp.<pid>, fsynced, renamed
-    write_file_atomic(o->hf + "/config.json", hf_config(cfg.model).dump(2) + "\n");
-    fmt::print("exported {} ({} {}, {} parameters) to {}\n", weights, cfg.model.arch,
-               cfg.model.arch == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel",
+    const models::Architecture& arch = models::architecture(cfg.model.arch);
+    write_file_atomic(o->hf + "/config.json", arch.hf_config(cfg.model).dump(2) + "\n");
+    fmt::print("exported {} ({} {}, {} parameters) to {}\n", weights, cfg.model.arch, arch.hf_class,
                params.total_elements(), o->hf);
     return 0;
   };

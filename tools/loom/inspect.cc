@@ -1,4 +1,5 @@
-// loom inspect: print a model's graph as IR text at a stage of the pipeline.
+// loom inspect: print a model's graph as IR text at a stage of the compile pipeline (passes/), or
+// the pipeline itself (--passes).
 //
 //   forward   the model and its loss
 //   train     forward, backward, clipping and AdamW: the global training step
@@ -11,11 +12,11 @@
 #include <map>
 
 #include "commands.h"
-#include "loom/autodiff/autodiff.h"
 #include "loom/core/error.h"
 #include "loom/ir/text.h"
+#include "loom/passes/pipeline.h"
 #include "loom/runtime/collectives.h"
-#include "loom/shard/lower.h"
+#include "loom/train/compile.h"
 #include "loom/train/config.h"
 
 namespace loom::cli {
@@ -25,40 +26,43 @@ std::function<int()> add_inspect(CLI::App& app) {
     std::string config, stage = "forward";
     int64_t rank = 0;
     std::vector<std::string> sets;
+    bool passes = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* s = app.add_subcommand("inspect", "print the graph as IR text");
-  s->add_option("config", o->config, "config TOML")->required();
-  s->add_option("--stage", o->stage, "forward | train | sharded | lowered")
-      ->check(CLI::IsMember({"forward", "train", "sharded", "lowered"}));
+  s->add_option("config", o->config, "config TOML");
+  s->add_option("--stage", o->stage, "forward | train | sharded | lowered");
+  s->add_flag("--passes", o->passes, "list the compile pipeline's passes (no config needed)");
   s->add_option("--rank", o->rank, "the rank to show (--stage lowered)");
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   return [o]() {
+    if (o->passes) {
+      for (passes::Stage st : passes::stages())
+        for (const passes::Pass& p : passes::pipeline())
+          if (p.stage == st)
+            fmt::print("{:<8} {:<14} {}\n", passes::stage_name(st), p.name, p.summary);
+      return 0;
+    }
+    if (o->config.empty())
+      throw Error("loom inspect: a config is required", "loom inspect CONFIG.toml [--stage S]");
+    const passes::Stage stage = passes::parse_stage(o->stage);
     train::Config cfg = train::load_config(o->config, o->sets);
-    models::ModelGraph m = models::build_model(cfg.model, cfg.train.batch_size, cfg.train.seq_len);
-    if (o->stage == "forward") {
-      m.graph.add_output(m.loss);
-      fmt::print("{}", ir::print(m.graph));
-      return 0;
-    }
-    autodiff::build_train_step(m.graph, m.loss, cfg.optim);
-    if (o->stage == "train") {
-      fmt::print("{}", ir::print(m.graph));
-      return 0;
-    }
     const shard::Plan& plan = cfg.plan.plan;
-    if (plan.empty())
-      throw Error(fmt::format("{}: no [plan] mesh to shard by", cfg.path),
-                  "add [plan] mesh = { data = 2 } and tactics = [ { kind = \"data\", axis = \"data\" } ]");
-    if (o->rank < 0 || o->rank >= plan.mesh.size())
+    if (stage >= passes::Stage::sharded && !plan.empty() &&
+        (o->rank < 0 || o->rank >= plan.mesh.size()))
       throw Error(fmt::format("--rank {}: the mesh {} has ranks 0..{}", o->rank, plan.mesh.to_string(),
                               plan.mesh.size() - 1));
-    shard::Sharded sh =
-        shard::shard_graph(m.graph, plan, {.batch_inputs = {m.tokens, m.targets}}, plan.mesh.size());
-    if (o->stage == "sharded") {
+    const passes::Compilation c =
+        passes::compile(train::step_options(cfg, passes::StepKind::train, plan.mesh.size()), stage);
+    if (stage <= passes::Stage::train) {
+      fmt::print("{}", ir::print(c.model.graph));
+      return 0;
+    }
+    if (stage == passes::Stage::sharded) {
+      const shard::Propagation& p = c.propagation;
       fmt::print("# mesh {}: propagation reached {} after {} sweeps\n", plan.mesh.to_string(),
-                 sh.propagation.converged ? "a fixed point" : "its sweep limit", sh.propagation.sweeps);
-      fmt::print("{}", shard::print_sharded(m.graph, sh.propagation));
+                 p.converged ? "a fixed point" : "its sweep limit", p.sweeps);
+      fmt::print("{}", shard::print_sharded(c.model.graph, p));
       return 0;
     }
     std::string coords;
@@ -68,7 +72,7 @@ std::function<int()> add_inspect(CLI::App& app) {
     // what one step moves: per axis and collective, the count and the bytes of the whole buffer
     // (all_gather: what arrives; reduce_scatter, all_reduce, all_to_all: what goes in)
     std::map<std::string, std::map<std::string, std::pair<int, double>>> moved;
-    const ir::Graph& pg = sh.program.graph;
+    const ir::Graph& pg = c.rank.graph;
     auto bytes = [&](int v) {
       const auto& t = pg.value(v).type;
       return double(numel(t.shape)) * double(dtype_size(t.dtype));

@@ -92,6 +92,10 @@ std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& 
   return r;
 }
 
+std::string moment_state_name(Moment which, const std::string& param) {
+  return (which == Moment::m ? "adam.m." : "adam.v.") + param;
+}
+
 TrainStep add_optimizer(ir::Graph& g, const std::map<int, int>& grads, const AdamWConfig& cfg) {
   ops::Builder b(g);
   std::vector<int> params = g.inputs_of_kind(ir::ValueKind::param);
@@ -109,10 +113,10 @@ TrainStep add_optimizer(ir::Graph& g, const std::map<int, int>& grads, const Ada
     const ir::Value& pv = g.value(p);
     std::string name = pv.name;
     ir::TensorType t = pv.type;
-    int m = g.add_input("adam.m." + name, t, ir::ValueKind::state);
-    int v = g.add_input("adam.v." + name, t, ir::ValueKind::state);
-    ts.moments_m[p] = m;
-    ts.moments_v[p] = v;
+    int m = g.add_input(moment_state_name(Moment::m, name), t, ir::ValueKind::state);
+    int v = g.add_input(moment_state_name(Moment::v, name), t, ir::ValueKind::state);
+    ts.moments[{p, Moment::m}] = m;
+    ts.moments[{p, Moment::v}] = v;
     double wd = t.shape.size() >= 2 ? cfg.weight_decay : 0.0;
     b.set_scope("");
     b.emit("adamw", {p, grads.at(p), m, v, ts.hyper, cn[0]},

@@ -22,6 +22,11 @@ namespace loom::autodiff {
 // does not reach the loss.
 std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& wrt);
 
+// AdamW's first (m) and second (v) moment: the graph's state "adam.m.P" / "adam.v.P" of param P.
+enum class Moment { m, v };
+inline constexpr Moment kMoments[] = {Moment::m, Moment::v};
+std::string moment_state_name(Moment which, const std::string& param);  // "adam.m." + param
+
 struct AdamWConfig {
   double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double grad_clip = 1.0;  // <= 0: no clipping
@@ -33,7 +38,7 @@ struct AdamWConfig {
 // only. Graph outputs become: loss, grad_norm.
 struct TrainStep {
   int loss = -1, grad_norm = -1, hyper = -1;
-  std::map<int, int> moments_m, moments_v;  // param id -> state id
+  std::map<std::pair<int, Moment>, int> moments;  // (param id, moment) -> state id
 };
 TrainStep build_train_step(ir::Graph& g, int loss, const AdamWConfig& cfg);
 // The optimizer half alone: global-norm clipping and AdamW over every param of `g`, given each

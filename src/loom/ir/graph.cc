@@ -103,6 +103,11 @@ void Graph::add_output(int value) {
   outputs_.push_back(value);
 }
 
+void Graph::set_outputs(std::vector<int> values) {
+  for (int v : values) LOOM_CHECK(v >= 0 && v < int(values_.size()));
+  outputs_ = std::move(values);
+}
+
 std::vector<int> Graph::inputs_of_kind(ValueKind k) const {
   std::vector<int> r;
   for (const Value& v : values_)

@@ -73,6 +73,7 @@ class Graph {
                             const std::vector<TensorType>& out_types,
                             const std::vector<std::string>& out_names);
   void add_output(int value);
+  void set_outputs(std::vector<int> values);  // replaces the output list
 
   const Value& value(int id) const { return values_[id]; }
   Value& mutable_value(int id) { return values_[id]; }

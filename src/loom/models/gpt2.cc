@@ -4,14 +4,48 @@
 //   per layer: x = x + c_proj(attn(split(c_attn(ln_1(x)))))
 //              x = x + mlp.c_proj(gelu(mlp.c_fc(ln_2(x))))
 //   logits = ln_f(x) wte^T                              (B,T,V)
+//
+// Tensor-parallel roles: the MLP's c_fc (weight dim 1, bias dim 0) is column-parallel, the MLP's and
+// the attention's c_proj (weight dim 0) row-parallel. The fused c_attn is not column-parallel: its
+// output features are [q | k | v], so a contiguous split would hand one rank all of q and part of k.
 #include <fmt/format.h>
 
+#include "loom/models/architecture.h"
 #include "loom/models/layers.h"
 
-namespace loom::models::detail {
+namespace loom::models {
 
-int build_gpt2(Ctx& x, int tokens, int64_t B, int64_t T) {
-  ops::Builder& b = x.b;
+namespace {
+
+std::vector<ParamInfo> gpt2_params(const ModelConfig& c) {
+  using I = ParamInfo::Init;
+  using P = ParamInfo::Parallel;
+  const int64_t C = c.d_model, V = c.vocab_size, F = c.ffn();
+  std::vector<ParamInfo> p;
+  p.push_back({"wte.weight", {V, C}, I::normal, "embed"});
+  p.push_back({"wpe.weight", {c.max_seq_len, C}, I::normal, "embed"});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    std::string s = fmt::format("h.{}.", l), blk = fmt::format("layers.{}", l);
+    p.push_back({s + "ln_1.weight", {C}, I::ones, blk});
+    p.push_back({s + "ln_1.bias", {C}, I::zeros, blk});
+    p.push_back({s + "attn.c_attn.weight", {C, 3 * C}, I::normal, blk});
+    p.push_back({s + "attn.c_attn.bias", {3 * C}, I::zeros, blk});
+    p.push_back({s + "attn.c_proj.weight", {C, C}, I::scaled_normal, blk, P::row, 0});
+    p.push_back({s + "attn.c_proj.bias", {C}, I::zeros, blk});
+    p.push_back({s + "ln_2.weight", {C}, I::ones, blk});
+    p.push_back({s + "ln_2.bias", {C}, I::zeros, blk});
+    p.push_back({s + "mlp.c_fc.weight", {C, F}, I::normal, blk, P::column, 1});
+    p.push_back({s + "mlp.c_fc.bias", {F}, I::zeros, blk, P::column, 0});
+    p.push_back({s + "mlp.c_proj.weight", {F, C}, I::scaled_normal, blk, P::row, 0});
+    p.push_back({s + "mlp.c_proj.bias", {C}, I::zeros, blk});
+  }
+  p.push_back({"ln_f.weight", {C}, I::ones, "head"});
+  p.push_back({"ln_f.bias", {C}, I::zeros, "head"});
+  return p;
+}
+
+int build_gpt2(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, int64_t T) {
+  detail::Ctx x{b, c, c.dtype};
   const double eps = x.c.norm_eps;
   const int64_t C = x.c.d_model;
   int pos = b.emit1("positions", {}, {{"shape", Shape{B, T}}}, "positions");
@@ -39,4 +73,45 @@ int build_gpt2(Ctx& x, int tokens, int64_t B, int64_t T) {
   return b.matmul(b.cast(nf, x.cd), b.cast(x.param("wte.weight"), x.cd), false, true, "logits");
 }
 
-}  // namespace loom::models::detail
+// transformers' GPT2Config. What is left out takes HF's default, which matches Loom (attention scaled
+// by 1/sqrt(head size)); dropout defaults are irrelevant at inference.
+nlohmann::ordered_json gpt2_hf_config(const ModelConfig& m) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", m.vocab_size},
+          {"n_embd", m.d_model},
+          {"n_layer", m.n_layers},
+          {"n_head", m.n_heads},
+          {"n_positions", m.max_seq_len},
+          {"n_inner", m.ffn()},
+          {"layer_norm_epsilon", m.norm_eps},
+          {"activation_function", "gelu_new"},  // GELU, tanh approximation
+          {"tie_word_embeddings", true},        // the logits are ln_f(x) @ wte^T
+          {"torch_dtype", "float32"}};
+}
+
+}  // namespace
+
+void register_gpt2() {
+  register_architecture(
+      {.name = "gpt2",
+       .hf_class = "GPT2LMHeadModel",
+       .validate =
+           [](const ModelConfig& c, const auto& bad) {
+             if (c.n_kv_heads != 0 && c.n_kv_heads != c.n_heads)
+               bad("n_kv_heads", "gpt2 has no grouped-query attention");
+           },
+       .default_ffn = [](const ModelConfig& c) { return 4 * c.d_model; },
+       .params = gpt2_params,
+       .build = build_gpt2,
+       .train_flops_per_token =
+           [](const ModelConfig& c, int64_t T) {
+             double matmul = double(c.vocab_size * c.d_model);  // the head, tied to wte
+             for (const auto& p : gpt2_params(c))
+               if (p.shape.size() == 2 && p.block != "embed") matmul += double(numel(p.shape));
+             return palm_train_flops(matmul, c, T);
+           },
+       .hf_config = gpt2_hf_config});
+}
+
+}  // namespace loom::models

@@ -45,7 +45,4 @@ struct Ctx {
   }
 };
 
-int build_llama(Ctx& x, int tokens, int64_t B, int64_t T);  // returns logits
-int build_gpt2(Ctx& x, int tokens, int64_t B, int64_t T);
-
 }  // namespace loom::models::detail

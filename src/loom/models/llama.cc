@@ -3,14 +3,43 @@
 //   per layer: h = x + o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x)
 //              x = h + down_proj(silu(gate_proj(n)) * up_proj(n)),  n = rmsnorm(h)
 //   logits = lm_head(rmsnorm(x))                         (B,T,V)
+//
+// Weights are nn.Linear's (out, in): q/k/v and gate/up are column-parallel on dim 0, o and down
+// row-parallel on dim 1.
 #include <fmt/format.h>
 
+#include "loom/models/architecture.h"
 #include "loom/models/layers.h"
 
-namespace loom::models::detail {
+namespace loom::models {
 
-int build_llama(Ctx& x, int tokens, int64_t B, int64_t T) {
-  ops::Builder& b = x.b;
+namespace {
+
+std::vector<ParamInfo> llama_params(const ModelConfig& c) {
+  using I = ParamInfo::Init;
+  using P = ParamInfo::Parallel;
+  const int64_t C = c.d_model, V = c.vocab_size, F = c.ffn(), HS = c.head_size();
+  std::vector<ParamInfo> p;
+  p.push_back({"model.embed_tokens.weight", {V, C}, I::normal, "embed"});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    std::string s = fmt::format("model.layers.{}.", l), blk = fmt::format("layers.{}", l);
+    p.push_back({s + "input_layernorm.weight", {C}, I::ones, blk});
+    p.push_back({s + "self_attn.q_proj.weight", {c.n_heads * HS, C}, I::normal, blk, P::column, 0});
+    p.push_back({s + "self_attn.k_proj.weight", {c.kv_heads() * HS, C}, I::normal, blk, P::column, 0});
+    p.push_back({s + "self_attn.v_proj.weight", {c.kv_heads() * HS, C}, I::normal, blk, P::column, 0});
+    p.push_back({s + "self_attn.o_proj.weight", {C, c.n_heads * HS}, I::scaled_normal, blk, P::row, 1});
+    p.push_back({s + "post_attention_layernorm.weight", {C}, I::ones, blk});
+    p.push_back({s + "mlp.gate_proj.weight", {F, C}, I::normal, blk, P::column, 0});
+    p.push_back({s + "mlp.up_proj.weight", {F, C}, I::normal, blk, P::column, 0});
+    p.push_back({s + "mlp.down_proj.weight", {C, F}, I::scaled_normal, blk, P::row, 1});
+  }
+  p.push_back({"model.norm.weight", {C}, I::ones, "head"});
+  p.push_back({"lm_head.weight", {V, C}, I::normal, "head"});
+  return p;
+}
+
+int build_llama(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, int64_t T) {
+  detail::Ctx x{b, c, c.dtype};
   const double eps = x.c.norm_eps;
   int h = b.emit1("embedding", {tokens, x.param("model.embed_tokens.weight")}, {}, "embed");
   for (int64_t l = 0; l < x.c.n_layers; ++l) {
@@ -39,4 +68,46 @@ int build_llama(Ctx& x, int tokens, int64_t B, int64_t T) {
   return x.linear(nf, "lm_head.weight", "logits");
 }
 
-}  // namespace loom::models::detail
+// transformers' LlamaConfig. What is left out takes HF's default, which matches Loom (no attention or
+// MLP biases).
+nlohmann::ordered_json llama_hf_config(const ModelConfig& m) {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", m.vocab_size},
+          {"hidden_size", m.d_model},
+          {"intermediate_size", m.ffn()},
+          {"num_hidden_layers", m.n_layers},
+          {"num_attention_heads", m.n_heads},
+          {"num_key_value_heads", m.kv_heads()},
+          {"max_position_embeddings", m.max_seq_len},
+          {"rms_norm_eps", m.norm_eps},
+          {"rope_theta", m.rope_theta},
+          {"hidden_act", "silu"},
+          {"tie_word_embeddings", false},  // Loom's lm_head is its own parameter
+          {"torch_dtype", "float32"}};
+}
+
+}  // namespace
+
+void register_llama() {
+  register_architecture(
+      {.name = "llama",
+       .hf_class = "LlamaForCausalLM",
+       .validate =
+           [](const ModelConfig& c, const auto& bad) {
+             if (c.head_size() % 2) bad("n_heads", "head size d_model/n_heads must be even (RoPE)");
+           },
+       .default_ffn = [](const ModelConfig& c) { return (8 * c.d_model / 3 + 15) / 16 * 16; },
+       .params = llama_params,
+       .build = build_llama,
+       .train_flops_per_token =
+           [](const ModelConfig& c, int64_t T) {
+             double matmul = 0;  // every 2-d weight but the embedding (a lookup)
+             for (const auto& p : llama_params(c))
+               if (p.shape.size() == 2 && p.block != "embed") matmul += double(numel(p.shape));
+             return palm_train_flops(matmul, c, T);
+           },
+       .hf_config = llama_hf_config});
+}
+
+}  // namespace loom::models

@@ -1,83 +1,101 @@
+// The generic half of models/: config checks every architecture shares, the architecture table, and
+// the graph every model gets (its params, tokens, targets, loss and roles) around the architecture's
+// own layers.
 #include "loom/models/model.h"
 
 #include <fmt/format.h>
 
+#include <map>
+#include <mutex>
+
 #include "loom/core/error.h"
+#include "loom/models/architecture.h"
+#include "loom/ops/builder.h"
 
 namespace loom::models {
 
+namespace {
+
+std::map<std::string, Architecture, std::less<>>& table() {
+  static std::map<std::string, Architecture, std::less<>> t;
+  return t;
+}
+
+void ensure_registered() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_llama();
+    register_gpt2();
+  });
+}
+
+std::string known() {
+  std::string r;
+  for (const auto& name : architecture_names()) r += (r.empty() ? "\"" : ", \"") + name + "\"";
+  return r;
+}
+
+}  // namespace
+
+void register_architecture(Architecture a) {
+  LOOM_CHECK(!table().count(a.name)) << "architecture registered twice: " << a.name;
+  LOOM_CHECK(a.validate && a.default_ffn && a.params && a.build && a.train_flops_per_token &&
+             a.hf_config)
+      << "architecture " << a.name << " leaves a field empty";
+  std::string name = a.name;
+  table().emplace(std::move(name), std::move(a));
+}
+
+bool has_architecture(std::string_view name) {
+  ensure_registered();
+  return table().find(name) != table().end();
+}
+
+const Architecture& architecture(std::string_view name) {
+  ensure_registered();
+  auto it = table().find(name);
+  if (it == table().end())
+    throw Error(fmt::format("unknown model architecture \"{}\"", name), "one of: " + known());
+  return it->second;
+}
+
+std::vector<std::string> architecture_names() {
+  ensure_registered();
+  std::vector<std::string> r;
+  for (const auto& [name, a] : table()) r.push_back(name);
+  return r;
+}
+
+double palm_train_flops(double matmul_params, const ModelConfig& c, int64_t T) {
+  return 6.0 * matmul_params + 12.0 * double(c.n_layers) * double(T) * double(c.d_model);
+}
+
 int64_t ModelConfig::ffn() const {
   if (ffn_hidden > 0) return ffn_hidden;
-  if (arch == "gpt2") return 4 * d_model;
-  int64_t h = 8 * d_model / 3;
-  return (h + 15) / 16 * 16;
+  return architecture(arch).default_ffn(*this);
 }
 
 void ModelConfig::validate(const std::string& src) const {
   auto bad = [&](const std::string& key, const std::string& why) {
     throw Error(fmt::format("{}: [model] {}: {}", src, key, why));
   };
-  if (arch != "llama" && arch != "gpt2") bad("arch", "must be \"llama\" or \"gpt2\", got \"" + arch + "\"");
+  if (!has_architecture(arch)) bad("arch", "must be one of " + known() + ", got \"" + arch + "\"");
   if (vocab_size <= 0) bad("vocab_size", "must be > 0");
   if (vocab_size > (int64_t(1) << 31) - 1) bad("vocab_size", "must fit in i32");
   if (d_model <= 0) bad("d_model", "must be > 0");
   if (n_layers <= 0) bad("n_layers", "must be > 0");
   if (n_heads <= 0) bad("n_heads", "must be > 0");
   if (d_model % n_heads) bad("n_heads", fmt::format("must divide d_model = {}", d_model));
-  if (arch == "llama" && head_size() % 2) bad("n_heads", "head size d_model/n_heads must be even (RoPE)");
   if (n_kv_heads < 0 || n_heads % kv_heads())
     bad("n_kv_heads", fmt::format("must divide n_heads = {}", n_heads));
-  if (arch == "gpt2" && n_kv_heads != 0 && n_kv_heads != n_heads)
-    bad("n_kv_heads", "gpt2 has no grouped-query attention");
   if (ffn_hidden < 0) bad("ffn_hidden", "must be >= 0");
   if (max_seq_len <= 0) bad("max_seq_len", "must be > 0");
   if (!(norm_eps > 0)) bad("norm_eps", "must be > 0");
   if (!(rope_theta > 0)) bad("rope_theta", "must be > 0");
+  architecture(arch).validate(*this, bad);
 }
 
-std::vector<ParamInfo> param_infos(const ModelConfig& c) {
-  using I = ParamInfo::Init;
-  const int64_t C = c.d_model, V = c.vocab_size, F = c.ffn(), HS = c.head_size();
-  std::vector<ParamInfo> p;
-  if (c.arch == "llama") {
-    p.push_back({"model.embed_tokens.weight", {V, C}});
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      std::string s = fmt::format("model.layers.{}.", l);
-      p.push_back({s + "input_layernorm.weight", {C}, I::ones});
-      p.push_back({s + "self_attn.q_proj.weight", {c.n_heads * HS, C}});
-      p.push_back({s + "self_attn.k_proj.weight", {c.kv_heads() * HS, C}});
-      p.push_back({s + "self_attn.v_proj.weight", {c.kv_heads() * HS, C}});
-      p.push_back({s + "self_attn.o_proj.weight", {C, c.n_heads * HS}, I::scaled_normal});
-      p.push_back({s + "post_attention_layernorm.weight", {C}, I::ones});
-      p.push_back({s + "mlp.gate_proj.weight", {F, C}});
-      p.push_back({s + "mlp.up_proj.weight", {F, C}});
-      p.push_back({s + "mlp.down_proj.weight", {C, F}, I::scaled_normal});
-    }
-    p.push_back({"model.norm.weight", {C}, I::ones});
-    p.push_back({"lm_head.weight", {V, C}});
-  } else {
-    p.push_back({"wte.weight", {V, C}});
-    p.push_back({"wpe.weight", {c.max_seq_len, C}});
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      std::string s = fmt::format("h.{}.", l);
-      p.push_back({s + "ln_1.weight", {C}, I::ones});
-      p.push_back({s + "ln_1.bias", {C}, I::zeros});
-      p.push_back({s + "attn.c_attn.weight", {C, 3 * C}});
-      p.push_back({s + "attn.c_attn.bias", {3 * C}, I::zeros});
-      p.push_back({s + "attn.c_proj.weight", {C, C}, I::scaled_normal});
-      p.push_back({s + "attn.c_proj.bias", {C}, I::zeros});
-      p.push_back({s + "ln_2.weight", {C}, I::ones});
-      p.push_back({s + "ln_2.bias", {C}, I::zeros});
-      p.push_back({s + "mlp.c_fc.weight", {C, F}});
-      p.push_back({s + "mlp.c_fc.bias", {F}, I::zeros});
-      p.push_back({s + "mlp.c_proj.weight", {F, C}, I::scaled_normal});
-      p.push_back({s + "mlp.c_proj.bias", {C}, I::zeros});
-    }
-    p.push_back({"ln_f.weight", {C}, I::ones});
-    p.push_back({"ln_f.bias", {C}, I::zeros});
-  }
-  return p;
-}
+std::vector<ParamInfo> param_infos(const ModelConfig& c) { return architecture(c.arch).params(c); }
 
 int64_t param_count(const ModelConfig& c) {
   int64_t n = 0;
@@ -86,35 +104,30 @@ int64_t param_count(const ModelConfig& c) {
 }
 
 double train_flops_per_token(const ModelConfig& c, int64_t T) {
-  double matmul_params = 0;
-  for (const auto& p : param_infos(c))
-    if (p.shape.size() == 2 && p.name != "model.embed_tokens.weight" && p.name != "wpe.weight" &&
-        p.name != "wte.weight")
-      matmul_params += double(numel(p.shape));
-  if (c.arch == "gpt2") matmul_params += double(c.vocab_size * c.d_model);  // tied output head
-  return 6.0 * matmul_params + 12.0 * double(c.n_layers) * double(T) * double(c.d_model);
+  return architecture(c.arch).train_flops_per_token(c, T);
 }
-
-}  // namespace loom::models
-
-#include "loom/models/layers.h"
-
-namespace loom::models {
 
 ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T) {
   c.validate("<model>");
   if (T > c.max_seq_len)
     throw Error(fmt::format("sequence length {} exceeds [model] max_seq_len = {}", T, c.max_seq_len));
+  const Architecture& arch = architecture(c.arch);
   ModelGraph m;
   m.graph = ir::Graph(c.arch);
   ir::Graph& g = m.graph;
-  for (const auto& p : param_infos(c)) g.add_input(p.name, {DType::f32, p.shape}, ir::ValueKind::param);
+  for (const auto& p : arch.params(c)) {
+    int v = g.add_input(p.name, {DType::f32, p.shape}, ir::ValueKind::param);
+    if (m.roles.blocks.empty() || m.roles.blocks.back().name != p.block)
+      m.roles.blocks.push_back({p.block, {}});
+    m.roles.blocks.back().params.push_back(v);
+    if (p.parallel == ParamInfo::Parallel::column) m.roles.column_parallel.push_back({v, p.parallel_dim});
+    if (p.parallel == ParamInfo::Parallel::row) m.roles.row_parallel.push_back({v, p.parallel_dim});
+  }
   m.tokens = g.add_input("tokens", {DType::i32, {B, T}}, ir::ValueKind::input);
   m.targets = g.add_input("targets", {DType::i32, {B, T}}, ir::ValueKind::input);
+  m.roles.batch_inputs = {m.tokens, m.targets};
   ops::Builder b(g);
-  detail::Ctx x{b, c, c.dtype};
-  m.logits = c.arch == "llama" ? detail::build_llama(x, m.tokens, B, T)
-                               : detail::build_gpt2(x, m.tokens, B, T);
+  m.logits = arch.build(b, c, m.tokens, B, T);
   auto ce = b.emit("cross_entropy", {m.logits, m.targets}, {}, {"loss", "dlogits"});
   m.loss = ce[0];
   return m;

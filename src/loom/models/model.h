@@ -1,5 +1,7 @@
-// Model definitions: a ModelConfig becomes a forward Graph whose params carry Hugging Face names and
-// layouts, so weights move to and from PyTorch unchanged. Nothing here knows about sharding or devices.
+// Models: a ModelConfig becomes a forward Graph whose params carry Hugging Face names and layouts, so
+// weights move to and from PyTorch unchanged, and whose Roles (ir/roles.h) say what its values are.
+// Each architecture is defined in a file of its own (architecture.h); this file is the generic part.
+// Nothing here knows about sharding or devices.
 //
 // Mixed precision (dtype = bf16): every matmul and the attention take bf16 operands (weights cast from
 // their f32 masters each step); matmuls accumulate in f32 and return f32; attention returns bf16 which
@@ -12,17 +14,18 @@
 
 #include "loom/core/dtype.h"
 #include "loom/ir/graph.h"
+#include "loom/ir/roles.h"
 
 namespace loom::models {
 
 struct ModelConfig {
-  std::string arch = "llama";  // "llama" | "gpt2"
+  std::string arch = "llama";  // a registered architecture: "llama" | "gpt2"
   int64_t vocab_size = 256;
   int64_t d_model = 64;
   int64_t n_layers = 2;
   int64_t n_heads = 4;
   int64_t n_kv_heads = 0;  // 0: = n_heads (llama only)
-  int64_t ffn_hidden = 0;  // 0: llama 8/3 d rounded up to 16, gpt2 4 d
+  int64_t ffn_hidden = 0;  // 0: the architecture's default (llama 8/3 d rounded up to 16, gpt2 4 d)
   int64_t max_seq_len = 256;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
@@ -31,14 +34,21 @@ struct ModelConfig {
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_size() const { return d_model / n_heads; }
   int64_t ffn() const;
-  // Throws loom::Error naming the key for an inconsistent config (d_model % n_heads, ...).
+  // Throws loom::Error naming the key for an inconsistent config (d_model % n_heads, an unknown arch,
+  // the architecture's own checks).
   void validate(const std::string& source) const;
 };
 
+// One parameter, declared once by its architecture.
 struct ParamInfo {
+  enum class Init { normal, ones, zeros, scaled_normal };
+  enum class Parallel { none, column, row };  // its place in a tensor-parallel pair (ir/roles.h)
   std::string name;  // Hugging Face name
   Shape shape;
-  enum class Init { normal, ones, zeros, scaled_normal } init = Init::normal;
+  Init init = Init::normal;
+  std::string block;                     // its parameter group: "embed", "layers.0", "head"
+  Parallel parallel = Parallel::none;
+  int64_t parallel_dim = -1;             // column: the output features' dim; row: the input's
 };
 // Every parameter of the model, in a fixed order.
 std::vector<ParamInfo> param_infos(const ModelConfig& c);
@@ -50,13 +60,14 @@ struct ModelGraph {
   int targets = -1;  // input i32[B,T]
   int logits = -1;   // f32[B,T,V]
   int loss = -1;     // f32[]
+  ir::Roles roles;   // batch inputs, tensor-parallel weights, parameter groups
 };
 
 // Builds the forward graph and loss for a batch of B sequences of T tokens (T <= max_seq_len).
 ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T);
 
-// Model FLOPs per token for training (forward + backward), the PaLM appendix-B count:
-// 6 * (non-embedding matmul params + the output head) + 12 * L * T * d_model (attention scores and
+// Model FLOPs per token for training (forward + backward), the architecture's count (PaLM appendix B:
+// 6 * (non-embedding matmul params + the output head) + 12 * L * T * d_model for attention scores and
 // values, forward and backward, full T*T as is customary).
 double train_flops_per_token(const ModelConfig& c, int64_t T);
 

@@ -218,18 +218,6 @@ Program lower(const ir::Graph& g, const Mesh& mesh, const Propagation& p, const 
   return Lowerer(g, mesh, p, ann).run();
 }
 
-Sharded shard_graph(const ir::Graph& g, const Plan& plan, const GraphRoles& roles, int64_t ranks) {
-  if (plan.mesh.size() != ranks)
-    throw Error(fmt::format("{}: the mesh {} has {} ranks, but this run has {}", plan.where,
-                            plan.mesh.to_string(), plan.mesh.size(), ranks),
-                "make the product of the mesh's axis sizes equal the number of ranks (mpirun -np N)");
-  Sharded s;
-  s.annotations = apply_tactics(g, plan, roles);
-  s.propagation = propagate(g, plan.mesh, s.annotations);
-  s.program = lower(g, plan.mesh, s.propagation, s.annotations);
-  return s;
-}
-
 std::string print_sharded(const ir::Graph& g, const Propagation& p) {
   return ir::print(g, [&](int v) { return to_string(p.value[size_t(v)]); });
 }

@@ -36,15 +36,6 @@ struct Program {
 
 Program lower(const ir::Graph& g, const Mesh& mesh, const Propagation& p, const Annotations& ann);
 
-// The whole pipeline for one graph: tactics, propagation, lowering; checks the plan against the
-// number of ranks first. Throws loom::Error (plan.h).
-struct Sharded {
-  Annotations annotations;
-  Propagation propagation;
-  Program program;
-};
-Sharded shard_graph(const ir::Graph& g, const Plan& plan, const GraphRoles& roles, int64_t ranks);
-
 // IR text of the sharded global graph: every value's type followed by its sharding.
 std::string print_sharded(const ir::Graph& g, const Propagation& p);
 

@@ -5,7 +5,7 @@
 // (propagate.h) fills in every other value. Earlier tactics win where two annotations meet in one op
 // (their priority is their position in the list).
 //
-//   data     {axis}               split the batch inputs (tokens, targets) on dim 0
+//   data     {axis}               split the batch inputs the model declares (tokens, targets) on dim 0
 //   fsdp     {axis}               ZeRO-3: parameters, gradients and AdamW moments stored split over the
 //                                 axis (on the first dim it divides, after the axes earlier tactics
 //                                 put there); every consumer but the optimizer sees the parameter as it
@@ -13,9 +13,10 @@
 //   zero1    {axis}               AdamW moments split; gradients all-reduced whole; the update runs on
 //                                 this rank's block and the new parameter is all-gathered back
 //   zero2    {axis}               as zero1, with gradients reduce-scattered to the moments' blocks
-//   megatron {axis}               Megatron-LM tensor parallel: q/k/v and gate/up projections split by
-//                                 output rows (column parallel), o/down projections by input columns
-//                                 (row parallel); their gradients and moments alike
+//   megatron {axis}               Megatron-LM tensor parallel: the weights the model declares
+//                                 column-parallel (Llama's q/k/v and gate/up) split by output features,
+//                                 the row-parallel ones (o/down) by input features (ir/roles.h); their
+//                                 gradients and moments alike
 //   sequence {axis}               Megatron sequence parallel: the residual stream and the norms'
 //                                 outputs split on the time dim (dim 1)
 //   shard    {axis, pattern, dim} split dim `dim` of every graph input whose name matches the glob
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "loom/ir/graph.h"
+#include "loom/ir/roles.h"
 #include "loom/shard/sharding.h"
 
 namespace loom::shard {
@@ -58,16 +60,12 @@ struct Annotation {
   std::string by;     // "[plan] tactics[0] (fsdp)"
 };
 
-// What a tactic needs to know about the graph beyond its values' names.
-struct GraphRoles {
-  std::vector<int> batch_inputs;  // inputs whose dim 0 is the batch (tokens, targets)
-};
-
 using Annotations = std::map<int, Annotation>;  // value id -> annotation
 
-// Applies the plan's tactics in order. Graph inputs no tactic names are replicated. Throws loom::Error
+// Applies the plan's tactics in order; they find values by the roles the model declared (never by
+// name, except `shard`'s pattern, which is the user's). Graph inputs no tactic names are replicated. Throws loom::Error
 // (see above).
-Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const GraphRoles& roles);
+Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles& roles);
 
 // The names tactics accept, for the config parser's messages.
 const std::vector<std::string>& tactic_kinds();

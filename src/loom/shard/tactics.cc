@@ -26,10 +26,6 @@ std::map<int, OptimizerEdges> optimizer_edges(const ir::Graph& g) {
   return r;
 }
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 class Applier {
  public:
   Applier(const ir::Graph& g, const Plan& plan, Annotations& ann) : g_(g), plan_(plan), ann_(ann) {}
@@ -100,7 +96,7 @@ const std::vector<std::string>& tactic_kinds() {
   return k;
 }
 
-Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const GraphRoles& roles) {
+Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles& roles) {
   Annotations ann;
   Applier ap(g, plan, ann);
   const auto edges = optimizer_edges(g);
@@ -131,28 +127,21 @@ Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const GraphRoles
         else ap.set(e->second.grad, ap.with_axis(e->second.grad, before, size_t(d)));
       }
     } else if (t.kind == "megatron") {
-      // Llama (HF Linear: weight (out, in)) and GPT-2 (HF Conv1D: weight (in, out)) projections
-      static const std::vector<std::pair<std::string, size_t>> kSplits{
-          {"self_attn.q_proj.weight", 0}, {"self_attn.k_proj.weight", 0},
-          {"self_attn.v_proj.weight", 0}, {"mlp.gate_proj.weight", 0},
-          {"mlp.up_proj.weight", 0},      {"self_attn.o_proj.weight", 1},
-          {"mlp.down_proj.weight", 1},    {"mlp.c_fc.weight", 1},
-          {"mlp.c_fc.bias", 0},           {"mlp.c_proj.weight", 0},
-          {"attn.c_proj.weight", 0}};
-      int matched = 0;
-      for (int p : params)
-        for (const auto& [suffix, d] : kSplits)
-          if (ends_with(g.value(p).name, suffix)) {
-            ++matched;
-            ap.split(p, d);
-            if (ann[p].has_use) ann[p].use = ap.with_axis(p, ann[p].use, d);
-            auto e = edges.find(p);
-            if (e == edges.end()) continue;
-            for (int x : {e->second.grad, e->second.m, e->second.v}) ap.split(x, d);
-          }
-      if (!matched)
-        throw Error(fmt::format("{}: no parameter of this model is a Megatron projection", ap.by_),
-                    "megatron splits Llama's q/k/v/o and gate/up/down projections and GPT-2's MLP");
+      auto split_pair = [&](const ir::ParallelWeight& w) {
+        const int p = w.value;
+        const size_t d = size_t(w.dim);
+        ap.split(p, d);
+        if (ann[p].has_use) ann[p].use = ap.with_axis(p, ann[p].use, d);
+        auto e = edges.find(p);
+        if (e == edges.end()) return;
+        for (int x : {e->second.grad, e->second.m, e->second.v}) ap.split(x, d);
+      };
+      for (const auto& w : roles.column_parallel) split_pair(w);
+      for (const auto& w : roles.row_parallel) split_pair(w);
+      if (roles.column_parallel.empty() && roles.row_parallel.empty())
+        throw Error(fmt::format("{}: this model declares no column- or row-parallel weight", ap.by_),
+                    "megatron splits the weights a model declares tensor-parallel: Llama's "
+                    "q/k/v/o and gate/up/down projections, GPT-2's MLP");
     } else if (t.kind == "sequence") {
       std::vector<int> stream;
       for (const ir::Node& n : g.nodes())

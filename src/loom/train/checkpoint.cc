@@ -59,7 +59,7 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
   runner.push_params();
   std::vector<std::vector<float>> moments;
   for (const auto& p : params.infos())
-    for (int which : {0, 1}) {
+    for (autodiff::Moment which : autodiff::kMoments) {
       moments.emplace_back(size_t(numel(p.shape)));
       runner.read_moment(p.name, which, moments.back().data());
     }
@@ -79,8 +79,9 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
     std::vector<TensorToWrite> opt;
     size_t i = 0;
     for (const auto& p : params.infos()) {
-      opt.push_back({"adam.m." + p.name, DType::f32, p.shape, moments[i++].data()});
-      opt.push_back({"adam.v." + p.name, DType::f32, p.shape, moments[i++].data()});
+      for (autodiff::Moment which : autodiff::kMoments)
+        opt.push_back({autodiff::moment_state_name(which, p.name), DType::f32, p.shape,
+                       moments[i++].data()});
     }
     write_safetensors(tmp + "/optimizer.safetensors", opt);
     nlohmann::json st = state;
@@ -159,8 +160,8 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
   const std::string opt_path = path + "/optimizer.safetensors";
   SafetensorsFile opt = SafetensorsFile::open(opt_path);
   for (const auto& p : params.infos())
-    for (int which = 0; which < 2; ++which) {
-      std::string name = (which == 0 ? "adam.m." : "adam.v.") + p.name;
+    for (autodiff::Moment which : autodiff::kMoments) {
+      std::string name = autodiff::moment_state_name(which, p.name);
       if (!opt.contains(name))
         throw Error(fmt::format("checkpoint {}: missing tensor '{}'", opt_path, name));
       const TensorView& t = opt.get(name);

@@ -1,0 +1,58 @@
+// Architectures: each model family (Llama, GPT-2, ...) is one registered definition in a file of its
+// own (models/llama.cc, models/gpt2.cc), holding everything Loom knows about it: its config checks,
+// its parameters (declared once, with shape, initialiser, block and tensor-parallel role), its graph,
+// its FLOPs per token and its Hugging Face config. Code outside models/ asks this table instead of
+// comparing `arch` strings.
+//
+// Not here: sharding (a parameter's role says what it is, tactics decide how to split it), devices.
+// Invariant: `params` lists every parameter `build` reads, in a fixed order, each in exactly one block.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/models/model.h"
+
+namespace loom::ops {
+class Builder;
+}
+
+namespace loom::models {
+
+struct Architecture {
+  std::string name;     // [model] arch
+  std::string hf_class;  // Hugging Face's model class: "LlamaForCausalLM"
+  // Checks only this architecture can make (the common ones are in ModelConfig::validate); throws
+  // loom::Error through `bad(key, why)`.
+  std::function<void(const ModelConfig&, const std::function<void(const std::string&,
+                                                                  const std::string&)>& bad)>
+      validate;
+  std::function<int64_t(const ModelConfig&)> default_ffn;  // [model] ffn_hidden = 0
+  std::function<std::vector<ParamInfo>(const ModelConfig&)> params;
+  // Emits the forward graph over `tokens` (i32 (B,T)) into b's graph, whose params are already
+  // declared; returns the logits (B,T,V).
+  std::function<int(ops::Builder& b, const ModelConfig&, int tokens, int64_t B, int64_t T)> build;
+  // Training FLOPs per token (forward + backward) at sequence length T.
+  std::function<double(const ModelConfig&, int64_t T)> train_flops_per_token;
+  // transformers' config.json for this model.
+  std::function<nlohmann::ordered_json(const ModelConfig&)> hf_config;
+};
+
+// Throws loom::Error naming the known architectures for an unknown name.
+const Architecture& architecture(std::string_view name);
+bool has_architecture(std::string_view name);
+std::vector<std::string> architecture_names();
+
+// Registration, called once from the table (explicit, so static linking never drops one).
+void register_architecture(Architecture a);
+void register_llama();
+void register_gpt2();
+
+// PaLM's appendix-B count shared by the decoder-only models: 6 FLOPs per matmul weight per token
+// (forward 2, backward 4) plus 12 * L * T * d_model for attention scores and values (full T*T).
+double palm_train_flops(double matmul_params, const ModelConfig& c, int64_t T);
+
+}  // namespace loom::models

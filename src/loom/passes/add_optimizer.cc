@@ -1,0 +1,20 @@
+// add_optimizer (stage train): global-norm gradient clipping and AdamW over every parameter, in the
+// same graph as the forward and backward (autodiff::add_optimizer). The step's outputs become the loss
+// and the gradient norm. Skipped unless the step trains in one graph (StepKind::train without
+// gradient accumulation).
+#include "loom/passes/pipeline.h"
+
+namespace loom::passes {
+
+Pass add_optimizer_pass() {
+  return {"add_optimizer", "gradient clipping and AdamW, updating parameters and moments in place",
+          Stage::train, [](Compilation& c, const Options& o) {
+            if (o.kind != StepKind::train || o.accumulate) return;
+            ir::Graph& g = c.model.graph;
+            c.optimizer = autodiff::add_optimizer(g, c.grads, o.optim);
+            c.optimizer.loss = c.model.loss;
+            g.set_outputs({c.model.loss, c.optimizer.grad_norm});
+          }};
+}
+
+}  // namespace loom::passes

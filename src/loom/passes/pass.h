@@ -1,0 +1,72 @@
+// The compile pipeline's vocabulary: the stages a training step goes through, the Compilation that
+// carries it from stage to stage, and the Pass, one named transformation of it.
+//
+//   forward   the model's graph and its loss (models/)
+//   train     + gradients, clipping and AdamW: the global training step (autodiff/)
+//   sharded   + a Sharding for every value under the plan (shard/ tactics and propagation)
+//   lowered   + the per-rank program: local shapes and collectives (shard/lower)
+//   (scheduled, after the passes that bucket and reorder collectives, comes next)
+//
+// A pass reads the Options (what to compile) and the Compilation so far and extends it; it never
+// reaches into another pass's state. The pipeline (pipeline.h) runs the verifier after every pass.
+//
+// Invariant: value ids in `model` and the handles are ids of `model.graph`; `rank.local` maps them
+// into `rank.graph`. A pass only appends to a graph (ids never change), so earlier handles stay valid.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/autodiff/autodiff.h"
+#include "loom/models/model.h"
+#include "loom/shard/lower.h"
+
+namespace loom::passes {
+
+enum class Stage { forward, train, sharded, lowered };
+std::string_view stage_name(Stage s);
+const std::vector<Stage>& stages();  // in pipeline order
+// Throws loom::Error listing the stages for an unknown name.
+Stage parse_stage(std::string_view name);
+
+// What the step computes, which decides the graph's outputs:
+//   eval    loss                     (validation)
+//   infer   loss, logits             (sampling)
+//   grads   loss, logits, gradients  (loom step, tests)
+//   train   loss, grad_norm and the AdamW update; with `accumulate`, loss and gradients only (the
+//           optimizer then runs as a graph of its own over summed gradients: train/compile.h)
+enum class StepKind { eval, infer, grads, train };
+
+struct Options {
+  models::ModelConfig model;
+  int64_t batch = 1, seq_len = 1;  // the global batch (B, T)
+  StepKind kind = StepKind::train;
+  bool accumulate = false;  // train: stop at the gradients (gradient accumulation)
+  autodiff::AdamWConfig optim;
+  shard::Plan plan;         // empty: one process, no sharded stages
+  int64_t ranks = 1;        // the number of ranks the plan must fit
+  std::string source = "<model>";  // for messages: the config file
+};
+
+// A training step on its way through the pipeline.
+struct Compilation {
+  models::ModelGraph model;            // the global graph, its handles and roles (forward on)
+  std::map<int, int> grads;            // param -> gradient value (train: kinds grads and train)
+  autodiff::TrainStep optimizer;       // clipping and AdamW handles (train, not accumulating)
+  shard::Annotations annotations;      // the tactics' shardings (sharded)
+  shard::Propagation propagation;      // every value's sharding (sharded)
+  shard::Program rank;                 // the per-rank program (lowered)
+  std::vector<std::string> passes_run;  // in order
+};
+
+struct Pass {
+  std::string name;     // snake_case, as --passes and IR-text headers spell it
+  std::string summary;  // one line
+  Stage stage;          // the stage this pass builds (it runs when compiling to this stage or later)
+  std::function<void(Compilation&, const Options&)> run;
+};
+
+}  // namespace loom::passes

@@ -1,0 +1,79 @@
+#include "loom/passes/pipeline.h"
+
+#include <fmt/format.h>
+
+#include "loom/core/error.h"
+#include "loom/passes/verify.h"
+
+namespace loom::passes {
+
+std::string_view stage_name(Stage s) {
+  switch (s) {
+    case Stage::forward: return "forward";
+    case Stage::train: return "train";
+    case Stage::sharded: return "sharded";
+    case Stage::lowered: return "lowered";
+  }
+  return "?";
+}
+
+const std::vector<Stage>& stages() {
+  static const std::vector<Stage> s{Stage::forward, Stage::train, Stage::sharded, Stage::lowered};
+  return s;
+}
+
+Stage parse_stage(std::string_view name) {
+  std::string known;
+  for (Stage s : stages()) {
+    if (stage_name(s) == name) return s;
+    known += (known.empty() ? "" : " | ") + std::string(stage_name(s));
+  }
+  throw Error(fmt::format("unknown stage '{}'", name), "one of: " + known);
+}
+
+const std::vector<Pass>& pipeline() {
+  static const std::vector<Pass> p{build_model_pass(),   differentiate_pass(), add_optimizer_pass(),
+                                   apply_tactics_pass(), propagate_pass(),     lower_pass()};
+  return p;
+}
+
+const Pass& find_pass(std::string_view name) {
+  std::string known;
+  for (const Pass& p : pipeline()) {
+    if (p.name == name) return p;
+    known += (known.empty() ? "" : ", ") + p.name;
+  }
+  throw Error(fmt::format("unknown pass '{}'", name), "one of: " + known);
+}
+
+namespace {
+
+void run_one(const Pass& p, Compilation& c, const Options& opts) {
+  p.run(c, opts);
+  c.passes_run.push_back(p.name);
+  auto diags = verify(c, opts, p.stage);
+  if (diags.empty()) return;
+  std::string msg = fmt::format("{}: pass '{}' left an invalid {} program:", opts.source, p.name,
+                                stage_name(p.stage));
+  for (const auto& d : diags) msg += "\n  " + d;
+  throw Error(msg);
+}
+
+}  // namespace
+
+Compilation compile(const Options& opts, Stage until) {
+  if (until > Stage::train && opts.plan.empty())
+    throw Error(fmt::format("{}: no [plan] mesh to shard by (stage {})", opts.source,
+                            stage_name(until)),
+                "add [plan] mesh = { data = 2 } and tactics = [ { kind = \"data\", axis = \"data\" } ]");
+  Compilation c;
+  for (const Pass& p : pipeline())
+    if (p.stage <= until) run_one(p, c, opts);
+  return c;
+}
+
+void run_passes(Compilation& c, const Options& opts, const std::vector<std::string>& names) {
+  for (const auto& n : names) run_one(find_pass(n), c, opts);
+}
+
+}  // namespace loom::passes

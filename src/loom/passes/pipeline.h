@@ -1,0 +1,37 @@
+// The compile pipeline: one list of passes, in order, that every place building a training step
+// asks for the stage it needs (training, evaluation, inspect, bench, the parity tests). After every
+// pass the verifier checks what that pass's stage holds (verify.h); a failure names the pass.
+//
+// Not here: what a pass does (one file per pass, named after it), running a program (runtime/).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loom/passes/pass.h"
+
+namespace loom::passes {
+
+// Every pass, in pipeline order (`loom inspect --passes` prints it).
+const std::vector<Pass>& pipeline();
+// The pass of this name; throws loom::Error listing them for an unknown one.
+const Pass& find_pass(std::string_view name);
+
+// Runs the pipeline's passes up to and including the last pass of `until`. Stages past `train` need a
+// plan (Options::plan). Throws loom::Error: a bad config or plan (naming the key, tactic or value), or
+// a pass that left an invalid program (naming the pass and the offending node or value).
+Compilation compile(const Options& opts, Stage until);
+
+// Runs the named passes, in the order given, on `c` (an IR-text test's parsed graph and roles), with
+// the verifier after each.
+void run_passes(Compilation& c, const Options& opts, const std::vector<std::string>& names);
+
+// The passes themselves (one file each).
+Pass build_model_pass();
+Pass differentiate_pass();
+Pass add_optimizer_pass();
+Pass apply_tactics_pass();
+Pass propagate_pass();
+Pass lower_pass();
+
+}  // namespace loom::passes

@@ -1,0 +1,63 @@
+#include "loom/train/compile.h"
+
+#include <fmt/format.h>
+
+#include "loom/core/error.h"
+#include "loom/ops/verify.h"
+
+namespace loom::train {
+
+namespace {
+
+// What a plan cannot be combined with yet.
+void require_plannable(const Config& cfg) {
+  if (cfg.train.grad_accum > 1)
+    throw Error(fmt::format("{}: [train] grad_accum > 1 with a [plan] is not supported yet", cfg.path),
+                "raise [train] batch_size instead: the plan splits it across ranks");
+}
+
+}  // namespace
+
+passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t ranks) {
+  passes::Options o;
+  o.model = cfg.model;
+  o.batch = cfg.train.batch_size;
+  o.seq_len = cfg.train.seq_len;
+  o.kind = kind;
+  o.accumulate = kind == passes::StepKind::train && cfg.train.grad_accum > 1;
+  o.optim = cfg.optim;
+  if (ranks > 0) o.plan = cfg.plan.plan;
+  o.ranks = ranks;
+  o.source = cfg.path;
+  return o;
+}
+
+void check_plan(const Config& cfg) {
+  require_plannable(cfg);
+  passes::compile(step_options(cfg, passes::StepKind::train, cfg.plan.plan.mesh.size()),
+                  passes::Stage::lowered);
+}
+
+CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_plan, int64_t ranks) {
+  CompiledStep s;
+  s.kind = kind;
+  s.sharded = with_plan && !cfg.plan.plan.empty();
+  if (s.sharded && kind == passes::StepKind::train) require_plannable(cfg);
+  const passes::Options opts = step_options(cfg, kind, s.sharded ? ranks : 0);
+  s.c = passes::compile(opts, s.sharded ? passes::Stage::lowered : passes::Stage::train);
+  if (!opts.accumulate) return s;
+  s.accum = cfg.train.grad_accum;
+  const ir::Graph& g = s.graph();
+  std::map<int, int> grads;  // optimizer-graph param -> its gradient input
+  for (auto [p, d] : s.c.grads) {
+    const ir::Value& pv = g.value(p);
+    int op = s.opt_graph.add_input(pv.name, pv.type, ir::ValueKind::param);
+    s.opt_grad_input[p] = grads[op] = s.opt_graph.add_input("grad." + pv.name, pv.type, ir::ValueKind::input);
+  }
+  s.opt = autodiff::add_optimizer(s.opt_graph, grads, cfg.optim);
+  s.opt_graph.add_output(s.opt.grad_norm);
+  ops::verify_or_throw(s.opt_graph, "optimizer graph for " + cfg.path);
+  return s;
+}
+
+}  // namespace loom::train

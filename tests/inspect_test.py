@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""loom inspect prints each pinned program exactly: every tests/ir_text/inspect/*.ir opens with the
+command line that printed it (`# loom inspect ARGS`, run from the source dir) followed by the expected
+output. They pin the compile pipeline's stages on the real models (the bench Llama's lowered program
+under fsdp x megatron x data on a 2x2 mesh, its bf16 training step, the tiny GPT-2's lowered program),
+so a pass that changes what the models compile to shows up here as a diff.
+
+`loom inspect --passes` lists every stage's passes; a bad stage name and a missing config exit 1.
+
+    inspect_test.py LOOM_BINARY SOURCE_DIR
+
+LOOM_UPDATE_IR_TEXT=1 rewrites the expected text from the actual one; review the diff before committing
+it (that review is the test's oracle). Uses only the standard library.
+"""
+import glob
+import os
+import shlex
+import subprocess
+import sys
+
+from checks import Checks
+
+LOOM, SRC = sys.argv[1], sys.argv[2]
+checks = Checks()
+check = checks.check
+
+
+def loom(*args):
+    return subprocess.run([LOOM, *args], cwd=SRC, capture_output=True, text=True, timeout=120)
+
+
+files = sorted(glob.glob(os.path.join(SRC, "tests", "ir_text", "inspect", "*.ir")))
+check("pinned programs exist", len(files) >= 3, str(files))
+for path in files:
+    with open(path) as f:
+        head, expected = f.readline(), f.read()
+    args = shlex.split(head[len("# loom "):]) if head.startswith("# loom inspect ") else None
+    if args is None:
+        check(os.path.basename(path), False, "first line must be '# loom inspect ARGS'")
+        continue
+    r = loom(*args)
+    if os.environ.get("LOOM_UPDATE_IR_TEXT") and r.returncode == 0:
+        with open(path, "w") as f:
+            f.write(head + r.stdout)
+        continue
+    diff = ""
+    if r.stdout != expected:
+        a, b = r.stdout.splitlines(), expected.splitlines()
+        i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+        diff = "line %d: got %r, want %r" % (i + 2, a[i] if i < len(a) else "<end>",
+                                             b[i] if i < len(b) else "<end>")
+    check(os.path.basename(path), r.returncode == 0 and not diff, r.stderr.strip() + " " + diff)
+
+r = loom("inspect", "--passes")
+stages = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+check("--passes lists every stage in order", r.returncode == 0 and
+      [s for i, s in enumerate(stages) if s not in stages[:i]] == ["forward", "train", "sharded", "lowered"],
+      r.stdout + r.stderr)
+check("--passes names the lowering pass", any(l.split()[1:2] == ["lower"] for l in r.stdout.splitlines()))
+
+r = loom("inspect", "configs/tiny-llama.toml", "--stage", "scheduled-typo")
+check("unknown stage: exit 1 naming it", r.returncode == 1 and "scheduled-typo" in r.stderr, r.stderr)
+r = loom("inspect")
+check("no config: exit 1", r.returncode == 1 and "config" in r.stderr, r.stderr)
+r = loom("inspect", "configs/tiny-llama.toml", "--stage", "lowered")
+check("lowered without a plan: exit 1 naming [plan]", r.returncode == 1 and "[plan]" in r.stderr,
+      r.stderr)
+
+checks.finish()
