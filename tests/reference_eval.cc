@@ -108,7 +108,7 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
     } else if (op == "fill") {
       std::fill(out(0).begin(), out(0).end(), n.attr_float("value", 0.0));
     } else {
-      LOOM_CHECK(false) << "reference_eval: no reference for op " << op;
+      throw Error("reference_eval: no reference for op " + op);
     }
   }
   return v;

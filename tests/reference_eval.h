@@ -13,6 +13,7 @@ namespace loom::testing {
 
 // values: every graph input (params and states as doubles, i32 inputs as doubles holding integers).
 // Evaluates nodes 0..last_node (all when -1) and returns every value's data, indexed by value id.
+// Throws loom::Error for an op it has no reference for.
 std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
                                           const std::map<int, std::vector<double>>& inputs,
                                           int last_node = -1);

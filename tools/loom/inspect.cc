@@ -14,8 +14,8 @@
 #include "commands.h"
 #include "loom/core/error.h"
 #include "loom/ir/text.h"
+#include "loom/ops/op.h"
 #include "loom/passes/pipeline.h"
-#include "loom/runtime/collectives.h"
 #include "loom/train/compile.h"
 #include "loom/train/config.h"
 
@@ -78,7 +78,7 @@ std::function<int()> add_inspect(CLI::App& app) {
       return double(numel(t.shape)) * double(dtype_size(t.dtype));
     };
     for (const ir::Node& n : pg.nodes()) {
-      if (!runtime::is_collective(n.op) || n.op == "shard_slice") continue;  // a slice moves nothing
+      if (!ops::has_trait(n.op, ops::Trait::collective)) continue;  // shard_slice moves nothing
       auto& e = moved[n.attr_str("axis")][n.op];
       e.first++;
       e.second += bytes(n.op == "all_gather" ? n.outputs[0] : n.inputs[0]);

@@ -1,6 +1,7 @@
 // Causal grouped-query self-attention and RoPE.
 //
-// attention(q (B,T,NH,HS), k (B,T,NKV,HS), v (B,T,NKV,HS)) {scale} -> o (B,T,NH,HS), lse f32 (B,NH,T)
+// attention(q (B,T,NH,HS), k (B,T,NKV,HS), v (B,T,NKV,HS)) {scale} -> o (B,T,NH,HS), lse f32
+// (B,NH,T)
 //   q, k, v share a dtype (f32 or bf16) which o keeps; softmax statistics are f32. NH % NKV == 0.
 //   The kernel never stores the (T,T) scores; the backward recomputes them from lse.
 // attention_bwd(do, q, k, v, o, lse) {scale} -> dq, dk, dv
@@ -50,16 +51,20 @@ void register_attention_ops() {
                    [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
                      if (d[1] >= 0) throw Error("attention: lse is not differentiable");
                      int dout = b.cast(d[0], b.type(n.inputs[0]).dtype);
-                     return b.emit("attention_bwd",
-                                   {dout, n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0],
-                                    n.outputs[1]},
-                                   n.attrs, {"grad.attn.q", "grad.attn.k", "grad.attn.v"});
+                     return b.emit(
+                         "attention_bwd",
+                         {dout, n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1]},
+                         n.attrs, {"grad.attn.q", "grad.attn.k", "grad.attn.v"});
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) {
-                 Cost c = streaming_cost(g, n, 0);
-                 c.flops = attention_flops(g.value(n.inputs[0]).type.shape);
-                 return c;
-               }});
+               .cost =
+                   [](const ir::Graph& g, const ir::Node& n) {
+                     Cost c = streaming_cost(g, n, 0);
+                     c.flops = attention_flops(g.value(n.inputs[0]).type.shape);
+                     return c;
+                   },
+               // attention reads every earlier key; rotary pairs span the head). A query head block
+               // (h g) uses key head h, so splitting h keeps grouped-query heads together.
+               .sharding = einsum("bT(hg)D,bThD,bThD->bT(hg)D,b(hg)T")});
   register_op({.name = "attention_bwd",
                .num_inputs = 6,
                .infer =
@@ -70,39 +75,36 @@ void register_attention_ops() {
                        type_error("attention_bwd", in, "do and o must match q; lse (B,NH,T)");
                      return Types{in[1], in[2], in[3]};
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) {
-                 Cost c = streaming_cost(g, n, 0);
-                 // recompute q.k, then dv, dp, dq, dk: five score-sized matmuls
-                 c.flops = attention_flops(g.value(n.inputs[1]).type.shape) * 2.5;
-                 return c;
-               }});
+               .cost =
+                   [](const ir::Graph& g, const ir::Node& n) {
+                     Cost c = streaming_cost(g, n, 0);
+                     // recompute q.k, then dv, dp, dq, dk: five score-sized matmuls
+                     c.flops = attention_flops(g.value(n.inputs[1]).type.shape) * 2.5;
+                     return c;
+                   },
+               .sharding = einsum("bT(hg)D,bT(hg)D,bThD,bThD,bT(hg)D,b(hg)T->bT(hg)D,bThD,bThD")});
 
-  register_op({.name = "rope",
-               .num_inputs = 1,
-               .infer =
-                   [](const Types& in, const Attrs&) {
-                     expect_inputs("rope", in, 1);
-                     if (in[0].dtype != DType::f32 || in[0].shape.size() != 4 ||
-                         in[0].shape[3] % 2 != 0)
-                       type_error("rope", in, "expects f32 (B,T,NH,HS) with even HS");
-                     return Types{in[0]};
-                   },
-               .vjp =
-                   [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
-                     ir::Attrs a = n.attrs;
-                     a["sign"] = -n.attr_int("sign", 1);
-                     return std::vector<int>{b.emit1("rope", {d[0]}, a, "grad.rope")};
-                   },
-               .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 3); },
-               .reuse = {{0, 0}}});
+  register_op(
+      {.name = "rope",
+       .num_inputs = 1,
+       .infer =
+           [](const Types& in, const Attrs&) {
+             expect_inputs("rope", in, 1);
+             if (in[0].dtype != DType::f32 || in[0].shape.size() != 4 || in[0].shape[3] % 2 != 0)
+               type_error("rope", in, "expects f32 (B,T,NH,HS) with even HS");
+             return Types{in[0]};
+           },
+       .vjp =
+           [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
+             ir::Attrs a = n.attrs;
+             a["sign"] = -n.attr_int("sign", 1);
+             return std::vector<int>{b.emit1("rope", {d[0]}, a, "grad.rope")};
+           },
+       .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 3); },
+       .reuse = {{0, 0}},
+       .sharding = einsum("bThD->bThD", {0})});
 
   // Sharding rules (ops/sharding_rule.h): heads and batch split; time and head size do not (causal
-  // attention reads every earlier key; rotary pairs span the head). A query head block (h g) uses key
-  // head h, so splitting h keeps grouped-query heads together.
-  set_sharding_rule("attention", einsum("bT(hg)D,bThD,bThD->bT(hg)D,b(hg)T"));
-  set_sharding_rule("attention_bwd",
-                    einsum("bT(hg)D,bT(hg)D,bThD,bThD,bT(hg)D,b(hg)T->bT(hg)D,bThD,bThD"));
-  set_sharding_rule("rope", einsum("bThD->bThD", {0}));
 }
 
 }  // namespace loom::ops

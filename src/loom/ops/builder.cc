@@ -23,8 +23,12 @@ int Builder::matmul(int a, int b, bool ta, bool tb, std::string name, DType out)
   if (out != DType::f32) at["out"] = std::string(dtype_name(out));
   return emit1("matmul", {a, b}, std::move(at), std::move(name));
 }
-int Builder::add(int a, int b, std::string name) { return emit1("add", {a, b}, {}, std::move(name)); }
-int Builder::mul(int a, int b, std::string name) { return emit1("mul", {a, b}, {}, std::move(name)); }
+int Builder::add(int a, int b, std::string name) {
+  return emit1("add", {a, b}, {}, std::move(name));
+}
+int Builder::mul(int a, int b, std::string name) {
+  return emit1("mul", {a, b}, {}, std::move(name));
+}
 int Builder::scale(int a, double s, std::string name) {
   return emit1("scale", {a}, {{"s", s}}, std::move(name));
 }

@@ -1,6 +1,6 @@
-// Collective ops: what shard/lower inserts where a consumer needs another sharding than its producer
-// gives. They appear only in per-rank programs, so their shapes are local; `axis` names the mesh axis
-// whose ranks take part and `n` is its size.
+// Collective ops: what shard/lower inserts where a consumer needs another sharding than its
+// producer gives. They appear only in per-rank programs, so their shapes are local; `axis` names
+// the mesh axis whose ranks take part and `n` is its size.
 //
 // all_gather(x) {axis, dim, n}        x's dim grows n-fold: the ranks' blocks in axis order
 // reduce_scatter(x) {axis, dim, n}    sum over the axis, then keep this rank's 1/n block of dim
@@ -9,11 +9,12 @@
 //                                     split_dim shrinks n-fold, concat_dim grows n-fold (block j of
 //                                     split_dim goes to rank j; received blocks are concatenated)
 // shard_slice(x) {axis, dim, n}       keep this rank's 1/n block of dim: no communication
-// assign(dst, src) -> dst             copy src into dst's memory (an optimizer result returned to its
+// assign(dst, src) -> dst             copy src into dst's memory (an optimizer result returned to
+// its
 //                                     parameter's storage after a reshard)
 //
-// Not here: how the bytes move (comm/ and runtime/collectives.cc). No VJPs: collectives are inserted
-// after autodiff, on the per-rank program.
+// Not here: how the bytes move (comm/ and runtime/collectives.cc). No VJPs: collectives are
+// inserted after autodiff, on the per-rank program.
 #include <fmt/format.h>
 
 #include "loom/core/error.h"
@@ -61,69 +62,69 @@ Cost comm_cost(const ir::Graph& g, const ir::Node& n) {
 }
 
 // all_gather / reduce_scatter / shard_slice: one dim scaled by n (grow) or divided by n (shrink).
-OpDef resize_dim(const char* name, bool grow) {
+OpDef resize_dim(const char* name, bool grow, Trait trait) {
   return OpDef{.name = name,
                .num_inputs = 1,
-               .infer =
-                   [name, grow](const Types& in, const ir::Attrs& a) -> Types {
-                     expect_inputs(name, in, 1);
-                     check_axis(name, in, a);
-                     int64_t d = dim_attr(name, in, a, "dim"), n = group_size(name, in, a);
-                     Shape s = in[0].shape;
-                     if (grow) {
-                       s[size_t(d)] *= n;
-                     } else {
-                       if (s[size_t(d)] % n)
-                         type_error(name, in, fmt::format("dim {} is not divisible by {}", d, n));
-                       s[size_t(d)] /= n;
-                     }
-                     return {{in[0].dtype, s}};
-                   },
-               .cost = comm_cost};
+               .infer = [name, grow](const Types& in, const ir::Attrs& a) -> Types {
+                 expect_inputs(name, in, 1);
+                 check_axis(name, in, a);
+                 int64_t d = dim_attr(name, in, a, "dim"), n = group_size(name, in, a);
+                 Shape s = in[0].shape;
+                 if (grow) {
+                   s[size_t(d)] *= n;
+                 } else {
+                   if (s[size_t(d)] % n)
+                     type_error(name, in, fmt::format("dim {} is not divisible by {}", d, n));
+                   s[size_t(d)] /= n;
+                 }
+                 return {{in[0].dtype, s}};
+               },
+               .cost = comm_cost,
+               .traits = {trait}};
 }
 
 }  // namespace
 
 void register_collective_ops() {
-  register_op(resize_dim("all_gather", true));
-  register_op(resize_dim("reduce_scatter", false));
-  register_op(resize_dim("shard_slice", false));
+  register_op(resize_dim("all_gather", true, Trait::collective));
+  register_op(resize_dim("reduce_scatter", false, Trait::collective));
+  register_op(resize_dim("shard_slice", false, Trait::rank_local));
   register_op({.name = "all_reduce",
                .num_inputs = 1,
-               .infer =
-                   [](const Types& in, const ir::Attrs& a) -> Types {
-                     expect_inputs("all_reduce", in, 1);
-                     check_axis("all_reduce", in, a);
-                     if (in[0].dtype == DType::i32) type_error("all_reduce", in, "cannot sum i32");
-                     return {in[0]};
-                   },
+               .infer = [](const Types& in, const ir::Attrs& a) -> Types {
+                 expect_inputs("all_reduce", in, 1);
+                 check_axis("all_reduce", in, a);
+                 if (in[0].dtype == DType::i32) type_error("all_reduce", in, "cannot sum i32");
+                 return {in[0]};
+               },
                .cost = comm_cost,
-               .reuse = {{0, 0}}});
+               .reuse = {{0, 0}},
+               .traits = {Trait::collective}});
   register_op({.name = "all_to_all",
                .num_inputs = 1,
-               .infer =
-                   [](const Types& in, const ir::Attrs& a) -> Types {
-                     expect_inputs("all_to_all", in, 1);
-                     check_axis("all_to_all", in, a);
-                     int64_t sd = dim_attr("all_to_all", in, a, "split_dim");
-                     int64_t cd = dim_attr("all_to_all", in, a, "concat_dim");
-                     int64_t n = group_size("all_to_all", in, a);
-                     Shape s = in[0].shape;
-                     if (s[size_t(sd)] % n)
-                       type_error("all_to_all", in, fmt::format("dim {} is not divisible by {}", sd, n));
-                     s[size_t(sd)] /= n;
-                     s[size_t(cd)] *= n;
-                     return {{in[0].dtype, s}};
-                   },
-               .cost = comm_cost});
+               .infer = [](const Types& in, const ir::Attrs& a) -> Types {
+                 expect_inputs("all_to_all", in, 1);
+                 check_axis("all_to_all", in, a);
+                 int64_t sd = dim_attr("all_to_all", in, a, "split_dim");
+                 int64_t cd = dim_attr("all_to_all", in, a, "concat_dim");
+                 int64_t n = group_size("all_to_all", in, a);
+                 Shape s = in[0].shape;
+                 if (s[size_t(sd)] % n)
+                   type_error("all_to_all", in,
+                              fmt::format("dim {} is not divisible by {}", sd, n));
+                 s[size_t(sd)] /= n;
+                 s[size_t(cd)] *= n;
+                 return {{in[0].dtype, s}};
+               },
+               .cost = comm_cost,
+               .traits = {Trait::collective}});
   register_op({.name = "assign",
                .num_inputs = 2,
-               .infer =
-                   [](const Types& in, const ir::Attrs&) -> Types {
-                     expect_inputs("assign", in, 2);
-                     if (!(in[0] == in[1])) type_error("assign", in, "dst and src types differ");
-                     return {in[0]};
-                   },
+               .infer = [](const Types& in, const ir::Attrs&) -> Types {
+                 expect_inputs("assign", in, 2);
+                 if (!(in[0] == in[1])) type_error("assign", in, "dst and src types differ");
+                 return {in[0]};
+               },
                .cost = comm_cost,
                .inplace = {{0, 0}}});
 }

@@ -29,25 +29,100 @@ Cost copy_cost(const ir::Graph& g, const ir::Node& n) { return streaming_cost(g,
 }  // namespace
 
 void register_layout_ops() {
-  register_op({.name = "reshape",
-               .num_inputs = 1,
-               .infer =
-                   [](const Types& in, const Attrs& a) {
-                     expect_inputs("reshape", in, 1);
-                     Shape s = ints("reshape", a, "shape", in);
-                     for (int64_t d : s)
-                       if (d < 0) type_error("reshape", in, "negative dim in shape");
-                     if (numel(s) != numel(in[0].shape))
-                       type_error("reshape", in, "element count changes to " + shape_str(s));
-                     return Types{{in[0].dtype, s}};
-                   },
-               .vjp =
-                   [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
-                     return std::vector<int>{b.reshape(d[0], b.shape(n.inputs[0]))};
-                   },
-               // a reshape is a view: the runtime aliases its output to its input
-               .cost = [](const ir::Graph&, const ir::Node&) { return Cost{}; },
-               .view = true});
+  auto last_dim_whole = [](const Types& in, const Types& out, const Attrs&) {
+    FactorRule r;
+    for (size_t i = 0; i < in.size(); ++i) r.linear.push_back(int(i));
+    std::vector<std::vector<int>> lead;
+    for (size_t d = 0; d + 1 < in[0].shape.size(); ++d)
+      lead.push_back({r.add_factor(in[0].shape[d], false)});
+    for (const auto& t : in) {
+      r.operands.push_back(lead);
+      r.operands.back().push_back({r.add_factor(t.shape.back(), true)});
+    }
+    for (const auto& t : out) {
+      r.results.push_back(lead);
+      r.results.back().push_back({r.add_factor(t.shape.back(), true)});
+    }
+    return r;
+  };
+
+  register_op(
+      {.name = "reshape",
+       .num_inputs = 1,
+       .infer =
+           [](const Types& in, const Attrs& a) {
+             expect_inputs("reshape", in, 1);
+             Shape s = ints("reshape", a, "shape", in);
+             for (int64_t d : s)
+               if (d < 0) type_error("reshape", in, "negative dim in shape");
+             if (numel(s) != numel(in[0].shape))
+               type_error("reshape", in, "element count changes to " + shape_str(s));
+             return Types{{in[0].dtype, s}};
+           },
+       .vjp =
+           [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
+             return std::vector<int>{b.reshape(d[0], b.shape(n.inputs[0]))};
+           },
+       // a reshape is a view: the runtime aliases its output to its input
+       .cost = [](const ir::Graph&, const ir::Node&) { return Cost{}; },
+       // reshape: dims are matched in groups of equal size from the left; a dim split into several
+       // ((B,T,C) -> (B,T,NH,HS)) carries their factors major first, so splitting C splits NH. A
+       // group that both splits and merges dims is fixed.
+       .sharding = {.rule =
+                        [](const Types& in, const Types& out, const Attrs&) {
+                          const Shape &a = in[0].shape, &b = out[0].shape;
+                          FactorRule r;
+                          r.linear = {0};
+                          r.operands.resize(1);
+                          r.results.resize(1);
+                          auto& da = r.operands[0];
+                          auto& db = r.results[0];
+                          size_t i = 0, j = 0;
+                          while (i < a.size() || j < b.size()) {
+                            size_t i0 = i, j0 = j;
+                            if (i == a.size() || j == b.size()) {  // trailing size-1 dims
+                              if (i < a.size())
+                                da.push_back({r.add_factor(a[i++], true)});
+                              else
+                                db.push_back({r.add_factor(b[j++], true)});
+                              continue;
+                            }
+                            int64_t pa = a[i++], pb = b[j++];
+                            while (pa != pb) {
+                              if (pa < pb && i < a.size())
+                                pa *= a[i++];
+                              else if (pb < pa && j < b.size())
+                                pb *= b[j++];
+                              else
+                                break;
+                            }
+                            const size_t na = i - i0, nb = j - j0;
+                            if (pa != pb || (na > 1 && nb > 1)) {
+                              for (size_t k = i0; k < i; ++k)
+                                da.push_back({r.add_factor(a[k], true)});
+                              for (size_t k = j0; k < j; ++k)
+                                db.push_back({r.add_factor(b[k], true)});
+                            } else if (na == 1) {  // one dim in, nb dims out
+                              std::vector<int> fs;
+                              for (size_t k = j0; k < j; ++k) {
+                                fs.push_back(r.add_factor(b[k], false));
+                                db.push_back({fs.back()});
+                              }
+                              da.push_back(fs);
+                            } else {  // na dims in, one dim out
+                              std::vector<int> fs;
+                              for (size_t k = i0; k < i; ++k) {
+                                fs.push_back(r.add_factor(a[k], false));
+                                da.push_back({fs.back()});
+                              }
+                              db.push_back(fs);
+                            }
+                          }
+                          return r;
+                        },
+                    .localize = [](Attrs& a, const Types&, const Types&,
+                                   const Types& local_out) { a["shape"] = local_out[0].shape; }},
+       .traits = {Trait::view}});
 
   register_op({.name = "transpose",
                .num_inputs = 1,
@@ -75,40 +150,51 @@ void register_layout_ops() {
                      return std::vector<int>{
                          b.emit1("transpose", {d[0]}, {{"perm", inv}}, "grad.transpose")};
                    },
-               .cost = copy_cost});
+               .cost = copy_cost,
+               .sharding = {.rule = [](const Types& in, const Types& out, const Attrs& a) {
+                 FactorRule r;
+                 r.linear = {0};
+                 r.operands.resize(1);
+                 r.results.resize(1);
+                 for (int64_t s : in[0].shape) r.operands[0].push_back({r.add_factor(s, false)});
+                 for (int64_t p : std::get<std::vector<int64_t>>(a.at("perm")))
+                   r.results[0].push_back(r.operands[0][size_t(p)]);
+                 return r;
+               }}});
 
-  register_op({.name = "split",
-               .num_inputs = 1,
-               .infer =
-                   [](const Types& in, const Attrs& a) {
-                     expect_inputs("split", in, 1);
-                     const auto& sizes = ints("split", a, "sizes", in);
-                     if (in[0].shape.empty() || in[0].dtype != DType::f32)
-                       type_error("split", in, "expects f32 of rank >= 1");
-                     if (std::accumulate(sizes.begin(), sizes.end(), int64_t(0)) !=
-                         in[0].shape.back())
-                       type_error("split", in, "sizes must add up to the last dim");
-                     Types out;
-                     for (int64_t s : sizes) {
-                       Shape sh = in[0].shape;
-                       sh.back() = s;
-                       out.push_back({in[0].dtype, sh});
-                     }
-                     return out;
-                   },
-               .vjp =
-                   [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
-                     std::vector<int> parts;
-                     for (size_t i = 0; i < d.size(); ++i) {
-                       if (d[i] >= 0) parts.push_back(d[i]);
-                       else
-                         parts.push_back(b.emit1("fill", {},
-                                                 {{"shape", b.shape(n.outputs[i])}, {"value", 0.0}},
-                                                 "grad.zeros"));
-                     }
-                     return std::vector<int>{b.emit1("concat", parts, {}, "grad.concat")};
-                   },
-               .cost = copy_cost});
+  register_op(
+      {.name = "split",
+       .num_inputs = 1,
+       .infer =
+           [](const Types& in, const Attrs& a) {
+             expect_inputs("split", in, 1);
+             const auto& sizes = ints("split", a, "sizes", in);
+             if (in[0].shape.empty() || in[0].dtype != DType::f32)
+               type_error("split", in, "expects f32 of rank >= 1");
+             if (std::accumulate(sizes.begin(), sizes.end(), int64_t(0)) != in[0].shape.back())
+               type_error("split", in, "sizes must add up to the last dim");
+             Types out;
+             for (int64_t s : sizes) {
+               Shape sh = in[0].shape;
+               sh.back() = s;
+               out.push_back({in[0].dtype, sh});
+             }
+             return out;
+           },
+       .vjp =
+           [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
+             std::vector<int> parts;
+             for (size_t i = 0; i < d.size(); ++i) {
+               if (d[i] >= 0)
+                 parts.push_back(d[i]);
+               else
+                 parts.push_back(b.emit1(
+                     "fill", {}, {{"shape", b.shape(n.outputs[i])}, {"value", 0.0}}, "grad.zeros"));
+             }
+             return std::vector<int>{b.emit1("concat", parts, {}, "grad.concat")};
+           },
+       .cost = copy_cost,
+       .sharding = {.rule = last_dim_whole}});
 
   register_op({.name = "concat",
                .num_inputs = -1,
@@ -135,90 +221,10 @@ void register_layout_ops() {
                      for (int v : n.inputs) sizes.push_back(b.shape(v).back());
                      return b.emit("split", {d[0]}, {{"sizes", sizes}});
                    },
-               .cost = copy_cost});
+               .cost = copy_cost,
+               .sharding = {.rule = last_dim_whole}});
 
-  // Sharding rules (ops/sharding_rule.h).
-  // reshape: dims are matched in groups of equal size from the left; a dim split into several
-  // ((B,T,C) -> (B,T,NH,HS)) carries their factors major first, so splitting C splits NH. A group that
-  // both splits and merges dims is fixed.
-  set_sharding_rule(
-      "reshape",
-      {.rule =
-           [](const Types& in, const Types& out, const Attrs&) {
-             const Shape &a = in[0].shape, &b = out[0].shape;
-             FactorRule r;
-             r.linear = {0};
-             r.operands.resize(1);
-             r.results.resize(1);
-             auto& da = r.operands[0];
-             auto& db = r.results[0];
-             size_t i = 0, j = 0;
-             while (i < a.size() || j < b.size()) {
-               size_t i0 = i, j0 = j;
-               if (i == a.size() || j == b.size()) {  // trailing size-1 dims
-                 if (i < a.size()) da.push_back({r.add_factor(a[i++], true)});
-                 else db.push_back({r.add_factor(b[j++], true)});
-                 continue;
-               }
-               int64_t pa = a[i++], pb = b[j++];
-               while (pa != pb) {
-                 if (pa < pb && i < a.size()) pa *= a[i++];
-                 else if (pb < pa && j < b.size()) pb *= b[j++];
-                 else break;
-               }
-               const size_t na = i - i0, nb = j - j0;
-               if (pa != pb || (na > 1 && nb > 1)) {
-                 for (size_t k = i0; k < i; ++k) da.push_back({r.add_factor(a[k], true)});
-                 for (size_t k = j0; k < j; ++k) db.push_back({r.add_factor(b[k], true)});
-               } else if (na == 1) {  // one dim in, nb dims out
-                 std::vector<int> fs;
-                 for (size_t k = j0; k < j; ++k) {
-                   fs.push_back(r.add_factor(b[k], false));
-                   db.push_back({fs.back()});
-                 }
-                 da.push_back(fs);
-               } else {  // na dims in, one dim out
-                 std::vector<int> fs;
-                 for (size_t k = i0; k < i; ++k) {
-                   fs.push_back(r.add_factor(a[k], false));
-                   da.push_back({fs.back()});
-                 }
-                 db.push_back(fs);
-               }
-             }
-             return r;
-           },
-       .localize = [](Attrs& a, const Types&, const Types&, const Types& local_out) {
-         a["shape"] = local_out[0].shape;
-       }});
-  set_sharding_rule("transpose", {.rule = [](const Types& in, const Types& out, const Attrs& a) {
-                      FactorRule r;
-                      r.linear = {0};
-                      r.operands.resize(1);
-                      r.results.resize(1);
-                      for (int64_t s : in[0].shape) r.operands[0].push_back({r.add_factor(s, false)});
-                      for (int64_t p : std::get<std::vector<int64_t>>(a.at("perm")))
-                        r.results[0].push_back(r.operands[0][size_t(p)]);
-                      return r;
-                    }});
   // split and concat: along the last dim, which stays whole; the leading dims split freely.
-  auto last_dim_whole = [](const Types& in, const Types& out, const Attrs&) {
-    FactorRule r;
-    for (size_t i = 0; i < in.size(); ++i) r.linear.push_back(int(i));
-    std::vector<std::vector<int>> lead;
-    for (size_t d = 0; d + 1 < in[0].shape.size(); ++d) lead.push_back({r.add_factor(in[0].shape[d], false)});
-    for (const auto& t : in) {
-      r.operands.push_back(lead);
-      r.operands.back().push_back({r.add_factor(t.shape.back(), true)});
-    }
-    for (const auto& t : out) {
-      r.results.push_back(lead);
-      r.results.back().push_back({r.add_factor(t.shape.back(), true)});
-    }
-    return r;
-  };
-  set_sharding_rule("split", {.rule = last_dim_whole});
-  set_sharding_rule("concat", {.rule = last_dim_whole});
 }
 
 }  // namespace loom::ops

@@ -1,19 +1,20 @@
 // matmul and embedding.
 //
 // matmul(a, b) {ta, tb, out, batch}: C = op(A) op(B) on 2-D views. Without batch, every operand is
-// viewed as 2-D by merging its leading dims: A is (M,K) (or (K,M) when ta), B is (K,N) (or (N,K) when
-// tb). The output keeps A's leading dims when ta = 0 (x (B,T,C) @ W^T -> (B,T,out)), else is (M,N)
-// (dW = dY^T X over all B*T rows). With batch = 1, both are rank 3 with an equal leading batch dim.
-// Inputs are both f32 or both bf16; `out` ("f32" default, or "bf16") is the output dtype; accumulation
-// is always f32.
+// viewed as 2-D by merging its leading dims: A is (M,K) (or (K,M) when ta), B is (K,N) (or (N,K)
+// when tb). The output keeps A's leading dims when ta = 0 (x (B,T,C) @ W^T -> (B,T,out)), else is
+// (M,N) (dW = dY^T X over all B*T rows). With batch = 1, both are rank 3 with an equal leading
+// batch dim. Inputs are both f32 or both bf16; `out` ("f32" default, or "bf16") is the output
+// dtype; accumulation is always f32.
 //
 // Worked VJP (2-D, ta = tb = 0): C = A B, dA = dC B^T, dB = A^T dC; the other three cases follow by
 // transposing, and each gradient is reshaped back to its operand's shape.
+#include "loom/ops/linear.h"
+
 #include <fmt/format.h>
 
 #include "loom/core/error.h"
 #include "loom/ops/builder.h"
-#include "loom/ops/linear.h"
 #include "loom/ops/op.h"
 
 namespace loom::ops {
@@ -81,11 +82,13 @@ Types matmul_infer(const Types& in, const Attrs& a) {
   if (out_dtype(a) == DType::bf16 && in[0].dtype != DType::bf16)
     type_error("matmul", in, "out = \"bf16\" needs bf16 inputs");
   Shape out;
-  if (get_int(a, "batch", 0)) out = {d.batch, d.M, d.N};
+  if (get_int(a, "batch", 0))
+    out = {d.batch, d.M, d.N};
   else if (!get_int(a, "ta", 0)) {
     out.assign(in[0].shape.begin(), in[0].shape.end() - 1);
     out.push_back(d.N);
-  } else out = {d.M, d.N};
+  } else
+    out = {d.M, d.N};
   return {TensorType{out_dtype(a), out}};
 }
 
@@ -93,9 +96,9 @@ std::vector<int> matmul_vjp(Builder& b, const ir::Node& n, const std::vector<int
   int A = n.inputs[0], B = n.inputs[1];
   bool ta = n.attr_int("ta", 0), tb = n.attr_int("tb", 0);
   int64_t batch = n.attr_int("batch", 0);
-  // An operand that is a bf16 copy of an f32 tensor (a weight's cast, a normalised activation's cast)
-  // gets its gradient straight in f32: the GEMM accumulates in f32 anyway, and rounding the gradient to
-  // bf16 only to widen it again in the cast's VJP would lose precision and cost a pass.
+  // An operand that is a bf16 copy of an f32 tensor (a weight's cast, a normalised activation's
+  // cast) gets its gradient straight in f32: the GEMM accumulates in f32 anyway, and rounding the
+  // gradient to bf16 only to widen it again in the cast's VJP would lose precision and cost a pass.
   auto grad_dtype = [&](int v) {
     const ir::Value& val = b.graph().value(v);
     if (val.type.dtype == DType::bf16 && val.kind == ir::ValueKind::node) {
@@ -145,80 +148,79 @@ MatmulDims matmul_dims(const ir::Graph& g, const ir::Node& n) {
 }
 
 void register_linear_ops() {
-  register_op({.name = "matmul",
-               .num_inputs = 2,
-               .infer = matmul_infer,
-               .vjp = matmul_vjp,
-               .cost = matmul_cost});
+  register_op(
+      {.name = "matmul",
+       .num_inputs = 2,
+       .infer = matmul_infer,
+       .vjp = matmul_vjp,
+       .cost = matmul_cost,
+       // dim leaves the product a partial sum; dW = dY^T X contracts over every leading dim.
+       .sharding = {.rule = [](const Types& in, const Types& out, const Attrs& a) {
+         const bool ta = get_int(a, "ta", 0), tb = get_int(a, "tb", 0);
+         const size_t ra = in[0].shape.size(), rb = in[1].shape.size();
+         if (get_int(a, "batch", 0))
+           return einsum_rule(std::string(ta ? "bkm," : "bmk,") + (tb ? "bnk" : "bkn") + "->bmn",
+                              in, out);
+         if (!ta && rb == 2) return einsum_rule(tb ? "*k,nk->*n" : "*k,kn->*n", in, out);
+         if (ta && !tb && ra == rb &&
+             Shape(in[0].shape.begin(), in[0].shape.end() - 1) ==
+                 Shape(in[1].shape.begin(), in[1].shape.end() - 1))
+           return einsum_rule("*m,*n->mn", in, out);
+         if (ta && tb && ra == 2 && rb == 2) return einsum_rule("km,nk->mn", in, out);
+         return fixed_rule(in, out);
+       }}});
 
   // embedding(ids i32[...], table f32[V,C]) -> f32[..., C]
-  register_op({.name = "embedding",
-               .num_inputs = 2,
-               .infer =
-                   [](const Types& in, const Attrs&) -> Types {
-                     expect_inputs("embedding", in, 2);
-                     if (in[0].dtype != DType::i32 || in[1].dtype != DType::f32 ||
-                         in[1].shape.size() != 2)
-                       type_error("embedding", in, "expects ids i32[...] and table f32[V,C]");
-                     Shape s = in[0].shape;
-                     s.push_back(in[1].shape[1]);
-                     return {TensorType{DType::f32, s}};
-                   },
-               .vjp =
-                   [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
-                     int64_t V = b.shape(n.inputs[1])[0];
-                     int dt = b.emit1("embedding_bwd", {n.inputs[0], d[0]}, {{"V", V}},
-                                      "grad.embedding");
-                     return std::vector<int>{-1, dt};
-                   },
-               .cost = [](const ir::Graph& g, const ir::Node& n) {
-                 Cost c;
-                 double out = double(numel(g.value(n.outputs[0]).type.shape)) * 4;
-                 c.bytes_read = out + double(numel(g.value(n.inputs[0]).type.shape)) * 4;
-                 c.bytes_written = out;
-                 return c;
-               }});
+  register_op(
+      {.name = "embedding",
+       .num_inputs = 2,
+       .infer = [](const Types& in, const Attrs&) -> Types {
+         expect_inputs("embedding", in, 2);
+         if (in[0].dtype != DType::i32 || in[1].dtype != DType::f32 || in[1].shape.size() != 2)
+           type_error("embedding", in, "expects ids i32[...] and table f32[V,C]");
+         Shape s = in[0].shape;
+         s.push_back(in[1].shape[1]);
+         return {TensorType{DType::f32, s}};
+       },
+       .vjp =
+           [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
+             int64_t V = b.shape(n.inputs[1])[0];
+             int dt = b.emit1("embedding_bwd", {n.inputs[0], d[0]}, {{"V", V}}, "grad.embedding");
+             return std::vector<int>{-1, dt};
+           },
+       .cost =
+           [](const ir::Graph& g, const ir::Node& n) {
+             Cost c;
+             double out = double(numel(g.value(n.outputs[0]).type.shape)) * 4;
+             c.bytes_read = out + double(numel(g.value(n.inputs[0]).type.shape)) * 4;
+             c.bytes_written = out;
+             return c;
+           },
+       // embedding: rows and channels split; a token may name any row of the table, so V does not.
+       .sharding = einsum("*,Vc->*c")});
   // embedding_bwd(ids i32[...], dy f32[..., C]) {V} -> f32[V,C]
   register_op({.name = "embedding_bwd",
                .num_inputs = 2,
-               .infer =
-                   [](const Types& in, const Attrs& a) -> Types {
-                     expect_inputs("embedding_bwd", in, 2);
-                     Shape expect = in[0].shape;
-                     if (!in[1].shape.empty()) expect.push_back(in[1].shape.back());
-                     if (in[0].dtype != DType::i32 || in[1].dtype != DType::f32 ||
-                         in[1].shape != expect)
-                       type_error("embedding_bwd", in, "expects ids i32[...] and dy f32[...,C]");
-                     int64_t V = get_int(a, "V", -1);
-                     if (V <= 0) type_error("embedding_bwd", in, "needs attribute V > 0");
-                     return {TensorType{DType::f32, {V, in[1].shape.back()}}};
+               .infer = [](const Types& in, const Attrs& a) -> Types {
+                 expect_inputs("embedding_bwd", in, 2);
+                 Shape expect = in[0].shape;
+                 if (!in[1].shape.empty()) expect.push_back(in[1].shape.back());
+                 if (in[0].dtype != DType::i32 || in[1].dtype != DType::f32 ||
+                     in[1].shape != expect)
+                   type_error("embedding_bwd", in, "expects ids i32[...] and dy f32[...,C]");
+                 int64_t V = get_int(a, "V", -1);
+                 if (V <= 0) type_error("embedding_bwd", in, "needs attribute V > 0");
+                 return {TensorType{DType::f32, {V, in[1].shape.back()}}};
+               },
+               .cost =
+                   [](const ir::Graph& g, const ir::Node& n) {
+                     Cost c = streaming_cost(g, n, 0);
+                     c.flops = double(numel(g.value(n.inputs[1]).type.shape));
+                     return c;
                    },
-               .cost = [](const ir::Graph& g, const ir::Node& n) {
-                 Cost c = streaming_cost(g, n, 0);
-                 c.flops = double(numel(g.value(n.inputs[1]).type.shape));
-                 return c;
-               }});
+               .sharding = einsum("*,*c->Vc")});
 
   // Sharding rules (ops/sharding_rule.h). matmul: the rows of x @ W^T split freely, the contraction
-  // dim leaves the product a partial sum; dW = dY^T X contracts over every leading dim.
-  set_sharding_rule(
-      "matmul", {.rule = [](const Types& in, const Types& out, const Attrs& a) {
-        const bool ta = get_int(a, "ta", 0), tb = get_int(a, "tb", 0);
-        const size_t ra = in[0].shape.size(), rb = in[1].shape.size();
-        if (get_int(a, "batch", 0))
-          return einsum_rule(std::string(ta ? "bkm," : "bmk,") + (tb ? "bnk" : "bkn") + "->bmn", in,
-                             out);
-        if (!ta && rb == 2) return einsum_rule(tb ? "*k,nk->*n" : "*k,kn->*n", in, out);
-        if (ta && !tb && ra == rb &&
-            Shape(in[0].shape.begin(), in[0].shape.end() - 1) ==
-                Shape(in[1].shape.begin(), in[1].shape.end() - 1))
-          return einsum_rule("*m,*n->mn", in, out);
-        if (ta && tb && ra == 2 && rb == 2) return einsum_rule("km,nk->mn", in, out);
-        return fixed_rule(in, out);
-      }});
-  // embedding: rows and channels split; a token may name any row of the table, so V does not.
-  set_sharding_rule("embedding", einsum("*,Vc->*c"));
-  set_sharding_rule("embedding_bwd", einsum("*,*c->Vc"));
 }
 
 }  // namespace loom::ops

@@ -1,13 +1,17 @@
 // The op registry: one OpDef per op declares, in one place, everything the compiler knows about it:
-// type inference, the vector-Jacobian product (built from other ops), the cost, in-place aliasing, and a
-// slot for the sharding rule. Kernels live elsewhere (kernels/, dispatched by runtime/), so an op's
-// meaning does not depend on a device.
+// type inference, the vector-Jacobian product (built from other ops), the cost, in-place aliasing,
+// its sharding rule and its traits. Kernels live elsewhere (kernels/, dispatched by runtime/), so
+// an op's meaning does not depend on a device. tests/op_coverage_test.cc walks this table and
+// requires a kernel, a reference-interpreter case and a gradient-harness case (or a reasoned
+// exemption) per op.
 //
-// Invariant: `infer` is total over user-reachable inputs: bad shapes throw loom::Error naming the op and
-// the offending value types; it never aborts.
+// Invariant: `infer` is total over user-reachable inputs: bad shapes throw loom::Error naming the
+// op and the offending value types; it never aborts.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -21,16 +25,39 @@ namespace loom::ops {
 class Builder;
 
 struct Cost {
-  double flops = 0;          // floating-point operations (a multiply-add counts 2)
-  double bytes_read = 0;     // from tensors, assuming no cache reuse across kernels
+  double flops = 0;       // floating-point operations (a multiply-add counts 2)
+  double bytes_read = 0;  // from tensors, assuming no cache reuse across kernels
   double bytes_written = 0;
 };
 
+// Properties code asks about an op, declared on the op (tinygrad's op groups) instead of compared
+// against op names.
+enum class Trait : uint8_t {
+  collective,   // moves data between the ranks of a mesh axis (runtime/collectives.cc runs it)
+  rank_local,   // reads this rank's mesh coordinate but moves nothing (shard_slice; runs there too)
+  optimizer,    // updates a parameter in place from its gradient: inputs (param, grad, moments...)
+  norm,         // normalises over the last dim (rmsnorm, layernorm, and their backward ops)
+  elementwise,  // output element i reads input element i (a bias broadcast over rows included)
+  view,         // output 0 is input 0's memory relabelled (reshape); nothing is written
+};
 
-using InferFn =
-    std::function<std::vector<ir::TensorType>(const std::vector<ir::TensorType>&, const ir::Attrs&)>;
-// Given the node and the gradient of each of its outputs (-1 where an output has none), emit ops that
-// compute the gradient of each input; return one value id per input (-1: no gradient, e.g. integer ids).
+class Traits {
+ public:
+  Traits() = default;
+  Traits(std::initializer_list<Trait> ts) {
+    for (Trait t : ts) bits_ |= 1u << unsigned(t);
+  }
+  bool has(Trait t) const { return bits_ & (1u << unsigned(t)); }
+
+ private:
+  uint32_t bits_ = 0;
+};
+
+using InferFn = std::function<std::vector<ir::TensorType>(const std::vector<ir::TensorType>&,
+                                                          const ir::Attrs&)>;
+// Given the node and the gradient of each of its outputs (-1 where an output has none), emit ops
+// that compute the gradient of each input; return one value id per input (-1: no gradient, e.g.
+// integer ids).
 using VjpFn = std::function<std::vector<int>(Builder&, const ir::Node&, const std::vector<int>&)>;
 using CostFn = std::function<Cost(const ir::Graph&, const ir::Node&)>;
 
@@ -40,18 +67,21 @@ struct OpDef {
   InferFn infer;
   VjpFn vjp;  // empty: not differentiable (using it in a differentiated path is an error)
   CostFn cost;
-  // (output, input) pairs that share memory: the op overwrites the input, which nobody may read after.
+  // (output, input) pairs that share memory: the op overwrites the input, which nobody may read
+  // after.
   std::vector<std::pair<int, int>> inplace;
-  bool view = false;  // output 0 is input 0's memory relabelled (reshape); nothing is written
-  // (output, input) pairs the kernel can compute in place (exact aliasing). The memory planner puts the
-  // output in the input's buffer when that input is dead after this node and has the same size.
+  // (output, input) pairs the kernel can compute in place (exact aliasing). The memory planner puts
+  // the output in the input's buffer when that input is dead after this node and has the same size.
   std::vector<std::pair<int, int>> reuse;
-  ShardingRule sharding;
+  ShardingRule sharding;  // empty: the op runs replicated
+  Traits traits;
 };
 
 // Looks up an op; throws loom::Error for an unknown name.
 const OpDef& op_def(std::string_view name);
 bool has_op(std::string_view name);
+// Whether op `name` (registered) declares trait t.
+bool has_trait(std::string_view name, Trait t);
 std::vector<std::string> op_names();
 
 // Registration, called once from the registry (explicit, so static linking never drops an op).

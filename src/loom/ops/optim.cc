@@ -1,9 +1,9 @@
 // Optimizer ops.
 //
 // adamw(p, g, m, v, hyper f32[3], gscale f32[]) {beta1, beta2, eps, wd} -> p', m', v'
-//   In place: p', m', v' share memory with p, m, v (the planner checks nothing reads the old ones after).
-//   hyper = {lr, 1 - beta1^t, 1 - beta2^t} is fed per step so schedules never rebuild the graph;
-//   gscale is the clipping coefficient. Formula in kernels/cpu/kernels.h.
+//   In place: p', m', v' share memory with p, m, v (the planner checks nothing reads the old ones
+//   after). hyper = {lr, 1 - beta1^t, 1 - beta2^t} is fed per step so schedules never rebuild the
+//   graph; gscale is the clipping coefficient. Formula in kernels/cpu/kernels.h.
 // clip_coef(total f32[]) {max_norm} -> coef f32[], norm f32[]
 //   total is the sum of squared gradient norms; coef = min(1, max_norm / (sqrt(total) + 1e-6)).
 #include "loom/core/error.h"
@@ -35,7 +35,10 @@ void register_optim_ops() {
                      c.bytes_written = 12 * e;
                      return c;
                    },
-               .inplace = {{0, 0}, {1, 2}, {2, 3}}});
+               .inplace = {{0, 0}, {1, 2}, {2, 3}},
+               // moments; the hyper-parameters and the clipping coefficient are whole everywhere.
+               .sharding = einsum("*,*,*,*,H,->*,*,*"),
+               .traits = {Trait::optimizer}});
   register_op({.name = "clip_coef",
                .num_inputs = 1,
                .infer =
@@ -45,11 +48,12 @@ void register_optim_ops() {
                        type_error("clip_coef", in, "expects an f32 scalar");
                      return Types{in[0], in[0]};
                    },
-               .cost = [](const ir::Graph&, const ir::Node&) { return Cost{0, 4, 8}; }});
+               .cost =
+                   [](const ir::Graph&, const ir::Node&) {
+                     return Cost{0, 4, 8};
+                   }});
 
   // Sharding rules (ops/sharding_rule.h): AdamW is elementwise over a parameter, its gradient and
-  // moments; the hyper-parameters and the clipping coefficient are whole everywhere.
-  set_sharding_rule("adamw", einsum("*,*,*,*,H,->*,*,*"));
 }
 
 }  // namespace loom::ops

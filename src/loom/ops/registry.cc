@@ -43,11 +43,7 @@ const OpDef& op_def(std::string_view name) {
   return it->second;
 }
 
-void set_sharding_rule(std::string_view op, ShardingRule rule) {
-  auto it = table().find(op);
-  LOOM_CHECK(it != table().end()) << "sharding rule for an unregistered op " << op;
-  it->second.sharding = std::move(rule);
-}
+bool has_trait(std::string_view name, Trait t) { return op_def(name).traits.has(t); }
 
 bool has_op(std::string_view name) {
   ensure_registered();
@@ -82,7 +78,8 @@ Cost streaming_cost(const ir::Graph& g, const ir::Node& n, double flops_per_elem
     const auto& t = g.value(v).type;
     c.bytes_written += double(numel(t.shape)) * dtype_size(t.dtype);
   }
-  if (!n.outputs.empty()) c.flops = flops_per_elem * double(numel(g.value(n.outputs[0]).type.shape));
+  if (!n.outputs.empty())
+    c.flops = flops_per_elem * double(numel(g.value(n.outputs[0]).type.shape));
   return c;
 }
 

@@ -107,16 +107,18 @@ FactorRule einsum_rule(std::string_view spec, const std::vector<ir::TensorType>&
       int64_t known = 1;
       int unknown = -1, count = 0;
       for (int f : fs) {
-        if (r.size[size_t(f)] < 0) unknown = f, ++count;
-        else known *= r.size[size_t(f)];
+        if (r.size[size_t(f)] < 0)
+          unknown = f, ++count;
+        else
+          known *= r.size[size_t(f)];
       }
       if (count == 1 && known > 0) r.size[size_t(unknown)] = n / known;
     });
   each_dim([&](const std::vector<int>& fs, int64_t n) {
     int64_t p = 1;
     for (int f : fs) p *= r.size[size_t(f)];
-    LOOM_CHECK(p == n) << "sharding rule '" << spec << "': factor sizes give " << p << " for a dim of "
-                       << n;
+    LOOM_CHECK(p == n) << "sharding rule '" << spec << "': factor sizes give " << p
+                       << " for a dim of " << n;
   });
   return r;
 }
@@ -136,7 +138,8 @@ FactorRule factor_rule(const ir::Graph& g, const ir::Node& n) {
   return fixed_rule(in, out);
 }
 
-FactorRule fixed_rule(const std::vector<ir::TensorType>& in, const std::vector<ir::TensorType>& out) {
+FactorRule fixed_rule(const std::vector<ir::TensorType>& in,
+                      const std::vector<ir::TensorType>& out) {
   FactorRule r;
   auto fixed = [&](const std::vector<ir::TensorType>& ts, auto& side) {
     for (const auto& t : ts) {

@@ -75,7 +75,4 @@ ShardingRule einsum(std::string spec, std::vector<int> linear = {});
 // The rule of a node: its op's rule, or all-fixed when the op has none.
 FactorRule factor_rule(const ir::Graph& g, const ir::Node& n);
 
-// Sets the rule of a registered op (each op file declares its rules after registering its ops).
-void set_sharding_rule(std::string_view op, ShardingRule rule);
-
 }  // namespace loom::ops

@@ -38,7 +38,8 @@ std::vector<std::string> verify(const ir::Graph& g) {
         continue;
       }
       if (defined_at[v] == -2 || defined_at[v] >= n.id) {
-        d.push_back(fmt::format("{}: input %{} is used before it is defined", where, g.value(v).name));
+        d.push_back(
+            fmt::format("{}: input %{} is used before it is defined", where, g.value(v).name));
         inputs_ok = false;
       }
       in.push_back(g.value(v).type);
@@ -61,23 +62,24 @@ std::vector<std::string> verify(const ir::Graph& g) {
     for (size_t i = 0; i < expect.size(); ++i)
       if (g.value(n.outputs[i]).type != expect[i])
         d.push_back(fmt::format("{}: output %{} is {}, the op infers {}", where,
-                                g.value(n.outputs[i]).name, ir::type_str(g.value(n.outputs[i]).type),
-                                ir::type_str(expect[i])));
+                                g.value(n.outputs[i]).name,
+                                ir::type_str(g.value(n.outputs[i]).type), ir::type_str(expect[i])));
     for (auto [o, i] : def.inplace)
       if (last_read[n.inputs[i]] != n.id)
         d.push_back(fmt::format("{}: overwrites %{} in place, but node #{} reads it later", where,
                                 g.value(n.inputs[i]).name, last_read[n.inputs[i]]));
   }
   for (int o : g.outputs())
-    if (o < 0 || o >= int(g.values().size())) d.push_back(fmt::format("graph output id {} is invalid", o));
+    if (o < 0 || o >= int(g.values().size()))
+      d.push_back(fmt::format("graph output id {} is invalid", o));
   return d;
 }
 
 void verify_or_throw(const ir::Graph& g, const std::string& source) {
   auto d = verify(g);
   if (d.empty()) return;
-  std::string msg = fmt::format("{}: invalid graph ({} problem{}):", source, d.size(),
-                                d.size() == 1 ? "" : "s");
+  std::string msg =
+      fmt::format("{}: invalid graph ({} problem{}):", source, d.size(), d.size() == 1 ? "" : "s");
   for (size_t i = 0; i < d.size() && i < 20; ++i) msg += "\n  " + d[i];
   throw Error(msg);
 }

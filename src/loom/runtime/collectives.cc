@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <map>
 
 #include "loom/core/error.h"
+#include "loom/ops/op.h"
 
 namespace loom::runtime {
 
@@ -23,11 +25,6 @@ comm::Communicator& MeshComms::axis(const std::string& name) const {
   auto it = axes_.find(name);
   LOOM_CHECK(it != axes_.end()) << "no communicator for mesh axis " << name;
   return *it->second;
-}
-
-bool is_collective(const std::string& op) {
-  return op == "all_gather" || op == "reduce_scatter" || op == "all_reduce" || op == "all_to_all" ||
-         op == "shard_slice";
 }
 
 namespace {
@@ -59,54 +56,99 @@ void unpack_block(const char* piece, char* whole, const Blocks& b, int64_t p, in
 
 }  // namespace
 
+namespace {
+
+// One collective node's operands, as its kernel sees them.
+struct Call {
+  const ir::Node& n;
+  const ir::TensorType &in, &out;
+  comm::Communicator& c;
+  const char* src;
+  char* dst;
+  int64_t in_bytes, p;
+  std::vector<char>& scratch;
+};
+using CollectiveKernel = void (*)(Call&);
+
+// The kernel of each op with trait collective or rank_local (ops/collective.cc).
+const std::map<std::string, CollectiveKernel, std::less<>>& collective_kernels() {
+  static const std::map<std::string, CollectiveKernel, std::less<>> t{
+      {"all_reduce",
+       [](Call& k) {
+         if (k.src != k.dst) std::memmove(k.dst, k.src, size_t(k.in_bytes));
+         k.c.all_reduce(k.dst, numel(k.in.shape), k.in.dtype);
+       }},
+      {"all_gather",
+       [](Call& k) {
+         Blocks b = blocks(k.out, k.n.attr_int("dim"), k.p);
+         if (b.outer == 1) {
+           k.c.all_gather(k.src, k.dst, k.in_bytes);
+         } else {
+           k.scratch.resize(size_t(k.in_bytes * k.p));
+           k.c.all_gather(k.src, k.scratch.data(), k.in_bytes);
+           for (int64_t j = 0; j < k.p; ++j)
+             unpack_block(k.scratch.data() + j * k.in_bytes, k.dst, b, k.p, j);
+         }
+       }},
+      {"reduce_scatter",
+       [](Call& k) {
+         Blocks b = blocks(k.in, k.n.attr_int("dim"), k.p);
+         const int64_t count = numel(k.out.shape);
+         if (b.outer == 1) {
+           k.c.reduce_scatter(k.src, k.dst, count, k.in.dtype);
+         } else {
+           const int64_t piece = k.in_bytes / k.p;
+           k.scratch.resize(size_t(k.in_bytes));
+           for (int64_t j = 0; j < k.p; ++j) pack_block(k.src, k.scratch.data() + j * piece, b, k.p, j);
+           k.c.reduce_scatter(k.scratch.data(), k.dst, count, k.in.dtype);
+         }
+       }},
+      {"shard_slice",
+       [](Call& k) {
+         pack_block(k.src, k.dst, blocks(k.in, k.n.attr_int("dim"), k.p), k.p, k.c.rank());
+       }},
+      {"all_to_all",
+       [](Call& k) {
+         Blocks sent = blocks(k.in, k.n.attr_int("split_dim"), k.p);
+         Blocks got = blocks(k.out, k.n.attr_int("concat_dim"), k.p);
+         const int64_t piece = k.in_bytes / k.p;
+         k.scratch.resize(size_t(2 * k.in_bytes));
+         char* send = k.scratch.data();
+         char* recv = k.scratch.data() + k.in_bytes;
+         for (int64_t j = 0; j < k.p; ++j) pack_block(k.src, send + j * piece, sent, k.p, j);
+         k.c.all_to_all(send, recv, piece);
+         for (int64_t i = 0; i < k.p; ++i) unpack_block(recv + i * piece, k.dst, got, k.p, i);
+       }},
+  };
+  return t;
+}
+
+}  // namespace
+
+bool runs_on_comms(std::string_view op) {
+  return ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::rank_local);
+}
+
+bool has_collective_kernel(std::string_view op) { return collective_kernels().count(op) != 0; }
+
 void run_collective(const ir::Graph& g, const ir::Node& n, void* const* ins, void* const* outs,
                     const MeshComms& comms) {
+  auto it = collective_kernels().find(n.op);
+  LOOM_CHECK(it != collective_kernels().end()) << "no collective kernel for " << n.op;
   const ir::TensorType& in = g.value(n.inputs[0]).type;
   const ir::TensorType& out = g.value(n.outputs[0]).type;
   comm::Communicator& c = comms.axis(n.attr_str("axis"));
-  const int64_t in_bytes = numel(in.shape) * int64_t(dtype_size(in.dtype));
-  const char* src = static_cast<const char*>(ins[0]);
-  char* dst = static_cast<char*>(outs[0]);
-  const int64_t p = c.size();
   std::vector<char> scratch;
-
-  if (n.op == "all_reduce") {
-    if (src != dst) std::memmove(dst, src, size_t(in_bytes));
-    c.all_reduce(dst, numel(in.shape), in.dtype);
-  } else if (n.op == "all_gather") {
-    Blocks b = blocks(out, n.attr_int("dim"), p);
-    if (b.outer == 1) {
-      c.all_gather(src, dst, in_bytes);
-    } else {
-      scratch.resize(size_t(in_bytes * p));
-      c.all_gather(src, scratch.data(), in_bytes);
-      for (int64_t j = 0; j < p; ++j) unpack_block(scratch.data() + j * in_bytes, dst, b, p, j);
-    }
-  } else if (n.op == "reduce_scatter") {
-    Blocks b = blocks(in, n.attr_int("dim"), p);
-    const int64_t count = numel(out.shape);
-    if (b.outer == 1) {
-      c.reduce_scatter(src, dst, count, in.dtype);
-    } else {
-      const int64_t piece = in_bytes / p;
-      scratch.resize(size_t(in_bytes));
-      for (int64_t j = 0; j < p; ++j) pack_block(src, scratch.data() + j * piece, b, p, j);
-      c.reduce_scatter(scratch.data(), dst, count, in.dtype);
-    }
-  } else if (n.op == "shard_slice") {
-    pack_block(src, dst, blocks(in, n.attr_int("dim"), p), p, c.rank());
-  } else if (n.op == "all_to_all") {
-    Blocks sent = blocks(in, n.attr_int("split_dim"), p), got = blocks(out, n.attr_int("concat_dim"), p);
-    const int64_t piece = in_bytes / p;
-    scratch.resize(size_t(2 * in_bytes));
-    char* send = scratch.data();
-    char* recv = scratch.data() + in_bytes;
-    for (int64_t j = 0; j < p; ++j) pack_block(src, send + j * piece, sent, p, j);
-    c.all_to_all(send, recv, piece);
-    for (int64_t i = 0; i < p; ++i) unpack_block(recv + i * piece, dst, got, p, i);
-  } else {
-    LOOM_CHECK(false) << "not a collective: " << n.op;
-  }
+  Call k{n,
+         in,
+         out,
+         c,
+         static_cast<const char*>(ins[0]),
+         static_cast<char*>(outs[0]),
+         numel(in.shape) * int64_t(dtype_size(in.dtype)),
+         c.size(),
+         scratch};
+  it->second(k);
 }
 
 }  // namespace loom::runtime

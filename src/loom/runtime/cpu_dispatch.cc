@@ -237,12 +237,18 @@ std::unordered_map<std::string, Fn> make_table() {
   return t;
 }
 
+const std::unordered_map<std::string, Fn>& table() {
+  static const std::unordered_map<std::string, Fn> t = make_table();
+  return t;
+}
+
 }  // namespace
 
+bool has_cpu_kernel(const std::string& op) { return table().count(op) != 0; }
+
 const CpuKernel& cpu_kernel(const std::string& op) {
-  static const std::unordered_map<std::string, Fn> table = make_table();
-  auto it = table.find(op);
-  if (it == table.end()) throw Error(fmt::format("no CPU kernel for op {}", op));
+  auto it = table().find(op);
+  if (it == table().end()) throw Error(fmt::format("no CPU kernel for op {}", op));
   return it->second;
 }
 

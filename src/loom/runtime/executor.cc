@@ -16,7 +16,7 @@ Executor::Executor(const ir::Graph& g) : g_(g), plan_(plan_memory(g)) {
   external_.assign(g.values().size(), nullptr);
   node_times_.resize(g.nodes().size());
   for (const ir::Node& n : g.nodes())
-    kernels_.push_back(is_collective(n.op) ? nullptr : &cpu_kernel(n.op));
+    kernels_.push_back(runs_on_comms(n.op) ? nullptr : &cpu_kernel(n.op));
   if (plan_.arena_bytes > 0) {
     arena_ = static_cast<char*>(std::aligned_alloc(64, size_t(plan_.arena_bytes)));
     if (!arena_)

@@ -27,6 +27,7 @@ class MeshComms;
 using CpuKernel =
     std::function<void(const ir::Graph&, const ir::Node&, void* const* ins, void* const* outs)>;
 const CpuKernel& cpu_kernel(const std::string& op);
+bool has_cpu_kernel(const std::string& op);
 
 struct NodeTiming {
   double seconds = 0;

@@ -38,7 +38,7 @@ MemoryPlan plan_memory(const ir::Graph& g) {
       p.root[out] = r;
       root_last[r] = std::max(root_last[r], last_read[out]);
     };
-    if (def.view) alias(n.outputs[0], n.inputs[0]);
+    if (def.traits.has(ops::Trait::view)) alias(n.outputs[0], n.inputs[0]);
     for (auto [o, in] : def.inplace) {
       LOOM_CHECK(root_last[p.root[n.inputs[in]]] == i)
           << "in-place op " << n.op << " overwrites %" << g.value(n.inputs[in]).name

@@ -1,14 +1,15 @@
 // The built-in tactics (plan.h). Each reads the annotations earlier tactics left and adds its own.
 //
-// The optimizer's structure is read from the graph, not from names: every adamw node ties a parameter
-// to its gradient and moments (inputs p, g, m, v), so the ZeRO tactics find what to split by following
-// those edges.
+// The optimizer's structure is read from the graph, not from names: every optimizer node (trait
+// optimizer: adamw) ties a parameter to its gradient and moments (inputs p, g, m, v), so the ZeRO
+// tactics find what to split by following those edges.
 #include <fmt/format.h>
 #include <fnmatch.h>
 
 #include <algorithm>
 
 #include "loom/core/error.h"
+#include "loom/ops/op.h"
 #include "loom/shard/plan.h"
 
 namespace loom::shard {
@@ -22,7 +23,8 @@ struct OptimizerEdges {
 std::map<int, OptimizerEdges> optimizer_edges(const ir::Graph& g) {
   std::map<int, OptimizerEdges> r;
   for (const ir::Node& n : g.nodes())
-    if (n.op == "adamw") r[n.inputs[0]] = {n.inputs[1], n.inputs[2], n.inputs[3]};
+    if (ops::has_trait(n.op, ops::Trait::optimizer))
+      r[n.inputs[0]] = {n.inputs[1], n.inputs[2], n.inputs[3]};
   return r;
 }
 
@@ -145,7 +147,7 @@ Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles&
     } else if (t.kind == "sequence") {
       std::vector<int> stream;
       for (const ir::Node& n : g.nodes())
-        if (n.op == "rmsnorm" || n.op == "layernorm") {
+        if (ops::has_trait(n.op, ops::Trait::norm)) {
           stream.push_back(n.inputs[0]);
           stream.push_back(n.outputs[0]);
         }

@@ -7,6 +7,7 @@
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/kernels.h"
+#include "loom/ops/op.h"
 
 namespace loom::train {
 
@@ -112,7 +113,7 @@ StepRunner::StateBytes StepRunner::state_bytes() const {
     if (v.kind == ir::ValueKind::state) b.moments += bytes(v.id);
   }
   for (const ir::Node& n : p.nodes())
-    if (n.op == "adamw") b.grads += bytes(n.inputs[1]);
+    if (ops::has_trait(n.op, ops::Trait::optimizer)) b.grads += bytes(n.inputs[1]);
   return b;
 }
 
