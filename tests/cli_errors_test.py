@@ -110,6 +110,17 @@ with tempfile.TemporaryDirectory() as d:
         print("FAIL step wrote no output")
         failures += 1
     os.remove(out)
+    # loom step reads only [model]: a config of [model] alone, with a max_seq_len below [train]
+    # seq_len's default, takes B and T from the tokens (T = 8 here)
+    model_only = cfg("model_only.toml", text[:text.index("[train]")].replace("max_seq_len = 64",
+                                                                            "max_seq_len = 16"))
+    run("step: [model] only", ["step", "--config", model_only, "--tokens", toks, "--out", out,
+                               "--weights", w], expect_ok=True, must_contain=["loss"])
+    if os.path.exists(out):
+        os.remove(out)
+    # elsewhere, an error about a value the user never wrote says it is the default
+    run("bench: a default seq_len", bench + [model_only],
+        must_contain=["model_only.toml", "[train] seq_len", "default", "hint:"])
     run("weights: missing tensor",
         step + ["--weights", weights("w1.safetensors", drop="lm_head.weight")],
         must_contain=["w1.safetensors", "lm_head.weight"])

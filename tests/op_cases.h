@@ -4,6 +4,8 @@
 // shapes, and the harness graph built around it (loss = sum_i sum(out_i * R_i), then autodiff).
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <functional>
 #include <map>
@@ -42,7 +44,7 @@ inline Harness build_harness(const OpCase& c) {
   h.outs = c.build(g, b);
   for (size_t i = 0; i < h.outs.size(); ++i) {
     int o = b.cast(h.outs[i], DType::f32);
-    int r = g.add_input("r" + std::to_string(i), {DType::f32, b.shape(o)}, ValueKind::state);
+    int r = g.add_input(fmt::format("r{}", i), {DType::f32, b.shape(o)}, ValueKind::state);
     h.rs.push_back(r);
     int s = b.emit1("sum", {b.mul(o, r)});
     h.loss = h.loss < 0 ? s : b.add(h.loss, s);

@@ -1,6 +1,7 @@
 // loom step: one forward and backward on given weights and tokens; writes the loss and every
 // parameter's gradient under its Hugging Face name. The door for checking Loom against any other
-// implementation.
+// implementation. It reads only the config's [model]: the batch and sequence length come from the
+// tokens file.
 #include <fmt/format.h>
 
 #include "commands.h"
@@ -23,7 +24,7 @@ std::function<int()> add_step(CLI::App& app) {
   s->add_option("--out", o->out, "output safetensors: loss and a gradient per parameter")->required();
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   return [o]() {
-    train::Config cfg = train::load_config(o->config, o->sets);
+    train::Config cfg = train::load_config(o->config, o->sets, train::ConfigUse::model_only);
     SafetensorsFile tf = SafetensorsFile::open(o->tokens);
     if (!tf.contains("tokens"))
       throw Error(fmt::format("tokens {}: no tensor named 'tokens'", o->tokens));

@@ -52,7 +52,7 @@ const std::vector<int64_t>& Node::attr_ints(const std::string& key) const {
 }
 
 std::string Graph::unique_name(std::string base) const {
-  if (base.empty()) base = "t" + std::to_string(values_.size());
+  if (base.empty()) base = fmt::format("t{}", values_.size());
   if (!by_name_.count(base)) return base;
   for (int i = 1;; ++i) {
     std::string n = base + "." + std::to_string(i);

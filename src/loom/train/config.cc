@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <toml++/toml.h>
 
@@ -252,7 +253,8 @@ void apply_override(toml::table& root, const std::string& path, const std::strin
 
 }  // namespace
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   ConfigUse use) {
   toml::table root;
   try {
     root = toml::parse_file(path);
@@ -268,6 +270,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   Config c;
   c.path = path;
   bool have_arch = false;
+  std::set<std::string> written;  // "[section] key" of every key the file or a --set gave
   const auto& sch = schema();
   for (const auto& [sk, sv] : root) {
     std::string section(sk.str());
@@ -285,14 +288,20 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
                     suggest(key, keys_of(sit->second)));
       kit->second(c, kv, fmt::format("{}: [{}] {}", path, section, key));
       if (section == "model" && key == "arch") have_arch = true;
+      written.insert(fmt::format("[{}] {}", section, key));
     }
   }
   if (!have_arch)
     throw Error(fmt::format("{}: missing key 'arch' in [model]", path),
                 "add [model] arch = \"llama\" or \"gpt2\"");
   c.model.validate(path);
+  if (use == ConfigUse::model_only) return c;
+  // key: "[section] key". A key the user never wrote holds its default: the message says so.
   auto bad = [&](const std::string& key, const std::string& why) {
-    throw Error(fmt::format("{}: {}: {}", path, key, why));
+    if (written.count(key)) throw Error(fmt::format("{}: {}: {}", path, key, why));
+    throw Error(fmt::format("{}: {}: {} (that is its default value: the file does not set it)", path,
+                            key, why),
+                fmt::format("set {} in the config, or with --set", key));
   };
   if (c.train.batch_size <= 0) bad("[train] batch_size", "must be > 0");
   if (c.train.seq_len <= 0) bad("[train] seq_len", "must be > 0");

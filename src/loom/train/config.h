@@ -81,6 +81,11 @@ struct Config {
 
 // Reads and validates `path`, applying overrides of the form "section.key=value" (value in TOML syntax;
 // a bare word is taken as a string).
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// What a command reads of a config: everything (train, bench, inspect), or only [model] (loom step,
+// which takes the batch and sequence length from its tokens): then the other sections' keys are
+// still parsed strictly, but nothing checks them against [model].
+enum class ConfigUse { all, model_only };
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                   ConfigUse use = ConfigUse::all);
 
 }  // namespace loom::train

@@ -1,0 +1,222 @@
+#include "loom/train/loop.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "loom/core/error.h"
+#include "loom/core/file.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/evaluate.h"
+#include "loom/train/schedule.h"
+#include "loom/train/step.h"
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Keeps the metrics lines of steps <= `upto` (a resumed run rewrites what came after its checkpoint).
+void truncate_metrics(const std::string& path, int64_t upto) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.value("step", int64_t(0)) <= upto) kept += line + "\n";
+    } catch (const nlohmann::json::exception&) {
+      break;  // a torn last line from a crash
+    }
+  }
+  in.close();
+  write_file_atomic(path, kept);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+Run open_run(const Config& cfg, const RunOptions& opts) {
+  if (cfg.data.path.empty())
+    throw Error(fmt::format("{}: [data] path is not set", cfg.path),
+                "point it at a text file, a directory of .txt files, or a loom data prepare "
+                "directory");
+  data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, cfg.train.seq_len);
+  if (corpus.prepared() && corpus.vocab_size() != cfg.model.vocab_size)
+    throw Error(fmt::format("{}: the tokenizer's vocabulary does not match the model: vocab_size "
+                            "{} there, [model] vocab_size = {} in {}",
+                            corpus.meta_path(), corpus.vocab_size(), cfg.model.vocab_size, cfg.path),
+                fmt::format("set [model] vocab_size = {}, or prepare the data again with "
+                            "--vocab-size {}",
+                            corpus.vocab_size(), cfg.model.vocab_size));
+  if (!corpus.prepared() && cfg.model.vocab_size < 256)
+    throw Error(fmt::format("{}: [model] vocab_size = {} is too small for byte-level tokens",
+                            cfg.path, cfg.model.vocab_size),
+                "byte-level text needs vocab_size >= 256");
+  const std::string dir =
+      opts.run_dir.empty() ? "runs/" + fs::path(cfg.path).stem().string() : opts.run_dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(fmt::format("run dir {}: cannot create ({})", dir, ec.message()));
+  Run run{dir, dir + "/checkpoints", dir + "/metrics.jsonl", {}, std::move(corpus)};
+  run.latest = latest_checkpoint(run.checkpoints);
+  if (run.latest && !opts.resume)
+    throw Error(fmt::format("run dir {} already holds checkpoints", dir),
+                "pass --resume auto to continue it, or choose another --run-dir");
+  const shard::Plan& plan = cfg.plan.plan;
+  if (!plan.empty() && opts.slowdown > 1)
+    throw Error(fmt::format("{}: --slowdown makes a straggler island; the ranks of a [plan] step "
+                            "together",
+                            cfg.path),
+                "drop --slowdown, or run without [plan]");
+  if (!plan.empty() && !cfg.outer.server.empty())
+    throw Error(fmt::format("{}: [outer] islands with a [plan] are not supported yet", cfg.path),
+                "run each island as one process (no [plan]), or drop [outer]");
+  return run;
+}
+
+RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
+                     const runtime::MeshComms* comms,
+                     const std::function<void(const StepReport&)>& progress) {
+  const bool writer = !comms || comms->world().rank() == 0;
+  const int64_t T = cfg.train.seq_len;
+  ParamStore params(cfg.model);
+  params.init_random(uint64_t(cfg.train.seed));
+  StepRunner runner(cfg, params, StepRunner::Mode::train, comms);
+  // the evaluator reads the trainer's parameter blocks (a sharded run keeps no second copy)
+  StepRunner evaluator(cfg, params, StepRunner::Mode::eval, comms, &runner);
+  RunResult r;
+  if (run.latest) {
+    load_checkpoint(*run.latest, params, runner);
+    r.start = runner.step_count() + 1;
+    if (writer) {
+      fmt::print(stderr, "resuming from {} (step {})\n", *run.latest, runner.step_count());
+      truncate_metrics(run.metrics, runner.step_count());
+    }
+  } else {
+    // [model] init: a fresh run starts from given weights (loom export's output, a checkpoint's
+    // model.safetensors) instead of the random init; a resumed run takes its checkpoint's instead.
+    if (!cfg.init_weights.empty()) {
+      auto w = model_file(cfg.init_weights);
+      if (!w)
+        throw Error(fmt::format("{}: [model] init: no such file {}", cfg.path, cfg.init_weights),
+                    "point it at a model.safetensors or a directory holding one (loom export)");
+      params.load(*w);  // names, dtypes and shapes checked against [model]
+      runner.pull_params();
+      if (writer) fmt::print(stderr, "initialised from {}\n", *w);
+    }
+    if (writer) std::ofstream(run.metrics, std::ios::trunc);
+  }
+  // a sharded run's parameters now live in the runner's blocks: free the whole copies
+  runner.release_params();
+  // an island takes the server's parameters (whatever a checkpoint or [model] init held)
+  std::unique_ptr<OuterSync> island;
+  if (!cfg.outer.server.empty()) {
+    LOOM_CHECK(opts.join_outer) << "[outer] server set but no way to join it";
+    island = opts.join_outer(params, run.dir);
+  }
+  const int rank = island ? int(island->id()) - 1 : 0;  // island ids count from 1
+  if (writer) write_file_atomic(run.dir + "/config.toml", cfg.text);
+  // the run keeps its tokenizer, so loom sample decodes the same ids wherever the data moves
+  std::error_code ec;
+  if (writer && run.corpus.prepared() && fs::exists(cfg.data.path + "/tokenizer.model", ec)) {
+    fs::copy_file(cfg.data.path + "/tokenizer.model", run.dir + "/tokenizer.model",
+                  fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      throw Error(fmt::format("cannot copy {}/tokenizer.model to {}: {}", cfg.data.path, run.dir,
+                              ec.message()));
+  }
+  Schedule sched{.lr = cfg.optim.lr,
+                 .min_lr = cfg.train.min_lr,
+                 .warmup = cfg.train.warmup_steps,
+                 .total = cfg.train.steps};
+  std::ofstream log;
+  if (writer) {
+    log.open(run.metrics, std::ios::app);
+    if (!log) throw Error(fmt::format("cannot write {}", run.metrics));
+  }
+  const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
+  std::vector<int32_t> tokens(size_t(rows * (T + 1)));
+  auto save = [&]() {
+    save_checkpoint(run.checkpoints, params, runner, {{"data", cfg.data.path}}, cfg.text,
+                    int(cfg.checkpoint.keep), writer);
+    runner.release_params();  // the gathered whole parameters were only for the file
+  };
+  r.first_val = r.last_val = NAN;
+  r.loss = NAN;
+  r.last_step = r.start - 1;
+  const auto t_start = std::chrono::steady_clock::now();
+  int64_t round_steps = 0;   // inner steps since the last outer sync
+  double round_seconds = 0;  // and the time they took
+  // An async island whose server holds a step budget ([outer] islands x [train] steps) trains until
+  // the server says it is spent: a fast island goes on past [train] steps (at the schedule's final
+  // lr) while a slow one stops short of them; at most twice [train] steps.
+  const bool until_done = island && cfg.outer.mode == "async" && cfg.outer.islands > 0;
+  const int64_t max_steps = until_done ? 2 * cfg.train.steps : cfg.train.steps;
+  for (int64_t step = r.start; step <= max_steps; ++step) {
+    r.last_step = step;
+    run.corpus.sample(data::TextCorpus::Split::train, uint64_t(cfg.train.seed), step, rank, rows, T,
+                      tokens.data());
+    const double lr = sched.at(step);
+    const auto t0 = std::chrono::steady_clock::now();
+    r.loss = runner.step(tokens.data(), lr);
+    double dt = seconds_since(t0);
+    if (opts.slowdown > 1) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(dt * (opts.slowdown - 1)));
+      dt *= opts.slowdown;
+    }
+    if (!std::isfinite(r.loss))
+      throw Error(fmt::format("the loss is {} at step {}", r.loss, step),
+                  "lower [optim] lr or raise [train] warmup_steps; resume from the last checkpoint");
+    nlohmann::json m{{"step", step},
+                     {"loss", r.loss},
+                     {"lr", lr},
+                     {"grad_norm", runner.grad_norm()},
+                     {"tokens_per_s", double(rows * T) / dt}};
+    bool last = step == max_steps;
+    if (island) {
+      ++round_steps;
+      round_seconds += dt;
+      if (round_steps >= island->inner_steps() || last) {
+        if (!island->sync(round_steps, round_seconds)) last = true;  // the step budget is spent
+        round_steps = 0;
+        round_seconds = 0;
+        m.update(island->metrics());
+      }
+    }
+    // evaluation steps depend only on the step number, so a resumed run logs what a straight one does
+    if ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last || step == 1) {
+      const double v = validation_loss(cfg, run.corpus, evaluator);
+      m["val_loss"] = v;
+      if (step == 1) r.first_val = v;
+      r.last_val = v;
+    }
+    m["elapsed_s"] = seconds_since(t_start);
+    if (writer) {
+      log << m.dump() << "\n";
+      log.flush();
+    }
+    if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || last) save();
+    if (writer && progress)
+      progress({.step = step,
+                .max_steps = max_steps,
+                .start = r.start,
+                .loss = r.loss,
+                .tokens_per_s = double(rows * T) / dt,
+                .elapsed_s = seconds_since(t_start)});
+    if (last) break;
+  }
+  r.already_trained = r.start > cfg.train.steps;
+  if (island) r.outer_summary = island->summary();
+  return r;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,84 @@
+// The training loop: a config becomes a run directory of metrics, checkpoints and the resolved config,
+// trained by one rank (or every rank of a plan, each calling train_rank with its communicators). `loom
+// train` parses flags and prints; tests call the same functions.
+//
+// The run directory holds config.toml (the resolved config), metrics.jsonl (one JSON object per step:
+// step, loss, lr, grad_norm, tokens_per_s, elapsed_s since this process started training, and
+// val_loss when evaluated) and checkpoints/. A resumed run (RunOptions::resume) continues from the
+// newest complete checkpoint and rewrites the metrics after it, so it logs what a straight run does.
+//
+// With an OuterSync (an island of DiLoCo / asynchronous Local-SGD, outer/island.h) the run samples its
+// own data stream (rank = its island id - 1) and every H steps syncs; those steps' metrics add the
+// sync's own (outer_round, outer_version, bytes_sent, bytes_received, wait_s).
+//
+// Not here: starting ranks (tools/loom/ranks.h), the outer service (outer/). Invariant: only the
+// writer (rank 0, or the one process) touches the run directory; every rank computes every step,
+// gather and evaluation (they are collective under a plan).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "loom/data/text_corpus.h"
+#include "loom/runtime/collectives.h"
+#include "loom/train/config.h"
+#include "loom/train/params.h"
+
+namespace loom::train {
+
+// The outer optimiser a run syncs with (implemented by outer::Island; the loop does not know gRPC).
+class OuterSync {
+ public:
+  virtual ~OuterSync() = default;
+  virtual uint64_t id() const = 0;            // counts from 1
+  virtual int64_t inner_steps() const = 0;    // H for the round under way
+  // Ends a round of `steps` inner steps that took `seconds`; false once the budget is spent.
+  virtual bool sync(int64_t steps, double seconds) = 0;
+  virtual nlohmann::json metrics() const = 0;  // merged into the metrics line of a sync step
+  virtual std::string summary() const = 0;     // one line for the end of the run
+};
+
+struct RunOptions {
+  std::string run_dir;  // "": runs/<config's stem>
+  bool resume = false;  // continue from the newest complete checkpoint
+  double slowdown = 1;  // make each step take this many times as long (tests stragglers)
+  // Joins the outer service with the run's ParamStore (loaded or initialised): null when the config
+  // has no [outer] server.
+  std::function<std::unique_ptr<OuterSync>(ParamStore&, const std::string& run_dir)> join_outer;
+};
+
+// A run checked and opened before any rank starts: bad data, a vocabulary mismatch, a run directory
+// that holds checkpoints without --resume, and combinations a plan cannot take throw loom::Error.
+struct Run {
+  std::string dir, checkpoints, metrics;
+  std::optional<std::string> latest;  // the checkpoint to resume from
+  data::TextCorpus corpus;
+};
+Run open_run(const Config& cfg, const RunOptions& opts);
+
+// Each step as it ends (the CLI's progress line).
+struct StepReport {
+  int64_t step = 0, max_steps = 0, start = 1;
+  float loss = 0;
+  double tokens_per_s = 0, elapsed_s = 0;
+};
+
+struct RunResult {
+  int64_t start = 1, last_step = 0;  // the first step this process ran, and the last
+  float loss = 0;
+  double first_val = 0, last_val = 0;  // NaN when not evaluated
+  bool already_trained = false;        // a resumed run past [train] steps: nothing ran
+  std::string outer_summary;
+};
+
+// One rank's training loop; `comms` is null without a plan. `progress` (optional) sees every step on
+// the writer. Throws loom::Error (a non-finite loss, a checkpoint that cannot be written, ...).
+RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
+                     const runtime::MeshComms* comms,
+                     const std::function<void(const StepReport&)>& progress = {});
+
+}  // namespace loom::train
