@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ struct OpCase {
   int id_range = 0;  // i32 inputs are drawn from [0, id_range)
   double fwd_tol = 1e-5;  // forward: max |out - ref| / max |ref|
 };
+
+inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 
 // A case's graph: its outputs, the loss over them, and autodiff's gradients; nodes up to
 // forward_end are the forward (what the reference interpreter evaluates), the rest the backward.

@@ -96,8 +96,12 @@ TEST(OpCoverage, TraitsMatchTheRuntime) {
     const bool comm = ops::has_trait(op, ops::Trait::collective) ||
                       ops::has_trait(op, ops::Trait::rank_local);
     EXPECT_EQ(comm, runtime::has_collective_kernel(op)) << op;
-    if (ops::has_trait(op, ops::Trait::optimizer)) EXPECT_FALSE(ops::op_def(op).inplace.empty()) << op;
-    if (ops::has_trait(op, ops::Trait::view)) EXPECT_EQ(ops::op_def(op).num_inputs, 1) << op;
+    if (ops::has_trait(op, ops::Trait::optimizer)) {
+      EXPECT_FALSE(ops::op_def(op).inplace.empty()) << op;
+    }
+    if (ops::has_trait(op, ops::Trait::view)) {
+      EXPECT_EQ(ops::op_def(op).num_inputs, 1) << op;
+    }
   }
 }
 

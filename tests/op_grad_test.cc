@@ -21,8 +21,6 @@ namespace {
 using ir::TensorType;
 using ir::ValueKind;
 
-void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
-
 class OpGrad : public ::testing::TestWithParam<OpCase> {};
 
 TEST_P(OpGrad, ForwardAndFiniteDifferences) {
