@@ -76,8 +76,6 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
   std::atomic<bool> stopping{false};
 
   Impl(ServerConfig c, TensorList initial) : cfg(std::move(c)) {
-    if (cfg.mode != "sync" && cfg.mode != "async")
-      throw Error(fmt::format("outer server: mode '{}' is neither sync nor async", cfg.mode));
     if (cfg.token.empty()) throw Error("outer server: no token", "set LOOM_OUTER_TOKEN or [outer] token_file");
     if (cfg.inner_steps < 1) throw Error("outer server: [outer] inner_steps must be >= 1");
     if (!(cfg.lease_s > 0)) throw Error("outer server: [outer] lease_s must be > 0");
@@ -102,12 +100,12 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     };
     add("param.", *params);
     add("momentum.", momentum);
-    if (cfg.mode == "async") add("buffer.", buffer);
+    if (cfg.mode == OuterMode::async) add("buffer.", buffer);
     nlohmann::json ms = nlohmann::json::array();
     for (const auto& [id, m] : members)
       ms.push_back({{"id", id}, {"name", m.name}, {"joined_round", m.joined_round},
                     {"sec_per_step", m.sec_per_step}});
-    nlohmann::json meta{{"format", 1},          {"mode", cfg.mode},
+    nlohmann::json meta{{"format", 1},          {"mode", train::outer_mode_name(cfg.mode)},
                         {"version", version},   {"async_count", async_count},
                         {"total_steps", total_steps}, {"next_id", next_id},
                         {"members", ms}};
@@ -134,9 +132,10 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
       meta = nlohmann::json::parse(it->second);
       if (meta.at("format").get<int>() != 1)
         throw Error(fmt::format("{}: unknown state format {}", path, meta.at("format").dump()));
-      if (meta.at("mode").get<std::string>() != cfg.mode)
+      const std::string mode = train::outer_mode_name(cfg.mode);
+      if (meta.at("mode").get<std::string>() != mode)
         throw Error(fmt::format("{}: the state is of a {} server, this one is {}", path,
-                                meta.at("mode").get<std::string>(), cfg.mode),
+                                meta.at("mode").get<std::string>(), mode),
                     "use another --state-dir, or the same [outer] mode");
       version = meta.at("version").get<uint64_t>();
       async_count = meta.at("async_count").get<int64_t>();
@@ -163,7 +162,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     };
     load("param.", initial);
     load("momentum.", momentum);
-    if (cfg.mode == "async") load("buffer.", buffer);
+    if (cfg.mode == OuterMode::async) load("buffer.", buffer);
     log(fmt::format("resumed from {}: version {}, {} members", path, version, members.size()));
   }
 
@@ -198,7 +197,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
   bool done_locked() const { return cfg.step_budget > 0 && total_steps >= cfg.step_budget; }
 
   uint32_t inner_steps_for_locked(const Member& m) const {
-    if (cfg.mode != "async" || m.sec_per_step <= 0) return uint32_t(cfg.inner_steps);
+    if (cfg.mode != OuterMode::async || m.sec_per_step <= 0) return uint32_t(cfg.inner_steps);
     double fastest = m.sec_per_step;
     for (const auto& [id, o] : members)
       if (o.sec_per_step > 0) fastest = std::min(fastest, o.sec_per_step);
@@ -208,7 +207,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
 
   // Sync: closes the round when everyone expected has pushed. Returns true if it closed.
   bool maybe_close_locked() {
-    if (cfg.mode != "sync" || round_pushed.empty()) return false;
+    if (cfg.mode != OuterMode::sync || round_pushed.empty()) return false;
     if (version == 0 && int64_t(round_pushed.size()) < cfg.min_islands &&
         Clock::now() < first_push + std::chrono::milliseconds(int64_t(cfg.start_grace_s * 1000)))
       return false;  // the start barrier
@@ -277,7 +276,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     rep->set_version(version);
     rep->set_inner_steps(uint32_t(cfg.inner_steps));
     rep->set_lease_ms(uint64_t(lease().count()));
-    rep->set_mode(cfg.mode);
+    rep->set_mode(train::outer_mode_name(cfg.mode));
     rep->set_done(done_locked());
     return Status::OK;
   }
@@ -352,7 +351,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     if (h.base_version() > version)
       return Status(StatusCode::INVALID_ARGUMENT,
                     fmt::format("push for version {}, but the server is at {}", h.base_version(), version));
-    if (cfg.mode == "sync") {
+    if (cfg.mode == OuterMode::sync) {
       if (h.base_version() != version)
         return Status(StatusCode::FAILED_PRECONDITION,
                       fmt::format("stale push: made from version {}, the server is at {}: pull and go on",
@@ -376,7 +375,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     m->sec_per_step = h.seconds() / double(h.inner_steps());
     total_steps += int64_t(h.inner_steps());
     ++accepted;
-    if (cfg.mode == "sync") {
+    if (cfg.mode == OuterMode::sync) {
       maybe_close_locked();
     } else {
       save_locked();
@@ -450,7 +449,7 @@ int OuterServer::start(const std::string& addr) {
     impl_->save_locked();  // the state exists from the start
   }
   impl_->sweeper = std::thread([this] { impl_->sweep(); });
-  impl_->log(fmt::format("listening on port {} ({} mode, {})", port, c.mode,
+  impl_->log(fmt::format("listening on port {} ({} mode, {})", port, train::outer_mode_name(c.mode),
                          c.tls_cert.empty() ? "plaintext" : "TLS"));
   return port;
 }

@@ -41,11 +41,14 @@
 
 #include "loom/outer/optimizer.h"
 #include "loom/outer/tensors.h"
+#include "loom/train/config.h"
 
 namespace loom::outer {
 
+using train::OuterMode;
+
 struct ServerConfig {
-  std::string mode = "sync";  // "sync" | "async"
+  OuterMode mode = OuterMode::sync;
   OuterOptConfig opt;
   int64_t inner_steps = 50;   // H
   int64_t delay = 0;          // async: Delayed Nesterov period N; 0: `islands`, or 1 if that is 0

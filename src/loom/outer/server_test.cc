@@ -355,13 +355,13 @@ TEST(OuterServer, AStateOfAnotherModelOrModeIsRefused) {
     EXPECT_NE(std::string(e.what()).find("tensor 'param.w' is f32[3,4], the model's is f32[4,3]"),
               std::string::npos) << e.what();
   }
-  c.mode = "async";
+  c.mode = OuterMode::async;
   EXPECT_THROW(OuterServer(c, model(1)), Error);
 }
 
 TEST(OuterServer, AsyncAppliesEachPushAndGivesSlowIslandsFewerSteps) {
   ServerConfig c;
-  c.mode = "async";
+  c.mode = OuterMode::async;
   c.inner_steps = 12;
   c.delay = 2;
   c.step_budget = 48;
