@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs every Debian package Loom's build, tests and golden checks need, then configures and builds
-# the release preset. Safe to run again.
+# the release preset. Safe to run again. LOOM_WERROR=ON (CI) builds with warnings as errors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Open MPI: the mpi communicator and multi-process runs (mpirun).
+# Open MPI: the mpi communicator and multi-process runs (mpirun). clang-format: scripts/check_format.sh.
 # gRPC + protobuf: the outer sync service (loom outer-server); openssl makes the TLS test's certificate.
 # libopenblas0-pthread: Debian's PyTorch takes its f32 GEMM from the system BLAS; without OpenBLAS it falls
 # back to the netlib reference BLAS (~1 GFLOP/s), which would make the benchmark peer a straw man.
@@ -15,6 +15,7 @@ packages=(
   python3-torch python3-numpy libopenblas0-pthread
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc openssl
   libopenmpi-dev openmpi-bin
+  clang-format
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -28,5 +29,5 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-cmake --preset release >/dev/null
+cmake --preset release -DLOOM_WERROR="${LOOM_WERROR:-OFF}" >/dev/null
 cmake --build --preset release -j "$(nproc)"

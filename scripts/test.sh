@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Sets up everything (scripts/setup.sh) and runs the default test suite: labels unit and golden.
+# Sets up everything (scripts/setup.sh), checks the formatting (scripts/check_format.sh) and runs the
+# default test suite: labels unit and golden.
 # Longer suites: ctest --test-dir build/release -L slow
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/check_format.sh
 # Tests run two at a time on 2 cores: OpenMP threads that spin while waiting would starve each
 # other, so they sleep instead (no effect on results, only on wall time).
 export OMP_WAIT_POLICY=passive

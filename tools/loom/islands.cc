@@ -92,6 +92,7 @@ std::function<int()> add_islands(CLI::App& app) {
     auto sets = o->sets;
     sets.push_back(fmt::format("outer.islands={}", o->islands));
     train::Config cfg = train::load_config(o->config, sets);  // fail here, not in N children
+    const char* mode = train::outer_mode_name(cfg.outer.mode);
     std::map<int, std::string> slow;
     for (const auto& sl : o->slow) {
       size_t eq = sl.find('=');
@@ -160,8 +161,8 @@ std::function<int()> add_islands(CLI::App& app) {
       stop_all();
       throw Error(fmt::format("the outer server did not start within 60 s; see {}/log.txt", sdir));
     }
-    fmt::print(stderr, "outer server on 127.0.0.1:{}; starting {} islands ({} mode, H = {})\n", port,
-               o->islands, cfg.outer.mode, cfg.outer.inner_steps);
+    fmt::print(stderr, "outer server on 127.0.0.1:{}; starting {} islands ({} mode, H = {})\n",
+               port, o->islands, mode, cfg.outer.inner_steps);
     for (int i = 0; i < o->islands; ++i) {
       std::string dir = fmt::format("{}/island_{}", run, i);
       fs::create_directories(dir, ec);
@@ -224,7 +225,7 @@ std::function<int()> add_islands(CLI::App& app) {
       }
       islands.push_back(isl);
     }
-    nlohmann::json summary{{"islands", o->islands},      {"mode", cfg.outer.mode},
+    nlohmann::json summary{{"islands", o->islands},      {"mode", mode},
                            {"inner_steps", cfg.outer.inner_steps},
                            {"compress", cfg.outer.compress}, {"version", version},
                            {"parameters", params.total_elements()},
@@ -234,8 +235,7 @@ std::function<int()> add_islands(CLI::App& app) {
     write_file_atomic(run + "/summary.json", summary.dump(2) + "\n");
     fmt::print("{} islands, {} mode, H = {}: global parameters at version {}: val loss {:.4f}; "
                "{} bytes sent, {} received; {:.1f} s; {}/summary.json\n",
-               o->islands, cfg.outer.mode, cfg.outer.inner_steps, version, val, sent, received, wall,
-               run);
+               o->islands, mode, cfg.outer.inner_steps, version, val, sent, received, wall, run);
     return 0;
   };
 }

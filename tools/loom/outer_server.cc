@@ -62,9 +62,10 @@ std::function<int()> add_outer_server(CLI::App& app) {
     sc.opt = {cfg.outer.lr, cfg.outer.momentum};
     sc.inner_steps = cfg.outer.inner_steps;
     sc.delay = cfg.outer.delay > 0 ? cfg.outer.delay : std::max<int64_t>(cfg.outer.islands, 1);
-    sc.step_budget = cfg.outer.mode == "async" ? cfg.outer.islands * cfg.train.steps : 0;
+    const bool async = cfg.outer.mode == train::OuterMode::async;
+    sc.step_budget = async ? cfg.outer.islands * cfg.train.steps : 0;
     sc.lease_s = cfg.outer.lease_s;
-    sc.min_islands = cfg.outer.mode == "sync" ? cfg.outer.islands : 0;
+    sc.min_islands = async ? 0 : cfg.outer.islands;
     sc.state_dir = o->state_dir.empty() ? "runs/" + fs::path(o->config).stem().string() + "-outer"
                                         : o->state_dir;
     sc.token = outer::read_token(cfg.outer, o->config);

@@ -62,9 +62,9 @@ void Island::join() {
   if (!s.ok())
     throw Error(fmt::format("outer server {} refused to let this island join: {}", client_->server(),
                             s.error_message()));
-  if (r.mode() != cfg_.mode)
+  if (r.mode() != train::outer_mode_name(cfg_.mode))
     throw Error(fmt::format("outer server {} runs in {} mode, but [outer] mode = \"{}\"",
-                            client_->server(), r.mode(), cfg_.mode));
+                            client_->server(), r.mode(), train::outer_mode_name(cfg_.mode)));
   id_ = r.island_id();
   version_ = r.version();
   h_ = int64_t(r.inner_steps());
@@ -136,7 +136,7 @@ bool Island::sync(int64_t steps, double seconds) {
         throw Error(fmt::format("outer server {} rejected a push: {}", server, s.error_message()));
     }
   };
-  if (push() && cfg_.mode == "sync") {
+  if (push() && cfg_.mode == train::OuterMode::sync) {
     for (;;) {
       proto::AwaitReply a;
       grpc::Status s = client_->await(id_, h.base_version(), 1000, &a);

@@ -3,18 +3,13 @@
 
 #include <gtest/gtest.h>
 
-#include <random>
+#include "loom/outer/testing.h"
 
 namespace loom::outer {
 namespace {
 
 TensorList random_list(uint32_t seed) {
-  TensorList t{{"w", {4, 5}, std::vector<float>(20)}, {"b", {3}, std::vector<float>(3)}};
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n;
-  for (auto& x : t)
-    for (float& v : x.data) v = n(rng);
-  return t;
+  return test::random_like({{"w", {4, 5}, {}}, {"b", {3}, {}}}, seed);
 }
 
 TEST(OuterOptimizer, NesterovMatchesItsFormula) {

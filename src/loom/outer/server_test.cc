@@ -14,6 +14,7 @@
 
 #include "loom/core/error.h"
 #include "loom/outer/client.h"
+#include "loom/outer/testing.h"
 
 namespace loom::outer {
 namespace {
@@ -21,23 +22,9 @@ namespace {
 namespace fs = std::filesystem;
 using grpc::StatusCode;
 
-TensorList model(uint32_t seed) {
-  TensorList t{{"w", {3, 4}, std::vector<float>(12)}, {"b", {5}, std::vector<float>(5)}};
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n;
-  for (auto& x : t)
-    for (float& v : x.data) v = n(rng);
-  return t;
-}
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/loom_outer_test_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using test::expect_same;
+using test::model;
+using test::TempDir;
 
 struct Harness {
   ServerConfig cfg;
@@ -88,15 +75,6 @@ proto::AwaitReply::State await(OuterClient& c, uint64_t id, uint64_t base, uint3
   grpc::Status s = c.await(id, base, wait_ms, &a);
   EXPECT_TRUE(s.ok()) << s.error_message();
   return a.state();
-}
-
-void expect_same(const TensorList& a, const TensorList& b, float tol = 0) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t t = 0; t < a.size(); ++t) {
-    ASSERT_EQ(a[t].name, b[t].name);
-    for (size_t i = 0; i < a[t].data.size(); ++i)
-      ASSERT_NEAR(a[t].data[i], b[t].data[i], tol) << a[t].name << "[" << i << "]";
-  }
 }
 
 TEST(OuterServer, SyncRoundTakesTheNesterovStepOnTheMean) {
@@ -355,13 +333,13 @@ TEST(OuterServer, AStateOfAnotherModelOrModeIsRefused) {
     EXPECT_NE(std::string(e.what()).find("tensor 'param.w' is f32[3,4], the model's is f32[4,3]"),
               std::string::npos) << e.what();
   }
-  c.mode = "async";
+  c.mode = OuterMode::async;
   EXPECT_THROW(OuterServer(c, model(1)), Error);
 }
 
 TEST(OuterServer, AsyncAppliesEachPushAndGivesSlowIslandsFewerSteps) {
   ServerConfig c;
-  c.mode = "async";
+  c.mode = OuterMode::async;
   c.inner_steps = 12;
   c.delay = 2;
   c.step_budget = 48;

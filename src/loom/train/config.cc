@@ -67,18 +67,38 @@ Setter as_string(F field) {
   };
 }
 
-// A string that must be one of `choices`; the message lists them ("expected \"sync\" or \"async\"").
+// Where the string in `n` stands in `choices`; else an error that lists them ("expected \"sync\" or
+// \"async\"").
+size_t choice_index(const toml::node& n, const std::string& where,
+                    const std::vector<std::string>& choices) {
+  auto v = n.value<std::string>();
+  auto it = v ? std::find(choices.begin(), choices.end(), *v) : choices.end();
+  if (!n.is_string() || it == choices.end()) {
+    std::string list;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      const char* sep = i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ";
+      list += fmt::format("{}\"{}\"", sep, choices[i]);
+    }
+    throw Error(where + ": expected " + list);
+  }
+  return size_t(it - choices.begin());
+}
+
+// A string that must be one of `choices`.
 template <class F>
 Setter as_choice(F field, std::vector<std::string> choices) {
   return [field, choices](Config& c, const toml::node& n, const std::string& where) {
-    auto v = n.value<std::string>();
-    if (!n.is_string() || !v || std::find(choices.begin(), choices.end(), *v) == choices.end()) {
-      std::string list;
-      for (size_t i = 0; i < choices.size(); ++i)
-        list += fmt::format("{}\"{}\"", i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ", choices[i]);
-      throw Error(where + ": expected " + list);
-    }
-    field(c) = *v;
+    field(c) = choices[choice_index(n, where, choices)];
+  };
+}
+
+// An enum, written as its `name`: one of `values`.
+template <class F, class E>
+Setter as_enum(F field, std::vector<E> values, const char* (*name)(E)) {
+  std::vector<std::string> names;
+  for (E v : values) names.push_back(name(v));
+  return [field, values, names](Config& c, const toml::node& n, const std::string& where) {
+    field(c) = values[choice_index(n, where, names)];
   };
 }
 
@@ -130,8 +150,8 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
       {"outer",
        {
            {"server", as_string([](Config& c) -> std::string& { return c.outer.server; })},
-           {"mode", as_choice([](Config& c) -> std::string& { return c.outer.mode; },
-                              {"sync", "async"})},
+           {"mode", as_enum([](Config& c) -> OuterMode& { return c.outer.mode; },
+                            {OuterMode::sync, OuterMode::async}, outer_mode_name)},
            {"compress", as_choice([](Config& c) -> std::string& { return c.outer.compress; },
                                   {"f32", "bf16"})},
            {"inner_steps", as_int([](Config& c) -> int64_t& { return c.outer.inner_steps; })},
@@ -252,6 +272,8 @@ void apply_override(toml::table& root, const std::string& path, const std::strin
 }
 
 }  // namespace
+
+const char* outer_mode_name(OuterMode m) { return m == OuterMode::sync ? "sync" : "async"; }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,
                    ConfigUse use) {

@@ -38,11 +38,17 @@ struct CheckpointConfig {
   int64_t keep = 3;
 };
 
+// [outer] mode: how the outer server applies pushes (src/loom/outer/rounds.h). sync: in rounds that
+// close when every expected island has pushed; async: each push at once (Delayed Nesterov).
+enum class OuterMode { sync, async };
+// "sync" | "async": the one spelling in configs, on the wire (JoinReply.mode) and in state files.
+const char* outer_mode_name(OuterMode m);
+
 // [outer]: the island's side of DiLoCo / asynchronous Local-SGD (src/loom/outer/), and the settings
 // `loom outer-server` reads from the same file. Empty `server`: no outer loop.
 struct OuterConfig {
   std::string server;          // host:port of loom outer-server
-  std::string mode = "sync";   // "sync" | "async"
+  OuterMode mode = OuterMode::sync;
   int64_t inner_steps = 50;    // H: inner steps between pushes
   double lr = 0.7;             // outer Nesterov learning rate
   double momentum = 0.9;

@@ -1,0 +1,217 @@
+#include "loom/outer/rounds.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/core/error.h"
+
+namespace loom::outer {
+
+namespace {
+
+Refusal not_member(uint64_t id) {
+  return {RefusalKind::not_member,
+          fmt::format(
+              "island {} is not a member (its lease expired, or it never joined): join again", id)};
+}
+
+}  // namespace
+
+Rounds::Rounds(RoundsConfig cfg, TensorList initial, Hooks hooks)
+    : cfg_(std::move(cfg)), hooks_(std::move(hooks)) {
+  if (cfg_.inner_steps < 1) throw Error("outer server: [outer] inner_steps must be >= 1");
+  if (!(cfg_.lease_s > 0)) throw Error("outer server: [outer] lease_s must be > 0");
+  period_ = cfg_.delay > 0 ? cfg_.delay : 1;
+  for (const auto& t : initial) spec_.push_back({t.name, t.shape, {}});
+  momentum_ = zeros_like(initial);
+  buffer_ = zeros_like(initial);
+  round_sum_ = zeros_like(initial);
+  params_ = std::make_shared<const TensorList>(std::move(initial));
+}
+
+void Rounds::resume(OuterState saved, Time now) {
+  params_ = std::make_shared<const TensorList>(std::move(saved.params));
+  momentum_ = std::move(saved.momentum);
+  buffer_ = std::move(saved.buffer);
+  version_ = saved.meta.version;
+  async_count_ = saved.meta.async_count;
+  total_steps_ = saved.meta.total_steps;
+  next_id_ = saved.meta.next_id;
+  members_.clear();
+  for (auto& [id, r] : saved.meta.members) members_[id] = {std::move(r), now + lease()};
+  round_pushed_.clear();
+  for (auto& t : round_sum_) std::fill(t.data.begin(), t.data.end(), 0.f);
+}
+
+// ---- the calls ----
+
+std::optional<Refusal> Rounds::join(const std::string& name, const TensorList& model, Time now,
+                                    Joined* out) {
+  const TensorList& p = *params_;
+  if (model.size() != p.size())
+    return Refusal{
+        RefusalKind::other_model,
+        fmt::format("the island's model has {} tensors, the server's {}", model.size(), p.size())};
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (model[i].name != p[i].name || model[i].shape != p[i].shape)
+      return Refusal{RefusalKind::other_model,
+                     fmt::format("the island's model differs from the server's: tensor {} is '{}' "
+                                 "{} there, '{}' {} here",
+                                 i, model[i].name, shape_str(model[i].shape), p[i].name,
+                                 shape_str(p[i].shape))};
+  }
+  const uint64_t id = next_id_++;
+  // Expected from the next round if this one is under way (but every island is, in the first).
+  const uint64_t joined_round = round_pushed_.empty() || version_ == 0 ? version_ : version_ + 1;
+  Member& m = members_[id] = {{name.substr(0, 200), joined_round, 0}, now + lease()};
+  // saved with the next round: a member lost in a restart simply joins again
+  log(fmt::format("island {} ({}) joined at version {}", id, m.record.name, version_));
+  *out = {id, version_, uint32_t(cfg_.inner_steps), done()};
+  return std::nullopt;
+}
+
+std::optional<Refusal> Rounds::touch(uint64_t id, Time now) {
+  if (!find_live(id, now)) return not_member(id);
+  return std::nullopt;
+}
+
+std::optional<Refusal> Rounds::check_header(const PushInfo& h) {
+  if (h.inner_steps < 1 || !std::isfinite(h.seconds) || h.seconds < 0)
+    return Refusal{RefusalKind::invalid,
+                   fmt::format("push header: inner_steps {} and seconds {} must be positive",
+                               h.inner_steps, h.seconds)};
+  return std::nullopt;
+}
+
+std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, Time now,
+                                    Pushed* out) {
+  Member* m = find_live(h.island_id, now);
+  if (!m) return not_member(h.island_id);
+  if (h.base_version > version_)
+    return Refusal{RefusalKind::invalid, fmt::format("push for version {}, but the server is at {}",
+                                                     h.base_version, version_)};
+  if (cfg_.mode == OuterMode::sync) {
+    if (h.base_version != version_)
+      return Refusal{RefusalKind::stale,
+                     fmt::format("stale push: made from version {}, the server is at {}: pull and "
+                                 "go on",
+                                 h.base_version, version_)};
+    if (round_pushed_.count(h.island_id))
+      return Refusal{RefusalKind::duplicate, fmt::format("island {} already pushed in round {}",
+                                                         h.island_id, version_ + 1)};
+    for (size_t t = 0; t < grad.size(); ++t) {
+      float* s = round_sum_[t].data.data();
+      const float* x = grad[t].data.data();
+      for (size_t i = 0; i < grad[t].data.size(); ++i) s[i] += x[i];
+    }
+    if (round_pushed_.empty()) first_push_ = now;
+    round_pushed_.insert(h.island_id);
+  } else {
+    auto next = std::make_shared<TensorList>(*params_);
+    delayed_nesterov_push(cfg_.opt, period_, *next, momentum_, buffer_, async_count_, grad);
+    params_ = std::move(next);
+    ++version_;
+  }
+  m->record.sec_per_step = h.seconds / double(h.inner_steps);
+  total_steps_ += int64_t(h.inner_steps);
+  ++accepted_;
+  if (cfg_.mode == OuterMode::sync) {
+    maybe_close(now);
+  } else if (hooks_.on_version) {
+    hooks_.on_version();
+  }
+  *out = {version_, inner_steps_for(*m), done()};
+  return std::nullopt;
+}
+
+std::optional<Refusal> Rounds::leave(uint64_t id, Time now) {
+  auto it = members_.find(id);
+  if (it == members_.end()) return not_member(id);
+  log(fmt::format("island {} ({}) left", it->first, it->second.record.name));
+  members_.erase(it);
+  maybe_close(now);
+  return std::nullopt;
+}
+
+void Rounds::expire(Time now) {
+  for (auto it = members_.begin(); it != members_.end();) {
+    if (it->second.deadline < now) {
+      log(fmt::format("island {} ({}) dropped: lease expired", it->first, it->second.record.name));
+      it = members_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  maybe_close(now);  // a lease ran out, or the start barrier's grace did
+}
+
+// ---- what the calls see ----
+
+RoundState Rounds::round_state(uint64_t id, uint64_t base_version) const {
+  if (version_ > base_version) return RoundState::closed;
+  if (!round_pushed_.count(id)) return RoundState::resend;
+  return RoundState::pending;
+}
+
+bool Rounds::done() const { return cfg_.step_budget > 0 && total_steps_ >= cfg_.step_budget; }
+
+std::chrono::milliseconds Rounds::lease() const {
+  return std::chrono::milliseconds(int64_t(cfg_.lease_s * 1000));
+}
+
+StateMeta Rounds::meta() const {
+  StateMeta s{cfg_.mode, version_, async_count_, total_steps_, next_id_, {}};
+  for (const auto& [id, m] : members_) s.members[id] = m.record;
+  return s;
+}
+
+// ---- helpers ----
+
+Rounds::Member* Rounds::find_live(uint64_t id, Time now) {
+  auto it = members_.find(id);
+  if (it == members_.end()) return nullptr;
+  it->second.deadline = now + lease();
+  return &it->second;
+}
+
+// Async: H x fastest / own seconds per step, in [1, H]; e.g. H = 12 and an island three times
+// slower than the fastest takes 4.
+uint32_t Rounds::inner_steps_for(const Member& m) const {
+  const double own = m.record.sec_per_step;
+  if (cfg_.mode != OuterMode::async || own <= 0) return uint32_t(cfg_.inner_steps);
+  double fastest = own;
+  for (const auto& [id, o] : members_)
+    if (o.record.sec_per_step > 0) fastest = std::min(fastest, o.record.sec_per_step);
+  double h = std::round(double(cfg_.inner_steps) * fastest / own);
+  return uint32_t(std::clamp<double>(h, 1, double(cfg_.inner_steps)));
+}
+
+void Rounds::maybe_close(Time now) {
+  if (cfg_.mode != OuterMode::sync || round_pushed_.empty()) return;
+  if (version_ == 0 && int64_t(round_pushed_.size()) < cfg_.min_islands &&
+      now < first_push_ + std::chrono::milliseconds(int64_t(cfg_.start_grace_s * 1000)))
+    return;  // the start barrier
+  for (const auto& [id, m] : members_)
+    if (m.record.joined_round <= version_ && !round_pushed_.count(id)) return;
+  const float inv = 1.f / float(round_pushed_.size());
+  for (auto& t : round_sum_)
+    for (float& x : t.data) x *= inv;
+  auto next = std::make_shared<TensorList>(*params_);
+  nesterov_step(cfg_.opt, *next, momentum_, round_sum_);
+  params_ = std::move(next);
+  ++version_;
+  const size_t n = round_pushed_.size();
+  round_pushed_.clear();
+  for (auto& t : round_sum_) std::fill(t.data.begin(), t.data.end(), 0.f);
+  if (hooks_.on_version) hooks_.on_version();
+  log(fmt::format("round {} closed: {} island(s) pushed, {} member(s)", version_, n,
+                  members_.size()));
+}
+
+void Rounds::log(const std::string& s) const {
+  if (hooks_.log) hooks_.log(s);
+}
+
+}  // namespace loom::outer

@@ -1,0 +1,175 @@
+// The outer server's logic: membership and leases, sync rounds, async pushes (Delayed Nesterov) and
+// each island's H. Every call says what time it is, so a test drives leases and the start barrier
+// with a clock of its own; the server passes steady_clock::now().
+//
+// Membership: join gives an island an id and a lease; every call by a member renews it; expire()
+// drops members whose lease ran out (no round waits for them again: they must join afresh), leave()
+// drops one at once. An island joining while a round has pushes is expected from the next round
+// on (its push still counts in the current one if it arrives in time); before the first round
+// closes every island that joins is expected in it.
+//
+// Sync: a push must be made from the current version (else `stale`), once per island per round
+// (else `duplicate`). A round closes when every live member expected in it has pushed; the outer
+// Nesterov step is taken on the mean. With `min_islands` > 0 the first round also waits for that
+// many pushes, or `start_grace_s` after its first push (the start barrier).
+// Async: each push is applied at once with Delayed Nesterov (optimizer.h), whatever its base
+// version; the island's next H is scaled by its measured speed against the fastest island's.
+// Both: a push from a future version is `invalid`; `done` once the inner steps pushed reach
+// `step_budget`.
+//
+// Not here: the network, tokens and chunk decoding (server.cc, tensors.h), locking (a Rounds is
+// used under one lock), the state file's format (state_file.h), when the state is written (the
+// `on_version` hook).
+//
+// Invariant: a refused call changes nothing but the caller's lease; the version moves only when a
+// round closes (sync) or a push is applied (async), and `on_version` runs before the call that
+// moved it returns, so no caller sees a version the hook has not seen.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "loom/outer/optimizer.h"
+#include "loom/outer/state_file.h"
+#include "loom/outer/tensors.h"
+
+namespace loom::outer {
+
+struct RoundsConfig {
+  OuterMode mode = OuterMode::sync;
+  OuterOptConfig opt;
+  int64_t inner_steps = 50;  // H
+  int64_t delay = 0;         // async: Delayed Nesterov period N; 0: 1
+  int64_t step_budget = 0;   // async: inner steps, summed over pushes, after which islands stop
+  double lease_s = 10;
+  int64_t min_islands = 0;    // sync: pushes the first round waits for ([outer] islands)
+  double start_grace_s = 60;  // ... at most this long after its first push
+};
+
+// Why a call was refused; the server maps each kind to a gRPC status code.
+enum class RefusalKind {
+  not_member,   // unknown id, or its lease expired: join again
+  other_model,  // a join with other tensor names or shapes
+  invalid,      // a malformed push header, or a push from a future version
+  stale,        // sync: a push made from an older version
+  duplicate,    // sync: a second push by one island in one round
+};
+struct Refusal {
+  RefusalKind kind;
+  std::string message;
+};
+
+// What a push says about itself (the header of a Push call).
+struct PushInfo {
+  uint64_t island_id = 0;
+  uint64_t base_version = 0;  // the version its inner steps started from
+  uint32_t inner_steps = 0;   // inner steps taken since then
+  double seconds = 0;         // wall time they took
+};
+
+// A sync island's round, as Await reports it.
+enum class RoundState {
+  pending,  // not closed yet
+  closed,   // the version moved past the round's base
+  resend,   // no push from the island in the open round (the server restarted): push again
+};
+
+class Rounds {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Time = Clock::time_point;
+
+  struct Hooks {
+    std::function<void(const std::string&)> log;  // a line per round and membership change
+    std::function<void()> on_version;             // the version moved: persist it
+  };
+  struct Joined {
+    uint64_t island_id = 0;
+    uint64_t version = 0;
+    uint32_t inner_steps = 0;
+    bool done = false;
+  };
+  struct Pushed {
+    uint64_t version = 0;      // after the push (async: it includes the push)
+    uint32_t inner_steps = 0;  // H for the island's next round
+    bool done = false;
+  };
+
+  // Version 0 at `initial`, with no members. Throws loom::Error on a bad config.
+  Rounds(RoundsConfig cfg, TensorList initial, Hooks hooks = {});
+
+  // Takes up a saved state (state_file.h): the tensors carry the model's names and shapes, and
+  // every member gets a fresh lease from `now`. The round in flight when it was saved is lost.
+  void resume(OuterState saved, Time now);
+
+  // ---- the calls, each at time `now` ----
+
+  // `model`: the island's tensor names and shapes (no data), which must be the server's.
+  std::optional<Refusal> join(const std::string& name, const TensorList& model, Time now,
+                              Joined* out);
+  // Renews the member's lease; `not_member` if there is no such live member.
+  std::optional<Refusal> touch(uint64_t id, Time now);
+  // A push's header, checked before its tensors are read.
+  static std::optional<Refusal> check_header(const PushInfo& h);
+  // `grad`: the checked pseudo-gradient, in the model's order and shapes.
+  std::optional<Refusal> push(const PushInfo& h, const TensorList& grad, Time now, Pushed* out);
+  std::optional<Refusal> leave(uint64_t id, Time now);
+  // Drops the members whose lease ran out and closes the round if nobody else is awaited (or the
+  // start barrier's grace is over).
+  void expire(Time now);
+
+  // ---- what the calls see ----
+
+  RoundState round_state(uint64_t id, uint64_t base_version) const;
+  uint64_t version() const { return version_; }
+  bool done() const;
+  // The global parameters: an immutable snapshot, to be read without the lock.
+  std::shared_ptr<const TensorList> params() const { return params_; }
+  // The parameters' names and shapes, without data; fixed, so it may be read without the lock.
+  const TensorList& spec() const { return spec_; }
+  size_t members() const { return members_.size(); }
+  int64_t pushes() const { return accepted_; }  // accepted since start
+  std::chrono::milliseconds lease() const;
+  const RoundsConfig& config() const { return cfg_; }
+
+  // What the state file keeps (state_file.h).
+  StateMeta meta() const;
+  const TensorList& momentum() const { return momentum_; }
+  const TensorList& buffer() const { return buffer_; }
+
+ private:
+  struct Member {
+    MemberRecord record;
+    Time deadline;
+  };
+
+  Member* find_live(uint64_t id, Time now);  // its lease renewed; nullptr if none
+  uint32_t inner_steps_for(const Member& m) const;
+  void maybe_close(Time now);  // sync: closes the round if everyone expected has pushed
+  void log(const std::string& s) const;
+
+  RoundsConfig cfg_;
+  Hooks hooks_;
+  int64_t period_ = 1;  // async Delayed Nesterov N
+  TensorList spec_;
+  std::shared_ptr<const TensorList> params_;
+  TensorList momentum_, buffer_;  // buffer: async only
+  uint64_t version_ = 0;
+  int64_t async_count_ = 0;  // pushes applied (async)
+  int64_t total_steps_ = 0;  // inner steps pushed, summed
+  int64_t accepted_ = 0;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, Member> members_;
+  // the open sync round
+  TensorList round_sum_;
+  std::set<uint64_t> round_pushed_;
+  Time first_push_;  // of the open round
+};
+
+}  // namespace loom::outer

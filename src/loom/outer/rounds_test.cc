@@ -1,0 +1,297 @@
+// The outer server's rounds without a network or a clock: membership, leases (time is an argument),
+// sync rounds and their refusals, joining mid-round, the start barrier, async Delayed Nesterov and
+// H scaling, and resuming a saved state.
+#include "loom/outer/rounds.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "loom/core/error.h"
+#include "loom/outer/testing.h"
+
+namespace loom::outer {
+namespace {
+
+using std::chrono::milliseconds;
+using Time = Rounds::Time;
+
+using test::expect_same;
+using test::model;
+
+// A refusal of `kind`, and with `message` when one is given.
+void expect_refused(const std::optional<Refusal>& r, RefusalKind kind,
+                    const std::string& message = "") {
+  ASSERT_TRUE(r) << "accepted";
+  EXPECT_EQ(int(r->kind), int(kind)) << r->message;
+  if (!message.empty()) {
+    EXPECT_EQ(r->message, message);
+  }
+}
+
+// A Rounds at time t0 = 0 (a clock of its own), counting the versions its hook saw.
+struct Fixture {
+  RoundsConfig cfg;
+  TensorList init = model(1);
+  Time t0{};
+  int saved = 0;
+  std::vector<std::string> lines;
+  Rounds rounds;
+
+  explicit Fixture(RoundsConfig c = {})
+      : cfg(c),
+        rounds(c, init,
+               {[this](const std::string& s) { lines.push_back(s); }, [this] { ++saved; }}) {}
+
+  Time at(int64_t ms) const { return t0 + milliseconds(ms); }
+  // The members, and the version, once the leases and the start barrier are checked at `ms`.
+  size_t members_at(int64_t ms) {
+    rounds.expire(at(ms));
+    return rounds.members();
+  }
+  uint64_t version_at(int64_t ms) {
+    rounds.expire(at(ms));
+    return rounds.version();
+  }
+  uint64_t join(int64_t ms = 0, const std::string& name = "island") {
+    Rounds::Joined j;
+    auto r = rounds.join(name, init, at(ms), &j);
+    EXPECT_FALSE(r) << r->message;
+    return j.island_id;
+  }
+  std::pair<uint64_t, uint64_t> join_two() {
+    const uint64_t a = join();
+    return {a, join()};
+  }
+  std::optional<Refusal> push(uint64_t id, uint64_t base, const TensorList& g, int64_t ms = 0,
+                              Rounds::Pushed* out = nullptr, uint32_t steps = 5,
+                              double seconds = 0.5) {
+    Rounds::Pushed p;
+    return rounds.push({id, base, steps, seconds}, g, at(ms), out ? out : &p);
+  }
+};
+
+TensorList mean(const TensorList& a, const TensorList& b) {
+  TensorList m = zeros_like(a);
+  for (size_t t = 0; t < m.size(); ++t)
+    for (size_t i = 0; i < m[t].data.size(); ++i)
+      m[t].data[i] = (a[t].data[i] + b[t].data[i]) * 0.5f;
+  return m;
+}
+
+TEST(Rounds, ASyncRoundClosesWhenEveryMemberPushedWithTheNesterovStepOnTheMean) {
+  Fixture f;
+  auto [a, b] = f.join_two();
+  EXPECT_NE(a, b);
+  EXPECT_EQ(f.rounds.members(), 2u);
+  Rounds::Pushed p;
+  ASSERT_FALSE(f.push(a, 0, model(2), 10, &p));
+  EXPECT_EQ(p.version, 0u);  // b is awaited
+  EXPECT_EQ(f.rounds.round_state(a, 0), RoundState::pending);
+  EXPECT_EQ(f.rounds.round_state(b, 0), RoundState::resend);  // b holds no push here
+  EXPECT_EQ(f.saved, 0);
+  ASSERT_FALSE(f.push(b, 0, model(3), 20, &p));
+  EXPECT_EQ(p.version, 1u);
+  EXPECT_EQ(p.inner_steps, 50u);  // sync: H as configured
+  EXPECT_EQ(f.saved, 1);          // the hook saw version 1 before the push returned
+  EXPECT_EQ(f.rounds.round_state(a, 0), RoundState::closed);
+  EXPECT_EQ(f.rounds.pushes(), 2);
+
+  TensorList want = f.init, m = zeros_like(f.init);
+  nesterov_step(f.cfg.opt, want, m, mean(model(2), model(3)));
+  expect_same(*f.rounds.params(), want, 1e-6f);
+  expect_same(f.rounds.momentum(), m, 1e-6f);
+  EXPECT_EQ(f.lines.back(), "round 1 closed: 2 island(s) pushed, 2 member(s)");
+}
+
+TEST(Rounds, AMemberWhoseLeaseExpiredIsDroppedAndNotWaitedFor) {
+  Fixture f({.lease_s = 1});
+  auto [a, b] = f.join_two();                 // leases to 1000 ms
+  ASSERT_FALSE(f.push(b, 0, model(2), 600));  // b's to 1600 ms
+  EXPECT_EQ(f.version_at(900), 0u);
+  EXPECT_EQ(f.rounds.members(), 2u);
+  EXPECT_EQ(f.version_at(1001), 1u);  // closed without a
+  EXPECT_EQ(f.rounds.members(), 1u);
+  EXPECT_EQ(f.saved, 1);
+  EXPECT_EQ(f.lines[2], fmt::format("island {} (island) dropped: lease expired", a));
+  // a learns it must join again
+  expect_refused(f.rounds.touch(a, f.at(1002)), RefusalKind::not_member,
+                 fmt::format("island {} is not a member (its lease expired, or it never joined): "
+                             "join again",
+                             a));
+  // a call renews the lease: b, touched at 1002, lives to 2002
+  EXPECT_FALSE(f.rounds.touch(b, f.at(1002)));
+  EXPECT_EQ(f.members_at(2000), 1u);
+  EXPECT_EQ(f.members_at(2002), 1u);
+  EXPECT_EQ(f.members_at(2003), 0u);
+}
+
+TEST(Rounds, StaleFutureDuplicateAndUnknownPushesAreRefusedAndChangeNothing) {
+  Fixture f;
+  auto [a, b] = f.join_two();
+  ASSERT_FALSE(f.push(a, 0, model(2)));
+  ASSERT_FALSE(f.push(b, 0, model(3)));
+  ASSERT_FALSE(f.push(a, 1, model(4)));  // held for round 2
+  const TensorList before = *f.rounds.params();
+  const int64_t pushes = f.rounds.pushes();
+
+  expect_refused(f.push(b, 0, model(5)), RefusalKind::stale,
+                 "stale push: made from version 0, the server is at 1: pull and go on");
+  expect_refused(f.push(b, 7, model(5)), RefusalKind::invalid,
+                 "push for version 7, but the server is at 1");
+  expect_refused(f.push(a, 1, model(5)), RefusalKind::duplicate,
+                 fmt::format("island {} already pushed in round 2", a));
+  expect_refused(f.push(12345, 1, model(5)), RefusalKind::not_member);
+  expect_refused(Rounds::check_header({a, 1, 0, 0.5}), RefusalKind::invalid,
+                 "push header: inner_steps 0 and seconds 0.5 must be positive");
+  expect_refused(Rounds::check_header({a, 1, 3, -1}), RefusalKind::invalid);
+  EXPECT_FALSE(Rounds::check_header({a, 1, 3, 0.5}));
+
+  EXPECT_EQ(f.rounds.version(), 1u);
+  EXPECT_EQ(f.rounds.pushes(), pushes);
+  expect_same(*f.rounds.params(), before);
+  // the round goes on as if nothing happened, with a's push of model(4) in it
+  ASSERT_FALSE(f.push(b, 1, model(6)));
+  EXPECT_EQ(f.rounds.version(), 2u);
+  TensorList want = f.init, m = zeros_like(f.init);
+  nesterov_step(f.cfg.opt, want, m, mean(model(2), model(3)));
+  nesterov_step(f.cfg.opt, want, m, mean(model(4), model(6)));
+  expect_same(*f.rounds.params(), want, 1e-6f);
+}
+
+TEST(Rounds, AJoinWithAnotherModelIsRefusedNamingTheTensor) {
+  Fixture f;
+  TensorList other = f.init;
+  other[1].shape = {6};
+  Rounds::Joined j;
+  expect_refused(f.rounds.join("other", other, f.at(0), &j), RefusalKind::other_model,
+                 "the island's model differs from the server's: tensor 1 is 'b' [6] there, "
+                 "'b' [5] here");
+  other.pop_back();
+  expect_refused(f.rounds.join("other", other, f.at(0), &j), RefusalKind::other_model,
+                 "the island's model has 1 tensors, the server's 2");
+  EXPECT_EQ(f.rounds.members(), 0u);
+}
+
+TEST(Rounds, AnIslandJoiningMidRoundIsExpectedFromTheNextRound) {
+  Fixture f;
+  auto [a, b] = f.join_two();
+  ASSERT_FALSE(f.push(a, 0, model(2)));
+  ASSERT_FALSE(f.push(b, 0, model(3)));
+  ASSERT_FALSE(f.push(a, 1, model(2)));  // round 2 under way
+  Rounds::Joined j;
+  ASSERT_FALSE(f.rounds.join("late", f.init, f.at(0), &j));
+  const uint64_t c = j.island_id;
+  EXPECT_EQ(j.version, 1u);
+  ASSERT_FALSE(f.push(b, 1, model(3)));
+  EXPECT_EQ(f.rounds.version(), 2u);  // closed without c
+  ASSERT_FALSE(f.push(a, 2, model(4)));
+  ASSERT_FALSE(f.push(b, 2, model(5)));
+  EXPECT_EQ(f.rounds.version(), 2u);  // now c is expected
+  expect_refused(f.push(c, 1, model(6)), RefusalKind::stale);
+  ASSERT_FALSE(f.push(c, 2, model(6)));
+  EXPECT_EQ(f.rounds.version(), 3u);
+}
+
+// min_islands = 3 with a grace of 400 ms: two islands push at 100 and 200 ms, so the grace runs to
+// 500 ms. A third that joins and pushes before then closes the round; without it, the grace does.
+TEST(Rounds, TheFirstRoundWaitsForMinIslandsOrItsGrace) {
+  for (bool third : {true, false}) {
+    Fixture f({.lease_s = 100, .min_islands = 3, .start_grace_s = 0.4});
+    auto [a, b] = f.join_two();
+    ASSERT_FALSE(f.push(a, 0, model(2), 100));
+    ASSERT_FALSE(f.push(b, 0, model(3), 200));
+    EXPECT_EQ(f.rounds.version(), 0u);  // two of three
+    if (third) {
+      uint64_t late = f.join(300);  // still expected in round 1
+      EXPECT_EQ(f.version_at(450), 0u);
+      ASSERT_FALSE(f.push(late, 0, model(4), 460));
+      EXPECT_EQ(f.rounds.version(), 1u);
+    } else {
+      EXPECT_EQ(f.version_at(499), 0u);
+      EXPECT_EQ(f.version_at(500), 1u);
+    }
+  }
+}
+
+TEST(Rounds, AMemberThatLeavesIsNotWaitedFor) {
+  Fixture f;
+  const uint64_t a = f.join(0, "stays"), b = f.join(0, "goes");
+  ASSERT_FALSE(f.push(a, 0, model(2)));
+  ASSERT_FALSE(f.rounds.leave(b, f.at(0)));
+  EXPECT_EQ(f.lines[2], fmt::format("island {} (goes) left", b));
+  EXPECT_EQ(f.rounds.version(), 1u);  // the leave closed the round
+  EXPECT_EQ(f.rounds.members(), 1u);
+  expect_refused(f.rounds.leave(b, f.at(0)), RefusalKind::not_member);
+}
+
+// Two islands, the second three times slower (0.1 and 0.3 s per step), H = 12, Delayed Nesterov
+// with N = 2 and a budget of 48 inner steps: each push moves the version at once, the slow island
+// is told to take 4 steps (12 x 0.1 / 0.3), and the fourth push spends the budget.
+TEST(Rounds, AsyncAppliesEachPushAtOnceAndGivesSlowIslandsFewerSteps) {
+  const RoundsConfig c{.mode = OuterMode::async, .inner_steps = 12, .delay = 2, .step_budget = 48};
+  Fixture f(c);
+  const uint64_t ids[2] = {f.join(), f.join()};
+  struct Step {
+    int island;
+    uint64_t base;
+    double seconds;
+    uint32_t next_h;
+    bool done;
+  };
+  const Step steps[] = {{0, 0, 1.2, 12, false},  // alone so far: the fastest
+                        {1, 0, 3.6, 4, false},   // stale by one: applied anyway
+                        {0, 1, 1.2, 12, false},
+                        {1, 2, 3.6, 4, true}};  // 48 inner steps pushed
+  TensorList want = f.init, m = zeros_like(want), buf = zeros_like(want);
+  int64_t count = 0;
+  for (size_t k = 0; k < 4; ++k) {
+    const Step& s = steps[k];
+    Rounds::Pushed p;
+    ASSERT_FALSE(f.push(ids[s.island], s.base, model(2 + k), 0, &p, 12, s.seconds)) << k;
+    delayed_nesterov_push(c.opt, 2, want, m, buf, count, model(2 + k));
+    EXPECT_EQ(p.version, k + 1) << k;
+    EXPECT_EQ(f.saved, int(k + 1)) << k;
+    EXPECT_EQ(p.inner_steps, s.next_h) << k;
+    EXPECT_EQ(p.done, s.done) << k;
+    expect_same(*f.rounds.params(), want, 1e-6f);
+  }
+  expect_refused(f.push(ids[0], 9, model(9)), RefusalKind::invalid);  // from the future
+  EXPECT_TRUE(f.rounds.done());
+  expect_same(f.rounds.momentum(), m, 1e-6f);
+  expect_same(f.rounds.buffer(), buf, 1e-6f);
+}
+
+TEST(Rounds, ResumingASavedStateKeepsMembersWithFreshLeasesAndLosesTheOpenRound) {
+  Fixture f({.lease_s = 1});
+  uint64_t a = f.join(0, "a"), b = f.join(0, "b");
+  ASSERT_FALSE(f.push(a, 0, model(2)));
+  ASSERT_FALSE(f.push(b, 0, model(3)));
+  ASSERT_FALSE(f.push(a, 1, model(4)));  // in flight
+  const StateMeta meta = f.rounds.meta();
+  EXPECT_EQ(meta.version, 1u);
+  EXPECT_EQ(meta.total_steps, 15);
+  EXPECT_EQ(meta.next_id, 3u);
+  ASSERT_EQ(meta.members.size(), 2u);
+  EXPECT_EQ(meta.members.at(b).name, "b");
+  EXPECT_DOUBLE_EQ(meta.members.at(a).sec_per_step, 0.1);
+
+  Fixture g({.lease_s = 1});
+  g.rounds.resume({meta, *f.rounds.params(), f.rounds.momentum(), f.rounds.buffer()}, g.at(5000));
+  EXPECT_EQ(g.rounds.version(), 1u);
+  EXPECT_EQ(g.rounds.members(), 2u);
+  expect_same(*g.rounds.params(), *f.rounds.params());
+  EXPECT_EQ(g.rounds.round_state(a, 1), RoundState::resend);
+  EXPECT_EQ(g.members_at(5999), 2u);  // leases from 5000 ms
+  ASSERT_FALSE(g.push(a, 1, model(4), 5500));
+  ASSERT_FALSE(g.push(b, 1, model(5), 5500));
+  EXPECT_EQ(g.rounds.version(), 2u);
+  EXPECT_EQ(g.join(5500), 3u);  // ids go on from the saved next_id
+}
+
+TEST(Rounds, ABadConfigIsAnError) {
+  EXPECT_THROW({ Rounds r({.inner_steps = 0}, model(1)); }, Error);
+  EXPECT_THROW({ Rounds r({.lease_s = 0}, model(1)); }, Error);
+}
+
+}  // namespace
+}  // namespace loom::outer

@@ -1,0 +1,127 @@
+#include "loom/outer/state_file.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/core/safetensors.h"
+
+namespace loom::outer {
+
+namespace {
+
+// The "loom_outer" metadata of an open state file, as text.
+const std::string& metadata_text(const SafetensorsFile& f, const std::string& path) {
+  auto it = f.metadata().find("loom_outer");
+  if (it == f.metadata().end())
+    throw Error(fmt::format("{}: not an outer server state (no loom_outer metadata)", path));
+  return it->second;
+}
+
+// Runs `read` on the parsed metadata: bad JSON, a missing key or a wrong type is a loom::Error
+// naming the file (an Error that `read` throws passes as it is).
+template <class F>
+auto read_metadata(const std::string& text, const std::string& path, F read) {
+  try {
+    return read(nlohmann::json::parse(text));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{}: malformed loom_outer metadata: {}", path, e.what()));
+  }
+}
+
+}  // namespace
+
+std::string state_file(const std::string& state_dir) {
+  return state_dir + "/outer_state.safetensors";
+}
+
+void write_state(const std::string& path, const StateMeta& meta, const TensorList& params,
+                 const TensorList& momentum, const TensorList& buffer) {
+  std::vector<TensorToWrite> ts;
+  auto add = [&](const std::string& prefix, const TensorList& l) {
+    for (const auto& t : l) ts.push_back({prefix + t.name, DType::f32, t.shape, t.data.data()});
+  };
+  add("param.", params);
+  add("momentum.", momentum);
+  if (meta.mode == OuterMode::async) add("buffer.", buffer);
+  nlohmann::json ms = nlohmann::json::array();
+  for (const auto& [id, m] : meta.members)
+    ms.push_back({{"id", id},
+                  {"name", m.name},
+                  {"joined_round", m.joined_round},
+                  {"sec_per_step", m.sec_per_step}});
+  nlohmann::json j{{"format", 1},
+                   {"mode", train::outer_mode_name(meta.mode)},
+                   {"version", meta.version},
+                   {"async_count", meta.async_count},
+                   {"total_steps", meta.total_steps},
+                   {"next_id", meta.next_id},
+                   {"members", ms}};
+  write_safetensors(path, ts, {{"loom_outer", j.dump()}});
+}
+
+OuterState read_state(const std::string& path, OuterMode mode, const TensorList& spec) {
+  auto f = SafetensorsFile::open(path);
+  OuterState out;
+  out.meta = read_metadata(metadata_text(f, path), path, [&](const nlohmann::json& j) {
+    StateMeta s;
+    s.mode = mode;
+    if (j.at("format").get<int>() != 1)
+      throw Error(fmt::format("{}: unknown state format {}", path, j.at("format").dump()));
+    const std::string want = train::outer_mode_name(mode);
+    if (j.at("mode").get<std::string>() != want)
+      throw Error(fmt::format("{}: the state is of a {} server, this one is {}", path,
+                              j.at("mode").get<std::string>(), want),
+                  "use another --state-dir, or the same [outer] mode");
+    s.version = j.at("version").get<uint64_t>();
+    s.async_count = j.at("async_count").get<int64_t>();
+    s.total_steps = j.at("total_steps").get<int64_t>();
+    s.next_id = j.at("next_id").get<uint64_t>();
+    for (const auto& m : j.at("members"))
+      s.members[m.at("id").get<uint64_t>()] = {m.at("name").get<std::string>(),
+                                               m.at("joined_round").get<uint64_t>(),
+                                               m.at("sec_per_step").get<double>()};
+    return s;
+  });
+  auto load = [&](const std::string& prefix, TensorList& into) {
+    for (auto& t : into) {
+      const TensorView& v = f.get(prefix + t.name);
+      if (v.dtype != DType::f32 || v.shape != t.shape)
+        throw Error(
+            fmt::format("{}: tensor '{}{}' is {}{}, the model's is f32{}", path, prefix, t.name,
+                        dtype_name(v.dtype), shape_str(v.shape), shape_str(t.shape)),
+            "this state belongs to another model: use another --state-dir");
+      std::memcpy(t.data.data(), v.data, v.nbytes);
+    }
+  };
+  out.params = zeros_like(spec);
+  out.momentum = zeros_like(spec);
+  out.buffer = zeros_like(spec);
+  load("param.", out.params);
+  load("momentum.", out.momentum);
+  if (mode == OuterMode::async) load("buffer.", out.buffer);
+  return out;
+}
+
+TensorList read_state_params(const std::string& path, uint64_t* version) {
+  auto f = SafetensorsFile::open(path);
+  const std::string& text = metadata_text(f, path);
+  if (version)
+    *version = read_metadata(
+        text, path, [](const nlohmann::json& j) { return j.at("version").get<uint64_t>(); });
+  TensorList out;
+  for (const auto& n : f.names()) {
+    if (n.rfind("param.", 0) != 0) continue;
+    const TensorView& v = f.get(n);
+    if (v.dtype != DType::f32) throw Error(fmt::format("{}: tensor '{}' is not f32", path, n));
+    Tensor t{n.substr(6), v.shape, std::vector<float>(v.nbytes / 4)};
+    std::memcpy(t.data.data(), v.data, v.nbytes);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace loom::outer

@@ -1,0 +1,130 @@
+// The outer server's state file: a write read back is the same state (sync and async), and a file
+// that is not a state, is corrupt, or belongs to another model, mode or format is a loom::Error
+// naming the file and what is wrong.
+#include "loom/outer/state_file.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "loom/core/error.h"
+#include "loom/core/safetensors.h"
+#include "loom/outer/testing.h"
+
+namespace loom::outer {
+namespace {
+
+namespace fs = std::filesystem;
+
+using test::model;
+using test::TempDir;
+
+void expect_equal(const TensorList& a, const TensorList& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t t = 0; t < a.size(); ++t) {
+    EXPECT_EQ(a[t].name, b[t].name);
+    EXPECT_EQ(a[t].shape, b[t].shape);
+    EXPECT_EQ(a[t].data, b[t].data) << a[t].name;
+  }
+}
+
+// The message of the loom::Error that `f` throws; "" (and a failure) if it throws none.
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no loom::Error";
+  return "";
+}
+
+StateMeta sample_meta(OuterMode mode) {
+  StateMeta m;
+  m.mode = mode;
+  m.version = 12;
+  m.async_count = 7;
+  m.total_steps = 600;
+  m.next_id = 4;
+  m.members[1] = {"host-a", 0, 0.25};
+  m.members[3] = {"host-c", 5, 0};
+  return m;
+}
+
+TEST(StateFile, AStateWrittenIsReadBackWhole) {
+  TempDir dir;
+  const std::string path = state_file(dir.path);
+  EXPECT_EQ(path, dir.path + "/outer_state.safetensors");
+  for (OuterMode mode : {OuterMode::sync, OuterMode::async}) {
+    const StateMeta meta = sample_meta(mode);
+    const TensorList p = model(1), m = model(2), b = model(3);
+    write_state(path, meta, p, m, b);
+    const TensorList spec = zeros_like(p);
+    OuterState s = read_state(path, mode, spec);
+    EXPECT_EQ(s.meta.mode, mode);
+    EXPECT_EQ(s.meta.version, 12u);
+    EXPECT_EQ(s.meta.async_count, 7);
+    EXPECT_EQ(s.meta.total_steps, 600);
+    EXPECT_EQ(s.meta.next_id, 4u);
+    ASSERT_EQ(s.meta.members.size(), 2u);
+    EXPECT_EQ(s.meta.members.at(1).name, "host-a");
+    EXPECT_EQ(s.meta.members.at(1).sec_per_step, 0.25);
+    EXPECT_EQ(s.meta.members.at(3).joined_round, 5u);
+    expect_equal(s.params, p);
+    expect_equal(s.momentum, m);
+    // the buffer is kept in async mode only
+    expect_equal(s.buffer, mode == OuterMode::async ? b : zeros_like(b));
+    uint64_t v = 0;
+    expect_equal(read_state_params(path, &v), p);
+    EXPECT_EQ(v, 12u);
+  }
+}
+
+TEST(StateFile, AStateOfAnotherModelModeOrFormatIsRefusedNamingTheFile) {
+  TempDir dir;
+  const std::string path = state_file(dir.path);
+  const TensorList p = model(1);
+  write_state(path, sample_meta(OuterMode::sync), p, p, p);
+
+  TensorList other = zeros_like(p);
+  other[0].shape = {4, 3};
+  EXPECT_EQ(error_of([&] { read_state(path, OuterMode::sync, other); }),
+            path +
+                ": tensor 'param.w' is f32[3,4], the model's is f32[4,3]\n"
+                "hint: this state belongs to another model: use another --state-dir");
+  EXPECT_EQ(error_of([&] { read_state(path, OuterMode::async, zeros_like(p)); }),
+            path +
+                ": the state is of a sync server, this one is async\n"
+                "hint: use another --state-dir, or the same [outer] mode");
+
+  // another format, metadata that is not JSON, no metadata
+  std::vector<TensorToWrite> ts{{"param.b", DType::f32, {5}, p[1].data.data()}};
+  write_safetensors(path, ts, {{"loom_outer", R"({"format": 2, "mode": "sync"})"}});
+  EXPECT_EQ(error_of([&] { read_state(path, OuterMode::sync, zeros_like(p)); }),
+            path + ": unknown state format 2");
+  write_safetensors(path, ts, {{"loom_outer", "{not json"}});
+  std::string e = error_of([&] { read_state(path, OuterMode::sync, zeros_like(p)); });
+  EXPECT_EQ(e.rfind(path + ": malformed loom_outer metadata: ", 0), 0u) << e;
+  EXPECT_EQ(read_state_params(path, nullptr).size(), 1u);  // no version asked: no JSON read
+  write_safetensors(path, ts);
+  EXPECT_EQ(error_of([&] { read_state_params(path); }),
+            path + ": not an outer server state (no loom_outer metadata)");
+}
+
+TEST(StateFile, ACorruptFileIsAnErrorNamingIt) {
+  TempDir dir;
+  const std::string path = state_file(dir.path);
+  write_state(path, sample_meta(OuterMode::sync), model(1), model(1), model(1));
+  const auto size = fs::file_size(path);
+  fs::resize_file(path, size - 7);  // truncated
+  std::string e = error_of([&] { read_state(path, OuterMode::sync, zeros_like(model(1))); });
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "not a state at all";
+  e = error_of([&] { read_state_params(path); });
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace loom::outer
