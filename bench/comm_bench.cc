@@ -3,11 +3,11 @@
 //   mpirun -np 2 build/release/bench/comm_bench [--reps 20]
 //
 // For f32 payloads of 1 to 64 MiB, all_reduce, reduce_scatter and all_gather, each in 4 MiB pieces
-// and in one call (chunk_bytes and gather_chunk_bytes both 4 MiB, then both 1 GiB). Bandwidth is the payload over
-// the median time of --reps runs after 3 warm-up runs (payload: the buffer for all_reduce, the whole
-// input for reduce_scatter, the whole output for all_gather). It is the measurement behind
-// communicator.h's defaults (reductions in 4 MiB pieces, all_gather in one call; docs/comm.md).
-// Timings are never asserted.
+// and in one call (chunk_bytes and gather_chunk_bytes both 4 MiB, then both 1 GiB). Bandwidth is
+// the payload over the median time of --reps runs after 3 warm-up runs (payload: the buffer for
+// all_reduce, the whole input for reduce_scatter, the whole output for all_gather). It is the
+// measurement behind communicator.h's defaults (reductions in 4 MiB pieces, all_gather in one call;
+// docs/comm.md). Timings are never asserted.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
         for (int r = 0; r < reps + 3; ++r) {
           world->barrier();
           auto t0 = std::chrono::steady_clock::now();
-          if (std::strcmp(op, "all_reduce") == 0) world->all_reduce(in.data(), count, DType::f32);
+          if (std::strcmp(op, "all_reduce") == 0)
+            world->all_reduce(in.data(), count, DType::f32);
           else if (std::strcmp(op, "reduce_scatter") == 0)
             world->reduce_scatter(in.data(), out.data(), count / p, DType::f32);
           else
@@ -49,10 +50,11 @@ int main(int argc, char** argv) {
         std::sort(ts.begin(), ts.end());
         const double median = ts[ts.size() / 2];
         if (world->rank() == 0)
-          std::printf("{\"op\": \"%s\", \"ranks\": %d, \"payload_mib\": %lld, \"chunk_mib\": %lld, "
-                      "\"median_ms\": %.3f, \"gb_per_s\": %.3f}\n",
-                      op, p, (long long)mib, (long long)(chunk >> 20), median * 1e3,
-                      double(bytes) / median / 1e9);
+          std::printf(
+              "{\"op\": \"%s\", \"ranks\": %d, \"payload_mib\": %lld, \"chunk_mib\": %lld, "
+              "\"median_ms\": %.3f, \"gb_per_s\": %.3f}\n",
+              op, p, (long long)mib, (long long)(chunk >> 20), median * 1e3,
+              double(bytes) / median / 1e9);
       }
     }
   }

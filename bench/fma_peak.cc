@@ -1,6 +1,6 @@
-// Measures this CPU's f32 FMA peak and bf16 dot-product peak (GFLOP/s) on 1 thread and on all OpenMP
-// threads: loops of independent AVX-512 FMAs / AVX512-BF16 dot products (12 accumulators hide the
-// latency). Prints one JSON line. These are the denominators of model FLOP utilisation in
+// Measures this CPU's f32 FMA peak and bf16 dot-product peak (GFLOP/s) on 1 thread and on all
+// OpenMP threads: loops of independent AVX-512 FMAs / AVX512-BF16 dot products (12 accumulators
+// hide the latency). Prints one JSON line. These are the denominators of model FLOP utilisation in
 // docs/benchmarks.md, measured rather than assumed. Build: g++ -O3 -march=native -fopenmp.
 #include <immintrin.h>
 #include <omp.h>
@@ -26,7 +26,8 @@ static double run(int threads, long iters) {
       for (long it = 0; it < iters; ++it)
         for (int i = 0; i < 12; ++i) {
 #ifdef __AVX512BF16__
-          if constexpr (kBf16) a[i] = _mm512_dpbf16_ps(a[i], x, y);  // 32 multiply-adds
+          if constexpr (kBf16)
+            a[i] = _mm512_dpbf16_ps(a[i], x, y);  // 32 multiply-adds
           else
 #endif
             a[i] = _mm512_fmadd_ps(a[i], m, c);  // 16 multiply-adds

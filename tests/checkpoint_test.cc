@@ -1,5 +1,5 @@
-// Checkpoints: resume is bit-exact (f32 and bf16), old checkpoints are pruned, crashed writers' temp
-// directories are never taken for checkpoints, and a corrupt checkpoint is a clear error.
+// Checkpoints: resume is bit-exact (f32 and bf16), old checkpoints are pruned, crashed writers'
+// temp directories are never taken for checkpoints, and a corrupt checkpoint is a clear error.
 #include "loom/train/checkpoint.h"
 
 #include <gtest/gtest.h>

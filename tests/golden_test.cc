@@ -1,15 +1,17 @@
-// Golden test: Loom against PyTorch on the same weights and tokens (tools/make_golden.py writes them).
+// Golden test: Loom against PyTorch on the same weights and tokens (tools/make_golden.py writes
+// them).
 //
 //   golden_test CONFIG GOLDEN_DIR f32|bf16 [STEP_OUTPUT]
 //
-// With STEP_OUTPUT (a file written by `loom step` on GOLDEN_DIR's weights and tokens), it checks that
-// file's loss and gradients instead: the CLI door others use to compare against Loom.
+// With STEP_OUTPUT (a file written by `loom step` on GOLDEN_DIR's weights and tokens), it checks
+// that file's loss and gradients instead: the CLI door others use to compare against Loom.
 //
-// Compares the loss, the logits, every parameter's gradient and a 10-step AdamW loss curve, tensor by
-// tensor, with |loom - torch| <= atol + rtol * |torch| where atol = rtol_abs * max|torch| of that
-// tensor (so near-zero elements are judged against the tensor's scale). Tolerances:
-//   f32:  loss and logits rtol 1e-5; gradients rtol 1e-4; loss curve rtol 1e-4 (ten updates of drift)
-//   bf16: loss rtol 2e-3, logits 2e-2, gradients 5e-2 and the loss curve 1e-2 — Loom and PyTorch round
+// Compares the loss, the logits, every parameter's gradient and a 10-step AdamW loss curve, tensor
+// by tensor, with |loom - torch| <= atol + rtol * |torch| where atol = rtol_abs * max|torch| of
+// that tensor (so near-zero elements are judged against the tensor's scale). Tolerances:
+//   f32:  loss and logits rtol 1e-5; gradients rtol 1e-4; loss curve rtol 1e-4 (ten updates of
+//   drift) bf16: loss rtol 2e-3, logits 2e-2, gradients 5e-2 and the loss curve 1e-2 — Loom and
+//   PyTorch round
 //         to bf16 at the same points (matmul and attention operands) but PyTorch also rounds every
 //         bf16 matmul's output, so they agree only to bf16 precision (2^-8 relative).
 // Prints the worst element of every tensor; exits 1 on any mismatch.
@@ -48,8 +50,8 @@ bool compare(const std::string& what, const float* a, const TensorView& ref, Tol
     double ratio = bound > 0 ? err / bound : (err > 0 ? INFINITY : 0);
     if (!(ratio <= worst)) worst = ratio, wi = i;
   }
-  std::printf("%-4s %-52s worst [%zu] loom %.8g torch %.8g (error/bound %.3f)\n", ok ? "ok" : "FAIL",
-              what.c_str(), wi, n ? a[wi] : 0.f, n ? r[wi] : 0.f, worst);
+  std::printf("%-4s %-52s worst [%zu] loom %.8g torch %.8g (error/bound %.3f)\n",
+              ok ? "ok" : "FAIL", what.c_str(), wi, n ? a[wi] : 0.f, n ? r[wi] : 0.f, worst);
   return ok;
 }
 
@@ -66,9 +68,9 @@ int main(int argc, char** argv) {
     SafetensorsFile expected = SafetensorsFile::open(dir + "/expected.safetensors");
     const TensorView& tv = tokens.get("tokens");
     std::string dtype = argv[3];
-    train::Config cfg = train::load_config(
-        argv[1], {fmt::format("train.batch_size={}", tv.shape[0]),
-                  fmt::format("train.seq_len={}", tv.shape[1] - 1)});
+    train::Config cfg =
+        train::load_config(argv[1], {fmt::format("train.batch_size={}", tv.shape[0]),
+                                     fmt::format("train.seq_len={}", tv.shape[1] - 1)});
     cfg.model.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
     const bool bf = cfg.model.dtype == DType::bf16;
     std::printf("golden %s (%s) from %s\n", argv[1], bf ? "bf16" : "f32", dir.c_str());

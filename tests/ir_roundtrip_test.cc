@@ -1,5 +1,5 @@
-// Print -> parse -> print is the identity for every shipped model's forward and training graph, in f32
-// and bf16; and the parsed graph is structurally the same (ops, attrs, types, edges).
+// Print -> parse -> print is the identity for every shipped model's forward and training graph, in
+// f32 and bf16; and the parsed graph is structurally the same (ops, attrs, types, edges).
 #include <gtest/gtest.h>
 
 #include "loom/autodiff/autodiff.h"
@@ -25,11 +25,11 @@ class IrRoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
 
 TEST_P(IrRoundTrip, PrintParsePrintIsIdentity) {
   const auto& c = GetParam();
-  train::Config cfg =
-      train::load_config(std::string(LOOM_SOURCE_DIR) + "/configs/" + c.config + ".toml",
-                         {"model.dtype=" + c.dtype});
+  train::Config cfg = train::load_config(
+      std::string(LOOM_SOURCE_DIR) + "/configs/" + c.config + ".toml", {"model.dtype=" + c.dtype});
   const auto m = passes::compile(train::step_options(cfg, passes::StepKind::train, 0),
-                                 passes::parse_stage(c.stage)).model;
+                                 passes::parse_stage(c.stage))
+                     .model;
   std::string text = ir::print(m.graph);
   ir::Graph parsed = ir::parse(text, c.config);
   EXPECT_EQ(ir::print(parsed), text);
@@ -75,7 +75,8 @@ TEST(IrText, FloatsRoundTripExactly) {
   ir::Graph g("f");
   int a = g.add_input("a", {DType::f32, {2}}, ir::ValueKind::param);
   g.add_node("scale", {a}, {{"s", 0.1 + 0.2}}, {{DType::f32, {2}}}, {"b"});
-  g.add_node("scale", {a}, {{"s", 1e-300}, {"k", std::string("x")}, {"l", std::vector<int64_t>{-1, 2}}},
+  g.add_node("scale", {a},
+             {{"s", 1e-300}, {"k", std::string("x")}, {"l", std::vector<int64_t>{-1, 2}}},
              {{DType::f32, {2}}}, {"c"});
   ir::Graph p = ir::parse(ir::print(g));
   EXPECT_EQ(std::get<double>(p.node(0).attrs.at("s")), 0.1 + 0.2);

@@ -41,8 +41,10 @@ std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> r;
   std::string cur;
   for (char c : s) {
-    if (c == sep) r.push_back(cur), cur.clear();
-    else cur += c;
+    if (c == sep)
+      r.push_back(cur), cur.clear();
+    else
+      cur += c;
   }
   r.push_back(cur);
   return r;
@@ -68,7 +70,8 @@ TEST_P(IrText, LoweredProgramMatches) {
   const ir::Graph& g = c.model.graph;
   auto value = [&](const std::string& name) {
     int v = g.find(name);
-    if (v < 0) ADD_FAILURE() << GetParam() << ": the header names %" << name << ", not in the graph";
+    if (v < 0)
+      ADD_FAILURE() << GetParam() << ": the header names %" << name << ", not in the graph";
     return v;
   };
   Options opts;
@@ -91,7 +94,8 @@ TEST_P(IrText, LoweredProgramMatches) {
   };
   ir::Roles& roles = c.model.roles;
   for (const auto& b : words(get("batch"))) roles.batch_inputs.push_back(value(b));
-  for (auto [key, list] : {std::pair{"column", &roles.column_parallel}, {"row", &roles.row_parallel}})
+  for (auto [key, list] :
+       {std::pair{"column", &roles.column_parallel}, {"row", &roles.row_parallel}})
     for (const auto& w : words(get(key))) {
       auto f = split(w, ':');
       list->push_back({value(f[0]), std::stoll(f.at(1))});
@@ -100,7 +104,9 @@ TEST_P(IrText, LoweredProgramMatches) {
   if (passes.empty()) passes = {"apply_tactics", "propagate", "lower"};
   run_passes(c, opts, passes);
   const bool lowered = std::find(passes.begin(), passes.end(), "lower") != passes.end();
-  if (lowered) EXPECT_TRUE(c.propagation.converged) << "propagation reached no fixed point";
+  if (lowered) {
+    EXPECT_TRUE(c.propagation.converged) << "propagation reached no fixed point";
+  }
   const std::string actual = ir::print(lowered ? c.rank.graph : c.model.graph);
   // the program is plain IR: it parses back to the same text
   EXPECT_EQ(ir::print(ir::parse(actual, GetParam())), actual);

@@ -1,7 +1,7 @@
-// Property tests of the memory plan on real training graphs: two buffers alive at the same node never
-// overlap, in-place reuse happens, and the arena is within a small factor of the liveness lower bound.
+// Property tests of the memory plan on real training graphs: two buffers alive at the same node
+// never overlap, in-place reuse happens, and the arena is within a small factor of the liveness
+// lower bound.
 #include "loom/runtime/memory_plan.h"
-#include "loom/ops/builder.h"
 
 #include <gtest/gtest.h>
 
@@ -9,6 +9,7 @@
 
 #include "loom/autodiff/autodiff.h"
 #include "loom/models/model.h"
+#include "loom/ops/builder.h"
 #include "loom/passes/pipeline.h"
 
 namespace loom::runtime {
@@ -32,8 +33,8 @@ void check_plan(const ir::Graph& g) {
     lower = std::max(lower, sum);
     std::sort(live.begin(), live.end());
     for (size_t k = 1; k < live.size(); ++k)
-      ASSERT_LE(live[k - 1].second, live[k].first) << "overlap at node " << i << " (" << g.node(i).op
-                                                   << ")";
+      ASSERT_LE(live[k - 1].second, live[k].first)
+          << "overlap at node " << i << " (" << g.node(i).op << ")";
   }
   // every node-produced value sits inside the arena
   for (const auto& v : g.values()) {
@@ -70,9 +71,9 @@ TEST(MemoryPlan, ReusesDyingInputsInPlace) {
   ir::Graph g("reuse");
   ops::Builder b(g);
   int x = g.add_input("x", {DType::f32, {1024}}, ir::ValueKind::param);
-  int y = b.scale(x, 2.0);   // x is external: never reused
-  int z = b.scale(y, 3.0);   // y dies here: z takes its buffer
-  int w = b.add(z, y);       // y is read again: so z cannot have taken it
+  int y = b.scale(x, 2.0);  // x is external: never reused
+  int z = b.scale(y, 3.0);  // y dies here: z takes its buffer
+  int w = b.add(z, y);      // y is read again: so z cannot have taken it
   g.add_output(w);
   MemoryPlan p = plan_memory(g);
   EXPECT_NE(p.root[y], p.root[x]);

@@ -1,7 +1,8 @@
 // The op harness's cases, shared by op_grad_test (forward against the f64 reference interpreter,
 // VJPs against central differences) and op_coverage_test (every registered op has a case, a kernel
-// and a reference, or a reasoned exemption): for every differentiable op, one small graph with awkward
-// shapes, and the harness graph built around it (loss = sum_i sum(out_i * R_i), then autodiff).
+// and a reference, or a reasoned exemption): for every differentiable op, one small graph with
+// awkward shapes, and the harness graph built around it (loss = sum_i sum(out_i * R_i), then
+// autodiff).
 #pragma once
 
 #include <fmt/format.h>
@@ -25,7 +26,7 @@ struct OpCase {
   std::string name;
   std::function<std::vector<int>(ir::Graph&, ops::Builder&)> build;
   double rtol = 2e-3, atol = 2e-4;
-  int id_range = 0;  // i32 inputs are drawn from [0, id_range)
+  int id_range = 0;       // i32 inputs are drawn from [0, id_range)
   double fwd_tol = 1e-5;  // forward: max |out - ref| / max |ref|
 };
 
@@ -104,9 +105,10 @@ inline std::vector<OpCase> cases() {
   v.push_back({"gelu", [](ir::Graph& g, ops::Builder& b) {
                  return std::vector<int>{b.emit1("gelu", {P(g, "x", {3, 17})})};
                }});
-  v.push_back({"swiglu", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.emit1("swiglu", {P(g, "g", {3, 17}), P(g, "u", {3, 17})})};
-               }});
+  v.push_back(
+      {"swiglu", [](ir::Graph& g, ops::Builder& b) {
+         return std::vector<int>{b.emit1("swiglu", {P(g, "g", {3, 17}), P(g, "u", {3, 17})})};
+       }});
   v.push_back({"swiglu_bf16",
                [](ir::Graph& g, ops::Builder& b) {
                  int gg = b.cast(P(g, "g", {3, 17}), DType::bf16);
@@ -114,11 +116,12 @@ inline std::vector<OpCase> cases() {
                  return std::vector<int>{b.emit1("swiglu", {gg, u})};
                },
                3e-2, 3e-2, 0, 1e-2});  // bf16 storage of inputs, output and gradients
-  v.push_back({"cast_roundtrip",
-               [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.cast(b.cast(P(g, "x", {4, 9}), DType::bf16), DType::f32)};
-               },
-               1e-2, 1e-2, 0, 4e-3});  // bf16 rounding: 2^-9 relative
+  v.push_back(
+      {"cast_roundtrip",
+       [](ir::Graph& g, ops::Builder& b) {
+         return std::vector<int>{b.cast(b.cast(P(g, "x", {4, 9}), DType::bf16), DType::f32)};
+       },
+       1e-2, 1e-2, 0, 4e-3});  // bf16 rounding: 2^-9 relative
   v.push_back({"sum", [](ir::Graph& g, ops::Builder& b) {
                  return std::vector<int>{b.emit1("sum", {P(g, "x", {4, 9})})};
                }});
@@ -155,12 +158,12 @@ inline std::vector<OpCase> cases() {
                  return std::vector<int>{b.emit1("rope", {P(g, "x", {2, 5, 3, 8})},
                                                  {{"theta", 10000.0}, {"sign", int64_t(1)}})};
                }});
-  v.push_back({"attention_gqa", [](ir::Graph& g, ops::Builder& b) {
-                 int q = P(g, "q", {2, 7, 4, 8}), k = P(g, "k", {2, 7, 2, 8}),
-                     vv = P(g, "v", {2, 7, 2, 8});
-                 return std::vector<int>{
-                     b.emit("attention", {q, k, vv}, {{"scale", 1.0 / std::sqrt(8.0)}})[0]};
-               }});
+  v.push_back(
+      {"attention_gqa", [](ir::Graph& g, ops::Builder& b) {
+         int q = P(g, "q", {2, 7, 4, 8}), k = P(g, "k", {2, 7, 2, 8}), vv = P(g, "v", {2, 7, 2, 8});
+         return std::vector<int>{
+             b.emit("attention", {q, k, vv}, {{"scale", 1.0 / std::sqrt(8.0)}})[0]};
+       }});
   v.push_back({"attention_long", [](ir::Graph& g, ops::Builder& b) {
                  int q = P(g, "q", {1, 70, 2, 16}), k = P(g, "k", {1, 70, 1, 16}),
                      vv = P(g, "v", {1, 70, 1, 16});
@@ -168,8 +171,8 @@ inline std::vector<OpCase> cases() {
                }});
   v.push_back({"cross_entropy",
                [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.emit("cross_entropy",
-                                                {P(g, "logits", {2, 3, 11}), Ids(g, "t", {2, 3})})[0]};
+                 return std::vector<int>{
+                     b.emit("cross_entropy", {P(g, "logits", {2, 3, 11}), Ids(g, "t", {2, 3})})[0]};
                },
                2e-3, 2e-4, 11});
   v.push_back({"reshape", [](ir::Graph& g, ops::Builder& b) {

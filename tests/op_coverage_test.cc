@@ -1,10 +1,13 @@
 // Op coverage (ggml's test-backend-ops count): every registered op must have
-//   a kernel          a CPU kernel (runtime/cpu_dispatch.cc), or, for an op with trait collective or
+//   a kernel          a CPU kernel (runtime/cpu_dispatch.cc), or, for an op with trait collective
+//   or
 //                     rank_local, a collective kernel (runtime/collectives.cc);
 //   a harness case    it appears in the forward of an op_grad_test case (its output checked against
-//                     the f64 reference interpreter, its VJP against central differences), or in the
-//                     backward autodiff builds for one (its kernel checked by those differences);
-//   a reference       tests/reference_eval.cc evaluates it (the forward of the cases runs through it);
+//                     the f64 reference interpreter, its VJP against central differences), or in
+//                     the backward autodiff builds for one (its kernel checked by those
+//                     differences);
+//   a reference       tests/reference_eval.cc evaluates it (the forward of the cases runs through
+//   it);
 // or a declared exemption below that says why and where the op is checked instead. An op added
 // without them fails here, in the unit suite, instead of in a run.
 #include <gtest/gtest.h>
@@ -24,16 +27,20 @@ namespace {
 // Ops with no harness case, and why. Each must still have a kernel.
 const std::map<std::string, std::string>& exemptions() {
   static const std::map<std::string, std::string> e{
-      {"adamw", "optimizer update, no VJP by design; golden_step_* checks 10 AdamW steps of every "
-                "parameter against torch.optim.AdamW"},
-      {"clip_coef", "optimizer's gradient clipping, no VJP by design; golden_step_* checks it against "
-                    "torch.nn.utils.clip_grad_norm_"},
+      {"adamw",
+       "optimizer update, no VJP by design; golden_step_* checks 10 AdamW steps of every "
+       "parameter against torch.optim.AdamW"},
+      {"clip_coef",
+       "optimizer's gradient clipping, no VJP by design; golden_step_* checks it against "
+       "torch.nn.utils.clip_grad_norm_"},
       {"all_gather", "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
-      {"reduce_scatter", "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
+      {"reduce_scatter",
+       "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
       {"all_reduce", "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
       {"all_to_all", "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
       {"shard_slice", "per-rank slice, inserted after autodiff (no VJP); reshard_test"},
-      {"assign", "writes an optimizer result back after a reshard (no VJP); plan_parity (zero1/zero2)"},
+      {"assign",
+       "writes an optimizer result back after a reshard (no VJP); plan_parity (zero1/zero2)"},
       {"positions", "no input to differentiate; the GPT-2 golden tests check its use"},
   };
   return e;
@@ -48,7 +55,8 @@ Coverage harness_coverage() {
   Coverage c;
   for (const OpCase& oc : cases()) {
     Harness h = build_harness(oc);
-    for (const ir::Node& n : h.g.nodes()) (n.id <= h.forward_end ? c.forward : c.backward).insert(n.op);
+    for (const ir::Node& n : h.g.nodes())
+      (n.id <= h.forward_end ? c.forward : c.backward).insert(n.op);
     std::map<int, std::vector<double>> zeros;
     for (const ir::Value& v : h.g.values())
       if (v.kind != ValueKind::node) zeros[v.id].assign(size_t(numel(v.type.shape)), 0.0);
@@ -70,14 +78,16 @@ TEST(OpCoverage, EveryOpHasAKernelAReferenceAndAHarnessCase) {
                                                    : runtime::has_cpu_kernel(op);
     if (!kernel) missing.push_back(op + ": no kernel");
     const bool exempt = exemptions().count(op) != 0;
-    if (cov.forward.count(op)) ++covered;
-    else if (cov.backward.count(op)) ++covered;  // a backward op: checked through its forward op
+    if (cov.forward.count(op))
+      ++covered;
+    else if (cov.backward.count(op))
+      ++covered;  // a backward op: checked through its forward op
     else if (!exempt)
       missing.push_back(op + ": no op_grad_test case (tests/op_cases.h) and no exemption");
   }
   for (const auto& r : cov.no_reference) missing.push_back(r);
-  std::printf("%d of %zu ops covered by harness cases, %zu exempt\n", covered, ops::op_names().size(),
-              exemptions().size());
+  std::printf("%d of %zu ops covered by harness cases, %zu exempt\n", covered,
+              ops::op_names().size(), exemptions().size());
   EXPECT_TRUE(missing.empty()) << ::testing::PrintToString(missing);
 }
 
@@ -93,8 +103,8 @@ TEST(OpCoverage, ExemptionsNameRegisteredOpsWithoutCases) {
 // Declared traits agree with what the runtime does with an op.
 TEST(OpCoverage, TraitsMatchTheRuntime) {
   for (const std::string& op : ops::op_names()) {
-    const bool comm = ops::has_trait(op, ops::Trait::collective) ||
-                      ops::has_trait(op, ops::Trait::rank_local);
+    const bool comm =
+        ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::rank_local);
     EXPECT_EQ(comm, runtime::has_collective_kernel(op)) << op;
     if (ops::has_trait(op, ops::Trait::optimizer)) {
       EXPECT_FALSE(ops::op_def(op).inplace.empty()) << op;

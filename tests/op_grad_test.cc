@@ -1,7 +1,9 @@
 // The op harness: for every differentiable op, one small graph with awkward shapes.
 //   forward:  the executor's f32 output against the f64 reference interpreter;
-//   backward: gradients from autodiff (the op's VJP, run by the executor's f32 kernels) against central
-//             finite differences of the f64 reference, on loss = sum_i sum(out_i * R_i) with random R.
+//   backward: gradients from autodiff (the op's VJP, run by the executor's f32 kernels) against
+//   central
+//             finite differences of the f64 reference, on loss = sum_i sum(out_i * R_i) with random
+//             R.
 // Tolerances are per case: |analytic - fd| <= atol + rtol * |fd|; the worst element is printed.
 #include <gtest/gtest.h>
 
@@ -68,8 +70,7 @@ TEST_P(OpGrad, ForwardAndFiniteDifferences) {
     double worst = 0, scale = 1e-30;
     for (size_t i = 0; i < ref[o].size(); ++i) scale = std::max(scale, std::abs(ref[o][i]));
     for (size_t i = 0; i < ref[o].size(); ++i) {
-      double a = v.type.dtype == DType::f32 ? ex.ptr<float>(o)[i]
-                                            : bf16_to_f32(ex.ptr<bf16>(o)[i]);
+      double a = v.type.dtype == DType::f32 ? ex.ptr<float>(o)[i] : bf16_to_f32(ex.ptr<bf16>(o)[i]);
       worst = std::max(worst, std::abs(a - ref[o][i]) / scale);
     }
     EXPECT_LE(worst, c.fwd_tol) << c.name << ": forward %" << v.name << " max error / max |ref|";

@@ -1,5 +1,5 @@
-// Shared by plan_parity_test (ranks as threads) and plan_parity_mpi (ranks under mpirun): the cases,
-// and the one-rank and N-rank runs they compare.
+// Shared by plan_parity_test (ranks as threads) and plan_parity_mpi (ranks under mpirun): the
+// cases, and the one-rank and N-rank runs they compare.
 #pragma once
 
 #include <cmath>
@@ -77,7 +77,7 @@ inline TrainRun train_run(const Config& cfg, const runtime::MeshComms* comms) {
 }
 
 inline std::map<std::string, std::vector<float>> grads_run(const Config& cfg,
-                                                    const runtime::MeshComms* comms) {
+                                                           const runtime::MeshComms* comms) {
   ParamStore p(cfg.model);
   p.init_random(5);
   StepRunner r(cfg, p, StepRunner::Mode::grads, comms);
@@ -102,9 +102,9 @@ inline std::string close(const std::vector<float>& a, const std::vector<float>& 
          std::to_string(b[at]);
 }
 
-// ||a - b|| / ||b||: for parameters and moments after 20 AdamW steps, whose elements with a gradient
-// near AdamW's eps move by up to ~lr/100 when a split changes the order of a sum (a 1-ulp change in
-// a tiny gradient). A misplaced block or a stale shard moves the norm by O(1).
+// ||a - b|| / ||b||: for parameters and moments after 20 AdamW steps, whose elements with a
+// gradient near AdamW's eps move by up to ~lr/100 when a split changes the order of a sum (a 1-ulp
+// change in a tiny gradient). A misplaced block or a stale shard moves the norm by O(1).
 inline std::string close_norm(const std::vector<float>& a, const std::vector<float>& b, double rel,
                               const std::string& what) {
   if (a.size() != b.size()) return what + ": sizes differ";
@@ -131,10 +131,12 @@ inline std::vector<std::string> compare_training(const TrainRun& got, const Trai
   return errs;
 }
 
-inline std::vector<std::string> compare_grads(const std::map<std::string, std::vector<float>>& got,
-                                              const std::map<std::string, std::vector<float>>& ref) {
+inline std::vector<std::string> compare_grads(
+    const std::map<std::string, std::vector<float>>& got,
+    const std::map<std::string, std::vector<float>>& ref) {
   std::vector<std::string> errs;
-  for (const auto& [name, want] : ref) errs.push_back(close(got.at(name), want, 1e-4, 1e-7, "grad " + name));
+  for (const auto& [name, want] : ref)
+    errs.push_back(close(got.at(name), want, 1e-4, 1e-7, "grad " + name));
   std::erase(errs, std::string());
   return errs;
 }
@@ -143,7 +145,6 @@ inline Config single(Config c) {
   c.plan = {};
   return c;
 }
-
 
 // The tactics of the issue, on the tiny Llama, a mid-size one (3 layers, d_model 128, 8 heads), and
 // the tiny GPT-2 (LayerNorm with bias, fused qkv, GELU MLP).
@@ -162,7 +163,8 @@ inline std::vector<Case> cases() {
       {"megatron", "{model=2}", R"([{kind="megatron",axis="model"}])"},
       {"megatron_sequence", "{model=2}", megatron_sequence},
       {"fsdp_megatron_2x2", "{data=2,model=2}", fsdp_megatron},
-      {"shard_lm_head", "{model=2}", R"([{kind="shard",axis="model",pattern="lm_head.weight",dim=0}])"},
+      {"shard_lm_head", "{model=2}",
+       R"([{kind="shard",axis="model",pattern="lm_head.weight",dim=0}])"},
       {"mid_fsdp_megatron_2x2", "{data=2,model=2}", fsdp_megatron, "mid"},
       {"mid_megatron_sequence", "{model=2}", megatron_sequence, "mid"},
       {"gpt2_megatron", "{model=2}", R"([{kind="megatron",axis="model"}])", "gpt2"},

@@ -1,7 +1,7 @@
-// Distributed parity under mpirun: the plan_parity cases whose mesh has as many ranks as this job, run
-// with ranks as MPI processes. Every rank also computes the one-rank reference itself; rank 0 compares
-// and prints one line per case. Exit 0 only if every case ran and matched (a job whose size fits no
-// case fails: nothing is skipped).
+// Distributed parity under mpirun: the plan_parity cases whose mesh has as many ranks as this job,
+// run with ranks as MPI processes. Every rank also computes the one-rank reference itself; rank 0
+// compares and prints one line per case. Exit 0 only if every case ran and matched (a job whose
+// size fits no case fails: nothing is skipped).
 //
 //   mpirun -np 2 plan_parity_mpi      (data, fsdp, zero1, zero2, megatron, megatron+sequence, ...)
 //   mpirun -np 4 plan_parity_mpi      (data4, fsdp x megatron on 2x2, tiny and mid)
@@ -32,10 +32,11 @@ int main() {
       ++ran;
       double worst = 0;
       for (size_t i = 0; i < ref.losses.size(); ++i)
-        worst = std::max(worst, std::abs(double(got.losses[i]) - ref.losses[i]) / std::abs(ref.losses[i]));
+        worst = std::max(worst,
+                         std::abs(double(got.losses[i]) - ref.losses[i]) / std::abs(ref.losses[i]));
       std::printf("%s %s on %d ranks: %zu steps, worst relative loss difference %.2g\n",
-                  errs.empty() ? "ok  " : "FAIL", c.name.c_str(), world->size(),
-                  ref.losses.size(), worst);
+                  errs.empty() ? "ok  " : "FAIL", c.name.c_str(), world->size(), ref.losses.size(),
+                  worst);
       for (const auto& e : errs) std::printf("     %s\n", e.c_str());
       failed += !errs.empty();
     }

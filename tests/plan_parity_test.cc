@@ -1,11 +1,12 @@
-// Distributed parity under the local backend: every tactic's N-rank run (ranks as threads) gives the
-// losses, gradients and parameters of the 1-rank run of the same config (plan_parity.h).
+// Distributed parity under the local backend: every tactic's N-rank run (ranks as threads) gives
+// the losses, gradients and parameters of the 1-rank run of the same config (plan_parity.h).
+#include "plan_parity.h"
+
 #include <gtest/gtest.h>
 
 #include <mutex>
 
 #include "loom/comm/local.h"
-#include "plan_parity.h"
 
 namespace loom::train::parity {
 namespace {
@@ -29,7 +30,8 @@ class PlanParity : public ::testing::TestWithParam<Case> {};
 TEST_P(PlanParity, TrainingMatchesOneRank) {
   Config cfg = config(GetParam());
   TrainRun ref = train_run(single(cfg), nullptr);
-  TrainRun got = on_ranks<TrainRun>(cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+  TrainRun got =
+      on_ranks<TrainRun>(cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
   for (const auto& e : compare_training(got, ref)) ADD_FAILURE() << e;
 }
 

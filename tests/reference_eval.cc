@@ -30,19 +30,30 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
     const std::string& op = n.op;
     int64_t e = out(0).size();
     if (op == "add") {
-      if (shape(0) == shape(1)) ref::add(in(0).data(), in(1).data(), out(0).data(), e);
-      else ref::add_bias(in(0).data(), in(1).data(), out(0).data(), e / shape(1)[0], shape(1)[0]);
-    } else if (op == "mul") ref::mul(in(0).data(), in(1).data(), out(0).data(), e);
-    else if (op == "scale") ref::scale(in(0).data(), n.attr_float("s"), out(0).data(), e);
-    else if (op == "mul_scalar") ref::mul_scalar(in(0).data(), in(1).data(), out(0).data(), e);
-    else if (op == "gelu") ref::gelu_fwd(in(0).data(), out(0).data(), e);
-    else if (op == "swiglu") ref::swiglu_fwd(in(0).data(), in(1).data(), out(0).data(), e);
-    else if (op == "cast" || op == "reshape") out(0) = in(0);
-    else if (op == "sum") ref::sum(in(0).data(), out(0).data(), int64_t(in(0).size()));
-    else if (op == "sumsq") ref::sumsq(in(0).data(), out(0).data(), int64_t(in(0).size()));
+      if (shape(0) == shape(1))
+        ref::add(in(0).data(), in(1).data(), out(0).data(), e);
+      else
+        ref::add_bias(in(0).data(), in(1).data(), out(0).data(), e / shape(1)[0], shape(1)[0]);
+    } else if (op == "mul")
+      ref::mul(in(0).data(), in(1).data(), out(0).data(), e);
+    else if (op == "scale")
+      ref::scale(in(0).data(), n.attr_float("s"), out(0).data(), e);
+    else if (op == "mul_scalar")
+      ref::mul_scalar(in(0).data(), in(1).data(), out(0).data(), e);
+    else if (op == "gelu")
+      ref::gelu_fwd(in(0).data(), out(0).data(), e);
+    else if (op == "swiglu")
+      ref::swiglu_fwd(in(0).data(), in(1).data(), out(0).data(), e);
+    else if (op == "cast" || op == "reshape")
+      out(0) = in(0);
+    else if (op == "sum")
+      ref::sum(in(0).data(), out(0).data(), int64_t(in(0).size()));
+    else if (op == "sumsq")
+      ref::sumsq(in(0).data(), out(0).data(), int64_t(in(0).size()));
     else if (op == "sum_rows")
       ref::sum_rows(in(0).data(), out(0).data(), int64_t(in(0).size()) / e, e);
-    else if (op == "broadcast_scalar") std::fill(out(0).begin(), out(0).end(), in(0)[0]);
+    else if (op == "broadcast_scalar")
+      std::fill(out(0).begin(), out(0).end(), in(0)[0]);
     else if (op == "broadcast_rows") {
       for (size_t i = 0; i < out(0).size(); ++i) out(0)[i] = in(0)[i % in(0).size()];
     } else if (op == "embedding") {
@@ -82,11 +93,13 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
     } else if (op == "cross_entropy") {
       auto t = ids(n.inputs[1]);
       int64_t V = shape(0).back();
-      ref::cross_entropy(in(0).data(), t.data(), out(0).data(), out(1).data(), int64_t(t.size()), V);
+      ref::cross_entropy(in(0).data(), t.data(), out(0).data(), out(1).data(), int64_t(t.size()),
+                         V);
     } else if (op == "transpose") {
       std::vector<int> perm;
       for (int64_t p : n.attr_ints("perm")) perm.push_back(int(p));
-      ref::transpose(in(0).data(), out(0).data(), shape(0).data(), perm.data(), int(perm.size()), 8);
+      ref::transpose(in(0).data(), out(0).data(), shape(0).data(), perm.data(), int(perm.size()),
+                     8);
     } else if (op == "split") {
       const auto& sizes = n.attr_ints("sizes");
       std::vector<double*> ys;

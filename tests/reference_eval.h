@@ -1,7 +1,7 @@
-// A plain f64 interpreter for forward graphs, built on the reference loops (kernels/cpu/reference.h,
-// attention_ref.h). Tests use it as ground truth: forward outputs are compared with the executor's, and
-// finite differences of its loss check every VJP. Rounding ops (cast) are the identity here: their
-// gradient is defined as straight-through.
+// A plain f64 interpreter for forward graphs, built on the reference loops
+// (kernels/cpu/reference.h, attention_ref.h). Tests use it as ground truth: forward outputs are
+// compared with the executor's, and finite differences of its loss check every VJP. Rounding ops
+// (cast) are the identity here: their gradient is defined as straight-through.
 #pragma once
 
 #include <map>

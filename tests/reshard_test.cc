@@ -1,9 +1,7 @@
 // Cross-component (shard + runtime + comm): Mesh and Sharding values, the text form, block copies,
-// and the reshard property: for random shardings A and B of a random tensor, lowering A -> B -> A and
-// running it on local ranks gives back every rank's block of A, and the B stage holds exactly B's
-// blocks (seed printed on failure); an axis moving between dims is one all_to_all.
-#include "loom/shard/sharding.h"
-
+// and the reshard property: for random shardings A and B of a random tensor, lowering A -> B -> A
+// and running it on local ranks gives back every rank's block of A, and the B stage holds exactly
+// B's blocks (seed printed on failure); an axis moving between dims is one all_to_all.
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -15,6 +13,7 @@
 #include "loom/runtime/collectives.h"
 #include "loom/runtime/executor.h"
 #include "loom/shard/lower.h"
+#include "loom/shard/sharding.h"
 
 namespace loom::shard {
 namespace {
@@ -32,7 +31,8 @@ TEST(Mesh, RowMajorCoordinates) {
 }
 
 TEST(Sharding, TextRoundTrips) {
-  for (std::string t : {"{data,_,_}", "{model+data,_}", "{_,_|sum=data}", "{}", "{|sum=data+model}"}) {
+  for (std::string t :
+       {"{data,_,_}", "{model+data,_}", "{_,_|sum=data}", "{}", "{|sum=data+model}"}) {
     Sharding s = parse_sharding(t);
     EXPECT_EQ(to_string(s), t);
   }
@@ -146,8 +146,8 @@ TEST(Reshard, RoundTripRestoresEveryBlock) {
 TEST(Reshard, MovingAnAxisBetweenDimsIsOneAllToAll) {
   std::mt19937 rng(7);
   Mesh m({{"data", 2}, {"model", 2}});
-  auto [text, errors] = round_trip(parse_sharding("{model,data,_}"), parse_sharding("{_,data,model}"),
-                                   m, {4, 8, 6}, rng);
+  auto [text, errors] = round_trip(parse_sharding("{model,data,_}"),
+                                   parse_sharding("{_,data,model}"), m, {4, 8, 6}, rng);
   for (const auto& e : errors) ADD_FAILURE() << e << "\n" << text;
   EXPECT_NE(text.find("all_to_all(%y) {axis = \"model\", concat_dim = 0, n = 2, split_dim = 2}"),
             std::string::npos)
@@ -179,7 +179,8 @@ TEST(Reshard, PartialSumsReduceToTheirTarget) {
     for (size_t i = 0; i < ws.size(); ++i) ws[i] = float(i % 7) - 3;
     for (int r = 0; r < 4; ++r)
       for (int c = 0; c < 8; ++c)
-        for (int k = 0; k < 6; ++k) want[size_t(r * 8 + c)] += xs[size_t(r * 6 + k)] * ws[size_t(c * 6 + k)];
+        for (int k = 0; k < 6; ++k)
+          want[size_t(r * 8 + c)] += xs[size_t(r * 6 + k)] * ws[size_t(c * 6 + k)];
     std::mutex mu;
     std::vector<std::string> errors;
     comm::run_local(2, [&](comm::Communicator& c) {

@@ -5,23 +5,23 @@
 // gradients and optimizer moments, the planned peak and the measured peak RSS.
 //
 // model_flops_per_token = 6 * (matmul params incl. the output head) + 12 * L * T * d_model
-// (training forward+backward; models::train_flops_per_token), so achieved_gflops is comparable across
-// implementations of the same model (it ignores the causal half-saving and recomputation).
+// (training forward+backward; models::train_flops_per_token), so achieved_gflops is comparable
+// across implementations of the same model (it ignores the causal half-saving and recomputation).
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "commands.h"
-#include "ranks.h"
 #include "loom/core/error.h"
 #include "loom/ops/linear.h"
 #include "loom/train/step.h"
+#include "ranks.h"
 
 namespace loom::cli {
 
@@ -58,8 +58,9 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   if (!std::isfinite(loss)) throw Error("bench: the loss is not finite");
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
-  double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                    : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  double median = sorted.size() % 2
+                      ? sorted[sorted.size() / 2]
+                      : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
   double tokens_per_step = double(rows * T);
   double fpt = models::train_flops_per_token(cfg.model, T);
   struct rusage ru;
@@ -91,14 +92,17 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
     comms->world().all_gather(mine.data(), all.data(), int64_t(mine.size() * 8));
     nlohmann::json tactics = nlohmann::json::array();
     for (const auto& t : cfg.plan.plan.tactics) tactics.push_back(t.kind + ":" + t.axis);
-    j["plan"] = {{"mesh", cfg.plan.plan.mesh.to_string()}, {"tactics", tactics},
-                 {"ranks", cfg.plan.ranks}};
+    j["plan"] = {
+        {"mesh", cfg.plan.plan.mesh.to_string()}, {"tactics", tactics}, {"ranks", cfg.plan.ranks}};
   }
   j["per_rank"] = nlohmann::json::array();
   for (size_t r = 0; r < all.size() / mine.size(); ++r) {
     const int64_t* x = &all[r * mine.size()];
-    j["per_rank"].push_back({{"param_bytes", x[0]}, {"grad_bytes", x[1]}, {"moment_bytes", x[2]},
-                             {"planned_peak_bytes", x[3]}, {"peak_rss_bytes", x[4]}});
+    j["per_rank"].push_back({{"param_bytes", x[0]},
+                             {"grad_bytes", x[1]},
+                             {"moment_bytes", x[2]},
+                             {"planned_peak_bytes", x[3]},
+                             {"peak_rss_bytes", x[4]}});
   }
   if (comms && comms->world().rank() != 0) return 0;
   fmt::print("{}\n", j.dump());
@@ -146,7 +150,8 @@ std::function<int()> add_bench(CLI::App& app) {
   s->add_flag("--profile", o->profile, "also print time per op (JSON, to stderr)");
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
-    return run_ranks(cfg, [&](const runtime::MeshComms* comms) { return bench_rank(*o, cfg, comms); });
+    return run_ranks(cfg,
+                     [&](const runtime::MeshComms* comms) { return bench_rank(*o, cfg, comms); });
   };
 }
 

@@ -1,7 +1,8 @@
-// loom data prepare: tokenizes text ahead of training. Splits the input into training and validation
-// text exactly as loom train does for raw text (every val_every-th .txt file by sorted name, or a
-// single file's last 10%), trains a SentencePiece BPE tokenizer of --vocab-size pieces on the training
-// text (--vocab-size 256: byte-level tokens, nothing to train), and writes to --out:
+// loom data prepare: tokenizes text ahead of training. Splits the input into training and
+// validation text exactly as loom train does for raw text (every val_every-th .txt file by sorted
+// name, or a single file's last 10%), trains a SentencePiece BPE tokenizer of --vocab-size pieces
+// on the training text (--vocab-size 256: byte-level tokens, nothing to train), and writes to
+// --out:
 //   train.bin, val.bin   token shards (shard.h)
 //   tokenizer.model      the SentencePiece model (absent for byte-level)
 //   meta.json            vocab_size, tokenizer kind, token counts, source files
@@ -70,7 +71,8 @@ std::function<int()> add_data(CLI::App& app) {
       const std::string prefix = o->out + "/tokenizer.tmp";
       data::Tokenizer::train_bpe(split.train, o->vocab_size, prefix, o->input);
       fs::rename(prefix + ".model", model, ec);
-      if (ec) throw Error(fmt::format("cannot rename {}.model to {}: {}", prefix, model, ec.message()));
+      if (ec)
+        throw Error(fmt::format("cannot rename {}.model to {}: {}", prefix, model, ec.message()));
       fs::rename(prefix + ".vocab", o->out + "/tokenizer.vocab", ec);
     }
     data::Tokenizer tok = bytes ? data::Tokenizer::byte_level() : data::Tokenizer::load(model);

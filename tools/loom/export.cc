@@ -11,12 +11,13 @@
 // so that `LlamaForCausalLM.from_pretrained(OUT_DIR)` (or GPT2LMHeadModel) loads it unchanged, and
 // `[model] init = "OUT_DIR"` starts a new Loom run from it.
 //
-// Not done here: tokenizer files (Loom's tokens are bytes; there is no tokenizer.json to write), bf16
-// or sharded output, optimizer state.
+// Not done here: tokenizer files (Loom's tokens are bytes; there is no tokenizer.json to write),
+// bf16 or sharded output, optimizer state.
 //
-// Invariant: each file in OUT_DIR is either its old self or complete: both are written to a temporary
-// name in OUT_DIR, fsynced and renamed into place. The weights pass through ParamStore::load, so a
-// checkpoint whose tensors do not match the run's config is an error, never a silently bad export.
+// Invariant: each file in OUT_DIR is either its old self or complete: both are written to a
+// temporary name in OUT_DIR, fsynced and renamed into place. The weights pass through
+// ParamStore::load, so a checkpoint whose tensors do not match the run's config is an error, never
+// a silently bad export.
 #include <fmt/format.h>
 
 #include <filesystem>

@@ -50,8 +50,8 @@ std::function<int()> add_inspect(CLI::App& app) {
     const shard::Plan& plan = cfg.plan.plan;
     if (stage >= passes::Stage::sharded && !plan.empty() &&
         (o->rank < 0 || o->rank >= plan.mesh.size()))
-      throw Error(fmt::format("--rank {}: the mesh {} has ranks 0..{}", o->rank, plan.mesh.to_string(),
-                              plan.mesh.size() - 1));
+      throw Error(fmt::format("--rank {}: the mesh {} has ranks 0..{}", o->rank,
+                              plan.mesh.to_string(), plan.mesh.size() - 1));
     const passes::Compilation c =
         passes::compile(train::step_options(cfg, passes::StepKind::train, plan.mesh.size()), stage);
     if (stage <= passes::Stage::train) {
@@ -67,7 +67,8 @@ std::function<int()> add_inspect(CLI::App& app) {
     }
     std::string coords;
     for (const auto& [axis, n] : plan.mesh.axes())
-      coords += fmt::format("{}{} = {}", coords.empty() ? "" : ", ", axis, plan.mesh.coord(o->rank, axis));
+      coords += fmt::format("{}{} = {}", coords.empty() ? "" : ", ", axis,
+                            plan.mesh.coord(o->rank, axis));
     fmt::print("# rank {} of {}: {{{}}}\n", o->rank, plan.mesh.size(), coords);
     // what one step moves: per axis and collective, the count and the bytes of the whole buffer
     // (all_gather: what arrives; reduce_scatter, all_reduce, all_to_all: what goes in)
@@ -86,7 +87,8 @@ std::function<int()> add_inspect(CLI::App& app) {
     for (const auto& [axis, ops] : moved) {
       std::string line;
       for (const auto& [op, e] : ops)
-        line += fmt::format("{}{} x{} ({:.3g} MB)", line.empty() ? "" : ", ", op, e.first, e.second / 1e6);
+        line += fmt::format("{}{} x{} ({:.3g} MB)", line.empty() ? "" : ", ", op, e.first,
+                            e.second / 1e6);
       fmt::print("# axis {}: {}\n", axis, line);
     }
     fmt::print("{}", ir::print(pg));

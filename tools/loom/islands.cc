@@ -4,7 +4,8 @@
 //
 //   RUN/server/      the server's state (outer_state.safetensors), port and log.txt
 //   RUN/island_I/    each island's run directory (metrics.jsonl, checkpoints) and log.txt
-//   RUN/summary.json val_loss of the global parameters, version, bytes, wall time, per-island figures
+//   RUN/summary.json val_loss of the global parameters, version, bytes, wall time, per-island
+//   figures
 //
 // The shared token is $LOOM_OUTER_TOKEN when set (or [outer] token_file), else a fresh random one
 // handed to the children in their environment. Each island gets OMP_NUM_THREADS = cores / N unless
@@ -86,7 +87,8 @@ std::function<int()> add_islands(CLI::App& app) {
   s->add_option("config", o->config, "config TOML with an [outer] section")->required();
   s->add_option("--islands", o->islands, "number of islands")->check(CLI::Range(1, 256));
   s->add_option("--run-dir", o->run_dir, "default runs/<config>-islands");
-  s->add_option("--slow", o->slow, "I=F: island I takes F times as long per step (loom train --slowdown)");
+  s->add_option("--slow", o->slow,
+                "I=F: island I takes F times as long per step (loom train --slowdown)");
   s->add_option("--set", o->sets, "override a config key of server and islands: section.key=value");
   return [o]() {
     auto sets = o->sets;
@@ -114,8 +116,9 @@ std::function<int()> add_islands(CLI::App& app) {
                   "point it at a text file, a directory of .txt files, or a loom data prepare "
                   "directory");
     data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, cfg.train.seq_len);
-    const std::string run =
-        o->run_dir.empty() ? "runs/" + fs::path(o->config).stem().string() + "-islands" : o->run_dir;
+    const std::string run = o->run_dir.empty()
+                                ? "runs/" + fs::path(o->config).stem().string() + "-islands"
+                                : o->run_dir;
     const std::string sdir = run + "/server";
     if (fs::exists(outer::state_file(sdir)))
       throw Error(fmt::format("run dir {} already holds a run ({})", run, outer::state_file(sdir)),
@@ -127,7 +130,8 @@ std::function<int()> add_islands(CLI::App& app) {
       ::setenv("LOOM_OUTER_TOKEN", random_token().c_str(), 1);
     if (!std::getenv("OMP_NUM_THREADS")) {
       unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-      ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1u, hw / unsigned(o->islands))).c_str(), 1);
+      ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1u, hw / unsigned(o->islands))).c_str(),
+               1);
     }
     ::setenv("OMP_WAIT_POLICY", "passive", 0);
     const std::string exe = fs::read_symlink("/proc/self/exe").string();
@@ -154,7 +158,8 @@ std::function<int()> add_islands(CLI::App& app) {
       if (in >> port) break;
       int st;
       if (::waitpid(server, &st, WNOHANG) == server)
-        throw Error(fmt::format("the outer server exited before listening:\n{}", tail(sdir + "/log.txt")));
+        throw Error(
+            fmt::format("the outer server exited before listening:\n{}", tail(sdir + "/log.txt")));
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     if (port == 0) {
@@ -177,10 +182,10 @@ std::function<int()> add_islands(CLI::App& app) {
       ::waitpid(kids[size_t(i)], &st, 0);
       if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         std::string log = fmt::format("{}/island_{}/log.txt", run, i);
-        failed.push_back(fmt::format("island {} ({}):\n{}", i,
-                                     WIFSIGNALED(st) ? strsignal(WTERMSIG(st))
-                                                     : fmt::format("exit {}", WEXITSTATUS(st)),
-                                     tail(log)));
+        failed.push_back(fmt::format(
+            "island {} ({}):\n{}", i,
+            WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : fmt::format("exit {}", WEXITSTATUS(st)),
+            tail(log)));
       }
     }
     kids.clear();
@@ -190,7 +195,8 @@ std::function<int()> add_islands(CLI::App& app) {
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!failed.empty()) {
       for (const auto& f : failed) fmt::print(stderr, "{}\n", f);
-      throw Error(fmt::format("{} of {} islands failed; logs in {}", failed.size(), o->islands, run));
+      throw Error(
+          fmt::format("{} of {} islands failed; logs in {}", failed.size(), o->islands, run));
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
       throw Error(fmt::format("the outer server failed:\n{}", tail(sdir + "/log.txt")));
@@ -225,17 +231,22 @@ std::function<int()> add_islands(CLI::App& app) {
       }
       islands.push_back(isl);
     }
-    nlohmann::json summary{{"islands", o->islands},      {"mode", mode},
+    nlohmann::json summary{{"islands", o->islands},
+                           {"mode", mode},
                            {"inner_steps", cfg.outer.inner_steps},
-                           {"compress", cfg.outer.compress}, {"version", version},
+                           {"compress", cfg.outer.compress},
+                           {"version", version},
                            {"parameters", params.total_elements()},
-                           {"val_loss", val},           {"bytes_sent", sent},
-                           {"bytes_received", received},   {"wall_s", wall},
+                           {"val_loss", val},
+                           {"bytes_sent", sent},
+                           {"bytes_received", received},
+                           {"wall_s", wall},
                            {"per_island", islands}};
     write_file_atomic(run + "/summary.json", summary.dump(2) + "\n");
-    fmt::print("{} islands, {} mode, H = {}: global parameters at version {}: val loss {:.4f}; "
-               "{} bytes sent, {} received; {:.1f} s; {}/summary.json\n",
-               o->islands, mode, cfg.outer.inner_steps, version, val, sent, received, wall, run);
+    fmt::print(
+        "{} islands, {} mode, H = {}: global parameters at version {}: val loss {:.4f}; "
+        "{} bytes sent, {} received; {:.1f} s; {}/summary.json\n",
+        o->islands, mode, cfg.outer.inner_steps, version, val, sent, received, wall, run);
     return 0;
   };
 }

@@ -17,7 +17,8 @@
 namespace {
 
 #ifndef LOOM_TEXT_TOOLS
-// `loom data ...` / `loom sample ...`: replaces this process with loom-text from the same directory.
+// `loom data ...` / `loom sample ...`: replaces this process with loom-text from the same
+// directory.
 [[noreturn]] void run_text_tools(char** argv) {
   std::error_code ec;
   auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -32,8 +33,8 @@ namespace {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // A write past a file-size limit then fails with EFBIG, reported like any failed write, instead of
-  // killing the process mid-checkpoint.
+  // A write past a file-size limit then fails with EFBIG, reported like any failed write, instead
+  // of killing the process mid-checkpoint.
   std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"Loom: train transformer language models on one machine or many"};
   app.require_subcommand(1);

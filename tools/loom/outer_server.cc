@@ -1,7 +1,8 @@
 // loom outer-server: the outer sync service for DiLoCo and asynchronous Local-SGD islands
 // (src/loom/outer/server.h). It reads the same config as the islands: [model] for the parameters'
 // names and shapes (and their initial values: [train] seed, or [model] init), [outer] for the mode,
-// the outer optimizer, H, the lease and the token. SIGTERM or SIGINT stops it after writing its state.
+// the outer optimizer, H, the lease and the token. SIGTERM or SIGINT stops it after writing its
+// state.
 #include <fmt/format.h>
 #include <signal.h>
 
@@ -26,8 +27,8 @@ std::function<int()> add_outer_server(CLI::App& app) {
     std::vector<std::string> sets;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* s = app.add_subcommand("outer-server",
-                                   "serve the global parameters to DiLoCo / async Local-SGD islands");
+  CLI::App* s = app.add_subcommand(
+      "outer-server", "serve the global parameters to DiLoCo / async Local-SGD islands");
   s->add_option("config", o->config, "config TOML (the islands' [model] and [outer])")->required();
   s->add_option("--listen", o->listen, "address to listen on (port 0: any free port)")
       ->capture_default_str();
@@ -73,7 +74,8 @@ std::function<int()> add_outer_server(CLI::App& app) {
     sc.tls_key = cfg.outer.tls_key;
     std::error_code ec;
     fs::create_directories(sc.state_dir, ec);
-    if (ec) throw Error(fmt::format("--state-dir {}: cannot create ({})", sc.state_dir, ec.message()));
+    if (ec)
+      throw Error(fmt::format("--state-dir {}: cannot create ({})", sc.state_dir, ec.message()));
 
     outer::OuterServer server(sc, std::move(initial));
     int port = server.start(o->listen);

@@ -28,12 +28,13 @@ int run_ranks(const train::Config& cfg, const std::function<int(const runtime::M
     return 0;
   }
   if (!comm::MpiSession::launched_by_mpirun())
-    throw Error(fmt::format("{}: the mesh {} has {} ranks and ranks = \"mpi\", but this process was "
-                            "not started by mpirun",
-                            plan.where, plan.mesh.to_string(), n),
-                fmt::format("run mpirun -np {} loom ..., or set [plan] ranks = \"local\" to run the "
-                            "ranks as threads of this process",
-                            n));
+    throw Error(
+        fmt::format("{}: the mesh {} has {} ranks and ranks = \"mpi\", but this process was "
+                    "not started by mpirun",
+                    plan.where, plan.mesh.to_string(), n),
+        fmt::format("run mpirun -np {} loom ..., or set [plan] ranks = \"local\" to run the "
+                    "ranks as threads of this process",
+                    n));
   comm::MpiSession session;
   auto world = comm::mpi_world();
   if (world->size() != n)

@@ -4,8 +4,8 @@
 //                        threads shared out among them
 //   ranks = "mpi"        this process is one rank of an mpirun job (comm/mpi.h)
 // The plan is checked first, in this process (its errors name the tactic, value and axis, with no
-// rank prefix). An error on one rank stops all of them: a local rank's error is rethrown naming the rank; an MPI
-// rank prints it and aborts the job (the others may be waiting in a collective).
+// rank prefix). An error on one rank stops all of them: a local rank's error is rethrown naming the
+// rank; an MPI rank prints it and aborts the job (the others may be waiting in a collective).
 #pragma once
 
 #include <functional>

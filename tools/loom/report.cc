@@ -1,10 +1,11 @@
 // loom report: turns a run directory's metrics.jsonl into one self-contained HTML page: a summary
-// header, four inline SVG line plots against step (train/val loss, learning rate, tokens/s, gradient
-// norm) and the run's config.toml.
+// header, four inline SVG line plots against step (train/val loss, learning rate, tokens/s,
+// gradient norm) and the run's config.toml.
 //
 // It does not read checkpoints, run JavaScript, or fetch anything: the page is one file with no
-// external references, so it can be mailed or opened offline. Invariant: the output file is either the
-// previous one or the complete new one (written to a temporary file, fsynced, then renamed), never half a page.
+// external references, so it can be mailed or opened offline. Invariant: the output file is either
+// the previous one or the complete new one (written to a temporary file, fsynced, then renamed),
+// never half a page.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -46,7 +47,8 @@ std::vector<Row> read_metrics(const std::string& path) {
   while (last > 0 && blank(lines[last - 1])) --last;  // lines[last-1] is the last non-blank line
 
   const std::string hint =
-      "each line must be one JSON object with at least \"step\" and \"loss\" (as loom train writes); "
+      "each line must be one JSON object with at least \"step\" and \"loss\" (as loom train "
+      "writes); "
       "only a torn last line, left by a crash, is skipped";
   std::vector<Row> rows;
   for (size_t i = 0; i < last; ++i) {
@@ -80,21 +82,24 @@ std::vector<Row> read_metrics(const std::string& path) {
                        .tokens_per_s = number("tokens_per_s", false),
                        .val_loss = number("val_loss", false)});
   }
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.step < b.step; });
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const Row& a, const Row& b) { return a.step < b.step; });
   std::vector<Row> out;
   for (const Row& r : rows) {
-    if (!out.empty() && out.back().step == r.step) out.back() = r;
-    else out.push_back(r);
+    if (!out.empty() && out.back().step == r.step)
+      out.back() = r;
+    else
+      out.push_back(r);
   }
   return out;
 }
 
 using Points = std::vector<std::pair<double, double>>;  // (step, value), sorted by step
 
-// Keeps at most `max_points` of `p`: the first and last point, and between them each bucket's minimum
-// and maximum in their original order, so spikes survive (a plain stride would drop them).
-// Example: 10 points, max_points 6 -> first, last, and 2 buckets of 4 points (indices 1-4, 5-8), each
-// contributing its min and max: 6 points.
+// Keeps at most `max_points` of `p`: the first and last point, and between them each bucket's
+// minimum and maximum in their original order, so spikes survive (a plain stride would drop them).
+// Example: 10 points, max_points 6 -> first, last, and 2 buckets of 4 points (indices 1-4, 5-8),
+// each contributing its min and max: 6 points.
 Points downsample(const Points& p, size_t max_points) {
   if (p.size() <= max_points) return p;
   const size_t inner = p.size() - 2, buckets = (max_points - 2) / 2;
@@ -113,16 +118,18 @@ Points downsample(const Points& p, size_t max_points) {
   return out;
 }
 
-// A linear axis whose ends and ticks are round numbers (1, 2 or 5 times a power of ten), covering the
-// data: Heckbert's "nice numbers", loose labelling. Example: data 1.37..5.52 -> 1, 2, ..., 6.
+// A linear axis whose ends and ticks are round numbers (1, 2 or 5 times a power of ten), covering
+// the data: Heckbert's "nice numbers", loose labelling. Example: data 1.37..5.52 -> 1, 2, ..., 6.
 struct Axis {
   double lo, hi, step;
 };
 
 double nice(double x, bool round) {
   double e = std::floor(std::log10(x)), f = x / std::pow(10.0, e), n;
-  if (round) n = f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10;
-  else n = f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10;
+  if (round)
+    n = f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10;
+  else
+    n = f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10;
   return n * std::pow(10.0, e);
 }
 
@@ -140,7 +147,9 @@ Axis nice_axis(double lo, double hi, int ticks, double min_step = 0) {
 std::string tick_label(double v, const Axis& a) {
   if (std::abs(v) < a.step * 1e-6) return "0";
   const double big = std::max(std::abs(a.lo), std::abs(a.hi));
-  auto decimals = [](double step) { return std::max(0, -int(std::floor(std::log10(step) + 1e-9))); };
+  auto decimals = [](double step) {
+    return std::max(0, -int(std::floor(std::log10(step) + 1e-9)));
+  };
   if (big >= 1e4) {
     double div = big >= 1e7 ? 1e6 : 1e3;
     return fmt::format("{:.{}f}{}", v / div, decimals(a.step / div), big >= 1e7 ? "M" : "k");
@@ -163,11 +172,20 @@ std::string esc(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -178,8 +196,8 @@ constexpr double kW = 600, kH = 260, kLeft = 64, kRight = 16, kTop = 30, kBottom
 
 // One plot as an inline <svg>: frame, grid, round-number ticks, axis titles, a legend when there is
 // more than one series, each series a <polyline> (and <circle> markers when asked).
-std::string svg_plot(const std::string& title, const std::string& ytitle, std::vector<Series> series,
-                     bool include_zero) {
+std::string svg_plot(const std::string& title, const std::string& ytitle,
+                     std::vector<Series> series, bool include_zero) {
   double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
   for (Series& s : series) {
     s.pts = downsample(s.pts, kMaxPoints);
@@ -197,8 +215,10 @@ std::string svg_plot(const std::string& title, const std::string& ytitle, std::v
   if (!std::isfinite(xmin)) {
     o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", px0,
                      py0, px1 - px0, py1 - py0);
-    o += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" class=\"none\">not logged"
-                     "</text>\n</svg>\n", (px0 + px1) / 2, (py0 + py1) / 2);
+    o += fmt::format(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" class=\"none\">not logged"
+        "</text>\n</svg>\n",
+        (px0 + px1) / 2, (py0 + py1) / 2);
     return o;
   }
   if (include_zero) ymin = std::min(ymin, 0.0), ymax = std::max(ymax, 0.0);
@@ -207,37 +227,46 @@ std::string svg_plot(const std::string& title, const std::string& ytitle, std::v
   auto Y = [&](double y) { return py1 - (y - ay.lo) / (ay.hi - ay.lo) * (py1 - py0); };
 
   // grid and tick labels; ticks are counted, not accumulated, so rounding cannot add or drop one
-  const int nx = int(std::lround((ax.hi - ax.lo) / ax.step)), ny = int(std::lround((ay.hi - ay.lo) / ay.step));
+  const int nx = int(std::lround((ax.hi - ax.lo) / ax.step)),
+            ny = int(std::lround((ay.hi - ay.lo) / ay.step));
   for (int i = 0; i <= nx; ++i) {
     double v = ax.lo + i * ax.step, x = X(v);
-    o += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" class=\"grid\"/>"
-                     "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
-                     x, py0, py1 + 4, py1 + 16, tick_label(v, ax));
+    o += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" class=\"grid\"/>"
+        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
+        x, py0, py1 + 4, py1 + 16, tick_label(v, ax));
   }
   for (int i = 0; i <= ny; ++i) {
     double v = ay.lo + i * ay.step, y = Y(v);
-    o += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" class=\"grid\"/>"
-                     "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
-                     px0 - 4, y, px1, px0 - 7, y + 4, tick_label(v, ay));
+    o += fmt::format(
+        "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" class=\"grid\"/>"
+        "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
+        px0 - 4, y, px1, px0 - 7, y + 4, tick_label(v, ay));
   }
-  o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", px0, py0,
-                   px1 - px0, py1 - py0);
+  o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", px0,
+                   py0, px1 - px0, py1 - py0);
   o += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" class=\"axis\">step</text>\n",
                    (px0 + px1) / 2, kH - 8);
-  o += fmt::format("<text transform=\"translate(14 {}) rotate(-90)\" text-anchor=\"middle\" "
-                   "class=\"axis\">{}</text>\n", (py0 + py1) / 2, esc(ytitle));
+  o += fmt::format(
+      "<text transform=\"translate(14 {}) rotate(-90)\" text-anchor=\"middle\" "
+      "class=\"axis\">{}</text>\n",
+      (py0 + py1) / 2, esc(ytitle));
 
   for (const Series& s : series) {
     if (s.pts.empty()) continue;
     std::string pts;
     for (auto [x, y] : s.pts) pts += fmt::format("{:.1f},{:.1f} ", X(x), Y(y));
     pts.pop_back();
-    o += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" "
-                     "stroke-linejoin=\"round\" points=\"{}\"/>\n", s.color, pts);
+    o += fmt::format(
+        "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" "
+        "stroke-linejoin=\"round\" points=\"{}\"/>\n",
+        s.color, pts);
     if (s.markers)
       for (auto [x, y] : s.pts)
-        o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"><title>step {}: "
-                         "{:.4f}</title></circle>\n", X(x), Y(y), s.color, int64_t(x), y);
+        o += fmt::format(
+            "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"><title>step {}: "
+            "{:.4f}</title></circle>\n",
+            X(x), Y(y), s.color, int64_t(x), y);
   }
   if (series.size() > 1) {  // legend, top right inside the frame
     size_t longest = 0;
@@ -248,8 +277,10 @@ std::string svg_plot(const std::string& title, const std::string& ytitle, std::v
                      lx - 6, ly - 4, lw, 16 * series.size() + 4);
     for (size_t i = 0; i < series.size(); ++i) {
       double y = ly + 16 * double(i) + 6;
-      o += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" "
-                       "stroke-width=\"2\"/>", lx, y, lx + 20, series[i].color);
+      o += fmt::format(
+          "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" "
+          "stroke-width=\"2\"/>",
+          lx, y, lx + 20, series[i].color);
       if (series[i].markers)
         o += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"/>", lx + 10, y,
                          series[i].color);
@@ -271,7 +302,8 @@ std::string fixed(double v, int decimals) {
   return std::isfinite(v) ? fmt::format("{:.{}f}", v, decimals) : "&mdash;";
 }
 
-constexpr const char* kStyle = R"(body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; }
+constexpr const char* kStyle =
+    R"(body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; }
 h1 { font-size: 20px; margin: 0 0 12px; word-break: break-all; }
 h2 { font-size: 16px; margin: 24px 0 8px; }
 table.summary td { padding: 2px 16px 2px 0; } table.summary td:first-child { color: #666; }
@@ -319,7 +351,8 @@ std::string page_head(const std::string& title) {
       esc(title), kStyle);
 }
 
-std::string render(const std::string& run_dir, const std::vector<Row>& rows, const std::string* config) {
+std::string render(const std::string& run_dir, const std::vector<Row>& rows,
+                   const std::string* config) {
   Curves c = curves(rows);
   const Row& fin = rows.back();
   std::string o = page_head(run_dir);
@@ -332,14 +365,16 @@ std::string render(const std::string& run_dir, const std::vector<Row>& rows, con
       c.last_val ? fmt::format("{} (step {})", fixed(c.last_val->val_loss, 4), c.last_val->step)
                  : "&mdash;");
   if (c.best_val)
-    row("best val loss", fmt::format("{} (step {})", fixed(c.best_val->val_loss, 4), c.best_val->step));
+    row("best val loss",
+        fmt::format("{} (step {})", fixed(c.best_val->val_loss, 4), c.best_val->step));
   row("median tokens/s", fixed(median(c.tps_all), 0));
   o += "</table>\n<div class=\"plots\">\n";
   o += svg_plot("loss", "loss",
                 {{.name = "train", .color = "#1f77b4", .pts = std::move(c.loss)},
                  {.name = "val", .color = "#ff7f0e", .pts = std::move(c.val), .markers = true}},
                 false);
-  o += svg_plot("learning rate", "lr", {{.name = "lr", .color = "#2ca02c", .pts = std::move(c.lr)}}, true);
+  o += svg_plot("learning rate", "lr", {{.name = "lr", .color = "#2ca02c", .pts = std::move(c.lr)}},
+                true);
   o += svg_plot("throughput", "tokens/s",
                 {{.name = "tokens/s", .color = "#9467bd", .pts = std::move(c.tps)}}, true);
   o += svg_plot("gradient norm", "grad norm (before clipping)",
@@ -350,7 +385,8 @@ std::string render(const std::string& run_dir, const std::vector<Row>& rows, con
 }
 
 // Several runs on one page: a summary row per run and their train and validation losses overlaid.
-std::string render_compare(const std::vector<std::string>& names, const std::vector<std::vector<Row>>& runs) {
+std::string render_compare(const std::vector<std::string>& names,
+                           const std::vector<std::vector<Row>>& runs) {
   static const char* palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
                                   "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
   std::string o = page_head(fmt::format("{} runs", runs.size()));
@@ -359,10 +395,11 @@ std::string render_compare(const std::vector<std::string>& names, const std::vec
   std::vector<Series> train, val;
   for (size_t i = 0; i < runs.size(); ++i) {
     Curves c = curves(runs[i]);
-    o += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
-                     esc(names[i]), runs[i].back().step, fixed(runs[i].back().loss, 4),
-                     fixed(c.last_val ? c.last_val->val_loss : NAN, 4),
-                     fixed(c.best_val ? c.best_val->val_loss : NAN, 4), fixed(median(c.tps_all), 0));
+    o +=
+        fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+                    esc(names[i]), runs[i].back().step, fixed(runs[i].back().loss, 4),
+                    fixed(c.last_val ? c.last_val->val_loss : NAN, 4),
+                    fixed(c.best_val ? c.best_val->val_loss : NAN, 4), fixed(median(c.tps_all), 0));
     const char* color = palette[i % std::size(palette)];
     train.push_back({.name = names[i], .color = color, .pts = std::move(c.loss)});
     val.push_back({.name = names[i], .color = color, .pts = std::move(c.val), .markers = true});
@@ -400,8 +437,7 @@ std::function<int()> add_report(CLI::App& app) {
                 "the HTML file to write (default RUN_DIR/report.html; required for several runs)");
   return [o]() {
     if (o->run_dirs.size() > 1) {
-      if (o->out.empty())
-        throw Error("loom report: comparing several runs needs --out FILE.html");
+      if (o->out.empty()) throw Error("loom report: comparing several runs needs --out FILE.html");
       std::vector<std::string> names;
       std::vector<std::vector<Row>> runs;
       for (const auto& run : o->run_dirs) {

@@ -76,8 +76,8 @@ struct Sampler {
   }
 };
 
-// The run's tokenizer: RUN_DIR/tokenizer.model, else the one in its [data] path (a loom data prepare
-// directory), else bytes.
+// The run's tokenizer: RUN_DIR/tokenizer.model, else the one in its [data] path (a loom data
+// prepare directory), else bytes.
 data::Tokenizer run_tokenizer(const std::string& run, const std::string& data_path) {
   std::error_code ec;
   if (fs::is_regular_file(run + "/tokenizer.model", ec))
@@ -113,8 +113,7 @@ std::function<int()> add_sample(CLI::App& app) {
     int64_t seed = 0;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* s =
-      app.add_subcommand("sample", "generate text from a trained run");
+  CLI::App* s = app.add_subcommand("sample", "generate text from a trained run");
   s->add_option("run_dir", o->run_dir, "run directory written by loom train")->required();
   s->add_option("--prompt", o->prompt, "text to continue (empty: start from a newline)");
   s->add_option("--max-tokens", o->max_tokens, "tokens to generate (bytes for byte-level runs)")
@@ -180,8 +179,8 @@ std::function<int()> add_sample(CLI::App& app) {
       const float* row = runner.logits() + (len - 1) * V;  // logits (1,T,V), row len-1
       for (int v = 0; v < n; ++v)
         if (!std::isfinite(row[v]))
-          throw Error(fmt::format("weights {}: the logits are not finite ({} for token {})", weights,
-                                  row[v], v),
+          throw Error(fmt::format("weights {}: the logits are not finite ({} for token {})",
+                                  weights, row[v], v),
                       "the checkpoint is corrupt or the run diverged; try an earlier checkpoint");
       const int next = sampler.next(row, n);
       context.push_back(next);

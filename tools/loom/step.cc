@@ -2,12 +2,13 @@
 // parameter's gradient under its Hugging Face name. The door for checking Loom against any other
 // implementation. It reads only the config's [model]: the batch and sequence length come from the
 // tokens file.
+#include "loom/train/step.h"
+
 #include <fmt/format.h>
 
 #include "commands.h"
 #include "loom/core/error.h"
 #include "loom/core/safetensors.h"
-#include "loom/train/step.h"
 
 namespace loom::cli {
 
@@ -21,7 +22,8 @@ std::function<int()> add_step(CLI::App& app) {
   s->add_option("--config", o->config, "config TOML ([model] is used)")->required();
   s->add_option("--weights", o->weights, "weights (safetensors, Hugging Face names)")->required();
   s->add_option("--tokens", o->tokens, "safetensors with i32 'tokens' [B, T+1]")->required();
-  s->add_option("--out", o->out, "output safetensors: loss and a gradient per parameter")->required();
+  s->add_option("--out", o->out, "output safetensors: loss and a gradient per parameter")
+      ->required();
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets, train::ConfigUse::model_only);

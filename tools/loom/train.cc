@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "ranks.h"
 #include "loom/outer/island.h"
 #include "loom/train/loop.h"
+#include "ranks.h"
 
 namespace loom::cli {
 
@@ -45,10 +45,11 @@ class IslandSync : public train::OuterSync {
             {"wait_s", island_->wait_s()}};
   }
   std::string summary() const override {
-    return fmt::format("island {}: {} outer rounds, {} bytes sent, {} received, {:.1f} s waiting for "
-                       "the server",
-                       island_->id(), island_->rounds(), island_->bytes_sent(),
-                       island_->bytes_received(), island_->wait_s());
+    return fmt::format(
+        "island {}: {} outer rounds, {} bytes sent, {} received, {:.1f} s waiting for "
+        "the server",
+        island_->id(), island_->rounds(), island_->bytes_sent(), island_->bytes_received(),
+        island_->wait_s());
   }
 
  private:
@@ -67,7 +68,8 @@ std::function<int()> add_train(CLI::App& app) {
   CLI::App* s = app.add_subcommand(
       "train", "train a model on text (byte-level tokens) or on loom data prepare's token shards");
   s->add_option("config", o->config, "config TOML")->required();
-  s->add_option("--run-dir", o->run_dir, "where metrics and checkpoints go (default runs/<config>)");
+  s->add_option("--run-dir", o->run_dir,
+                "where metrics and checkpoints go (default runs/<config>)");
   s->add_option("--resume", o->resume, "auto: continue from the newest complete checkpoint")
       ->check(CLI::IsMember({"auto"}));
   s->add_option("--set", o->sets, "override a config key: section.key=value");
@@ -76,7 +78,8 @@ std::function<int()> add_train(CLI::App& app) {
       ->check(CLI::Range(1.0, 1000.0));
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
-    train::RunOptions opts{.run_dir = o->run_dir, .resume = !o->resume.empty(), .slowdown = o->slowdown};
+    train::RunOptions opts{
+        .run_dir = o->run_dir, .resume = !o->resume.empty(), .slowdown = o->slowdown};
     opts.join_outer = [&cfg](train::ParamStore& params, const std::string& run_dir) {
       return std::unique_ptr<train::OuterSync>(std::make_unique<IslandSync>(cfg, params, run_dir));
     };

@@ -64,8 +64,8 @@ std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& 
       if (p.op != "cast" || g.value(p.inputs[0]).kind == ir::ValueKind::node) continue;
       auto it = recast.find(in);
       if (it == recast.end()) {
-        std::string name = g.value(p.inputs[0]).name + ".bwd." +
-                           std::string(dtype_name(g.value(in).type.dtype));
+        std::string name =
+            g.value(p.inputs[0]).name + ".bwd." + std::string(dtype_name(g.value(in).type.dtype));
         it = recast.emplace(in, b.emit1("cast", {p.inputs[0]}, p.attrs, name)).first;
       }
       in = it->second;

@@ -1,9 +1,10 @@
 // Reverse-mode autodiff over a Graph, and the training-step graph built with it.
 //
-// gradients() walks the nodes that lie on a path from a wanted value to the loss, last to first, asks
-// each op's VJP for the gradients of its inputs, and sums contributions when a value is used more than
-// once. It appends the backward nodes to the same graph, so forward values stay available to it.
-// Not here: second derivatives (backward ops have no VJP), control flow (there is none in the IR).
+// gradients() walks the nodes that lie on a path from a wanted value to the loss, last to first,
+// asks each op's VJP for the gradients of its inputs, and sums contributions when a value is used
+// more than once. It appends the backward nodes to the same graph, so forward values stay available
+// to it. Not here: second derivatives (backward ops have no VJP), control flow (there is none in
+// the IR).
 #pragma once
 
 #include <map>
@@ -18,8 +19,8 @@ namespace loom::autodiff {
 // Returns value id -> gradient id for every id in `wrt` (an f32 scalar `loss` is seeded with 1). A
 // gradient has its value's shape and dtype, except that a bf16 value's gradient may be f32 (wider);
 // VJPs cast an incoming gradient to the dtype their backward kernel needs.
-// Gradients of params are named "grad.<param name>". Throws loom::Error naming a value in `wrt` that
-// does not reach the loss.
+// Gradients of params are named "grad.<param name>". Throws loom::Error naming a value in `wrt`
+// that does not reach the loss.
 std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& wrt);
 
 // AdamW's first (m) and second (v) moment: the graph's state "adam.m.P" / "adam.v.P" of param P.
@@ -33,9 +34,9 @@ struct AdamWConfig {
 };
 
 // Turns a forward graph (params, inputs, a scalar loss) into one training step: forward, loss,
-// backward, global-norm clipping, AdamW. Adds graph inputs "optim.hyper" f32[3] = {lr, 1-b1^t, 1-b2^t}
-// and, per param P, states "adam.m.P" and "adam.v.P". Weight decay applies to params of rank >= 2
-// only. Graph outputs become: loss, grad_norm.
+// backward, global-norm clipping, AdamW. Adds graph inputs "optim.hyper" f32[3] = {lr, 1-b1^t,
+// 1-b2^t} and, per param P, states "adam.m.P" and "adam.v.P". Weight decay applies to params of
+// rank >= 2 only. Graph outputs become: loss, grad_norm.
 struct TrainStep {
   int loss = -1, grad_norm = -1, hyper = -1;
   std::map<std::pair<int, Moment>, int> moments;  // (param id, moment) -> state id

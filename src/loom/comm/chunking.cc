@@ -27,7 +27,8 @@ void chunked_all_gather(const void* in, void* out, int64_t bytes, int size, int6
   std::vector<char> tmp(size_t(size) * size_t(max_n));
   for_each_piece(bytes, max_n, [&](int64_t off, int64_t n) {
     primitive(src + off, tmp.data(), n);  // tmp: (size, n)
-    for (int r = 0; r < size; ++r) std::memcpy(dst + r * bytes + off, tmp.data() + r * n, size_t(n));
+    for (int r = 0; r < size; ++r)
+      std::memcpy(dst + r * bytes + off, tmp.data() + r * n, size_t(n));
   });
 }
 
@@ -57,9 +58,11 @@ void chunked_all_to_all(const void* in, void* out, int64_t bytes, int size, int6
   const int64_t max_n = piece_units(1, chunk_bytes);
   std::vector<char> tmp_in(size_t(size) * size_t(max_n)), tmp_out(tmp_in.size());
   for_each_piece(bytes, max_n, [&](int64_t off, int64_t n) {
-    for (int j = 0; j < size; ++j) std::memcpy(tmp_in.data() + j * n, src + j * bytes + off, size_t(n));
+    for (int j = 0; j < size; ++j)
+      std::memcpy(tmp_in.data() + j * n, src + j * bytes + off, size_t(n));
     primitive(tmp_in.data(), tmp_out.data(), n);  // (size, n) each
-    for (int i = 0; i < size; ++i) std::memcpy(dst + i * bytes + off, tmp_out.data() + i * n, size_t(n));
+    for (int i = 0; i < size; ++i)
+      std::memcpy(dst + i * bytes + off, tmp_out.data() + i * n, size_t(n));
   });
 }
 

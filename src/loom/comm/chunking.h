@@ -3,13 +3,14 @@
 //
 // Worked example: all_gather of bytes = 10 per rank over 3 ranks with chunk_bytes = 4. The per-rank
 // block is cut at offsets 0, 4, 8 (pieces 4, 4, 2). For the piece at offset 4 every rank passes
-// in[4..8) to the primitive, which fills a temporary (3 ranks x 4 bytes); the helper copies rank r's
-// 4 bytes to out[r*10 + 4 .. r*10 + 8). reduce_scatter gathers the strided input pieces into a
+// in[4..8) to the primitive, which fills a temporary (3 ranks x 4 bytes); the helper copies rank
+// r's 4 bytes to out[r*10 + 4 .. r*10 + 8). reduce_scatter gathers the strided input pieces into a
 // temporary the same way; all_to_all does both.
 //
 // Not here: moving bytes (the primitive does), argument checks (communicator.h).
-// Invariant: a payload of at most chunk_bytes is one call on the caller's own buffers (no copy); pieces
-// are whole elements, so an element-wise reduction gives the same result whatever the chunk size.
+// Invariant: a payload of at most chunk_bytes is one call on the caller's own buffers (no copy);
+// pieces are whole elements, so an element-wise reduction gives the same result whatever the chunk
+// size.
 #pragma once
 
 #include <cstdint>

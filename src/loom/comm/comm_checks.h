@@ -5,9 +5,9 @@
 // Each check is collective: every rank of `c` calls it with the same Options. It throws loom::Error
 // naming the check, the rank, the first wrong element and both values.
 // Not here: failure injection (abort, mismatched calls: comm_test.cc, local backend only), timing.
-// Invariant: every input is a function of (seed, rank, index), so each rank computes the reference for
-// all ranks without communicating; the reference sums in rank order 0,1,2,... (bf16 in f32, rounded
-// once), exactly what the local backend promises.
+// Invariant: every input is a function of (seed, rank, index), so each rank computes the reference
+// for all ranks without communicating; the reference sums in rank order 0,1,2,... (bf16 in f32,
+// rounded once), exactly what the local backend promises.
 #pragma once
 
 #include <fmt/format.h>
@@ -71,8 +71,8 @@ inline Bytes values(DType dt, uint64_t seed, int rank, int64_t first, int64_t co
   return b;
 }
 
-// The sum over `ranks`, in that order, of elements [first, first + count) of their inputs: f32 adds in
-// f32, bf16 accumulates in f32 and rounds once, i32 wraps.
+// The sum over `ranks`, in that order, of elements [first, first + count) of their inputs: f32 adds
+// in f32, bf16 accumulates in f32 and rounds once, i32 wraps.
 inline Bytes ordered_sum(DType dt, uint64_t seed, const std::vector<int>& ranks, int64_t first,
                          int64_t count, bool random) {
   std::vector<Bytes> in;
@@ -101,7 +101,8 @@ inline Bytes ordered_sum(DType dt, uint64_t seed, const std::vector<int>& ranks,
       }
       acc = k == 0 ? x : acc + x;  // starts from the first term, not 0 (keeps -0)
     }
-    if (dt == DType::f32) std::memcpy(out.data() + 4 * i, &acc, 4);
+    if (dt == DType::f32)
+      std::memcpy(out.data() + 4 * i, &acc, 4);
     else {
       const bf16 h = f32_to_bf16(acc);
       std::memcpy(out.data() + 2 * i, &h, 2);
@@ -139,17 +140,19 @@ inline std::string show(const char* p, int elem) {
   return fmt::format("0x{:02x}", unsigned(uint8_t(*p)));
 }
 
-// Throws unless got == want bit for bit; `elem` is the element size used to print the first mismatch.
-inline void expect_same(const std::string& what, const Communicator& c, const Bytes& got, const Bytes& want,
-                        int elem) {
+// Throws unless got == want bit for bit; `elem` is the element size used to print the first
+// mismatch.
+inline void expect_same(const std::string& what, const Communicator& c, const Bytes& got,
+                        const Bytes& want, int elem) {
   if (got.size() != want.size())
-    throw Error(fmt::format("{}: rank {} of {} ({}): {} bytes, expected {}", what, c.rank(), c.size(),
-                            c.backend(), got.size(), want.size()));
+    throw Error(fmt::format("{}: rank {} of {} ({}): {} bytes, expected {}", what, c.rank(),
+                            c.size(), c.backend(), got.size(), want.size()));
   for (size_t i = 0; i < got.size(); i += size_t(elem))
     if (std::memcmp(got.data() + i, want.data() + i, size_t(elem)) != 0)
-      throw Error(fmt::format("{}: rank {} of {} ({}, chunk_bytes {}): element {} is {}, expected {}", what,
-                              c.rank(), c.size(), c.backend(), c.chunk_bytes(), i / size_t(elem),
-                              show(got.data() + i, elem), show(want.data() + i, elem)));
+      throw Error(
+          fmt::format("{}: rank {} of {} ({}, chunk_bytes {}): element {} is {}, expected {}", what,
+                      c.rank(), c.size(), c.backend(), c.chunk_bytes(), i / size_t(elem),
+                      show(got.data() + i, elem), show(want.data() + i, elem)));
 }
 
 // Throws unless every rank of c holds the same `mine` (the result of a reduction).
@@ -158,7 +161,8 @@ inline void expect_same_everywhere(const std::string& what, Communicator& c, con
   c.all_gather(mine.data(), all.data(), int64_t(mine.size()));
   for (int r = 0; r < c.size(); ++r)
     if (std::memcmp(all.data() + size_t(r) * mine.size(), mine.data(), mine.size()) != 0)
-      throw Error(fmt::format("{}: rank {} of {} got different bits from rank {}", what, c.rank(), c.size(), r));
+      throw Error(fmt::format("{}: rank {} of {} got different bits from rank {}", what, c.rank(),
+                              c.size(), r));
 }
 
 inline const std::vector<int64_t>& counts() {
@@ -218,7 +222,8 @@ inline void check_all_to_all(Communicator& c, const Options&) {
   for (int64_t n : counts()) {
     Bytes in, want, out(size_t(n * c.size()));
     for (int j = 0; j < c.size(); ++j) {
-      Bytes b = pattern(500 + uint64_t(n), c.rank(), j, n), w = pattern(500 + uint64_t(n), j, c.rank(), n);
+      Bytes b = pattern(500 + uint64_t(n), c.rank(), j, n),
+            w = pattern(500 + uint64_t(n), j, c.rank(), n);
       in.insert(in.end(), b.begin(), b.end());
       want.insert(want.end(), w.begin(), w.end());
     }
@@ -246,8 +251,8 @@ inline void check_send_recv_ring(Communicator& c, const Options&) {
   c.barrier();
 }
 
-// Every collective at chunk_bytes 12 and 64 (counts not multiples of a piece) gives the same bits as
-// unchunked. Restores c's chunk_bytes.
+// Every collective at chunk_bytes 12 and 64 (counts not multiples of a piece) gives the same bits
+// as unchunked. Restores c's chunk_bytes.
 inline void check_chunking(Communicator& c, const Options& o) {
   const int64_t saved = c.chunk_bytes();
   const int64_t n = 1001;
@@ -257,7 +262,8 @@ inline void check_chunking(Communicator& c, const Options& o) {
       Bytes buf = values(dt, 700, c.rank(), 0, n, o.rank_order);
       c.all_reduce(buf.data(), n, dt);
       r.push_back(buf);
-      Bytes in = values(dt, 701, c.rank(), 0, n * c.size(), o.rank_order), out(size_t(n) * dtype_size(dt));
+      Bytes in = values(dt, 701, c.rank(), 0, n * c.size(), o.rank_order),
+            out(size_t(n) * dtype_size(dt));
       c.reduce_scatter(in.data(), out.data(), n, dt);
       r.push_back(out);
     }
@@ -279,14 +285,15 @@ inline void check_chunking(Communicator& c, const Options& o) {
     c.set_gather_chunk_bytes(chunk);
     const std::vector<Bytes> pieces = run_all();
     for (size_t k = 0; k < whole.size(); ++k)
-      expect_same(fmt::format("chunking: result {} at chunk_bytes {}", k, chunk), c, pieces[k], whole[k], 1);
+      expect_same(fmt::format("chunking: result {} at chunk_bytes {}", k, chunk), c, pieces[k],
+                  whole[k], 1);
   }
   c.set_chunk_bytes(saved);
   c.set_gather_chunk_bytes(saved_gather);
 }
 
-// Split by parity with the key reversing the order; the last rank (when there are 2 or more) passes a
-// negative color and gets no communicator.
+// Split by parity with the key reversing the order; the last rank (when there are 2 or more) passes
+// a negative color and gets no communicator.
 inline void check_split(Communicator& c, const Options& o) {
   const int n = c.size(), me = c.rank();
   const bool out = n >= 2 && me == n - 1;
@@ -299,39 +306,42 @@ inline void check_split(Communicator& c, const Options& o) {
   for (int r = n - 1; r >= 0; --r)
     if (r % 2 == me % 2 && !(n >= 2 && r == n - 1)) members.push_back(r);
   const int want_rank = int(std::find(members.begin(), members.end(), me) - members.begin());
-  if (!sub || sub->size() != int(members.size()) || sub->rank() != want_rank || sub->backend() != c.backend() ||
-      sub->chunk_bytes() != c.chunk_bytes())
-    throw Error(fmt::format("split: rank {} expected rank {} of {} ({}), got {}", me, want_rank, members.size(),
-                            c.backend(),
-                            sub ? fmt::format("rank {} of {} ({}, chunk_bytes {})", sub->rank(), sub->size(),
-                                              sub->backend(), sub->chunk_bytes())
+  if (!sub || sub->size() != int(members.size()) || sub->rank() != want_rank ||
+      sub->backend() != c.backend() || sub->chunk_bytes() != c.chunk_bytes())
+    throw Error(fmt::format("split: rank {} expected rank {} of {} ({}), got {}", me, want_rank,
+                            members.size(), c.backend(),
+                            sub ? fmt::format("rank {} of {} ({}, chunk_bytes {})", sub->rank(),
+                                              sub->size(), sub->backend(), sub->chunk_bytes())
                                 : "none"));
   Bytes buf = values(DType::f32, 800, me, 0, 101, o.rank_order);
   sub->all_reduce(buf.data(), 101, DType::f32);
-  expect_same("split: all_reduce", *sub, buf, ordered_sum(DType::f32, 800, members, 0, 101, o.rank_order), 4);
+  expect_same("split: all_reduce", *sub, buf,
+              ordered_sum(DType::f32, 800, members, 0, 101, o.rank_order), 4);
   int32_t mine = me;
   std::vector<int32_t> got(members.size());
   sub->all_gather(&mine, got.data(), 4);
   for (size_t k = 0; k < members.size(); ++k)
     if (got[k] != members[k])
-      throw Error(fmt::format("split: rank {}: member {} is old rank {}, expected {}", me, k, got[k], members[k]));
+      throw Error(fmt::format("split: rank {}: member {} is old rank {}, expected {}", me, k,
+                              got[k], members[k]));
 }
 
-// Rows and columns of a 2x2 mesh (rank = 2*row + col), with collectives on each, interleaved with the
-// parent's. Needs 4 ranks.
+// Rows and columns of a 2x2 mesh (rank = 2*row + col), with collectives on each, interleaved with
+// the parent's. Needs 4 ranks.
 inline void check_mesh_2x2(Communicator& c, const Options& o) {
   if (c.size() != 4) throw Error(fmt::format("mesh 2x2: needs 4 ranks, has {}", c.size()));
   const int row = c.rank() / 2, col = c.rank() % 2;
   std::unique_ptr<Communicator> rows = c.split(row, col), cols = c.split(col, row);
-  if (!rows || !cols || rows->size() != 2 || cols->size() != 2 || rows->rank() != col || cols->rank() != row)
+  if (!rows || !cols || rows->size() != 2 || cols->size() != 2 || rows->rank() != col ||
+      cols->rank() != row)
     throw Error(fmt::format("mesh 2x2: rank {}: wrong row/column communicators", c.rank()));
   const std::vector<int> row_ranks{2 * row, 2 * row + 1}, col_ranks{col, 2 + col};
   for (DType dt : {DType::f32, DType::bf16}) {
     const int64_t n = 77;
     Bytes buf = values(dt, 900, c.rank(), 0, n, o.rank_order);
     rows->all_reduce(buf.data(), n, dt);
-    expect_same("mesh 2x2: row all_reduce", *rows, buf, ordered_sum(dt, 900, row_ranks, 0, n, o.rank_order),
-                int(dtype_size(dt)));
+    expect_same("mesh 2x2: row all_reduce", *rows, buf,
+                ordered_sum(dt, 900, row_ranks, 0, n, o.rank_order), int(dtype_size(dt)));
     c.barrier();
     Bytes in = values(dt, 901, c.rank(), 0, 2 * n, o.rank_order), out(size_t(n) * dtype_size(dt));
     cols->reduce_scatter(in.data(), out.data(), n, dt);
@@ -341,13 +351,15 @@ inline void check_mesh_2x2(Communicator& c, const Options& o) {
   int32_t mine = c.rank(), got[2];
   cols->all_gather(&mine, got, 4);
   if (got[0] != col || got[1] != 2 + col)
-    throw Error(fmt::format("mesh 2x2: rank {}: column all_gather gave {} {}", c.rank(), got[0], got[1]));
+    throw Error(
+        fmt::format("mesh 2x2: rank {}: column all_gather gave {} {}", c.rank(), got[0], got[1]));
   Bytes b = pattern(902, c.rank(), -1, 50);
   rows->broadcast(b.data(), 50, 1);
   expect_same("mesh 2x2: row broadcast", *rows, b, pattern(902, 2 * row + 1, -1, 50), 1);
   Bytes a2a_in, a2a_want, a2a_out(2 * 9);
   for (int j = 0; j < 2; ++j) {
-    Bytes x = pattern(903, c.rank(), col_ranks[size_t(j)], 9), w = pattern(903, col_ranks[size_t(j)], c.rank(), 9);
+    Bytes x = pattern(903, c.rank(), col_ranks[size_t(j)], 9),
+          w = pattern(903, col_ranks[size_t(j)], c.rank(), 9);
     a2a_in.insert(a2a_in.end(), x.begin(), x.end());
     a2a_want.insert(a2a_want.end(), w.begin(), w.end());
   }
@@ -355,7 +367,8 @@ inline void check_mesh_2x2(Communicator& c, const Options& o) {
   expect_same("mesh 2x2: column all_to_all", *cols, a2a_out, a2a_want, 1);
   // a split of a split: the row again, in reverse order
   std::unique_ptr<Communicator> rev = rows->split(0, -rows->rank());
-  if (!rev || rev->rank() != 1 - col) throw Error(fmt::format("mesh 2x2: rank {}: split of a row", c.rank()));
+  if (!rev || rev->rank() != 1 - col)
+    throw Error(fmt::format("mesh 2x2: rank {}: split of a row", c.rank()));
   rev->barrier();
   rows->barrier();
   cols->barrier();

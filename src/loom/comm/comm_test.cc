@@ -43,11 +43,13 @@ TEST(LocalComm, SplitByParity) { on_every_world(checks::check_split); }
 
 TEST(LocalComm, Mesh2x2RowsAndColumns) {
   for (int64_t chunk : {kDefaultChunkBytes, int64_t(12)})
-    EXPECT_NO_THROW(run_local(4, [&](Communicator& c) {
-      c.set_chunk_bytes(chunk);
-      c.set_gather_chunk_bytes(chunk);
-      checks::check_mesh_2x2(c, checks::Options{});
-    })) << "chunk_bytes = " << chunk;
+    EXPECT_NO_THROW(run_local(4,
+                              [&](Communicator& c) {
+                                c.set_chunk_bytes(chunk);
+                                c.set_gather_chunk_bytes(chunk);
+                                checks::check_mesh_2x2(c, checks::Options{});
+                              }))
+        << "chunk_bytes = " << chunk;
 }
 
 TEST(LocalComm, BackendAndRanks) {
@@ -128,8 +130,10 @@ TEST(LocalComm, RecvOfTheWrongSizeThrows) {
   EXPECT_THROW(run_local(2,
                          [](Communicator& c) {
                            int64_t x = 0;
-                           if (c.rank() == 0) c.send(&x, 8, 1, 0);
-                           else c.recv(&x, 4, 0, 0);
+                           if (c.rank() == 0)
+                             c.send(&x, 8, 1, 0);
+                           else
+                             c.recv(&x, 4, 0, 0);
                          }),
                Error);
 }
@@ -167,7 +171,8 @@ TEST(LocalComm, AThrowingRankAbortsTheOthers) {
   });
   EXPECT_EQ(o.error, "rank 2: boom");
   for (int r : {0, 1, 3}) {
-    EXPECT_NE(o.ranks[size_t(r)].find(fmt::format("rank {} aborted: rank 2: boom", r)), std::string::npos)
+    EXPECT_NE(o.ranks[size_t(r)].find(fmt::format("rank {} aborted: rank 2: boom", r)),
+              std::string::npos)
         << o.ranks[size_t(r)];
   }
 }
@@ -178,13 +183,14 @@ TEST(LocalComm, AbortReachesSubCommunicators) {
     if (c.rank() == 3) throw Error("bad batch");
     float x[3] = {};
     rows->all_reduce(x, 3, DType::f32);  // row 0 completes; rank 2 waits for rank 3
-    c.barrier();                          // ranks 0 and 1 wait here
+    c.barrier();                         // ranks 0 and 1 wait here
   });
   EXPECT_EQ(o.error, "rank 3: bad batch");
   // Rank 3's row communicator is destroyed while its exception unwinds, before run_local aborts the
   // world, so rank 2 may stop first with "rank 3 left ..." (and ranks 0 and 1 then name rank 2's
   // message). Either way every rank stops, naming rank 3.
-  for (int r : {0, 1, 2}) EXPECT_NE(o.ranks[size_t(r)].find("rank 3"), std::string::npos) << o.ranks[size_t(r)];
+  for (int r : {0, 1, 2})
+    EXPECT_NE(o.ranks[size_t(r)].find("rank 3"), std::string::npos) << o.ranks[size_t(r)];
 }
 
 TEST(LocalComm, ARankThatReturnsEarlyDoesNotHangTheOthers) {
@@ -213,7 +219,8 @@ TEST(LocalComm, MismatchedCallsThrowOnEveryRank) {
                          "all_reduce(5, f32)"),
             std::string::npos)
       << o.error;
-  for (const std::string& m : o.ranks) EXPECT_NE(m.find("collective mismatch"), std::string::npos) << m;
+  for (const std::string& m : o.ranks)
+    EXPECT_NE(m.find("collective mismatch"), std::string::npos) << m;
 }
 
 TEST(LocalComm, DifferentChunkSizesAreAMismatch) {
@@ -235,7 +242,8 @@ TEST(LocalComm, WorldAbortReleasesBlockedRanks) {
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
       try {
-        if (r == 0) comms[0]->barrier();
+        if (r == 0)
+          comms[0]->barrier();
         else {
           char b;
           comms[1]->recv(&b, 1, 2, 0);

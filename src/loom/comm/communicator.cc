@@ -1,8 +1,8 @@
-// The parts of Communicator that are the same for every backend: chunk_bytes and the argument checks
-// every public call makes before the backend's do_* method.
-// Not here: moving bytes (local.cc, mpi.cc) or cutting collectives into pieces (chunking.cc).
-// Invariant: every check throws loom::Error naming the call, never LOOM_CHECK: a bad count, root or
-// peer usually comes from a config or a plan, not from a bug in this library.
+// The parts of Communicator that are the same for every backend: chunk_bytes and the argument
+// checks every public call makes before the backend's do_* method. Not here: moving bytes
+// (local.cc, mpi.cc) or cutting collectives into pieces (chunking.cc). Invariant: every check
+// throws loom::Error naming the call, never LOOM_CHECK: a bad count, root or peer usually comes
+// from a config or a plan, not from a bug in this library.
 #include "loom/comm/communicator.h"
 
 #include <fmt/format.h>
@@ -13,8 +13,9 @@ namespace loom::comm {
 
 void Communicator::set_chunk_bytes(int64_t bytes) {
   if (bytes < kMinChunkBytes || bytes > kMaxChunkBytes)
-    throw Error(fmt::format("chunk_bytes {} is outside {}..{}", bytes, kMinChunkBytes, kMaxChunkBytes),
-                "the default is 4 MiB (4194304); pieces must hold one element and fit an MPI count");
+    throw Error(
+        fmt::format("chunk_bytes {} is outside {}..{}", bytes, kMinChunkBytes, kMaxChunkBytes),
+        "the default is 4 MiB (4194304); pieces must hold one element and fit an MPI count");
   chunk_bytes_ = bytes;
 }
 
@@ -33,13 +34,14 @@ void check_count(const char* op, int64_t n) {
 
 void check_reduce_dtype(const char* op, DType dt) {
   if (dt != DType::f32 && dt != DType::bf16 && dt != DType::i32)
-    throw Error(fmt::format("{}: cannot sum dtype {}", op, int(dt)), "reductions take f32, bf16 or i32");
+    throw Error(fmt::format("{}: cannot sum dtype {}", op, int(dt)),
+                "reductions take f32, bf16 or i32");
 }
 
 void check_peer(const Communicator& c, const char* op, const char* what, int r) {
   if (r < 0 || r >= c.size())
-    throw Error(fmt::format("{}: {} {} is not a rank of this {}-rank communicator", op, what, r,
-                            c.size()));
+    throw Error(
+        fmt::format("{}: {} {} is not a rank of this {}-rank communicator", op, what, r, c.size()));
 }
 
 void check_tag(const char* op, int tag) {

@@ -1,13 +1,13 @@
-// Communicator: the one interface every parallel tactic talks to, whatever moves the bytes (threads of
-// one process: local.h; processes under mpirun: mpi.h).
+// Communicator: the one interface every parallel tactic talks to, whatever moves the bytes (threads
+// of one process: local.h; processes under mpirun: mpi.h).
 //
 // What it does: the collectives a training step needs (all_reduce, all_gather, reduce_scatter,
-// broadcast, all_to_all, barrier), blocking point-to-point send/recv, and split into sub-communicators
-// (a mesh's rows and columns). Every call is blocking and collective calls must be made by every rank
-// of the communicator, in the same order, with the same count/bytes/dtype/root and the same
-// chunk_bytes. Buffers are host memory; `in` and `out` must not overlap.
-// What it does not: no asynchronous handles, no streams, no device memory, no averaging (callers scale),
-// no error recovery (an error on one rank ends the job; see docs/comm.md).
+// broadcast, all_to_all, barrier), blocking point-to-point send/recv, and split into
+// sub-communicators (a mesh's rows and columns). Every call is blocking and collective calls must
+// be made by every rank of the communicator, in the same order, with the same
+// count/bytes/dtype/root and the same chunk_bytes. Buffers are host memory; `in` and `out` must not
+// overlap. What it does not: no asynchronous handles, no streams, no device memory, no averaging
+// (callers scale), no error recovery (an error on one rank ends the job; see docs/comm.md).
 //
 // Key invariants:
 //  - a reduction gives bit-identical results on every rank; the local backend sums each element in
@@ -38,27 +38,28 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Every call below checks its arguments (a loom::Error naming the call) and then hands over to the
-  // backend's do_* method.
-  // Sum over all ranks, in place. dt is f32, bf16 (summed in f32, rounded once at the end) or i32
-  // (exact while no partial sum overflows). buf: (count,)
+  // Every call below checks its arguments (a loom::Error naming the call) and then hands over to
+  // the backend's do_* method. Sum over all ranks, in place. dt is f32, bf16 (summed in f32,
+  // rounded once at the end) or i32 (exact while no partial sum overflows). buf: (count,)
   void all_reduce(void* buf, int64_t count, DType dt);
-  // out = the `bytes` bytes of `in` from every rank, concatenated in rank order (out holds size()*bytes).
+  // out = the `bytes` bytes of `in` from every rank, concatenated in rank order (out holds
+  // size()*bytes).
   void all_gather(const void* in, void* out, int64_t bytes);
-  // in: size() blocks of `count` elements (rank-major); out (count elements) = sum over ranks of their
-  // block number rank().  in: (size, count)  out: (count,)
+  // in: size() blocks of `count` elements (rank-major); out (count elements) = sum over ranks of
+  // their block number rank().  in: (size, count)  out: (count,)
   void reduce_scatter(const void* in, void* out, int64_t count, DType dt);
   void broadcast(void* buf, int64_t bytes, int root);
-  // in: size() blocks of `bytes`, block j is sent to rank j; out: size() blocks, block i came from rank i.
+  // in: size() blocks of `bytes`, block j is sent to rank j; out: size() blocks, block i came from
+  // rank i.
   void all_to_all(const void* in, void* out, int64_t bytes);
   // Blocking; tag >= 0. A message is received by the recv with the same (peer, tag) and the same
   // `bytes`, in the order sent.
   void send(const void* buf, int64_t bytes, int peer, int tag);
   void recv(void* buf, int64_t bytes, int peer, int tag);
   virtual void barrier() = 0;
-  // Collective over this communicator: ranks passing the same color form a new communicator, ranked by
-  // (key, old rank) (MPI_Comm_split semantics). A negative color (MPI_UNDEFINED) joins none: the call
-  // returns nullptr on that rank. The new communicator starts with this one's chunk_bytes().
+  // Collective over this communicator: ranks passing the same color form a new communicator, ranked
+  // by (key, old rank) (MPI_Comm_split semantics). A negative color (MPI_UNDEFINED) joins none: the
+  // call returns nullptr on that rank. The new communicator starts with this one's chunk_bytes().
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   virtual std::string backend() const = 0;  // "local" | "mpi"
 

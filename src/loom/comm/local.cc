@@ -1,9 +1,9 @@
 // The local backend (see local.h for how a step runs and how failures stop every rank).
 //
 // Locking: one mutex per world guards every group's slots and barrier counters, the mailbox and the
-// abort flag; one condition variable per world wakes every waiter, which rechecks its own condition.
-// A step's body (the copy or the sum) runs without the lock: between the two barriers the slots are
-// read-only, and each rank writes only its own output.
+// abort flag; one condition variable per world wakes every waiter, which rechecks its own
+// condition. A step's body (the copy or the sum) runs without the lock: between the two barriers
+// the slots are read-only, and each rank writes only its own output.
 #include "loom/comm/local.h"
 
 #include <fmt/format.h>
@@ -35,8 +35,8 @@ struct LocalCall {
   int root = -1;      // broadcast only
 
   bool same_as(const LocalCall& o) const {
-    return std::string_view(op) == o.op && total == o.total && piece == o.piece && dtype == o.dtype &&
-           root == o.root;
+    return std::string_view(op) == o.op && total == o.total && piece == o.piece &&
+           dtype == o.dtype && root == o.root;
   }
   std::string describe() const {
     std::string s = fmt::format("{}({}", op, total);
@@ -50,22 +50,25 @@ struct LocalCall {
 struct LocalSlot {
   LocalCall call;
   const void* in = nullptr;
-  int color = 0, key = 0;           // split
+  int color = 0, key = 0;            // split
   std::shared_ptr<LocalGroup> made;  // split: the group its leader created
 };
 
 // The state of one communicator, shared by its ranks.
 struct LocalGroup {
   LocalGroup(int id, std::vector<int> world_ranks)
-      : id(id), world_rank(std::move(world_ranks)), slots(world_rank.size()),
-        attached(world_rank.size()), departed(world_rank.size()) {}
+      : id(id),
+        world_rank(std::move(world_ranks)),
+        slots(world_rank.size()),
+        attached(world_rank.size()),
+        departed(world_rank.size()) {}
   int id;
   std::vector<int> world_rank;  // rank in this group -> rank in the world (for messages)
   std::vector<LocalSlot> slots;
-  std::vector<char> attached;   // the world's group: LocalWorld::communicator handed it out
-  std::vector<char> departed;   // its Communicator was destroyed
+  std::vector<char> attached;  // the world's group: LocalWorld::communicator handed it out
+  std::vector<char> departed;  // its Communicator was destroyed
   int arrived = 0;
-  uint64_t generation = 0;      // completed barriers
+  uint64_t generation = 0;  // completed barriers
 };
 
 struct LocalWorldState {
@@ -87,16 +90,17 @@ using detail::LocalGroup;
 using detail::LocalSlot;
 using detail::LocalWorldState;
 
-// Thrown on a rank stopped because of another rank (an abort, or a rank that left): run_local reports
-// the first error of a rank that failed of its own accord before any of these.
+// Thrown on a rank stopped because of another rank (an abort, or a rank that left): run_local
+// reports the first error of a rank that failed of its own accord before any of these.
 class PeerFailure : public Error {
  public:
   using Error::Error;
 };
 
-// dst[i] = src_0[i] + src_1[i] + ... + src_{R-1}[i], added in rank order, where src_r is slots[r].in
-// advanced by `offset` bytes. bf16 is accumulated in f32 and rounded once; i32 wraps. dst must not
-// overlap any source. Does not allocate or throw (it runs between the two barriers of a step).
+// dst[i] = src_0[i] + src_1[i] + ... + src_{R-1}[i], added in rank order, where src_r is
+// slots[r].in advanced by `offset` bytes. bf16 is accumulated in f32 and rounded once; i32 wraps.
+// dst must not overlap any source. Does not allocate or throw (it runs between the two barriers of
+// a step).
 void sum_in_rank_order(const std::vector<LocalSlot>& slots, int64_t offset, int64_t n, DType dt,
                        void* dst) {
   const size_t ranks = slots.size();
@@ -115,7 +119,8 @@ void sum_in_rank_order(const std::vector<LocalSlot>& slots, int64_t offset, int6
       bf16* d = static_cast<bf16*>(dst);
       for (int64_t i = 0; i < n; ++i) {
         float acc = bf16_to_f32(reinterpret_cast<const bf16*>(src(0))[i]);
-        for (size_t r = 1; r < ranks; ++r) acc += bf16_to_f32(reinterpret_cast<const bf16*>(src(r))[i]);
+        for (size_t r = 1; r < ranks; ++r)
+          acc += bf16_to_f32(reinterpret_cast<const bf16*>(src(r))[i]);
         d[i] = f32_to_bf16(acc);
       }
       return;
@@ -124,7 +129,8 @@ void sum_in_rank_order(const std::vector<LocalSlot>& slots, int64_t offset, int6
       int32_t* d = static_cast<int32_t*>(dst);
       for (int64_t i = 0; i < n; ++i) {
         uint32_t acc = uint32_t(reinterpret_cast<const int32_t*>(src(0))[i]);
-        for (size_t r = 1; r < ranks; ++r) acc += uint32_t(reinterpret_cast<const int32_t*>(src(r))[i]);
+        for (size_t r = 1; r < ranks; ++r)
+          acc += uint32_t(reinterpret_cast<const int32_t*>(src(r))[i]);
         d[i] = int32_t(acc);
       }
       return;
@@ -134,9 +140,12 @@ void sum_in_rank_order(const std::vector<LocalSlot>& slots, int64_t offset, int6
 
 class LocalCommunicator final : public Communicator {
  public:
-  LocalCommunicator(std::shared_ptr<LocalWorldState> world, std::shared_ptr<LocalGroup> group, int rank,
-                    int64_t chunk_bytes)
-      : Communicator(chunk_bytes), world_(std::move(world)), group_(std::move(group)), rank_(rank) {}
+  LocalCommunicator(std::shared_ptr<LocalWorldState> world, std::shared_ptr<LocalGroup> group,
+                    int rank, int64_t chunk_bytes)
+      : Communicator(chunk_bytes),
+        world_(std::move(world)),
+        group_(std::move(group)),
+        rank_(rank) {}
 
   // Leaving is not a collective: it marks this rank gone and wakes whoever waits for it.
   ~LocalCommunicator() override {
@@ -159,22 +168,25 @@ class LocalCommunicator final : public Communicator {
       LocalSlot s;
       s.call = {"all_reduce", count, n, int(dt), -1};
       s.in = p + off * es;
-      step(s, [&](const std::vector<LocalSlot>& slots) { sum_in_rank_order(slots, 0, n, dt, sum.data()); });
+      step(s, [&](const std::vector<LocalSlot>& slots) {
+        sum_in_rank_order(slots, 0, n, dt, sum.data());
+      });
       // after the step's second barrier no rank reads buf any more
       std::memcpy(p + off * es, sum.data(), size_t(n * es));
     });
   }
 
   void do_all_gather(const void* in, void* out, int64_t bytes) override {
-    chunked_all_gather(in, out, bytes, size(), gather_chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
-      LocalSlot s;
-      s.call = {"all_gather", bytes, n};
-      s.in = pin;
-      step(s, [&](const std::vector<LocalSlot>& slots) {
-        for (size_t r = 0; r < slots.size(); ++r)
-          std::memcpy(static_cast<char*>(pout) + r * n, slots[r].in, size_t(n));
-      });
-    });
+    chunked_all_gather(in, out, bytes, size(), gather_chunk_bytes(),
+                       [&](const void* pin, void* pout, int64_t n) {
+                         LocalSlot s;
+                         s.call = {"all_gather", bytes, n};
+                         s.in = pin;
+                         step(s, [&](const std::vector<LocalSlot>& slots) {
+                           for (size_t r = 0; r < slots.size(); ++r)
+                             std::memcpy(static_cast<char*>(pout) + r * n, slots[r].in, size_t(n));
+                         });
+                       });
   }
 
   void do_reduce_scatter(const void* in, void* out, int64_t count, DType dt) override {
@@ -203,16 +215,17 @@ class LocalCommunicator final : public Communicator {
   }
 
   void do_all_to_all(const void* in, void* out, int64_t bytes) override {
-    chunked_all_to_all(in, out, bytes, size(), chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
-      LocalSlot s;
-      s.call = {"all_to_all", bytes, n};
-      s.in = pin;  // (size, n): block j goes to rank j
-      step(s, [&](const std::vector<LocalSlot>& slots) {
-        for (size_t i = 0; i < slots.size(); ++i)
-          std::memcpy(static_cast<char*>(pout) + i * n, static_cast<const char*>(slots[i].in) + rank_ * n,
-                      size_t(n));
-      });
-    });
+    chunked_all_to_all(
+        in, out, bytes, size(), chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
+          LocalSlot s;
+          s.call = {"all_to_all", bytes, n};
+          s.in = pin;  // (size, n): block j goes to rank j
+          step(s, [&](const std::vector<LocalSlot>& slots) {
+            for (size_t i = 0; i < slots.size(); ++i)
+              std::memcpy(static_cast<char*>(pout) + i * n,
+                          static_cast<const char*>(slots[i].in) + rank_ * n, size_t(n));
+          });
+        });
   }
 
   void do_send(const void* buf, int64_t bytes, int peer, int tag) override {
@@ -243,10 +256,11 @@ class LocalCommunicator final : public Communicator {
       if (it->second.empty()) box.erase(it);
       lk.unlock();
       if (int64_t(msg.size()) != n)
-        throw Error(fmt::format("recv: rank {} sent a piece of {} bytes with tag {}, this recv of {} bytes "
-                                "expects {}",
-                                world_rank(peer), msg.size(), tag, bytes, n),
-                    "send and recv must agree on bytes and chunk_bytes");
+        throw Error(
+            fmt::format("recv: rank {} sent a piece of {} bytes with tag {}, this recv of {} bytes "
+                        "expects {}",
+                        world_rank(peer), msg.size(), tag, bytes, n),
+            "send and recv must agree on bytes and chunk_bytes");
       std::memcpy(p + off, msg.data(), size_t(n));
     });
   }
@@ -280,7 +294,8 @@ class LocalCommunicator final : public Communicator {
         std::stable_sort(by_key.begin(), by_key.end(),
                          [&](int a, int b) { return slots[size_t(a)].key < slots[size_t(b)].key; });
         for (int r : by_key) world_ranks.push_back(group_->world_rank[size_t(r)]);
-        slots[size_t(rank_)].made = std::make_shared<LocalGroup>(world_->next_group_id++, world_ranks);
+        slots[size_t(rank_)].made =
+            std::make_shared<LocalGroup>(world_->next_group_id++, world_ranks);
       }
     }
     wait_all(lk, "split", false);
@@ -291,8 +306,8 @@ class LocalCommunicator final : public Communicator {
     if (!bad.empty()) throw Error(bad);
     if (!made) return nullptr;
     const int me = world_rank(rank_);
-    const int new_rank =
-        int(std::find(made->world_rank.begin(), made->world_rank.end(), me) - made->world_rank.begin());
+    const int new_rank = int(std::find(made->world_rank.begin(), made->world_rank.end(), me) -
+                             made->world_rank.begin());
     lk.unlock();
     auto sub = std::make_unique<LocalCommunicator>(world_, made, new_rank, chunk_bytes());
     sub->set_gather_chunk_bytes(gather_chunk_bytes());
@@ -313,20 +328,22 @@ class LocalCommunicator final : public Communicator {
 
   // (lock held) Throws PeerFailure if stopped(peer).
   void throw_if_stopped(const char* op, int peer = -1) const {
-    if (world_->aborted) throw PeerFailure(fmt::format("rank {} aborted: {}", world_rank(rank_), world_->why));
+    if (world_->aborted)
+      throw PeerFailure(fmt::format("rank {} aborted: {}", world_rank(rank_), world_->why));
     for (int r = 0; r < size(); ++r)
       if (r != rank_ && (peer < 0 || r == peer) && group_->departed[size_t(r)])
-        throw PeerFailure(fmt::format("{}: rank {} left the communicator (destroyed it) while rank {} "
-                                      "still needs it",
-                                      op, world_rank(r), world_rank(rank_)),
-                          "the ranks made different calls, or one rank returned early");
+        throw PeerFailure(
+            fmt::format("{}: rank {} left the communicator (destroyed it) while rank {} "
+                        "still needs it",
+                        op, world_rank(r), world_rank(rank_)),
+            "the ranks made different calls, or one rank returned early");
   }
 
   // (lock held) Waits until every rank of the group has arrived. An abortable wait throws instead
   // once the world is aborted or a member left, unless the barrier completed first: so either every
-  // rank passes a barrier or none does. A wait that is not abortable is used only where every rank is
-  // known to arrive (after the first barrier of a step), so that no rank returns while another still
-  // reads its buffers.
+  // rank passes a barrier or none does. A wait that is not abortable is used only where every rank
+  // is known to arrive (after the first barrier of a step), so that no rank returns while another
+  // still reads its buffers.
   void wait_all(std::unique_lock<std::mutex>& lk, const char* op, bool abortable) {
     LocalGroup& g = *group_;
     if (abortable) throw_if_stopped(op);
@@ -353,12 +370,13 @@ class LocalCommunicator final : public Communicator {
     for (size_t r = 0; r < slots.size(); ++r)
       msg += fmt::format(" rank {} called {}{}", world_rank(int(r)), slots[r].call.describe(),
                          r + 1 < slots.size() ? "," : "");
-    return msg + "\nhint: every rank must make the same calls in the same order, with the same sizes "
-                 "and chunk_bytes";
+    return msg +
+           "\nhint: every rank must make the same calls in the same order, with the same sizes "
+           "and chunk_bytes";
   }
 
-  // One step of a collective: publish `mine`, wait for every rank, check they all made the same call,
-  // run body (reads the slots, writes only this rank's output; must not throw), wait again.
+  // One step of a collective: publish `mine`, wait for every rank, check they all made the same
+  // call, run body (reads the slots, writes only this rank's output; must not throw), wait again.
   void step(const LocalSlot& mine, const std::function<void(const std::vector<LocalSlot>&)>& body) {
     std::unique_lock<std::mutex> lk(world_->mu);
     group_->slots[size_t(rank_)] = mine;
@@ -392,7 +410,8 @@ int LocalWorld::size() const { return int(root_->world_rank.size()); }
 
 std::unique_ptr<Communicator> LocalWorld::communicator(int rank) {
   if (rank < 0 || rank >= size())
-    throw Error(fmt::format("LocalWorld::communicator({}): not a rank of this {}-rank world", rank, size()));
+    throw Error(fmt::format("LocalWorld::communicator({}): not a rank of this {}-rank world", rank,
+                            size()));
   std::lock_guard<std::mutex> lk(world_->mu);
   if (root_->attached[size_t(rank)])
     throw Error(fmt::format("LocalWorld::communicator({}): already handed out", rank),

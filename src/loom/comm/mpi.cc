@@ -1,7 +1,8 @@
-// The MPI backend (see mpi.h). Every MPI call is written LOOM_MPI(MPI_Xxx, args...), which passes the
-// return code and the call's name to mpi_call, the one place that turns a failure into loom::Error.
-// Not here: choosing algorithms (Open MPI's tuned module does), averaging, device buffers.
-// Invariant: no MPI count exceeds INT_MAX, because every call moves one piece of at most chunk_bytes
+// The MPI backend (see mpi.h). Every MPI call is written LOOM_MPI(MPI_Xxx, args...), which passes
+// the return code and the call's name to mpi_call, the one place that turns a failure into
+// loom::Error. Not here: choosing algorithms (Open MPI's tuned module does), averaging, device
+// buffers. Invariant: no MPI count exceeds INT_MAX, because every call moves one piece of at most
+// chunk_bytes
 // (<= kMaxChunkBytes = 1 GiB) per rank.
 #include "loom/comm/mpi.h"
 
@@ -63,15 +64,18 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
 
 MPI_Datatype mpi_type(DType dt) {
   switch (dt) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::bf16: return MPI_UINT16_T;
-    case DType::i32: return MPI_INT32_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::bf16:
+      return MPI_UINT16_T;
+    case DType::i32:
+      return MPI_INT32_T;
   }
   return MPI_DATATYPE_NULL;
 }
 
-// Owns an MPI communicator handle. MPI_Comm_free is collective in name only: it marks the handle for
-// deallocation and returns without waiting for the other ranks, so it is safe in a destructor.
+// Owns an MPI communicator handle. MPI_Comm_free is collective in name only: it marks the handle
+// for deallocation and returns without waiting for the other ranks, so it is safe in a destructor.
 struct CommHandle {
   MPI_Comm comm = MPI_COMM_NULL;
   explicit CommHandle(MPI_Comm c) : comm(c) {}
@@ -119,14 +123,16 @@ class MpiCommunicator final : public Communicator {
     const int64_t es = int64_t(dtype_size(dt));
     char* p = static_cast<char*>(buf);
     for_each_piece(count, piece_units(es, chunk_bytes()), [&](int64_t off, int64_t n) {
-      LOOM_MPI(MPI_Allreduce, MPI_IN_PLACE, p + off * es, to_int(n), mpi_type(dt), sum_op(dt), comm_.comm);
+      LOOM_MPI(MPI_Allreduce, MPI_IN_PLACE, p + off * es, to_int(n), mpi_type(dt), sum_op(dt),
+               comm_.comm);
     });
   }
 
   void do_all_gather(const void* in, void* out, int64_t bytes) override {
-    chunked_all_gather(in, out, bytes, size_, gather_chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
-      LOOM_MPI(MPI_Allgather, pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
-    });
+    chunked_all_gather(
+        in, out, bytes, size_, gather_chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
+          LOOM_MPI(MPI_Allgather, pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
+        });
   }
 
   void do_reduce_scatter(const void* in, void* out, int64_t count, DType dt) override {
@@ -146,9 +152,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   void do_all_to_all(const void* in, void* out, int64_t bytes) override {
-    chunked_all_to_all(in, out, bytes, size_, chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
-      LOOM_MPI(MPI_Alltoall, pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
-    });
+    chunked_all_to_all(
+        in, out, bytes, size_, chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
+          LOOM_MPI(MPI_Alltoall, pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
+        });
   }
 
   void do_send(const void* buf, int64_t bytes, int peer, int tag) override {
@@ -168,10 +175,11 @@ class MpiCommunicator final : public Communicator {
       int got = 0;
       LOOM_MPI(MPI_Get_count, &st, MPI_BYTE, &got);
       if (got != n)
-        throw Error(fmt::format("recv: rank {} sent a piece of {} bytes with tag {}, this recv of {} "
-                                "bytes expects {}",
-                                peer, got, tag, bytes, n),
-                    "send and recv must agree on bytes and chunk_bytes");
+        throw Error(
+            fmt::format("recv: rank {} sent a piece of {} bytes with tag {}, this recv of {} "
+                        "bytes expects {}",
+                        peer, got, tag, bytes, n),
+            "send and recv must agree on bytes and chunk_bytes");
     });
   }
 
@@ -192,7 +200,8 @@ class MpiCommunicator final : public Communicator {
 
   // MPI's own limit on tags, beyond the base class's checks
   void check_tag_bound(const char* op, int tag) const {
-    if (tag > tag_ub_) throw Error(fmt::format("{}: tag {} is over MPI_TAG_UB = {}", op, tag, tag_ub_));
+    if (tag > tag_ub_)
+      throw Error(fmt::format("{}: tag {} is over MPI_TAG_UB = {}", op, tag, tag_ub_));
   }
 
   CommHandle comm_;
@@ -213,8 +222,8 @@ MpiSession::MpiSession() {
   }
   if (provided < MPI_THREAD_FUNNELED) {
     if (owns_) LOOM_MPI(MPI_Finalize);
-    throw Error(fmt::format("MPI provides thread level {}, Loom needs MPI_THREAD_FUNNELED ({})", provided,
-                            int(MPI_THREAD_FUNNELED)),
+    throw Error(fmt::format("MPI provides thread level {}, Loom needs MPI_THREAD_FUNNELED ({})",
+                            provided, int(MPI_THREAD_FUNNELED)),
                 "initialize MPI with MPI_Init_thread(MPI_THREAD_FUNNELED) or let MpiSession do it");
   }
   LOOM_MPI(MPI_Comm_set_errhandler, MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -233,7 +242,8 @@ bool MpiSession::launched_by_mpirun() {
 
 std::unique_ptr<Communicator> mpi_world() {
   if (!mpi_running())
-    throw Error("mpi_world: MPI is not running", "create a loom::comm::MpiSession first and keep it alive");
+    throw Error("mpi_world: MPI is not running",
+                "create a loom::comm::MpiSession first and keep it alive");
   MPI_Comm dup = MPI_COMM_NULL;
   LOOM_MPI(MPI_Comm_dup, MPI_COMM_WORLD, &dup);
   return std::make_unique<MpiCommunicator>(dup, kDefaultChunkBytes);

@@ -1,10 +1,10 @@
-// mpi_check: the checks of comm_checks.h over the MPI backend, run under mpirun by CTest (comm_mpi_2,
-// comm_mpi_4). Prints "mpi_check: ok (N ranks)" on rank 0 and exits 0, or prints the failure with its
-// rank and ends the job with exit code 1 (MPI_Abort: the other ranks may be waiting in a collective).
-// Not a skip: started without mpirun, or on fewer than 2 ranks, it fails.
+// mpi_check: the checks of comm_checks.h over the MPI backend, run under mpirun by CTest
+// (comm_mpi_2, comm_mpi_4). Prints "mpi_check: ok (N ranks)" on rank 0 and exits 0, or prints the
+// failure with its rank and ends the job with exit code 1 (MPI_Abort: the other ranks may be
+// waiting in a collective). Not a skip: started without mpirun, or on fewer than 2 ranks, it fails.
 //
-// MPI promises no summation order, so the inputs are small integers (exact sums in any order) and are
-// compared bit for bit; random f32/bf16 sums are checked to be the same bits on every rank.
+// MPI promises no summation order, so the inputs are small integers (exact sums in any order) and
+// are compared bit for bit; random f32/bf16 sums are checked to be the same bits on every rank.
 #include <cstdio>
 #include <memory>
 
@@ -22,7 +22,8 @@ void check_random_sums_agree(Communicator& c) {
     checks::Bytes buf = checks::values(dt, 1000, c.rank(), 0, n, true);
     c.all_reduce(buf.data(), n, dt);
     checks::expect_same_everywhere(fmt::format("random all_reduce({})", dtype_name(dt)), c, buf);
-    const checks::Bytes ref = checks::ordered_sum(dt, 1000, checks::all_ranks(c.size()), 0, n, true);
+    const checks::Bytes ref =
+        checks::ordered_sum(dt, 1000, checks::all_ranks(c.size()), 0, n, true);
     for (int64_t i = 0; i < n; ++i) {
       auto at = [&](const checks::Bytes& b) {
         if (dt == DType::f32) {
@@ -38,8 +39,9 @@ void check_random_sums_agree(Communicator& c) {
       for (int r = 0; r < c.size(); ++r) mag += std::fabs(checks::value(1000, r, i, true));
       const float tol = float(c.size()) * mag * (dt == DType::f32 ? 1e-6f : 1e-2f);
       if (std::fabs(at(buf) - at(ref)) > tol)
-        throw Error(fmt::format("random all_reduce({}): rank {}: element {} is {}, the rank-order sum is {}",
-                                dtype_name(dt), c.rank(), i, at(buf), at(ref)));
+        throw Error(fmt::format(
+            "random all_reduce({}): rank {}: element {} is {}, the rank-order sum is {}",
+            dtype_name(dt), c.rank(), i, at(buf), at(ref)));
     }
   }
 }
@@ -57,15 +59,18 @@ void check_mpi_errors_are_thrown(Communicator& c) {
     } catch (const Error& e) {
       what = e.what();
     }
-    if (what.find("MPI_Recv failed: ") == std::string::npos || what.find("truncat") == std::string::npos)
-      throw Error("a truncated MPI_Recv gave \"" + what + "\", expected loom::Error naming MPI_Recv");
+    if (what.find("MPI_Recv failed: ") == std::string::npos ||
+        what.find("truncat") == std::string::npos)
+      throw Error("a truncated MPI_Recv gave \"" + what +
+                  "\", expected loom::Error naming MPI_Recv");
   }
   c.barrier();
 }
 
 void run(Communicator& world) {
   if (world.size() < 2)
-    throw Error(fmt::format("mpi_check: {} rank", world.size()), "run it as mpirun -np 2 (or 4) mpi_check");
+    throw Error(fmt::format("mpi_check: {} rank", world.size()),
+                "run it as mpirun -np 2 (or 4) mpi_check");
   if (world.backend() != "mpi") throw Error("mpi_check: backend is " + world.backend());
   const checks::Options exact{.rank_order = false};
   for (int64_t chunk : {kDefaultChunkBytes, int64_t(12), int64_t(64)}) {

@@ -12,7 +12,7 @@ namespace loom {
 enum class DType : uint8_t { f32, bf16, i32 };
 
 size_t dtype_size(DType t);
-std::string_view dtype_name(DType t);      // "f32", "bf16", "i32": the IR text spelling
+std::string_view dtype_name(DType t);  // "f32", "bf16", "i32": the IR text spelling
 bool parse_dtype(std::string_view s, DType* out);
 
 struct bf16 {
@@ -30,7 +30,7 @@ inline bf16 f32_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                                 // nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                                               // nearest even
   return bf16{uint16_t(u >> 16)};
 }
 

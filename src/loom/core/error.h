@@ -1,7 +1,7 @@
 // loom::Error and LOOM_CHECK: the two ways Loom reports that something is wrong.
 //
-// Error is for bad user input (configs, files, CLI flags): it carries a message naming the file, key or
-// tensor and an optional "hint:" line; main() catches it once, prints it and exits non-zero.
+// Error is for bad user input (configs, files, CLI flags): it carries a message naming the file,
+// key or tensor and an optional "hint:" line; main() catches it once, prints it and exits non-zero.
 // LOOM_CHECK is for internal invariants only: it aborts with file:line. Never use it on user input.
 #pragma once
 

@@ -6,7 +6,8 @@
 // Every message reads "cannot <op> '<path>': <strerror> (<ENAME>)" with a hint (full disk, missing
 // directory, permissions, ...).
 //
-// Not here: reading formats (safetensors.h, data/shard.h), directories of files (train/checkpoint.h).
+// Not here: reading formats (safetensors.h, data/shard.h), directories of files
+// (train/checkpoint.h).
 #pragma once
 
 #include <sys/types.h>

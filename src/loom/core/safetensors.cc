@@ -53,7 +53,6 @@ void pread_all(int fd, void* data, size_t n, uint64_t offset, const std::string&
   }
 }
 
-
 // ---- header parsing ----------------------------------------------------------------------------
 
 [[noreturn]] void fail(const std::string& path, const std::string& what,

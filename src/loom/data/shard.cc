@@ -8,8 +8,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "loom/core/error.h"
 #include "loom/core/file.h"
@@ -55,7 +55,8 @@ Shard Shard::open(const std::string& path) {
   Shard s;
   s.path_ = path;
   Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.get() < 0) throw Error(fmt::format("token shard {}: cannot open: {}", path, std::strerror(errno)));
+  if (f.get() < 0)
+    throw Error(fmt::format("token shard {}: cannot open: {}", path, std::strerror(errno)));
   struct stat st {};
   if (::fstat(f.get(), &st) != 0)
     throw Error(fmt::format("token shard {}: cannot stat: {}", path, std::strerror(errno)));
@@ -81,14 +82,17 @@ Shard Shard::open(const std::string& path) {
                             h.version, kVersion),
                 hint);
   int64_t width = 0;
-  if (h.dtype == uint32_t(ShardDType::u16)) width = 2;
-  else if (h.dtype == uint32_t(ShardDType::i32)) width = 4;
-  else throw Error(fmt::format("token shard {}: unknown dtype code {}", path, h.dtype), hint);
+  if (h.dtype == uint32_t(ShardDType::u16))
+    width = 2;
+  else if (h.dtype == uint32_t(ShardDType::i32))
+    width = 4;
+  else
+    throw Error(fmt::format("token shard {}: unknown dtype code {}", path, h.dtype), hint);
   // count * width could overflow for a corrupt count; compare in the token domain first
   if (h.count > (UINT64_MAX - sizeof(Header)) / uint64_t(width))
-    throw Error(fmt::format("token shard {}: the header's token count {} is impossible", path,
-                            h.count),
-                hint);
+    throw Error(
+        fmt::format("token shard {}: the header's token count {} is impossible", path, h.count),
+        hint);
   const uint64_t expect = sizeof(Header) + h.count * uint64_t(width);
   if (bytes != expect)
     throw Error(fmt::format("token shard {}: expected {} bytes (a 32-byte header and {} tokens of "
@@ -103,9 +107,10 @@ Shard Shard::open(const std::string& path) {
   for (int64_t i = 0; i < s.count_; ++i) {
     const int32_t t = s[i];
     if (t < 0 || t >= s.vocab_)
-      throw Error(fmt::format("token shard {}: token {} at index {} is outside the vocabulary of {}",
-                              path, t, i, s.vocab_),
-                  hint);
+      throw Error(
+          fmt::format("token shard {}: token {} at index {} is outside the vocabulary of {}", path,
+                      t, i, s.vocab_),
+          hint);
   }
   return s;
 }

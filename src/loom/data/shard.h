@@ -12,8 +12,8 @@
 // Worked example: 3 tokens {7, 1, 300} with vocab 512 make a 32 + 3*2 = 38-byte file.
 //
 // Invariant: a shard on disk is complete or absent (written to a temporary, fsynced, renamed); a
-// reader accepts only a file whose size equals 32 + count * width and whose tokens are < vocab_size.
-// Not here: compression, or shards split across files.
+// reader accepts only a file whose size equals 32 + count * width and whose tokens are <
+// vocab_size. Not here: compression, or shards split across files.
 #pragma once
 
 #include <cstdint>

@@ -82,7 +82,8 @@ TextCorpus TextCorpus::open(const std::string& path, int64_t seq_len, int val_ev
         throw Error(fmt::format("token shard {}: vocabulary {} does not match {}'s vocab_size {}",
                                 s->path(), s->vocab_size(), c.meta_, c.vocab_),
                     hint);
-    if (c.train_.size() == 0) throw Error(fmt::format("data {}: train.bin holds no tokens", path), hint);
+    if (c.train_.size() == 0)
+      throw Error(fmt::format("data {}: train.bin holds no tokens", path), hint);
   } else {
     TextSplit s = split_text(path, val_every);
     c.train_.bytes.assign(s.train.begin(), s.train.end());
@@ -90,10 +91,10 @@ TextCorpus TextCorpus::open(const std::string& path, int64_t seq_len, int val_ev
     c.val_files_ = std::move(s.val_files);
   }
   if (c.train_.size() < seq_len + 2 || c.val_.size() < seq_len + 2)
-    throw Error(fmt::format("data {}: {} training and {} validation {} are too few for "
-                            "sequences of {} tokens",
-                            path, c.train_.size(), c.val_.size(),
-                            c.prepared() ? "tokens" : "bytes", seq_len));
+    throw Error(fmt::format(
+        "data {}: {} training and {} validation {} are too few for "
+        "sequences of {} tokens",
+        path, c.train_.size(), c.val_.size(), c.prepared() ? "tokens" : "bytes", seq_len));
   return c;
 }
 
@@ -102,8 +103,8 @@ void TextCorpus::sample(Split split, uint64_t seed, int64_t step, int rank, int6
   const Tokens& src = split == Split::train ? train_ : val_;
   const uint64_t span = uint64_t(src.size()) - uint64_t(T) - 1;
   for (int64_t r = 0; r < B; ++r) {
-    uint64_t h = splitmix64(seed ^ splitmix64(uint64_t(step) ^ splitmix64(uint64_t(rank) * 1315423911u +
-                                                                          uint64_t(r))));
+    uint64_t h = splitmix64(
+        seed ^ splitmix64(uint64_t(step) ^ splitmix64(uint64_t(rank) * 1315423911u + uint64_t(r))));
     uint64_t off = h % (span + 1);
     for (int64_t t = 0; t <= T; ++t) tokens[r * (T + 1) + t] = src[int64_t(off) + t];
   }

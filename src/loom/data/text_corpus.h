@@ -5,8 +5,8 @@
 //     token shards are memory-mapped; the tokenizer's vocabulary is meta.json's vocab_size.
 //
 // Sampling is a pure function of (seed, step, rank, row), the same for both sources: row r of the
-// batch for `step` starts at offset splitmix64(seed, step, rank, r) mod (size - T - 1). A resumed run
-// therefore sees exactly the batches it would have seen, with no loader state to save.
+// batch for `step` starts at offset splitmix64(seed, step, rank, r) mod (size - T - 1). A resumed
+// run therefore sees exactly the batches it would have seen, with no loader state to save.
 //
 // Not here: tokenizing (tokenizer/tokenizer.h; `loom data prepare` does it ahead of training).
 #pragma once

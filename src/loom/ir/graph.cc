@@ -12,10 +12,14 @@ std::string type_str(const TensorType& t) {
 
 std::string_view kind_name(ValueKind k) {
   switch (k) {
-    case ValueKind::param: return "param";
-    case ValueKind::state: return "state";
-    case ValueKind::input: return "input";
-    case ValueKind::node: return "node";
+    case ValueKind::param:
+      return "param";
+    case ValueKind::state:
+      return "state";
+    case ValueKind::input:
+      return "input";
+    case ValueKind::node:
+      return "node";
   }
   return "?";
 }
@@ -62,7 +66,8 @@ std::string Graph::unique_name(std::string base) const {
 
 int Graph::add_input(std::string name, TensorType type, ValueKind kind) {
   LOOM_CHECK(kind != ValueKind::node);
-  if (by_name_.count(name)) throw Error(fmt::format("graph {}: duplicate value name %{}", name_, name));
+  if (by_name_.count(name))
+    throw Error(fmt::format("graph {}: duplicate value name %{}", name_, name));
   Value v;
   v.id = int(values_.size());
   v.name = std::move(name);

@@ -1,10 +1,11 @@
-// Graph, Node, Value: Loom's IR. A Graph is a straight-line program over tensors with static shapes.
+// Graph, Node, Value: Loom's IR. A Graph is a straight-line program over tensors with static
+// shapes.
 //
 // Values are graph inputs (param: trainable weight; state: persistent non-trained tensor such as
-// optimizer moments; input: data fed every step) or the outputs of nodes. Nodes are kept in execution
-// order; every node's inputs are defined before it (the verifier checks it). The Graph owns all nodes
-// and values; everything else refers to them by integer id, which never changes once assigned.
-// Value names are unique within a graph and are what the text form prints (`%name`).
+// optimizer moments; input: data fed every step) or the outputs of nodes. Nodes are kept in
+// execution order; every node's inputs are defined before it (the verifier checks it). The Graph
+// owns all nodes and values; everything else refers to them by integer id, which never changes once
+// assigned. Value names are unique within a graph and are what the text form prints (`%name`).
 //
 // Not here: what an op means (ops/), sharding (shard/), memory (runtime/).
 #pragma once
@@ -83,7 +84,7 @@ class Graph {
   const std::vector<int>& outputs() const { return outputs_; }
   std::vector<int> inputs_of_kind(ValueKind k) const;  // in declaration order
 
-  int find(std::string_view name) const;  // -1 when absent
+  int find(std::string_view name) const;            // -1 when absent
   void rename(int value, const std::string& name);  // the new name must be free
   std::string unique_name(std::string base) const;
 

@@ -2,11 +2,12 @@
 // values by what they are (a batch input, a column-parallel weight, one transformer block's
 // parameters) and never by their names.
 //
-// A model fills Roles when it builds its graph (models/); an IR-text test declares them in its header
-// (tests/ir_text/). Nothing here says how a value is split: that is a tactic's choice (shard/).
+// A model fills Roles when it builds its graph (models/); an IR-text test declares them in its
+// header (tests/ir_text/). Nothing here says how a value is split: that is a tactic's choice
+// (shard/).
 //
-// Invariant: every id names a value of the graph the Roles came with; ids never change once assigned
-// (ir/graph.h), so Roles stay valid while passes append nodes.
+// Invariant: every id names a value of the graph the Roles came with; ids never change once
+// assigned (ir/graph.h), so Roles stay valid while passes append nodes.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +17,8 @@
 namespace loom::ir {
 
 // A weight of a tensor-parallel pair (Megatron-LM): a column-parallel weight is split by its output
-// features, a row-parallel one by its input features. `dim` is that features' dim in the weight as it
-// is stored (Llama's nn.Linear stores (out, in), GPT-2's Conv1D (in, out)).
+// features, a row-parallel one by its input features. `dim` is that features' dim in the weight as
+// it is stored (Llama's nn.Linear stores (out, in), GPT-2's Conv1D (in, out)).
 struct ParallelWeight {
   int value = -1;
   int64_t dim = 0;
@@ -33,11 +34,11 @@ struct ParamGroup {
 };
 
 struct Roles {
-  std::vector<int> batch_inputs;              // inputs whose dim 0 is the batch (tokens, targets)
+  std::vector<int> batch_inputs;                // inputs whose dim 0 is the batch (tokens, targets)
   std::vector<ParallelWeight> column_parallel;  // split by output features (q/k/v, gate/up, c_fc)
   std::vector<ParallelWeight> row_parallel;     // split by input features (o, down, c_proj)
-  std::vector<ParamGroup> blocks;             // every parameter in exactly one group, forward order
-  std::vector<int> experts;                   // expert weights (Mixture-of-Experts); empty when dense
+  std::vector<ParamGroup> blocks;  // every parameter in exactly one group, forward order
+  std::vector<int> experts;        // expert weights (Mixture-of-Experts); empty when dense
 };
 
 }  // namespace loom::ir

@@ -1,8 +1,9 @@
 #include "loom/ir/text.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 #include <cmath>
-#include <fmt/format.h>
 
 #include "loom/core/error.h"
 
@@ -101,10 +102,14 @@ class Parser {
         } while (accept(','));
       } else {
         ValueKind kind;
-        if (w == "param") kind = ValueKind::param;
-        else if (w == "state") kind = ValueKind::state;
-        else if (w == "input") kind = ValueKind::input;
-        else fail("expected param, state, input, output or a node, got '" + w + "'");
+        if (w == "param")
+          kind = ValueKind::param;
+        else if (w == "state")
+          kind = ValueKind::state;
+        else if (w == "input")
+          kind = ValueKind::input;
+        else
+          fail("expected param, state, input, output or a node, got '" + w + "'");
         if (in_nodes) fail("graph inputs must come before nodes");
         std::string name = value_name();
         expect(':');
@@ -126,10 +131,12 @@ class Parser {
   }
   void skip_ws() {
     while (pos_ < s_.size()) {
-      if (std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+      if (std::isspace(static_cast<unsigned char>(s_[pos_])))
+        ++pos_;
       else if (s_[pos_] == '#') {
         while (pos_ < s_.size() && s_[pos_] != '\n') ++pos_;
-      } else break;
+      } else
+        break;
     }
   }
   char peek() {

@@ -11,8 +11,9 @@
 //   }
 //
 // Graph inputs print first (in id order), then nodes in execution order. Attribute values are an
-// integer (`3`), a float (always with `.`, `e`, `inf` or `nan`: `0.125`, `1e-05`), a string (`"bf16"`)
-// or an integer list (`[1, 2]`). Floats print as the shortest text that reads back to the same double.
+// integer (`3`), a float (always with `.`, `e`, `inf` or `nan`: `0.125`, `1e-05`), a string
+// (`"bf16"`) or an integer list (`[1, 2]`). Floats print as the shortest text that reads back to
+// the same double.
 #pragma once
 
 #include <functional>
@@ -27,9 +28,9 @@ std::string print(const Graph& g);
 // The same, with annotate(value id) written right after each value's type (the sharded stage prints
 // shardings there: `f32[4,64]{data,_}`). Text with annotations is for reading; parse() rejects it.
 std::string print(const Graph& g, const std::function<std::string(int)>& annotate);
-// Throws loom::Error naming `source` (a file name or "<text>") and the line on malformed text. Checks
-// syntax and that every used value is defined; types are taken as written (run the verifier to check
-// them against the ops).
+// Throws loom::Error naming `source` (a file name or "<text>") and the line on malformed text.
+// Checks syntax and that every used value is defined; types are taken as written (run the verifier
+// to check them against the ops).
 Graph parse(std::string_view text, const std::string& source = "<text>");
 
 }  // namespace loom::ir

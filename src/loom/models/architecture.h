@@ -1,11 +1,12 @@
-// Architectures: each model family (Llama, GPT-2, ...) is one registered definition in a file of its
-// own (models/llama.cc, models/gpt2.cc), holding everything Loom knows about it: its config checks,
-// its parameters (declared once, with shape, initialiser, block and tensor-parallel role), its graph,
-// its FLOPs per token and its Hugging Face config. Code outside models/ asks this table instead of
-// comparing `arch` strings.
+// Architectures: each model family (Llama, GPT-2, ...) is one registered definition in a file of
+// its own (models/llama.cc, models/gpt2.cc), holding everything Loom knows about it: its config
+// checks, its parameters (declared once, with shape, initialiser, block and tensor-parallel role),
+// its graph, its FLOPs per token and its Hugging Face config. Code outside models/ asks this table
+// instead of comparing `arch` strings.
 //
 // Not here: sharding (a parameter's role says what it is, tactics decide how to split it), devices.
-// Invariant: `params` lists every parameter `build` reads, in a fixed order, each in exactly one block.
+// Invariant: `params` lists every parameter `build` reads, in a fixed order, each in exactly one
+// block.
 #pragma once
 
 #include <functional>
@@ -23,12 +24,12 @@ class Builder;
 namespace loom::models {
 
 struct Architecture {
-  std::string name;     // [model] arch
+  std::string name;      // [model] arch
   std::string hf_class;  // Hugging Face's model class: "LlamaForCausalLM"
   // Checks only this architecture can make (the common ones are in ModelConfig::validate); throws
   // loom::Error through `bad(key, why)`.
-  std::function<void(const ModelConfig&, const std::function<void(const std::string&,
-                                                                  const std::string&)>& bad)>
+  std::function<void(const ModelConfig&,
+                     const std::function<void(const std::string&, const std::string&)>& bad)>
       validate;
   std::function<int64_t(const ModelConfig&)> default_ffn;  // [model] ffn_hidden = 0
   std::function<std::vector<ParamInfo>(const ModelConfig&)> params;

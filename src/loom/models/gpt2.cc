@@ -5,9 +5,10 @@
 //              x = x + mlp.c_proj(gelu(mlp.c_fc(ln_2(x))))
 //   logits = ln_f(x) wte^T                              (B,T,V)
 //
-// Tensor-parallel roles: the MLP's c_fc (weight dim 1, bias dim 0) is column-parallel, the MLP's and
-// the attention's c_proj (weight dim 0) row-parallel. The fused c_attn is not column-parallel: its
-// output features are [q | k | v], so a contiguous split would hand one rank all of q and part of k.
+// Tensor-parallel roles: the MLP's c_fc (weight dim 1, bias dim 0) is column-parallel, the MLP's
+// and the attention's c_proj (weight dim 0) row-parallel. The fused c_attn is not column-parallel:
+// its output features are [q | k | v], so a contiguous split would hand one rank all of q and part
+// of k.
 #include <fmt/format.h>
 
 #include "loom/models/architecture.h"
@@ -62,7 +63,8 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, int
     std::string p = fmt::format("h.{}.", l);
     b.set_scope(fmt::format("h.{}.", l));
     int qkv = affine(ln(h, p + "ln_1", "ln_1"), p + "attn.c_attn", "qkv");
-    auto parts = b.emit("split", {qkv}, {{"sizes", std::vector<int64_t>{C, C, C}}}, {"q", "k", "v"});
+    auto parts =
+        b.emit("split", {qkv}, {{"sizes", std::vector<int64_t>{C, C, C}}}, {"q", "k", "v"});
     int a = x.attention(parts[0], parts[1], parts[2], B, T, /*rope=*/false);
     h = b.add(h, affine(a, p + "attn.c_proj", "attn_out"), "resid_attn");
     int f = b.emit1("gelu", {affine(ln(h, p + "ln_2", "ln_2"), p + "mlp.c_fc", "fc")}, {}, "gelu");
@@ -73,8 +75,8 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, int
   return b.matmul(b.cast(nf, x.cd), b.cast(x.param("wte.weight"), x.cd), false, true, "logits");
 }
 
-// transformers' GPT2Config. What is left out takes HF's default, which matches Loom (attention scaled
-// by 1/sqrt(head size)); dropout defaults are irrelevant at inference.
+// transformers' GPT2Config. What is left out takes HF's default, which matches Loom (attention
+// scaled by 1/sqrt(head size)); dropout defaults are irrelevant at inference.
 nlohmann::ordered_json gpt2_hf_config(const ModelConfig& m) {
   return {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
@@ -93,25 +95,26 @@ nlohmann::ordered_json gpt2_hf_config(const ModelConfig& m) {
 }  // namespace
 
 void register_gpt2() {
-  register_architecture(
-      {.name = "gpt2",
-       .hf_class = "GPT2LMHeadModel",
-       .validate =
-           [](const ModelConfig& c, const auto& bad) {
-             if (c.n_kv_heads != 0 && c.n_kv_heads != c.n_heads)
-               bad("n_kv_heads", "gpt2 has no grouped-query attention");
-           },
-       .default_ffn = [](const ModelConfig& c) { return 4 * c.d_model; },
-       .params = gpt2_params,
-       .build = build_gpt2,
-       .train_flops_per_token =
-           [](const ModelConfig& c, int64_t T) {
-             double matmul = double(c.vocab_size * c.d_model);  // the head, tied to wte
-             for (const auto& p : gpt2_params(c))
-               if (p.shape.size() == 2 && p.block != "embed") matmul += double(numel(p.shape));
-             return palm_train_flops(matmul, c, T);
-           },
-       .hf_config = gpt2_hf_config});
+  register_architecture({.name = "gpt2",
+                         .hf_class = "GPT2LMHeadModel",
+                         .validate =
+                             [](const ModelConfig& c, const auto& bad) {
+                               if (c.n_kv_heads != 0 && c.n_kv_heads != c.n_heads)
+                                 bad("n_kv_heads", "gpt2 has no grouped-query attention");
+                             },
+                         .default_ffn = [](const ModelConfig& c) { return 4 * c.d_model; },
+                         .params = gpt2_params,
+                         .build = build_gpt2,
+                         .train_flops_per_token =
+                             [](const ModelConfig& c, int64_t T) {
+                               double matmul =
+                                   double(c.vocab_size * c.d_model);  // the head, tied to wte
+                               for (const auto& p : gpt2_params(c))
+                                 if (p.shape.size() == 2 && p.block != "embed")
+                                   matmul += double(numel(p.shape));
+                               return palm_train_flops(matmul, c, T);
+                             },
+                         .hf_config = gpt2_hf_config});
 }
 
 }  // namespace loom::models

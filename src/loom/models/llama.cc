@@ -25,9 +25,12 @@ std::vector<ParamInfo> llama_params(const ModelConfig& c) {
     std::string s = fmt::format("model.layers.{}.", l), blk = fmt::format("layers.{}", l);
     p.push_back({s + "input_layernorm.weight", {C}, I::ones, blk});
     p.push_back({s + "self_attn.q_proj.weight", {c.n_heads * HS, C}, I::normal, blk, P::column, 0});
-    p.push_back({s + "self_attn.k_proj.weight", {c.kv_heads() * HS, C}, I::normal, blk, P::column, 0});
-    p.push_back({s + "self_attn.v_proj.weight", {c.kv_heads() * HS, C}, I::normal, blk, P::column, 0});
-    p.push_back({s + "self_attn.o_proj.weight", {C, c.n_heads * HS}, I::scaled_normal, blk, P::row, 1});
+    p.push_back(
+        {s + "self_attn.k_proj.weight", {c.kv_heads() * HS, C}, I::normal, blk, P::column, 0});
+    p.push_back(
+        {s + "self_attn.v_proj.weight", {c.kv_heads() * HS, C}, I::normal, blk, P::column, 0});
+    p.push_back(
+        {s + "self_attn.o_proj.weight", {C, c.n_heads * HS}, I::scaled_normal, blk, P::row, 1});
     p.push_back({s + "post_attention_layernorm.weight", {C}, I::ones, blk});
     p.push_back({s + "mlp.gate_proj.weight", {F, C}, I::normal, blk, P::column, 0});
     p.push_back({s + "mlp.up_proj.weight", {F, C}, I::normal, blk, P::column, 0});
@@ -68,8 +71,8 @@ int build_llama(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, in
   return x.linear(nf, "lm_head.weight", "logits");
 }
 
-// transformers' LlamaConfig. What is left out takes HF's default, which matches Loom (no attention or
-// MLP biases).
+// transformers' LlamaConfig. What is left out takes HF's default, which matches Loom (no attention
+// or MLP biases).
 nlohmann::ordered_json llama_hf_config(const ModelConfig& m) {
   return {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},

@@ -1,6 +1,6 @@
 // The generic half of models/: config checks every architecture shares, the architecture table, and
-// the graph every model gets (its params, tokens, targets, loss and roles) around the architecture's
-// own layers.
+// the graph every model gets (its params, tokens, targets, loss and roles) around the
+// architecture's own layers.
 #include "loom/models/model.h"
 
 #include <fmt/format.h>
@@ -110,7 +110,8 @@ double train_flops_per_token(const ModelConfig& c, int64_t T) {
 ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T) {
   c.validate("<model>");
   if (T > c.max_seq_len)
-    throw Error(fmt::format("sequence length {} exceeds [model] max_seq_len = {}", T, c.max_seq_len));
+    throw Error(
+        fmt::format("sequence length {} exceeds [model] max_seq_len = {}", T, c.max_seq_len));
   const Architecture& arch = architecture(c.arch);
   ModelGraph m;
   m.graph = ir::Graph(c.arch);
@@ -120,7 +121,8 @@ ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T) {
     if (m.roles.blocks.empty() || m.roles.blocks.back().name != p.block)
       m.roles.blocks.push_back({p.block, {}});
     m.roles.blocks.back().params.push_back(v);
-    if (p.parallel == ParamInfo::Parallel::column) m.roles.column_parallel.push_back({v, p.parallel_dim});
+    if (p.parallel == ParamInfo::Parallel::column)
+      m.roles.column_parallel.push_back({v, p.parallel_dim});
     if (p.parallel == ParamInfo::Parallel::row) m.roles.row_parallel.push_back({v, p.parallel_dim});
   }
   m.tokens = g.add_input("tokens", {DType::i32, {B, T}}, ir::ValueKind::input);

@@ -1,11 +1,12 @@
-// Models: a ModelConfig becomes a forward Graph whose params carry Hugging Face names and layouts, so
-// weights move to and from PyTorch unchanged, and whose Roles (ir/roles.h) say what its values are.
-// Each architecture is defined in a file of its own (architecture.h); this file is the generic part.
-// Nothing here knows about sharding or devices.
+// Models: a ModelConfig becomes a forward Graph whose params carry Hugging Face names and layouts,
+// so weights move to and from PyTorch unchanged, and whose Roles (ir/roles.h) say what its values
+// are. Each architecture is defined in a file of its own (architecture.h); this file is the generic
+// part. Nothing here knows about sharding or devices.
 //
-// Mixed precision (dtype = bf16): every matmul and the attention take bf16 operands (weights cast from
-// their f32 masters each step); matmuls accumulate in f32 and return f32; attention returns bf16 which
-// feeds the output projection directly. Embeddings, norms, residuals, activations and the loss stay f32.
+// Mixed precision (dtype = bf16): every matmul and the attention take bf16 operands (weights cast
+// from their f32 masters each step); matmuls accumulate in f32 and return f32; attention returns
+// bf16 which feeds the output projection directly. Embeddings, norms, residuals, activations and
+// the loss stay f32.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +35,8 @@ struct ModelConfig {
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_size() const { return d_model / n_heads; }
   int64_t ffn() const;
-  // Throws loom::Error naming the key for an inconsistent config (d_model % n_heads, an unknown arch,
-  // the architecture's own checks).
+  // Throws loom::Error naming the key for an inconsistent config (d_model % n_heads, an unknown
+  // arch, the architecture's own checks).
   void validate(const std::string& source) const;
 };
 
@@ -43,12 +44,12 @@ struct ModelConfig {
 struct ParamInfo {
   enum class Init { normal, ones, zeros, scaled_normal };
   enum class Parallel { none, column, row };  // its place in a tensor-parallel pair (ir/roles.h)
-  std::string name;  // Hugging Face name
+  std::string name;                           // Hugging Face name
   Shape shape;
   Init init = Init::normal;
-  std::string block;                     // its parameter group: "embed", "layers.0", "head"
+  std::string block;  // its parameter group: "embed", "layers.0", "head"
   Parallel parallel = Parallel::none;
-  int64_t parallel_dim = -1;             // column: the output features' dim; row: the input's
+  int64_t parallel_dim = -1;  // column: the output features' dim; row: the input's
 };
 // Every parameter of the model, in a fixed order.
 std::vector<ParamInfo> param_infos(const ModelConfig& c);
@@ -66,9 +67,9 @@ struct ModelGraph {
 // Builds the forward graph and loss for a batch of B sequences of T tokens (T <= max_seq_len).
 ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T);
 
-// Model FLOPs per token for training (forward + backward), the architecture's count (PaLM appendix B:
-// 6 * (non-embedding matmul params + the output head) + 12 * L * T * d_model for attention scores and
-// values, forward and backward, full T*T as is customary).
+// Model FLOPs per token for training (forward + backward), the architecture's count (PaLM appendix
+// B: 6 * (non-embedding matmul params + the output head) + 12 * L * T * d_model for attention
+// scores and values, forward and backward, full T*T as is customary).
 double train_flops_per_token(const ModelConfig& c, int64_t T);
 
 }  // namespace loom::models

@@ -1,4 +1,5 @@
-// The 2-D (or batched) view a matmul node computes, shared by its cost, its kernels and the simulator.
+// The 2-D (or batched) view a matmul node computes, shared by its cost, its kernels and the
+// simulator.
 #pragma once
 
 #include <cstdint>

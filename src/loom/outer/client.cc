@@ -12,7 +12,8 @@ namespace loom::outer {
 
 using Clock = std::chrono::steady_clock;
 
-OuterClient::OuterClient(ClientConfig cfg, TensorList spec) : cfg_(std::move(cfg)), spec_(std::move(spec)) {
+OuterClient::OuterClient(ClientConfig cfg, TensorList spec)
+    : cfg_(std::move(cfg)), spec_(std::move(spec)) {
   if (cfg_.token.empty())
     throw Error(fmt::format("outer server {}: no token", cfg_.server),
                 "set LOOM_OUTER_TOKEN or [outer] token_file");
@@ -59,8 +60,8 @@ grpc::Status OuterClient::retrying(const char* what, F&& call) {
       throw Error(fmt::format("outer server {} unreachable for {:.0f} s ({}): {}", cfg_.server,
                               waited, what, s.error_message()),
                   "is loom outer-server running there? [outer] retry_s sets how long to wait");
-    auto until = std::chrono::system_clock::now() +
-                 std::chrono::milliseconds(int64_t(backoff * 1000));
+    auto until =
+        std::chrono::system_clock::now() + std::chrono::milliseconds(int64_t(backoff * 1000));
     if (channel_->WaitForConnected(until))
       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // connected (again): retry soon
     else
@@ -121,8 +122,8 @@ grpc::Status OuterClient::pull(uint64_t id, TensorList& params, uint64_t* versio
   });
 }
 
-grpc::Status OuterClient::push(const proto::PushHeader& h, const TensorList& grad, proto::Encoding enc,
-                               proto::PushReply* rep) {
+grpc::Status OuterClient::push(const proto::PushHeader& h, const TensorList& grad,
+                               proto::Encoding enc, proto::PushReply* rep) {
   return retrying("push", [&]() -> grpc::Status {
     auto ctx = context(300);
     auto w = stub_->Push(ctx.get(), rep);
@@ -157,7 +158,8 @@ grpc::Status OuterClient::await(uint64_t id, uint64_t base_version, uint32_t wai
   req.set_island_id(id);
   req.set_base_version(base_version);
   req.set_wait_ms(wait_ms);
-  return retrying("await", [&] { return stub_->Await(context(wait_ms / 1000.0 + 10).get(), req, rep); });
+  return retrying("await",
+                  [&] { return stub_->Await(context(wait_ms / 1000.0 + 10).get(), req, rep); });
 }
 
 }  // namespace loom::outer

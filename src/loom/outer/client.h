@@ -1,8 +1,9 @@
-// The island's side of the outer sync service: one gRPC channel to the server, calls with deadlines,
-// and reconnection with exponential backoff (0.1 s doubling to 2 s) while the server is unreachable,
-// for at most `retry_s` before giving up with a loom::Error naming the server. Between tries the
-// caller waits on the channel's connection (a synchronous client's connection attempts only make
-// progress while some thread polls it; a plain sleep would leave them to gRPC's 5 s backup poller).
+// The island's side of the outer sync service: one gRPC channel to the server, calls with
+// deadlines, and reconnection with exponential backoff (0.1 s doubling to 2 s) while the server is
+// unreachable, for at most `retry_s` before giving up with a loom::Error naming the server. Between
+// tries the caller waits on the channel's connection (a synchronous client's connection attempts
+// only make progress while some thread polls it; a plain sleep would leave them to gRPC's 5 s
+// backup poller).
 //
 // Each call returns the server's grpc::Status for the caller to act on (NOT_FOUND: join again;
 // FAILED_PRECONDITION: stale, pull and go on); UNAUTHENTICATED is thrown as a loom::Error at once.
@@ -21,9 +22,9 @@
 namespace loom::outer {
 
 struct ClientConfig {
-  std::string server;   // host:port
+  std::string server;  // host:port
   std::string token;
-  std::string tls_ca;   // PEM file of the certificate (or its CA) to trust; "": plaintext
+  std::string tls_ca;  // PEM file of the certificate (or its CA) to trust; "": plaintext
   double retry_s = 120;
 };
 

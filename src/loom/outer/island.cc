@@ -37,10 +37,10 @@ Island::Island(const train::Config& cfg, train::ParamStore& params, const std::s
   TensorList spec;  // names and shapes
   for (const auto& p : params.infos()) spec.push_back({p.name, p.shape, {}});
   global_ = zeros_like(spec);
-  client_ = std::make_unique<OuterClient>(
-      ClientConfig{cfg.outer.server, read_token(cfg.outer, cfg.path), cfg.outer.tls_ca,
-                   cfg.outer.retry_s},
-      std::move(spec));
+  client_ =
+      std::make_unique<OuterClient>(ClientConfig{cfg.outer.server, read_token(cfg.outer, cfg.path),
+                                                 cfg.outer.tls_ca, cfg.outer.retry_s},
+                                    std::move(spec));
   join();
   pull();
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
@@ -60,8 +60,8 @@ void Island::join() {
   proto::JoinReply r;
   grpc::Status s = client_->join(name_, &r);
   if (!s.ok())
-    throw Error(fmt::format("outer server {} refused to let this island join: {}", client_->server(),
-                            s.error_message()));
+    throw Error(fmt::format("outer server {} refused to let this island join: {}",
+                            client_->server(), s.error_message()));
   if (r.mode() != train::outer_mode_name(cfg_.mode))
     throw Error(fmt::format("outer server {} runs in {} mode, but [outer] mode = \"{}\"",
                             client_->server(), r.mode(), train::outer_mode_name(cfg_.mode)));
@@ -82,7 +82,8 @@ void Island::pull() {
       join();
       continue;
     }
-    throw Error(fmt::format("outer server {}: pull failed: {}", client_->server(), s.error_message()));
+    throw Error(
+        fmt::format("outer server {}: pull failed: {}", client_->server(), s.error_message()));
   }
   for (const auto& t : global_) std::memcpy(params_.data(t.name), t.data.data(), t.data.size() * 4);
 }
@@ -150,8 +151,10 @@ bool Island::sync(int64_t steps, double seconds) {
       done_ = a.done();
       if (a.state() == proto::AwaitReply::CLOSED) break;
       if (a.state() == proto::AwaitReply::RESEND) {
-        fmt::print(stderr, "island {}: the server holds no push of ours for round {} (it "
-                   "restarted?): pushing again\n", id_.load(), h.base_version() + 1);
+        fmt::print(stderr,
+                   "island {}: the server holds no push of ours for round {} (it "
+                   "restarted?): pushing again\n",
+                   id_.load(), h.base_version() + 1);
         if (!push()) break;
       }
     }

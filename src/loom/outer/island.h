@@ -1,15 +1,15 @@
 // An island's side of the outer loop, driven by `loom train` when [outer] server is set.
 //
 // On construction it joins the server and replaces the local parameters with the global ones (so
-// every island starts from the same weights). Every H inner steps the training loop calls sync(): the
-// pseudo-gradient (global - local) is pushed, in sync mode the island waits for the round to close,
-// and the new global parameters are pulled into the ParamStore. The inner optimizer state never
-// leaves the island. A heartbeat thread keeps the lease alive, also while the island waits.
+// every island starts from the same weights). Every H inner steps the training loop calls sync():
+// the pseudo-gradient (global - local) is pushed, in sync mode the island waits for the round to
+// close, and the new global parameters are pulled into the ParamStore. The inner optimizer state
+// never leaves the island. A heartbeat thread keeps the lease alive, also while the island waits.
 //
 // Faults: a server that restarts is reconnected to with backoff (OuterClient); a push it lost is
-// sent again (Await says RESEND); an island the server dropped (lease expired) joins again and takes
-// the current parameters; a stale push (the round closed without it) is dropped and the island takes
-// the current parameters. Anything else is a loom::Error naming the server.
+// sent again (Await says RESEND); an island the server dropped (lease expired) joins again and
+// takes the current parameters; a stale push (the round closed without it) is dropped and the
+// island takes the current parameters. Anything else is a loom::Error naming the server.
 #pragma once
 
 #include <atomic>

@@ -108,7 +108,8 @@ TEST(OuterServer, SyncRoundTakesTheNesterovStepOnTheMean) {
   EXPECT_EQ(a->bytes_received(), uint64_t(total_elements(h.init)) * 4);
 }
 
-// Sends `bytes` as the request of `method` without any encoding: what a broken or hostile peer does.
+// Sends `bytes` as the request of `method` without any encoding: what a broken or hostile peer
+// does.
 grpc::Status raw_call(const std::string& addr, const std::string& method, const std::string& bytes,
                       const std::string& token = "secret") {
   auto ch = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
@@ -323,7 +324,10 @@ TEST(OuterServer, AStateOfAnotherModelOrModeIsRefused) {
   c.state_dir = dir.path;
   c.token = "t";
   c.verbose = false;
-  { OuterServer s(c, model(1)); s.start("127.0.0.1:0"); }
+  {
+    OuterServer s(c, model(1));
+    s.start("127.0.0.1:0");
+  }
   TensorList other = model(1);
   other[0].shape = {4, 3};
   try {
@@ -331,7 +335,8 @@ TEST(OuterServer, AStateOfAnotherModelOrModeIsRefused) {
     ADD_FAILURE() << "another model's state was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tensor 'param.w' is f32[3,4], the model's is f32[4,3]"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   c.mode = OuterMode::async;
   EXPECT_THROW(OuterServer(c, model(1)), Error);
@@ -371,9 +376,10 @@ TEST(OuterServer, AsyncAppliesEachPushAndGivesSlowIslandsFewerSteps) {
 TEST(OuterServer, ServesOverTlsAndRefusesPlaintext) {
   TempDir dir;
   const std::string key = dir.path + "/key.pem", cert = dir.path + "/cert.pem";
-  std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
-                    "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " + key +
-                    " -out " + cert + " >/dev/null 2>&1";
+  std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
+      key + " -out " + cert + " >/dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl could not make a test certificate";
   ServerConfig c;
   c.tls_cert = cert;

@@ -12,7 +12,8 @@ namespace loom::outer {
 TensorList zeros_like(const TensorList& t) {
   TensorList out;
   out.reserve(t.size());
-  for (const auto& x : t) out.push_back({x.name, x.shape, std::vector<float>(size_t(numel(x.shape)))});
+  for (const auto& x : t)
+    out.push_back({x.name, x.shape, std::vector<float>(size_t(numel(x.shape)))});
   return out;
 }
 

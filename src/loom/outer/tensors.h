@@ -3,8 +3,8 @@
 //
 // A stream carries the tensors in the order of the expected list, each as contiguous chunks of at
 // most kChunkBytes of data, offsets in elements. The Assembler is the only decoder of tensor data
-// that comes off the network: whatever bytes arrive, it either fills the tensors exactly or returns a
-// message naming the tensor and what was wrong (unknown or out-of-order name, offset, length,
+// that comes off the network: whatever bytes arrive, it either fills the tensors exactly or returns
+// a message naming the tensor and what was wrong (unknown or out-of-order name, offset, length,
 // encoding, a non-finite value), and never reads or writes outside them.
 #pragma once
 
@@ -52,8 +52,8 @@ class Assembler {
 
  private:
   TensorList out_;
-  size_t pos_ = 0;     // the tensor being received
-  int64_t off_ = 0;    // elements of it received
+  size_t pos_ = 0;   // the tensor being received
+  int64_t off_ = 0;  // elements of it received
   size_t bytes_ = 0;
 };
 

@@ -1,6 +1,6 @@
 // add_optimizer (stage train): global-norm gradient clipping and AdamW over every parameter, in the
-// same graph as the forward and backward (autodiff::add_optimizer). The step's outputs become the loss
-// and the gradient norm. Skipped unless the step trains in one graph (StepKind::train without
+// same graph as the forward and backward (autodiff::add_optimizer). The step's outputs become the
+// loss and the gradient norm. Skipped unless the step trains in one graph (StepKind::train without
 // gradient accumulation).
 #include "loom/passes/pipeline.h"
 

@@ -12,8 +12,8 @@ Pass apply_tactics_pass() {
           Stage::sharded, [](Compilation& c, const Options& o) {
             const shard::Plan& plan = o.plan;
             if (plan.mesh.size() != o.ranks)
-              throw Error(fmt::format("{}: the mesh {} has {} ranks, but this run has {}", plan.where,
-                                      plan.mesh.to_string(), plan.mesh.size(), o.ranks),
+              throw Error(fmt::format("{}: the mesh {} has {} ranks, but this run has {}",
+                                      plan.where, plan.mesh.to_string(), plan.mesh.size(), o.ranks),
                           "make the product of the mesh's axis sizes equal the number of ranks "
                           "(mpirun -np N)");
             c.annotations = shard::apply_tactics(c.model.graph, plan, c.model.roles);

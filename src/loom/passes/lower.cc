@@ -1,5 +1,5 @@
-// lower (stage lowered): the per-rank program, local shapes plus the collectives that reshard values
-// between their producers and consumers (shard/lower.h).
+// lower (stage lowered): the per-rank program, local shapes plus the collectives that reshard
+// values between their producers and consumers (shard/lower.h).
 #include "loom/passes/pipeline.h"
 
 namespace loom::passes {

@@ -11,7 +11,8 @@
 // reaches into another pass's state. The pipeline (pipeline.h) runs the verifier after every pass.
 //
 // Invariant: value ids in `model` and the handles are ids of `model.graph`; `rank.local` maps them
-// into `rank.graph`. A pass only appends to a graph (ids never change), so earlier handles stay valid.
+// into `rank.graph`. A pass only appends to a graph (ids never change), so earlier handles stay
+// valid.
 #pragma once
 
 #include <functional>
@@ -46,26 +47,26 @@ struct Options {
   StepKind kind = StepKind::train;
   bool accumulate = false;  // train: stop at the gradients (gradient accumulation)
   autodiff::AdamWConfig optim;
-  shard::Plan plan;         // empty: one process, no sharded stages
-  int64_t ranks = 1;        // the number of ranks the plan must fit
+  shard::Plan plan;                // empty: one process, no sharded stages
+  int64_t ranks = 1;               // the number of ranks the plan must fit
   std::string source = "<model>";  // for messages: the config file
 };
 
 // A training step on its way through the pipeline.
 struct Compilation {
-  models::ModelGraph model;            // the global graph, its handles and roles (forward on)
-  std::map<int, int> grads;            // param -> gradient value (train: kinds grads and train)
-  autodiff::TrainStep optimizer;       // clipping and AdamW handles (train, not accumulating)
-  shard::Annotations annotations;      // the tactics' shardings (sharded)
-  shard::Propagation propagation;      // every value's sharding (sharded)
-  shard::Program rank;                 // the per-rank program (lowered)
+  models::ModelGraph model;             // the global graph, its handles and roles (forward on)
+  std::map<int, int> grads;             // param -> gradient value (train: kinds grads and train)
+  autodiff::TrainStep optimizer;        // clipping and AdamW handles (train, not accumulating)
+  shard::Annotations annotations;       // the tactics' shardings (sharded)
+  shard::Propagation propagation;       // every value's sharding (sharded)
+  shard::Program rank;                  // the per-rank program (lowered)
   std::vector<std::string> passes_run;  // in order
 };
 
 struct Pass {
   std::string name;     // snake_case, as --passes and IR-text headers spell it
   std::string summary;  // one line
-  Stage stage;          // the stage this pass builds (it runs when compiling to this stage or later)
+  Stage stage;  // the stage this pass builds (it runs when compiling to this stage or later)
   std::function<void(Compilation&, const Options&)> run;
 };
 

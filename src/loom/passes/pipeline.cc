@@ -9,10 +9,14 @@ namespace loom::passes {
 
 std::string_view stage_name(Stage s) {
   switch (s) {
-    case Stage::forward: return "forward";
-    case Stage::train: return "train";
-    case Stage::sharded: return "sharded";
-    case Stage::lowered: return "lowered";
+    case Stage::forward:
+      return "forward";
+    case Stage::train:
+      return "train";
+    case Stage::sharded:
+      return "sharded";
+    case Stage::lowered:
+      return "lowered";
   }
   return "?";
 }
@@ -63,9 +67,9 @@ void run_one(const Pass& p, Compilation& c, const Options& opts) {
 
 Compilation compile(const Options& opts, Stage until) {
   if (until > Stage::train && opts.plan.empty())
-    throw Error(fmt::format("{}: no [plan] mesh to shard by (stage {})", opts.source,
-                            stage_name(until)),
-                "add [plan] mesh = { data = 2 } and tactics = [ { kind = \"data\", axis = \"data\" } ]");
+    throw Error(
+        fmt::format("{}: no [plan] mesh to shard by (stage {})", opts.source, stage_name(until)),
+        "add [plan] mesh = { data = 2 } and tactics = [ { kind = \"data\", axis = \"data\" } ]");
   Compilation c;
   for (const Pass& p : pipeline())
     if (p.stage <= until) run_one(p, c, opts);

@@ -14,14 +14,15 @@ void check_sharding(const ir::Value& v, const shard::Sharding& s, const Options&
   for (const auto& dim : s.dims)
     for (const auto& axis : dim)
       if (!opts.plan.mesh.has(axis))
-        out.push_back(fmt::format("%{}: split over axis '{}', which the mesh {} lacks", v.name, axis,
-                                  opts.plan.mesh.to_string()));
+        out.push_back(fmt::format("%{}: split over axis '{}', which the mesh {} lacks", v.name,
+                                  axis, opts.plan.mesh.to_string()));
   if (s.dims.size() != v.type.shape.size())
     out.push_back(fmt::format("%{} ({}): sharding {} has {} dims", v.name, ir::type_str(v.type),
                               shard::to_string(s), s.dims.size()));
   if (out.size() > before) return;
   if (auto e = shard::check_sharding(v.type.shape, s, opts.plan.mesh); !e.empty())
-    out.push_back(fmt::format("%{} ({}): {}: {}", v.name, ir::type_str(v.type), shard::to_string(s), e));
+    out.push_back(
+        fmt::format("%{} ({}): {}: {}", v.name, ir::type_str(v.type), shard::to_string(s), e));
 }
 
 void check_shardings(const Compilation& c, const Options& opts, std::vector<std::string>& out) {
@@ -48,8 +49,8 @@ void check_rank_program(const Compilation& c, std::vector<std::string>& out) {
   const int n = int(r.graph.values().size());
   const ir::Graph& g = c.model.graph;
   if (r.local.size() != g.values().size())
-    out.push_back(fmt::format("rank program maps {} of {} global values", r.local.size(),
-                              g.values().size()));
+    out.push_back(
+        fmt::format("rank program maps {} of {} global values", r.local.size(), g.values().size()));
   for (const ir::Value& v : g.values())
     if (v.kind != ir::ValueKind::node && v.id < int(r.local.size()) &&
         (r.local[size_t(v.id)] < 0 || r.local[size_t(v.id)] >= n))

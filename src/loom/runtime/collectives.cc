@@ -12,7 +12,8 @@ namespace loom::runtime {
 
 MeshComms::MeshComms(comm::Communicator& world, const shard::Mesh& mesh) : world_(world) {
   if (mesh.size() != world.size())
-    throw Error(fmt::format("the mesh has {} ranks, the communicator {}", mesh.size(), world.size()));
+    throw Error(
+        fmt::format("the mesh has {} ranks, the communicator {}", mesh.size(), world.size()));
   const int r = world.rank();
   for (const auto& [name, n] : mesh.axes()) {
     const int64_t coord = mesh.coord(r, name);
@@ -29,8 +30,8 @@ comm::Communicator& MeshComms::axis(const std::string& name) const {
 
 namespace {
 
-// A tensor split into p equal blocks along dim d, seen as (outer, p, block) with block in bytes: the
-// strided side of a collective (the whole tensor an all_gather makes, a reduce_scatter or
+// A tensor split into p equal blocks along dim d, seen as (outer, p, block) with block in bytes:
+// the strided side of a collective (the whole tensor an all_gather makes, a reduce_scatter or
 // shard_slice reads).
 struct Blocks {
   int64_t outer = 1, block = 1;
@@ -99,7 +100,8 @@ const std::map<std::string, CollectiveKernel, std::less<>>& collective_kernels()
          } else {
            const int64_t piece = k.in_bytes / k.p;
            k.scratch.resize(size_t(k.in_bytes));
-           for (int64_t j = 0; j < k.p; ++j) pack_block(k.src, k.scratch.data() + j * piece, b, k.p, j);
+           for (int64_t j = 0; j < k.p; ++j)
+             pack_block(k.src, k.scratch.data() + j * piece, b, k.p, j);
            k.c.reduce_scatter(k.scratch.data(), k.dst, count, k.in.dtype);
          }
        }},

@@ -1,12 +1,13 @@
 // The collective ops of a per-rank program (ops/collective.cc) run on a Communicator per mesh axis.
 //
 // MeshComms splits a world communicator into one communicator per mesh axis (shard::Mesh): the
-// ranks that differ only in that axis's coordinate, ranked by it. With the mesh {data = 2, model = 2} (rank = 2 * data + model),
-// rank 3's `data` communicator holds ranks {1, 3} and its `model` communicator ranks {2, 3}.
+// ranks that differ only in that axis's coordinate, ranked by it. With the mesh {data = 2, model =
+// 2} (rank = 2 * data + model), rank 3's `data` communicator holds ranks {1, 3} and its `model`
+// communicator ranks {2, 3}.
 //
-// Layout: a collective over dim d of a local (outer, s, inner) tensor moves whole (s, inner) blocks;
-// when outer > 1 the blocks are packed into rank order in a scratch buffer first, so the wire always
-// carries contiguous per-rank blocks.
+// Layout: a collective over dim d of a local (outer, s, inner) tensor moves whole (s, inner)
+// blocks; when outer > 1 the blocks are packed into rank order in a scratch buffer first, so the
+// wire always carries contiguous per-rank blocks.
 //
 // Not here: choosing collectives (shard/lower.h), moving bytes (comm/).
 #pragma once

@@ -83,11 +83,16 @@ std::unordered_map<std::string, Fn> make_table() {
   t["cast"] = [](auto& g, auto& n, auto in, auto out) {
     DType from = in_t(g, n, 0).dtype, to = out_t(g, n, 0).dtype;
     int64_t e = out_n(g, n, 0);
-    if (from == to) std::memmove(out[0], in[0], size_t(e) * dtype_size(to));
-    else if (from == DType::f32) k::cast_f32_bf16(CF(in[0]), static_cast<bf16*>(out[0]), e);
-    else k::cast_bf16_f32(static_cast<const bf16*>(in[0]), F(out[0]), e);
+    if (from == to)
+      std::memmove(out[0], in[0], size_t(e) * dtype_size(to));
+    else if (from == DType::f32)
+      k::cast_f32_bf16(CF(in[0]), static_cast<bf16*>(out[0]), e);
+    else
+      k::cast_bf16_f32(static_cast<const bf16*>(in[0]), F(out[0]), e);
   };
-  t["sum"] = [](auto& g, auto& n, auto in, auto out) { k::sum(CF(in[0]), F(out[0]), in_n(g, n, 0)); };
+  t["sum"] = [](auto& g, auto& n, auto in, auto out) {
+    k::sum(CF(in[0]), F(out[0]), in_n(g, n, 0));
+  };
   t["sumsq"] = [](auto& g, auto& n, auto in, auto out) {
     k::sumsq(CF(in[0]), F(out[0]), in_n(g, n, 0));
   };
@@ -109,8 +114,10 @@ std::unordered_map<std::string, Fn> make_table() {
   t["fill"] = [](auto& g, auto& n, auto in, auto out) {
     float v = float(n.attr_float("value", 0.0));
     int64_t e = out_n(g, n, 0);
-    if (out_t(g, n, 0).dtype == DType::f32) std::fill_n(F(out[0]), e, v);
-    else std::fill_n(static_cast<bf16*>(out[0]), e, f32_to_bf16(v));
+    if (out_t(g, n, 0).dtype == DType::f32)
+      std::fill_n(F(out[0]), e, v);
+    else
+      std::fill_n(static_cast<bf16*>(out[0]), e, f32_to_bf16(v));
   };
   t["positions"] = [](auto& g, auto& n, auto in, auto out) {
     const Shape& s = out_t(g, n, 0).shape;
@@ -228,8 +235,8 @@ std::unordered_map<std::string, Fn> make_table() {
   t["adamw"] = [](auto& g, auto& n, auto in, auto out) {
     LOOM_CHECK(out[0] == in[0] && out[1] == in[2] && out[2] == in[3]) << "adamw must run in place";
     k::adamw(F(in[0]), CF(in[1]), F(in[2]), F(in[3]), CF(in[4]), CF(in[5]), in_n(g, n, 0),
-             float(n.attr_float("beta1")), float(n.attr_float("beta2")),
-             float(n.attr_float("eps")), float(n.attr_float("wd")));
+             float(n.attr_float("beta1")), float(n.attr_float("beta2")), float(n.attr_float("eps")),
+             float(n.attr_float("wd")));
   };
   t["clip_coef"] = [](auto& g, auto& n, auto in, auto out) {
     k::clip_coef(CF(in[0]), F(out[0]), F(out[1]), float(n.attr_float("max_norm")));

@@ -20,8 +20,8 @@ Executor::Executor(const ir::Graph& g) : g_(g), plan_(plan_memory(g)) {
   if (plan_.arena_bytes > 0) {
     arena_ = static_cast<char*>(std::aligned_alloc(64, size_t(plan_.arena_bytes)));
     if (!arena_)
-      throw Error(fmt::format("cannot allocate the {} MiB activation arena",
-                              plan_.arena_bytes >> 20));
+      throw Error(
+          fmt::format("cannot allocate the {} MiB activation arena", plan_.arena_bytes >> 20));
   }
 }
 
@@ -44,9 +44,10 @@ void Executor::launch(const ir::Node& n, void* const* ins, void* const* outs) {
     return;
   }
   if (!comms_)
-    throw Error(fmt::format("executor: %{} = {}(...) needs communicators (a sharded program run "
-                            "without its ranks)",
-                            g_.value(n.outputs[0]).name, n.op));
+    throw Error(
+        fmt::format("executor: %{} = {}(...) needs communicators (a sharded program run "
+                    "without its ranks)",
+                    g_.value(n.outputs[0]).name, n.op));
   run_collective(g_, n, ins, outs, *comms_);
 }
 

@@ -1,9 +1,9 @@
 // Executor: runs a Graph on one CPU rank, node by node in order, with every node-produced tensor at
-// its planned offset in one arena (memory_plan.h). External values (params, states, inputs) are bound
-// by the caller and must stay valid while the executor runs.
+// its planned offset in one arena (memory_plan.h). External values (params, states, inputs) are
+// bound by the caller and must stay valid while the executor runs.
 //
-// A per-rank program's collectives (shard/lower.h) run on the communicators given by set_comms(), in
-// program order on the calling thread.
+// A per-rank program's collectives (shard/lower.h) run on the communicators given by set_comms(),
+// in program order on the calling thread.
 //
 // Not here (yet): a communication stream, multi-device; one executor runs on one thread and calls
 // kernels that use OpenMP inside.
@@ -46,8 +46,8 @@ class Executor {
 
   // Binds an external value (param, state, input) to caller memory of value_bytes() bytes.
   void bind(int value, void* data);
-  // Runs every node. Throws loom::Error if an external value is unbound or a kernel rejects its input
-  // (e.g. a token id outside the vocabulary).
+  // Runs every node. Throws loom::Error if an external value is unbound or a kernel rejects its
+  // input (e.g. a token id outside the vocabulary).
   void run();
   // Any value's memory (arena values are valid until the next run()).
   void* data(int value) const;
@@ -75,6 +75,5 @@ class Executor {
   const MeshComms* comms_ = nullptr;
   void launch(const ir::Node& n, void* const* ins, void* const* outs);
 };
-
 
 }  // namespace loom::runtime

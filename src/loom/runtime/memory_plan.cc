@@ -1,7 +1,8 @@
 #include "loom/runtime/memory_plan.h"
 
-#include <algorithm>
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <map>
 
 #include "loom/core/error.h"
@@ -78,9 +79,8 @@ MemoryPlan plan_memory(const ir::Graph& g) {
   std::vector<int> roots;
   for (int v = 0; v < nv; ++v)
     if (p.root[v] == v && g.value(v).kind == ir::ValueKind::node) roots.push_back(v);
-  std::stable_sort(roots.begin(), roots.end(), [&](int a, int b) {
-    return value_bytes(g.value(a)) > value_bytes(g.value(b));
-  });
+  std::stable_sort(roots.begin(), roots.end(),
+                   [&](int a, int b) { return value_bytes(g.value(a)) > value_bytes(g.value(b)); });
 
   struct Placed {
     int64_t off, end;
@@ -123,14 +123,14 @@ std::string memory_report(const ir::Graph& g, const MemoryPlan& p, int top) {
       for (char c : v.name) {
         if (std::isdigit(static_cast<unsigned char>(c))) {
           if (key.empty() || key.back() != 'N') key += 'N';
-        } else key += c;
+        } else
+          key += c;
       }
       groups[key].first += value_bytes(v);
       groups[key].second++;
     }
   std::vector<std::pair<int64_t, std::string>> sorted;
-  for (auto& [k, b] : groups)
-    sorted.push_back({b.first, fmt::format("{} x{}", k, b.second)});
+  for (auto& [k, b] : groups) sorted.push_back({b.first, fmt::format("{} x{}", k, b.second)});
   std::sort(sorted.rbegin(), sorted.rend());
   std::string r = fmt::format("arena {:.1f} MiB; peak of live values {:.1f} MiB at node {} ({})\n",
                               p.arena_bytes / 1048576.0, live[peak] / 1048576.0, peak,

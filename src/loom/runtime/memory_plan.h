@@ -1,15 +1,15 @@
-// Static memory planning: every value a node produces gets an offset in one arena, chosen by liveness so
-// that values whose lifetimes do not overlap share bytes. Graph inputs (params, states, inputs) are
-// external: the caller binds their buffers.
+// Static memory planning: every value a node produces gets an offset in one arena, chosen by
+// liveness so that values whose lifetimes do not overlap share bytes. Graph inputs (params, states,
+// inputs) are external: the caller binds their buffers.
 //
 // Aliasing: a view op's output (reshape), an in-place op's outputs (adamw), and an output an op may
-// compute in place (OpDef::reuse: add, swiglu_bwd, cross_entropy's dlogits, ...) when its input dies at
-// that node, use their input's buffer; such values form one "root" whose lifetime covers all of them.
-// Graph outputs live to the end.
+// compute in place (OpDef::reuse: add, swiglu_bwd, cross_entropy's dlogits, ...) when its input
+// dies at that node, use their input's buffer; such values form one "root" whose lifetime covers
+// all of them. Graph outputs live to the end.
 //
 // Placement is greedy best-fit by decreasing size: for each root, the lowest 64-byte-aligned offset
-// that overlaps no already-placed root alive at the same time. Invariant (checked by the tests): two
-// roots alive at one node never overlap in memory.
+// that overlaps no already-placed root alive at the same time. Invariant (checked by the tests):
+// two roots alive at one node never overlap in memory.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +21,11 @@
 namespace loom::runtime {
 
 struct MemoryPlan {
-  std::vector<int> root;          // per value: the value whose buffer it uses (itself if its own)
-  std::vector<int64_t> offset;    // per value: arena offset of its root; -1 when external
-  std::vector<int> first, last;   // per root value: first and last node index it is alive at
-  int64_t arena_bytes = 0;        // the planned peak of node-produced tensors
-  int64_t external_bytes = 0;     // params, states and inputs
+  std::vector<int> root;         // per value: the value whose buffer it uses (itself if its own)
+  std::vector<int64_t> offset;   // per value: arena offset of its root; -1 when external
+  std::vector<int> first, last;  // per root value: first and last node index it is alive at
+  int64_t arena_bytes = 0;       // the planned peak of node-produced tensors
+  int64_t external_bytes = 0;    // params, states and inputs
 };
 
 MemoryPlan plan_memory(const ir::Graph& g);

@@ -46,7 +46,8 @@ class Lowerer {
     return {t.dtype, local_shape(t.shape, s, m_)};
   }
 
-  static size_t common_prefix(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  static size_t common_prefix(const std::vector<std::string>& a,
+                              const std::vector<std::string>& b) {
     size_t k = 0;
     while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
     return k;
@@ -128,14 +129,16 @@ class Lowerer {
       size_t k = common_prefix(from.dims[d], to.dims[d]);
       while (from.dims[d].size() > k) {
         const std::string a = from.dims[d].back();
-        id = emit("all_gather", {id}, {{"axis", a}, {"dim", int64_t(d)}, {"n", m_.axis_size(a)}}, name);
+        id = emit("all_gather", {id}, {{"axis", a}, {"dim", int64_t(d)}, {"n", m_.axis_size(a)}},
+                  name);
         from.dims[d].pop_back();
       }
     }
     for (size_t d = 0; d < from.dims.size(); ++d)
       for (size_t k = from.dims[d].size(); k < to.dims[d].size(); ++k) {
         const std::string& a = to.dims[d][k];
-        id = emit("shard_slice", {id}, {{"axis", a}, {"dim", int64_t(d)}, {"n", m_.axis_size(a)}}, name);
+        id = emit("shard_slice", {id}, {{"axis", a}, {"dim", int64_t(d)}, {"n", m_.axis_size(a)}},
+                  name);
         from.dims[d].push_back(a);
       }
     LOOM_CHECK(from == to) << "reshard of %" << name << " ended at " << to_string(from) << ", not "
@@ -176,9 +179,9 @@ class Lowerer {
     auto inferred = def.infer(lin, attrs);
     for (size_t j = 0; j < lout.size(); ++j)
       LOOM_CHECK(inferred[j] == lout[j])
-          << "lowering " << n.op << " -> %" << names[j] << ": the op infers " << ir::type_str(inferred[j])
-          << " from local inputs, the sharding " << to_string(ns.results[j]) << " gives "
-          << ir::type_str(lout[j]);
+          << "lowering " << n.op << " -> %" << names[j] << ": the op infers "
+          << ir::type_str(inferred[j]) << " from local inputs, the sharding "
+          << to_string(ns.results[j]) << " gives " << ir::type_str(lout[j]);
     auto outs = prog_.graph.add_node(n.op, ins, attrs, lout, names);
     for (size_t j = 0; j < outs.size(); ++j) {
       int v = n.outputs[j];

@@ -3,7 +3,8 @@
 // sharding than the value has.
 //
 // A reshard from sharding S to T is emitted as, in order:
-//   1. each partial axis of S that T does not keep: reduce_scatter over it onto the dim where T adds
+//   1. each partial axis of S that T does not keep: reduce_scatter over it onto the dim where T
+//   adds
 //      exactly that axis next, else all_reduce;
 //   2. an axis that leaves the end of one dim's split for the end of another's ({model,_} ->
 //      {_,model}): all_to_all;
@@ -16,8 +17,8 @@
 // An op that updates a graph input in place (adamw) but had to run on a resharded copy writes the
 // result back: reshard to the input's sharding, then `assign`.
 //
-// The Program is the same on every rank (SPMD): which block a rank holds is decided at run time from
-// its coordinates, so `loom inspect --stage lowered --rank R` differs only in its header.
+// The Program is the same on every rank (SPMD): which block a rank holds is decided at run time
+// from its coordinates, so `loom inspect --stage lowered --rank R` differs only in its header.
 #pragma once
 
 #include <string>

@@ -1,22 +1,24 @@
 // Plan and tactics: how a training graph is split across a mesh, kept apart from the model.
 //
-// A Plan is a mesh and an ordered list of tactics (the `[plan]` section of a config). Each tactic is a
-// small function that sets the sharding of chosen values of the global graph; propagation
-// (propagate.h) fills in every other value. Earlier tactics win where two annotations meet in one op
-// (their priority is their position in the list).
+// A Plan is a mesh and an ordered list of tactics (the `[plan]` section of a config). Each tactic
+// is a small function that sets the sharding of chosen values of the global graph; propagation
+// (propagate.h) fills in every other value. Earlier tactics win where two annotations meet in one
+// op (their priority is their position in the list).
 //
-//   data     {axis}               split the batch inputs the model declares (tokens, targets) on dim 0
-//   fsdp     {axis}               ZeRO-3: parameters, gradients and AdamW moments stored split over the
+//   data     {axis}               split the batch inputs the model declares (tokens, targets) on
+//   dim 0 fsdp     {axis}               ZeRO-3: parameters, gradients and AdamW moments stored
+//   split over the
 //                                 axis (on the first dim it divides, after the axes earlier tactics
-//                                 put there); every consumer but the optimizer sees the parameter as it
-//                                 was before this tactic, so it is all-gathered before use
-//   zero1    {axis}               AdamW moments split; gradients all-reduced whole; the update runs on
+//                                 put there); every consumer but the optimizer sees the parameter
+//                                 as it was before this tactic, so it is all-gathered before use
+//   zero1    {axis}               AdamW moments split; gradients all-reduced whole; the update runs
+//   on
 //                                 this rank's block and the new parameter is all-gathered back
 //   zero2    {axis}               as zero1, with gradients reduce-scattered to the moments' blocks
 //   megatron {axis}               Megatron-LM tensor parallel: the weights the model declares
-//                                 column-parallel (Llama's q/k/v and gate/up) split by output features,
-//                                 the row-parallel ones (o/down) by input features (ir/roles.h); their
-//                                 gradients and moments alike
+//                                 column-parallel (Llama's q/k/v and gate/up) split by output
+//                                 features, the row-parallel ones (o/down) by input features
+//                                 (ir/roles.h); their gradients and moments alike
 //   sequence {axis}               Megatron sequence parallel: the residual stream and the norms'
 //                                 outputs split on the time dim (dim 1)
 //   shard    {axis, pattern, dim} split dim `dim` of every graph input whose name matches the glob
@@ -38,7 +40,7 @@
 namespace loom::shard {
 
 struct Tactic {
-  std::string kind;     // data | fsdp | zero1 | zero2 | megatron | sequence | shard
+  std::string kind;  // data | fsdp | zero1 | zero2 | megatron | sequence | shard
   std::string axis;
   std::string pattern;  // shard only
   int64_t dim = -1;     // shard only
@@ -55,16 +57,16 @@ struct Plan {
 struct Annotation {
   Sharding sharding;
   bool has_use = false;
-  Sharding use;       // has_use: what consumers other than the value's in-place updater see (fsdp)
-  int priority = 0;   // the tactic's index: lower wins
-  std::string by;     // "[plan] tactics[0] (fsdp)"
+  Sharding use;      // has_use: what consumers other than the value's in-place updater see (fsdp)
+  int priority = 0;  // the tactic's index: lower wins
+  std::string by;    // "[plan] tactics[0] (fsdp)"
 };
 
 using Annotations = std::map<int, Annotation>;  // value id -> annotation
 
 // Applies the plan's tactics in order; they find values by the roles the model declared (never by
-// name, except `shard`'s pattern, which is the user's). Graph inputs no tactic names are replicated. Throws loom::Error
-// (see above).
+// name, except `shard`'s pattern, which is the user's). Graph inputs no tactic names are
+// replicated. Throws loom::Error (see above).
 Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles& roles);
 
 // The names tactics accept, for the config parser's messages.

@@ -20,9 +20,8 @@ bool updates_in_place(const ir::Node& n, size_t i) {
 }
 
 std::vector<std::string> mesh_sorted(std::vector<std::string> axes, const Mesh& m) {
-  std::sort(axes.begin(), axes.end(), [&](const std::string& a, const std::string& b) {
-    return m.index(a) < m.index(b);
-  });
+  std::sort(axes.begin(), axes.end(),
+            [&](const std::string& a, const std::string& b) { return m.index(a) < m.index(b); });
   axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
   return axes;
 }
@@ -71,7 +70,8 @@ class Propagator {
   bool visit(const ir::Node& n) {
     const ops::FactorRule& r = rules_[size_t(n.id)];
     const int nf = r.num_factors();
-    // factors that are not the major factor of some dim cannot carry axes (a dim lists its axes once)
+    // factors that are not the major factor of some dim cannot carry axes (a dim lists its axes
+    // once)
     std::vector<bool> minor(size_t(nf), false);
     auto mark = [&](const std::vector<std::vector<std::vector<int>>>& side) {
       for (const auto& t : side)
@@ -114,7 +114,8 @@ class Propagator {
     auto collect = [&](const Sharding& s, const std::vector<std::vector<int>>& dims, int prio,
                        int order) {
       for (size_t d = 0; d < dims.size() && d < s.dims.size(); ++d)
-        if (!s.dims[d].empty() && !dims[d].empty()) cands.push_back({prio, order, dims[d][0], &s.dims[d]});
+        if (!s.dims[d].empty() && !dims[d].empty())
+          cands.push_back({prio, order, dims[d][0], &s.dims[d]});
     };
     for (size_t i = 0; i < n.inputs.size(); ++i)
       collect(*view[i], r.operands[i], priority(n.inputs[i]), int(i));
@@ -161,7 +162,8 @@ class Propagator {
       std::vector<std::string> part = pass;
       for (int f = 0; f < nf; ++f)
         if (r.kind(f, int(j)) == ops::FactorKind::reduce)
-          part.insert(part.end(), ns.factor_axes[size_t(f)].begin(), ns.factor_axes[size_t(f)].end());
+          part.insert(part.end(), ns.factor_axes[size_t(f)].begin(),
+                      ns.factor_axes[size_t(f)].end());
       s.partial = mesh_sorted(part, m_);
       ns.results.push_back(std::move(s));
     }
@@ -175,7 +177,8 @@ class Propagator {
       Sharding s = ns.results[j];
       const Sharding& old = p_.value[size_t(v)];
       for (size_t d = 0; d < s.dims.size(); ++d)
-        if (s.dims[d].empty() && !old.dims[d].empty() && fits(s, old.dims[d], g_.value(v).type.shape[d]))
+        if (s.dims[d].empty() && !old.dims[d].empty() &&
+            fits(s, old.dims[d], g_.value(v).type.shape[d]))
           s.dims[d] = old.dims[d];
       if (!(s == old)) {
         p_.value[size_t(v)] = std::move(s);

@@ -14,10 +14,13 @@ Mesh::Mesh(std::vector<std::pair<std::string, int64_t>> axes, const std::string&
   if (axes_.empty()) throw Error(where + ": a mesh needs at least one axis", "mesh = { data = 2 }");
   for (size_t i = 0; i < axes_.size(); ++i) {
     const auto& [name, n] = axes_[i];
-    if (name.empty() || name == "_") throw Error(fmt::format("{}: axis name '{}' is not allowed", where, name));
-    if (n < 1) throw Error(fmt::format("{}: axis {} has size {}; sizes must be >= 1", where, name, n));
+    if (name.empty() || name == "_")
+      throw Error(fmt::format("{}: axis name '{}' is not allowed", where, name));
+    if (n < 1)
+      throw Error(fmt::format("{}: axis {} has size {}; sizes must be >= 1", where, name, n));
     for (size_t j = 0; j < i; ++j)
-      if (axes_[j].first == name) throw Error(fmt::format("{}: axis {} appears twice", where, name));
+      if (axes_[j].first == name)
+        throw Error(fmt::format("{}: axis {} appears twice", where, name));
   }
 }
 
@@ -120,8 +123,10 @@ Sharding parse_sharding(std::string_view text, const std::string& where) {
       size_t j = dims.find(',', i);
       if (j == std::string_view::npos) j = dims.size();
       std::string_view d = dims.substr(i, j - i);
-      if (d == "_") s.dims.emplace_back();
-      else s.dims.push_back(axes(d));
+      if (d == "_")
+        s.dims.emplace_back();
+      else
+        s.dims.push_back(axes(d));
       i = j + 1;
     }
   }
@@ -139,7 +144,8 @@ Shape local_shape(const Shape& global, const Sharding& s, const Mesh& m) {
   Shape r = global;
   for (size_t d = 0; d < r.size(); ++d) {
     int64_t w = s.ways(m, d);
-    LOOM_CHECK(r[d] % w == 0) << "dim " << d << " of " << shape_str(global) << " by " << to_string(s);
+    LOOM_CHECK(r[d] % w == 0) << "dim " << d << " of " << shape_str(global) << " by "
+                              << to_string(s);
     r[d] /= w;
   }
   return r;

@@ -1,12 +1,12 @@
 // Mesh and Sharding: plain values that say how a tensor is laid out across ranks.
 //
 // A Mesh is named axes with sizes, `{data = 2, model = 2}`; rank r has coordinates r written in the
-// mixed radix of the sizes, row-major (the last axis varies fastest): ranks 0,1,2,3 are (0,0), (0,1),
-// (1,0), (1,1).
+// mixed radix of the sizes, row-major (the last axis varies fastest): ranks 0,1,2,3 are (0,0),
+// (0,1), (1,0), (1,1).
 //
 // A Sharding says, per tensor dim, which mesh axes split it (major first), and over which axes the
-// value is a pending partial sum (each rank holds a summand; the value is their sum). Axes not named
-// replicate. Its text form, used in the IR text of the sharded stage:
+// value is a pending partial sum (each rank holds a summand; the value is their sum). Axes not
+// named replicate. Its text form, used in the IR text of the sharded stage:
 //     {data,_,_}            dim 0 split over data, dims 1 and 2 whole
 //     {model+data,_}        dim 0 split over model, each model block split again over data
 //     {_,_|sum=data}        whole dims, a partial sum over data
@@ -30,13 +30,15 @@ namespace loom::shard {
 class Mesh {
  public:
   Mesh() = default;
-  // Throws loom::Error for an empty or repeated axis name or a size < 1 (`where` names the config key).
-  explicit Mesh(std::vector<std::pair<std::string, int64_t>> axes, const std::string& where = "mesh");
+  // Throws loom::Error for an empty or repeated axis name or a size < 1 (`where` names the config
+  // key).
+  explicit Mesh(std::vector<std::pair<std::string, int64_t>> axes,
+                const std::string& where = "mesh");
 
   const std::vector<std::pair<std::string, int64_t>>& axes() const { return axes_; }
   int64_t size() const;  // number of ranks
   bool has(std::string_view axis) const { return index(axis) >= 0; }
-  int index(std::string_view axis) const;  // -1 when absent
+  int index(std::string_view axis) const;          // -1 when absent
   int64_t axis_size(std::string_view axis) const;  // LOOM_CHECKs the axis exists
   // The coordinate of `rank` along `axis`, and how far apart in rank two neighbours on it are.
   int64_t coord(int64_t rank, std::string_view axis) const;
@@ -49,10 +51,13 @@ class Mesh {
 };
 
 struct Sharding {
-  std::vector<std::vector<std::string>> dims;  // per tensor dim, the axes that split it, major first
-  std::vector<std::string> partial;            // sorted by mesh order
+  std::vector<std::vector<std::string>>
+      dims;                          // per tensor dim, the axes that split it, major first
+  std::vector<std::string> partial;  // sorted by mesh order
 
-  static Sharding replicated(size_t rank) { return Sharding{std::vector<std::vector<std::string>>(rank), {}}; }
+  static Sharding replicated(size_t rank) {
+    return Sharding{std::vector<std::vector<std::string>>(rank), {}};
+  }
   bool is_replicated() const;  // no split dim and no partial axis
   bool uses(std::string_view axis) const;
   // The number of blocks dim d is split into.

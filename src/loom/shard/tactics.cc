@@ -37,22 +37,25 @@ class Applier {
     by_ = fmt::format("{} tactics[{}] ({})", plan_.where, index, t.kind);
     axis_ = t.axis;
     if (!plan_.mesh.has(axis_))
-      throw Error(fmt::format("{}: axis '{}' is not in the mesh {}", by_, axis_, plan_.mesh.to_string()),
-                  "name one of the mesh's axes, or add it to [plan] mesh");
+      throw Error(
+          fmt::format("{}: axis '{}' is not in the mesh {}", by_, axis_, plan_.mesh.to_string()),
+          "name one of the mesh's axes, or add it to [plan] mesh");
   }
 
   Sharding current(int v) const {
     auto it = ann_.find(v);
-    return it != ann_.end() ? it->second.sharding : Sharding::replicated(g_.value(v).type.shape.size());
+    return it != ann_.end() ? it->second.sharding
+                            : Sharding::replicated(g_.value(v).type.shape.size());
   }
 
   // `s` with this tactic's axis appended to dim d; an error if the value already uses the axis.
   Sharding with_axis(int v, Sharding s, size_t d) const {
     if (s.uses(axis_)) {
       auto it = ann_.find(v);
-      throw Error(fmt::format("{}: value %{} is already split over axis '{}'{}", by_, g_.value(v).name,
-                              axis_, it != ann_.end() ? " by " + it->second.by : ""),
-                  "two tactics may not split one value over the same axis; use another axis");
+      throw Error(
+          fmt::format("{}: value %{} is already split over axis '{}'{}", by_, g_.value(v).name,
+                      axis_, it != ann_.end() ? " by " + it->second.by : ""),
+          "two tactics may not split one value over the same axis; use another axis");
     }
     s.dims[d].push_back(axis_);
     return s;
@@ -125,8 +128,10 @@ Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles&
         ap.set(e->second.m, ap.with_axis(e->second.m, ap.current(e->second.m), size_t(d)));
         ap.set(e->second.v, ap.with_axis(e->second.v, ap.current(e->second.v), size_t(d)));
         // zero1 keeps the gradient whole (all-reduced); zero2 and fsdp reduce-scatter it
-        if (t.kind == "zero1") ap.set(e->second.grad, before);
-        else ap.set(e->second.grad, ap.with_axis(e->second.grad, before, size_t(d)));
+        if (t.kind == "zero1")
+          ap.set(e->second.grad, before);
+        else
+          ap.set(e->second.grad, ap.with_axis(e->second.grad, before, size_t(d)));
       }
     } else if (t.kind == "megatron") {
       auto split_pair = [&](const ir::ParallelWeight& w) {
@@ -141,9 +146,10 @@ Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles&
       for (const auto& w : roles.column_parallel) split_pair(w);
       for (const auto& w : roles.row_parallel) split_pair(w);
       if (roles.column_parallel.empty() && roles.row_parallel.empty())
-        throw Error(fmt::format("{}: this model declares no column- or row-parallel weight", ap.by_),
-                    "megatron splits the weights a model declares tensor-parallel: Llama's "
-                    "q/k/v/o and gate/up/down projections, GPT-2's MLP");
+        throw Error(
+            fmt::format("{}: this model declares no column- or row-parallel weight", ap.by_),
+            "megatron splits the weights a model declares tensor-parallel: Llama's "
+            "q/k/v/o and gate/up/down projections, GPT-2's MLP");
     } else if (t.kind == "sequence") {
       std::vector<int> stream;
       for (const ir::Node& n : g.nodes())

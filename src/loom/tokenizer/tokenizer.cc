@@ -15,8 +15,9 @@ namespace loom::data {
 
 namespace {
 
-constexpr size_t kMaxSentenceBytes = 8192;  // longer lines are cut (at a UTF-8 boundary) for training
-constexpr size_t kEncodeChunk = 1 << 20;    // encode() works on ~1 MiB pieces ending in a newline
+constexpr size_t kMaxSentenceBytes =
+    8192;                                 // longer lines are cut (at a UTF-8 boundary) for training
+constexpr size_t kEncodeChunk = 1 << 20;  // encode() works on ~1 MiB pieces ending in a newline
 
 // Feeds SentencePiece the lines of an in-memory text. A line longer than kMaxSentenceBytes is cut
 // into several sentences rather than skipped (SentencePiece skips over-long sentences).
@@ -65,9 +66,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
   t.sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   auto st = t.sp_->Load(path);
   if (!st.ok())
-    throw Error(fmt::format("tokenizer {}: cannot load the SentencePiece model: {}", path,
-                            st.ToString()),
-                "prepare the data again with loom data prepare");
+    throw Error(
+        fmt::format("tokenizer {}: cannot load the SentencePiece model: {}", path, st.ToString()),
+        "prepare the data again with loom data prepare");
   return t;
 }
 
@@ -112,8 +113,9 @@ void Tokenizer::train_bpe(const std::vector<std::string>& text_files, int vocab_
                           const std::string& model_prefix) {
   std::string text;
   for (const auto& f : text_files) text += read_file(f);
-  train_bpe(text, vocab_size, model_prefix,
-            text_files.size() == 1 ? text_files[0] : fmt::format("{} text files", text_files.size()));
+  train_bpe(
+      text, vocab_size, model_prefix,
+      text_files.size() == 1 ? text_files[0] : fmt::format("{} text files", text_files.size()));
 }
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
@@ -127,7 +129,8 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   // separately gives the same ids as encoding the whole text.
   std::vector<int> ids;
   for (size_t pos = 0; pos < text.size();) {
-    size_t end = pos + kEncodeChunk >= text.size() ? text.size() : text.find('\n', pos + kEncodeChunk);
+    size_t end =
+        pos + kEncodeChunk >= text.size() ? text.size() : text.find('\n', pos + kEncodeChunk);
     end = end == std::string::npos ? text.size() : std::min(text.size(), end + 1);
     auto st = sp_->Encode(absl::string_view(text.data() + pos, end - pos), &ids);
     if (!st.ok()) throw Error(fmt::format("tokenizer: cannot encode: {}", st.ToString()));

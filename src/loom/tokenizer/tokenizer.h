@@ -1,5 +1,5 @@
-// Tokenizers: text <-> token ids. Two kinds: byte-level (id = byte value, vocabulary 256, nothing to
-// train) and SentencePiece BPE (trained by `loom data prepare`, saved as tokenizer.model).
+// Tokenizers: text <-> token ids. Two kinds: byte-level (id = byte value, vocabulary 256, nothing
+// to train) and SentencePiece BPE (trained by `loom data prepare`, saved as tokenizer.model).
 //
 // Invariant: decode(encode(s)) == s for every byte string s, newlines, tabs and runs of spaces
 // included. SentencePiece drops or folds whitespace by default; train_bpe turns that off (identity
@@ -27,7 +27,8 @@ class Tokenizer {
   static Tokenizer load(const std::string& path);
   // Trains a BPE model of exactly `vocab_size` pieces on `text` (its lines are the training
   // sentences) and writes `model_prefix`.model (and .vocab). Throws loom::Error, naming `what` (the
-  // input's name for messages), when SentencePiece refuses, e.g. a vocabulary too large for the text.
+  // input's name for messages), when SentencePiece refuses, e.g. a vocabulary too large for the
+  // text.
   static void train_bpe(const std::string& text, int vocab_size, const std::string& model_prefix,
                         const std::string& what);
   // The same, reading the text from files (concatenated).

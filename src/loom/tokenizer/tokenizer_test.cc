@@ -1,6 +1,6 @@
 // Tests for the tokenizers: byte-level identity, and a SentencePiece BPE model trained on a small
-// generated text that must round-trip text with newlines, tabs, runs of spaces and characters it never
-// saw (byte fallback) exactly.
+// generated text that must round-trip text with newlines, tabs, runs of spaces and characters it
+// never saw (byte fallback) exactly.
 #include "loom/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -18,8 +18,9 @@ namespace fs = std::filesystem;
 
 // ~200 KB of word salad over a small alphabet, with indentation, tabs and blank lines.
 std::string make_text(uint64_t seed) {
-  const char* words[] = {"the", "model", "trains", "on", "text", "and", "tokens", "of", "loom",
-                         "weave", "a", "thread", "through", "every", "shard", "42", "x=1;"};
+  const char* words[] = {"the",     "model", "trains", "on",    "text", "and",
+                         "tokens",  "of",    "loom",   "weave", "a",    "thread",
+                         "through", "every", "shard",  "42",    "x=1;"};
   std::mt19937_64 rng(seed);
   std::string s;
   while (s.size() < 200000) {

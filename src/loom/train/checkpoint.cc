@@ -53,8 +53,8 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 }
 
 std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunner& runner,
-                            const nlohmann::json& state, const std::string& config_text,
-                            int keep, bool writer) {
+                            const nlohmann::json& state, const std::string& config_text, int keep,
+                            bool writer) {
   // every rank of a sharded run gathers (collectively); only the writer touches the disk
   runner.push_params();
   std::vector<std::vector<float>> moments;
@@ -80,15 +80,15 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
     size_t i = 0;
     for (const auto& p : params.infos()) {
       for (autodiff::Moment which : autodiff::kMoments)
-        opt.push_back({autodiff::moment_state_name(which, p.name), DType::f32, p.shape,
-                       moments[i++].data()});
+        opt.push_back(
+            {autodiff::moment_state_name(which, p.name), DType::f32, p.shape, moments[i++].data()});
     }
     write_safetensors(tmp + "/optimizer.safetensors", opt);
     nlohmann::json st = state;
     st["format"] = 1;
     st["step"] = step;
     write_file_atomic(tmp + "/state.json", st.dump(2) + "\n");
-    write_file_atomic(tmp + "/config.toml", config_text);  // each write fsyncs tmp as well
+    write_file_atomic(tmp + "/config.toml", config_text);    // each write fsyncs tmp as well
     if (fs::exists(final_path)) fs::remove_all(final_path);  // re-saving the same step
     fs::rename(tmp, final_path);
     fsync_directory(dir);
@@ -109,7 +109,8 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
 
 Config load_run_config(const std::string& run_dir) {
   std::error_code ec;
-  const std::string hint = "pass the directory loom train wrote (its --run-dir, default runs/<config>)";
+  const std::string hint =
+      "pass the directory loom train wrote (its --run-dir, default runs/<config>)";
   if (!fs::is_directory(run_dir, ec))
     throw Error(fmt::format("run dir {}: not a directory", run_dir), hint);
   const std::string config = run_dir + "/config.toml";
@@ -128,10 +129,11 @@ std::optional<std::string> model_file(const std::string& path) {
 std::string run_weights(const std::string& run_dir, const std::string& choice) {
   if (!choice.empty()) {
     if (auto f = model_file(choice)) return *f;
-    throw Error(fmt::format("--checkpoint {}: no such file, nor a directory holding model.safetensors",
-                            choice),
-                "pass a checkpoint directory (RUN_DIR/checkpoints/step_XXXXXXXX) or a .safetensors "
-                "file");
+    throw Error(
+        fmt::format("--checkpoint {}: no such file, nor a directory holding model.safetensors",
+                    choice),
+        "pass a checkpoint directory (RUN_DIR/checkpoints/step_XXXXXXXX) or a .safetensors "
+        "file");
   }
   const std::string ckdir = run_dir + "/checkpoints";
   auto latest = latest_checkpoint(ckdir);
@@ -153,8 +155,8 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
   }
   if (!st.is_object() || !st.contains("step") || !st["step"].is_number_integer() ||
       st.value("format", 0) != 1)
-    throw Error(fmt::format("checkpoint {}: state.json lacks an integer 'step' or format 1",
-                            state_path));
+    throw Error(
+        fmt::format("checkpoint {}: state.json lacks an integer 'step' or format 1", state_path));
   params.load(path + "/model.safetensors");
   runner.pull_params();
   const std::string opt_path = path + "/optimizer.safetensors";
@@ -166,8 +168,8 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
         throw Error(fmt::format("checkpoint {}: missing tensor '{}'", opt_path, name));
       const TensorView& t = opt.get(name);
       if (t.dtype != DType::f32 || t.shape != p.shape)
-        throw Error(fmt::format("checkpoint {}: tensor '{}' is {}{}, expected f32{}", opt_path, name,
-                                dtype_name(t.dtype), shape_str(t.shape), shape_str(p.shape)));
+        throw Error(fmt::format("checkpoint {}: tensor '{}' is {}{}, expected f32{}", opt_path,
+                                name, dtype_name(t.dtype), shape_str(t.shape), shape_str(p.shape)));
       runner.write_moment(p.name, which, static_cast<const float*>(t.data));
     }
   runner.set_step_count(st["step"].get<int64_t>());

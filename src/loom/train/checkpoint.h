@@ -1,5 +1,5 @@
-// Training checkpoints: one directory per step, written so that a crash never leaves a half checkpoint
-// where a reader would take it for a whole one.
+// Training checkpoints: one directory per step, written so that a crash never leaves a half
+// checkpoint where a reader would take it for a whole one.
 //
 //   DIR/step_00000100/
 //     model.safetensors      every parameter (f32) under its Hugging Face name
@@ -31,12 +31,12 @@ namespace loom::train {
 std::string checkpoint_name(int64_t step);  // "step_00000100"
 
 // Saves params, the runner's optimizer state and step count, `state` and `config_text`; returns the
-// checkpoint's path. Throws loom::Error naming the path on failure, leaving earlier checkpoints intact.
-// A sharded run calls it on every rank (it gathers the parameters and moments collectively, so the
-// checkpoint holds whole tensors and loads under any plan); only the `writer` rank writes.
+// checkpoint's path. Throws loom::Error naming the path on failure, leaving earlier checkpoints
+// intact. A sharded run calls it on every rank (it gathers the parameters and moments collectively,
+// so the checkpoint holds whole tensors and loads under any plan); only the `writer` rank writes.
 std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunner& runner,
-                            const nlohmann::json& state, const std::string& config_text,
-                            int keep, bool writer = true);
+                            const nlohmann::json& state, const std::string& config_text, int keep,
+                            bool writer = true);
 
 // The newest complete checkpoint in `dir` (by step), if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
@@ -46,10 +46,11 @@ std::vector<std::string> list_checkpoints(const std::string& dir);  // oldest fi
 // loom export.
 // Its resolved config; throws loom::Error naming the run dir if it or its config.toml is missing.
 Config load_run_config(const std::string& run_dir);
-// `path` itself if it is a file, `path`/model.safetensors if it is a directory holding one, else none.
+// `path` itself if it is a file, `path`/model.safetensors if it is a directory holding one, else
+// none.
 std::optional<std::string> model_file(const std::string& path);
-// The weights to read: `choice` (a checkpoint directory or a .safetensors file) when given, else the
-// newest checkpoint's model.safetensors. Throws loom::Error naming the path.
+// The weights to read: `choice` (a checkpoint directory or a .safetensors file) when given, else
+// the newest checkpoint's model.safetensors. Throws loom::Error naming the path.
 std::string run_weights(const std::string& run_dir, const std::string& choice);
 
 // Restores params, optimizer state and step count; returns state.json. A sharded runner takes its

@@ -12,8 +12,9 @@ namespace {
 // What a plan cannot be combined with yet.
 void require_plannable(const Config& cfg) {
   if (cfg.train.grad_accum > 1)
-    throw Error(fmt::format("{}: [train] grad_accum > 1 with a [plan] is not supported yet", cfg.path),
-                "raise [train] batch_size instead: the plan splits it across ranks");
+    throw Error(
+        fmt::format("{}: [train] grad_accum > 1 with a [plan] is not supported yet", cfg.path),
+        "raise [train] batch_size instead: the plan splits it across ranks");
 }
 
 }  // namespace
@@ -52,7 +53,8 @@ CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_pl
   for (auto [p, d] : s.c.grads) {
     const ir::Value& pv = g.value(p);
     int op = s.opt_graph.add_input(pv.name, pv.type, ir::ValueKind::param);
-    s.opt_grad_input[p] = grads[op] = s.opt_graph.add_input("grad." + pv.name, pv.type, ir::ValueKind::input);
+    s.opt_grad_input[p] = grads[op] =
+        s.opt_graph.add_input("grad." + pv.name, pv.type, ir::ValueKind::input);
   }
   s.opt = autodiff::add_optimizer(s.opt_graph, grads, cfg.optim);
   s.opt_graph.add_output(s.opt.grad_norm);

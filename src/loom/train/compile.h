@@ -2,8 +2,8 @@
 // this rank's program) through the compile pipeline (passes/), plus the handles a runner binds and
 // reads: loss, gradients, hyper-parameters, gradient norm and AdamW moments.
 //
-// With [train] grad_accum = k > 1 the forward+backward graph stops at the gradients and the optimizer
-// is a graph of its own (`optimizer`), fed the gradients summed over the k micro-batches.
+// With [train] grad_accum = k > 1 the forward+backward graph stops at the gradients and the
+// optimizer is a graph of its own (`optimizer`), fed the gradients summed over the k micro-batches.
 //
 // Not here: memory (a runner binds buffers), running (step.h), a rank's parameter blocks
 // (rank_blocks.h). Invariant: every handle is an id of `graph()` except those of the separate
@@ -19,8 +19,8 @@
 
 namespace loom::train {
 
-// What to compile from a config: the model, the batch and sequence length of [train], the optimizer,
-// and the plan when `ranks` > 0 (the number of ranks it must fit).
+// What to compile from a config: the model, the batch and sequence length of [train], the
+// optimizer, and the plan when `ranks` > 0 (the number of ranks it must fit).
 passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t ranks);
 
 // Shards the training step of cfg's [plan] as every rank's StepRunner will, so a plan's errors
@@ -29,9 +29,9 @@ void check_plan(const Config& cfg);
 
 struct CompiledStep {
   passes::StepKind kind = passes::StepKind::train;
-  passes::Compilation c;     // the global graph; under a plan, the rank program too
+  passes::Compilation c;  // the global graph; under a plan, the rank program too
   bool sharded = false;
-  int64_t accum = 1;         // micro-batches per step ([train] grad_accum)
+  int64_t accum = 1;  // micro-batches per step ([train] grad_accum)
   // Gradient accumulation: the optimizer graph, its handles, and its gradient input per param.
   ir::Graph opt_graph{"optimizer"};
   autodiff::TrainStep opt;
@@ -39,7 +39,8 @@ struct CompiledStep {
 
   const ir::Graph& graph() const { return c.model.graph; }
   int loss() const { return c.model.loss; }
-  // The graph holding the optimizer (the step's own, or opt_graph when accumulating) and its handles.
+  // The graph holding the optimizer (the step's own, or opt_graph when accumulating) and its
+  // handles.
   bool separate_optimizer() const { return accum > 1; }
   const ir::Graph& optimizer_graph() const { return separate_optimizer() ? opt_graph : graph(); }
   const autodiff::TrainStep& optimizer() const { return separate_optimizer() ? opt : c.optimizer; }

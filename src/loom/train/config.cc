@@ -1,13 +1,13 @@
 #include "loom/train/config.h"
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 
 #include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "loom/core/error.h"
 
@@ -42,7 +42,6 @@ std::string suggest(const std::string& key, const std::vector<std::string>& know
 
 // One setter per key: reads the node into the config or throws naming the key.
 using Setter = std::function<void(Config&, const toml::node&, const std::string& where)>;
-
 
 template <class F>
 Setter as_int(F field) {
@@ -284,8 +283,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     const auto& src = e.source();
     std::string desc(e.description());
     if (!src.begin) throw Error(fmt::format("{}: {}", path, desc));
-    throw Error(fmt::format("{}:{}:{}: TOML error: {}", path, src.begin.line, src.begin.column,
-                            desc));
+    throw Error(
+        fmt::format("{}:{}:{}: TOML error: {}", path, src.begin.line, src.begin.column, desc));
   }
   for (const auto& ov : overrides) apply_override(root, path, ov);
 
@@ -321,8 +320,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   // key: "[section] key". A key the user never wrote holds its default: the message says so.
   auto bad = [&](const std::string& key, const std::string& why) {
     if (written.count(key)) throw Error(fmt::format("{}: {}: {}", path, key, why));
-    throw Error(fmt::format("{}: {}: {} (that is its default value: the file does not set it)", path,
-                            key, why),
+    throw Error(fmt::format("{}: {}: {} (that is its default value: the file does not set it)",
+                            path, key, why),
                 fmt::format("set {} in the config, or with --set", key));
   };
   if (c.train.batch_size <= 0) bad("[train] batch_size", "must be > 0");
@@ -342,7 +341,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (c.train.grad_accum <= 0) bad("[train] grad_accum", "must be > 0");
   if (c.outer.inner_steps <= 0) bad("[outer] inner_steps", "must be > 0");
   if (!(c.outer.lr > 0)) bad("[outer] lr", "must be > 0");
-  if (!(c.outer.momentum >= 0 && c.outer.momentum < 1)) bad("[outer] momentum", "must be in [0, 1)");
+  if (!(c.outer.momentum >= 0 && c.outer.momentum < 1))
+    bad("[outer] momentum", "must be in [0, 1)");
   if (c.outer.delay < 0) bad("[outer] delay", "must be >= 0");
   if (c.outer.islands < 0) bad("[outer] islands", "must be >= 0");
   if (!(c.outer.lease_s > 0)) bad("[outer] lease_s", "must be > 0");

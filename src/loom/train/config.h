@@ -2,9 +2,9 @@
 // [outer] and [plan], overridden from the
 // command line with `--set section.key=value`.
 //
-// Strict: an unknown section or key, or a value of the wrong type, is a loom::Error naming the file and
-// the key (with a "did you mean" hint for near misses). Every key has a default except [model] arch,
-// which must be stated.
+// Strict: an unknown section or key, or a value of the wrong type, is a loom::Error naming the file
+// and the key (with a "did you mean" hint for near misses). Every key has a default except [model]
+// arch, which must be stated.
 #pragma once
 
 #include <cstdint>
@@ -23,10 +23,10 @@ struct TrainConfig {
   int64_t seed = 0;
   int64_t steps = 1000;
   int64_t warmup_steps = 0;
-  double min_lr = 0;        // the cosine schedule decays lr to this at the last step
-  int64_t eval_every = 0;   // 0: evaluate only at the end
+  double min_lr = 0;       // the cosine schedule decays lr to this at the last step
+  int64_t eval_every = 0;  // 0: evaluate only at the end
   int64_t eval_batches = 4;
-  int64_t grad_accum = 1;   // micro-batches of batch_size rows per optimizer step
+  int64_t grad_accum = 1;  // micro-batches of batch_size rows per optimizer step
 };
 
 struct DataConfig {
@@ -47,27 +47,28 @@ const char* outer_mode_name(OuterMode m);
 // [outer]: the island's side of DiLoCo / asynchronous Local-SGD (src/loom/outer/), and the settings
 // `loom outer-server` reads from the same file. Empty `server`: no outer loop.
 struct OuterConfig {
-  std::string server;          // host:port of loom outer-server
+  std::string server;  // host:port of loom outer-server
   OuterMode mode = OuterMode::sync;
-  int64_t inner_steps = 50;    // H: inner steps between pushes
-  double lr = 0.7;             // outer Nesterov learning rate
+  int64_t inner_steps = 50;  // H: inner steps between pushes
+  double lr = 0.7;           // outer Nesterov learning rate
   double momentum = 0.9;
   std::string compress = "f32";  // pseudo-gradients pushed as "f32" or "bf16"
-  int64_t delay = 0;           // async: Delayed Nesterov period; 0: the number of islands
-  int64_t islands = 0;         // islands expected (async step budget = islands x [train] steps)
+  int64_t delay = 0;             // async: Delayed Nesterov period; 0: the number of islands
+  int64_t islands = 0;           // islands expected (async step budget = islands x [train] steps)
   double lease_s = 10;
-  double retry_s = 120;        // how long an island keeps reconnecting to a server that is gone
-  std::string token_file;      // else the LOOM_OUTER_TOKEN environment variable
-  std::string tls_ca;          // island: PEM to trust; server: tls_cert + tls_key
+  double retry_s = 120;    // how long an island keeps reconnecting to a server that is gone
+  std::string token_file;  // else the LOOM_OUTER_TOKEN environment variable
+  std::string tls_ca;      // island: PEM to trust; server: tls_cert + tls_key
   std::string tls_cert, tls_key;
 };
 
-// [plan]: how the training step is split across ranks (shard/plan.h). No mesh: one process, unsplit.
+// [plan]: how the training step is split across ranks (shard/plan.h). No mesh: one process,
+// unsplit.
 struct PlanConfig {
-  shard::Plan plan;            // mesh = { data = 2, model = 2 } (axes in the order written),
-                               // tactics = [ { kind = "fsdp", axis = "data" }, ... ]
-  std::string ranks = "mpi";   // "mpi": one process per rank (mpirun -np N loom train ...);
-                               // "local": N threads of this process
+  shard::Plan plan;           // mesh = { data = 2, model = 2 } (axes in the order written),
+                              // tactics = [ { kind = "fsdp", axis = "data" }, ... ]
+  std::string ranks = "mpi";  // "mpi": one process per rank (mpirun -np N loom train ...);
+                              // "local": N threads of this process
 };
 
 struct Config {
@@ -79,17 +80,17 @@ struct Config {
   CheckpointConfig checkpoint;
   OuterConfig outer;
   PlanConfig plan;
-  // [model] init: weights to start a fresh run from (a model.safetensors, or a directory holding one,
-  // such as `loom export`'s output); empty: random init. Ignored when resuming.
+  // [model] init: weights to start a fresh run from (a model.safetensors, or a directory holding
+  // one, such as `loom export`'s output); empty: random init. Ignored when resuming.
   std::string init_weights;
   std::string text;  // the resolved config as TOML (with overrides applied), saved in run dirs
 };
 
-// Reads and validates `path`, applying overrides of the form "section.key=value" (value in TOML syntax;
-// a bare word is taken as a string).
-// What a command reads of a config: everything (train, bench, inspect), or only [model] (loom step,
-// which takes the batch and sequence length from its tokens): then the other sections' keys are
-// still parsed strictly, but nothing checks them against [model].
+// Reads and validates `path`, applying overrides of the form "section.key=value" (value in TOML
+// syntax; a bare word is taken as a string). What a command reads of a config: everything (train,
+// bench, inspect), or only [model] (loom step, which takes the batch and sequence length from its
+// tokens): then the other sections' keys are still parsed strictly, but nothing checks them against
+// [model].
 enum class ConfigUse { all, model_only };
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                    ConfigUse use = ConfigUse::all);

@@ -21,7 +21,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Keeps the metrics lines of steps <= `upto` (a resumed run rewrites what came after its checkpoint).
+// Keeps the metrics lines of steps <= `upto` (a resumed run rewrites what came after its
+// checkpoint).
 void truncate_metrics(const std::string& path, int64_t upto) {
   std::ifstream in(path);
   if (!in) return;
@@ -51,12 +52,13 @@ Run open_run(const Config& cfg, const RunOptions& opts) {
                 "directory");
   data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, cfg.train.seq_len);
   if (corpus.prepared() && corpus.vocab_size() != cfg.model.vocab_size)
-    throw Error(fmt::format("{}: the tokenizer's vocabulary does not match the model: vocab_size "
-                            "{} there, [model] vocab_size = {} in {}",
-                            corpus.meta_path(), corpus.vocab_size(), cfg.model.vocab_size, cfg.path),
-                fmt::format("set [model] vocab_size = {}, or prepare the data again with "
-                            "--vocab-size {}",
-                            corpus.vocab_size(), cfg.model.vocab_size));
+    throw Error(
+        fmt::format("{}: the tokenizer's vocabulary does not match the model: vocab_size "
+                    "{} there, [model] vocab_size = {} in {}",
+                    corpus.meta_path(), corpus.vocab_size(), cfg.model.vocab_size, cfg.path),
+        fmt::format("set [model] vocab_size = {}, or prepare the data again with "
+                    "--vocab-size {}",
+                    corpus.vocab_size(), cfg.model.vocab_size));
   if (!corpus.prepared() && cfg.model.vocab_size < 256)
     throw Error(fmt::format("{}: [model] vocab_size = {} is too small for byte-level tokens",
                             cfg.path, cfg.model.vocab_size),
@@ -174,8 +176,9 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
       dt *= opts.slowdown;
     }
     if (!std::isfinite(r.loss))
-      throw Error(fmt::format("the loss is {} at step {}", r.loss, step),
-                  "lower [optim] lr or raise [train] warmup_steps; resume from the last checkpoint");
+      throw Error(
+          fmt::format("the loss is {} at step {}", r.loss, step),
+          "lower [optim] lr or raise [train] warmup_steps; resume from the last checkpoint");
     nlohmann::json m{{"step", step},
                      {"loss", r.loss},
                      {"lr", lr},
@@ -192,7 +195,8 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
         m.update(island->metrics());
       }
     }
-    // evaluation steps depend only on the step number, so a resumed run logs what a straight one does
+    // evaluation steps depend only on the step number, so a resumed run logs what a straight one
+    // does
     if ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || last || step == 1) {
       const double v = validation_loss(cfg, run.corpus, evaluator);
       m["val_loss"] = v;

@@ -1,15 +1,16 @@
-// The training loop: a config becomes a run directory of metrics, checkpoints and the resolved config,
-// trained by one rank (or every rank of a plan, each calling train_rank with its communicators). `loom
-// train` parses flags and prints; tests call the same functions.
+// The training loop: a config becomes a run directory of metrics, checkpoints and the resolved
+// config, trained by one rank (or every rank of a plan, each calling train_rank with its
+// communicators). `loom train` parses flags and prints; tests call the same functions.
 //
-// The run directory holds config.toml (the resolved config), metrics.jsonl (one JSON object per step:
-// step, loss, lr, grad_norm, tokens_per_s, elapsed_s since this process started training, and
+// The run directory holds config.toml (the resolved config), metrics.jsonl (one JSON object per
+// step: step, loss, lr, grad_norm, tokens_per_s, elapsed_s since this process started training, and
 // val_loss when evaluated) and checkpoints/. A resumed run (RunOptions::resume) continues from the
-// newest complete checkpoint and rewrites the metrics after it, so it logs what a straight run does.
+// newest complete checkpoint and rewrites the metrics after it, so it logs what a straight run
+// does.
 //
-// With an OuterSync (an island of DiLoCo / asynchronous Local-SGD, outer/island.h) the run samples its
-// own data stream (rank = its island id - 1) and every H steps syncs; those steps' metrics add the
-// sync's own (outer_round, outer_version, bytes_sent, bytes_received, wait_s).
+// With an OuterSync (an island of DiLoCo / asynchronous Local-SGD, outer/island.h) the run samples
+// its own data stream (rank = its island id - 1) and every H steps syncs; those steps' metrics add
+// the sync's own (outer_round, outer_version, bytes_sent, bytes_received, wait_s).
 //
 // Not here: starting ranks (tools/loom/ranks.h), the outer service (outer/). Invariant: only the
 // writer (rank 0, or the one process) touches the run directory; every rank computes every step,
@@ -34,8 +35,8 @@ namespace loom::train {
 class OuterSync {
  public:
   virtual ~OuterSync() = default;
-  virtual uint64_t id() const = 0;            // counts from 1
-  virtual int64_t inner_steps() const = 0;    // H for the round under way
+  virtual uint64_t id() const = 0;          // counts from 1
+  virtual int64_t inner_steps() const = 0;  // H for the round under way
   // Ends a round of `steps` inner steps that took `seconds`; false once the budget is spent.
   virtual bool sync(int64_t steps, double seconds) = 0;
   virtual nlohmann::json metrics() const = 0;  // merged into the metrics line of a sync step
@@ -75,8 +76,8 @@ struct RunResult {
   std::string outer_summary;
 };
 
-// One rank's training loop; `comms` is null without a plan. `progress` (optional) sees every step on
-// the writer. Throws loom::Error (a non-finite loss, a checkpoint that cannot be written, ...).
+// One rank's training loop; `comms` is null without a plan. `progress` (optional) sees every step
+// on the writer. Throws loom::Error (a non-finite loss, a checkpoint that cannot be written, ...).
 RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
                      const runtime::MeshComms* comms,
                      const std::function<void(const StepReport&)>& progress = {});

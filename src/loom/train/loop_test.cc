@@ -1,5 +1,6 @@
-// The training loop as a library call: a run, and the same run stopped after a checkpoint and resumed,
-// log bit-identical metrics (loss, grad norm, val loss) at every step; bad runs are loom::Errors.
+// The training loop as a library call: a run, and the same run stopped after a checkpoint and
+// resumed, log bit-identical metrics (loss, grad norm, val loss) at every step; bad runs are
+// loom::Errors.
 #include "loom/train/loop.h"
 
 #include <gtest/gtest.h>
@@ -23,8 +24,9 @@ struct TempDir {
 
 // Text of varied words, enough for train and validation samples of 33 bytes.
 std::string text() {
-  const char* words[] = {"the", "loom", "weaves", "a", "thread", "of", "tokens", "through", "every",
-                         "layer", "and", "gradient", "moves", "slowly", "toward", "lower", "loss"};
+  const char* words[] = {"the",    "loom",    "weaves", "a",     "thread", "of",
+                         "tokens", "through", "every",  "layer", "and",    "gradient",
+                         "moves",  "slowly",  "toward", "lower", "loss"};
   std::string s;
   uint32_t x = 12345;
   for (int i = 0; i < 6000; ++i) {
@@ -37,10 +39,10 @@ std::string text() {
 
 Config config(const TempDir& d) {
   write_file_atomic((d.path / "corpus.txt").string(), text());
-  return load_config(std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml",
-                     {"data.path=" + (d.path / "corpus.txt").string(), "train.steps=6",
-                      "train.seq_len=32", "train.batch_size=2", "train.eval_every=3",
-                      "checkpoint.every=3", "checkpoint.keep=5"});
+  return load_config(
+      std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml",
+      {"data.path=" + (d.path / "corpus.txt").string(), "train.steps=6", "train.seq_len=32",
+       "train.batch_size=2", "train.eval_every=3", "checkpoint.every=3", "checkpoint.keep=5"});
 }
 
 std::vector<nlohmann::json> metrics(const std::string& path) {

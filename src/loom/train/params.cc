@@ -54,8 +54,12 @@ void ParamStore::init_random(uint64_t seed) {
     auto& b = buf_[p.name];
     using I = models::ParamInfo::Init;
     switch (p.init) {
-      case I::ones: std::fill(b.begin(), b.end(), 1.0f); break;
-      case I::zeros: std::fill(b.begin(), b.end(), 0.0f); break;
+      case I::ones:
+        std::fill(b.begin(), b.end(), 1.0f);
+        break;
+      case I::zeros:
+        std::fill(b.begin(), b.end(), 0.0f);
+        break;
       case I::normal:
       case I::scaled_normal: {
         std::normal_distribution<double> nd(0.0, p.init == I::normal ? 0.02 : resid);
@@ -72,22 +76,22 @@ void ParamStore::load(const std::string& path) {
   for (const auto& p : infos_) {
     expected.insert(p.name);
     if (!f.contains(p.name))
-      throw Error(fmt::format("weights {}: missing tensor '{}' for a {} model", path, p.name,
-                              cfg_.arch),
-                  "the file must hold every parameter under its Hugging Face name");
+      throw Error(
+          fmt::format("weights {}: missing tensor '{}' for a {} model", path, p.name, cfg_.arch),
+          "the file must hold every parameter under its Hugging Face name");
     const TensorView& t = f.get(p.name);
     if (t.dtype != DType::f32 || t.shape != p.shape)
       throw Error(fmt::format("weights {}: tensor '{}' is {}{}, the model expects f32{}", path,
-                              p.name, dtype_name(t.dtype), shape_str(t.shape),
-                              shape_str(p.shape)));
+                              p.name, dtype_name(t.dtype), shape_str(t.shape), shape_str(p.shape)));
     restore(p.name);
     std::memcpy(buf_[p.name].data(), t.data, t.nbytes);
   }
   for (const auto& n : f.names())
     if (!expected.count(n))
-      throw Error(fmt::format("weights {}: unexpected tensor '{}' (not a parameter of this {} model)",
-                              path, n, cfg_.arch),
-                  "check [model] in the config: n_layers, arch");
+      throw Error(
+          fmt::format("weights {}: unexpected tensor '{}' (not a parameter of this {} model)", path,
+                      n, cfg_.arch),
+          "check [model] in the config: n_layers, arch");
 }
 
 void ParamStore::save(const std::string& path) const {

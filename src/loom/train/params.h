@@ -1,8 +1,9 @@
-// ParamStore: the f32 master weights of a model, one contiguous buffer per parameter under its Hugging
-// Face name; initialised randomly, or loaded from / saved to safetensors.
+// ParamStore: the f32 master weights of a model, one contiguous buffer per parameter under its
+// Hugging Face name; initialised randomly, or loaded from / saved to safetensors.
 //
-// Loading is strict: every model parameter must be in the file with exactly its shape and dtype F32,
-// and the file may hold nothing else; any mismatch is a loom::Error naming the file and the tensor.
+// Loading is strict: every model parameter must be in the file with exactly its shape and dtype
+// F32, and the file may hold nothing else; any mismatch is a loom::Error naming the file and the
+// tensor.
 #pragma once
 
 #include <cstdint>

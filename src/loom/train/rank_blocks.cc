@@ -15,7 +15,8 @@ int64_t RankBlocks::block_elements(int v) const {
 }
 
 void RankBlocks::take_block(int v, const void* whole, void* block) const {
-  shard::copy_block(whole, block, c_.model.graph.value(v).type.shape, 4, sharding(v), mesh_, rank());
+  shard::copy_block(whole, block, c_.model.graph.value(v).type.shape, 4, sharding(v), mesh_,
+                    rank());
 }
 
 std::vector<float> RankBlocks::gather(int v, const float* block) const {
@@ -56,7 +57,8 @@ void RankBlocks::push(ParamStore& store) const {
 }
 
 void RankBlocks::pull(ParamStore& store) const {
-  for (const auto& [name, ptr] : param_ptr_) take_block(c_.model.graph.find(name), store.data(name), ptr);
+  for (const auto& [name, ptr] : param_ptr_)
+    take_block(c_.model.graph.find(name), store.data(name), ptr);
 }
 
 void RankBlocks::release(ParamStore& store) const {

@@ -1,6 +1,7 @@
 // RankBlocks: what one rank of a sharded run holds of the global tensors, and how it moves between
-// its block and the whole: parameters split by the plan (this rank's block only), the batch's block,
-// and gathers of any value's blocks into the whole tensor (for checkpoints and gradient checks).
+// its block and the whole: parameters split by the plan (this rank's block only), the batch's
+// block, and gathers of any value's blocks into the whole tensor (for checkpoints and gradient
+// checks).
 //
 // Parameters the plan splits live here, not in the ParamStore: push() gathers them into the store
 // (collective), pull() takes this rank's blocks from it, release() frees the store's whole copies.
@@ -24,7 +25,8 @@ namespace loom::train {
 class RankBlocks {
  public:
   // c: the compiled step (sharded and lowered stages), kept by the caller.
-  RankBlocks(const passes::Compilation& c, const shard::Mesh& mesh, const runtime::MeshComms& comms);
+  RankBlocks(const passes::Compilation& c, const shard::Mesh& mesh,
+             const runtime::MeshComms& comms);
 
   int64_t rank() const { return comms_.world().rank(); }
   const shard::Sharding& sharding(int v) const { return c_.propagation.value[size_t(v)]; }
@@ -36,8 +38,8 @@ class RankBlocks {
   // The whole value of global value v from every rank's block (collective).
   std::vector<float> gather(int v, const float* block) const;
 
-  // Parameters: this rank's block of split parameter `name`, allocated from `store`'s whole copy, or
-  // shared with `share`'s (which must split it the same way).
+  // Parameters: this rank's block of split parameter `name`, allocated from `store`'s whole copy,
+  // or shared with `share`'s (which must split it the same way).
   float* own_param(const std::string& name, ParamStore& store);
   float* share_param(const std::string& name, const RankBlocks& share);
   const std::map<std::string, float*>& params() const { return param_ptr_; }
@@ -51,7 +53,7 @@ class RankBlocks {
   const shard::Mesh& mesh_;
   const runtime::MeshComms& comms_;
   std::map<std::string, std::vector<float>> own_;  // split parameters: this rank's own blocks
-  std::map<std::string, float*> param_ptr_;  // every split parameter's block (own or shared)
+  std::map<std::string, float*> param_ptr_;        // every split parameter's block (own or shared)
 };
 
 }  // namespace loom::train

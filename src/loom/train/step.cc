@@ -1,9 +1,9 @@
 #include "loom/train/step.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/kernels.h"
@@ -20,8 +20,10 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
   inputs_.resize(size_t(B * T));
   targets_.resize(size_t(B * T));
-  if (step_.sharded) bind_rank_program(*comms, share);
-  else bind_program();
+  if (step_.sharded)
+    bind_rank_program(*comms, share);
+  else
+    bind_program();
 }
 
 void StepRunner::bind_program() {
@@ -67,9 +69,12 @@ void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* 
     const int local = prog.local[size_t(v.id)];
     const int64_t n = blocks_->block_elements(v.id);
     if (v.kind == ir::ValueKind::param) {
-      if (blocks_->sharding(v.id).is_replicated()) exec_->bind(local, params_.data(v.name));
-      else if (share) exec_->bind(local, blocks_->share_param(v.name, *share->blocks_));
-      else exec_->bind(local, blocks_->own_param(v.name, params_));
+      if (blocks_->sharding(v.id).is_replicated())
+        exec_->bind(local, params_.data(v.name));
+      else if (share)
+        exec_->bind(local, blocks_->share_param(v.name, *share->blocks_));
+      else
+        exec_->bind(local, blocks_->own_param(v.name, params_));
     } else if (v.id == step_.c.model.tokens || v.id == step_.c.model.targets) {
       auto& buf = v.id == step_.c.model.tokens ? tokens_block_ : targets_block_;
       buf.resize(size_t(n));
@@ -193,12 +198,15 @@ float StepRunner::step(const int32_t* tokens, double lr) {
     for (auto& [d, sum] : accum_grads_) {
       const float* g = exec_->ptr<float>(d);
       const int64_t n = int64_t(sum.size());
-      if (i == 0) std::memcpy(sum.data(), g, size_t(n) * 4);
-      else kernels::cpu::add(sum.data(), g, sum.data(), n);
+      if (i == 0)
+        std::memcpy(sum.data(), g, size_t(n) * 4);
+      else
+        kernels::cpu::add(sum.data(), g, sum.data(), n);
     }
   }
   for (auto& [d, sum] : accum_grads_)
-    kernels::cpu::scale(sum.data(), float(1.0 / double(step_.accum)), sum.data(), int64_t(sum.size()));
+    kernels::cpu::scale(sum.data(), float(1.0 / double(step_.accum)), sum.data(),
+                        int64_t(sum.size()));
   opt_exec_->run();
   return float(loss / double(step_.accum));
 }

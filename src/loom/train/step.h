@@ -1,20 +1,20 @@
-// StepRunner: runs a compiled training step (compile.h) on batches, on one process or as one rank of
-// a plan (rank_blocks.h holds what the rank keeps of split tensors).
+// StepRunner: runs a compiled training step (compile.h) on batches, on one process or as one rank
+// of a plan (rank_blocks.h holds what the rank keeps of split tensors).
 //
 // Mode::grads   forward + backward: loss, logits and every parameter's gradient (loom step, tests).
-// Mode::train   forward + backward + clipping + AdamW, updating the ParamStore in place (bench, train).
-// Mode::eval    forward and loss only (validation).
-// Mode::infer   forward, loss and logits (sampling): the logits survive, so they cost a buffer.
-// A batch is tokens (rows_per_step(), T+1): inputs are [:, :-1], targets [:, 1:]. In Mode::train with
-// [train] grad_accum = k > 1, a step runs the forward+backward graph on k micro-batches of B rows,
-// sums their gradients (scaled by 1/k: the gradient of the mean loss over all k*B rows) and then runs
-// the separate optimizer graph; the returned loss is the mean over the micro-batches.
+// Mode::train   forward + backward + clipping + AdamW, updating the ParamStore in place (bench,
+// train). Mode::eval    forward and loss only (validation). Mode::infer   forward, loss and logits
+// (sampling): the logits survive, so they cost a buffer. A batch is tokens (rows_per_step(), T+1):
+// inputs are [:, :-1], targets [:, 1:]. In Mode::train with [train] grad_accum = k > 1, a step runs
+// the forward+backward graph on k micro-batches of B rows, sums their gradients (scaled by 1/k: the
+// gradient of the mean loss over all k*B rows) and then runs the separate optimizer graph; the
+// returned loss is the mean over the micro-batches.
 //
 // With a [plan] and communicators (one StepRunner per rank), the executor runs this rank's program.
-// Every rank passes the same whole batch; the runner keeps its own block. Parameters split by the plan
-// live in the runner's RankBlocks and reach the ParamStore by push_params() (collective); replicated
-// ones are updated in the ParamStore itself, so ranks that are threads of one process need a
-// ParamStore each. Calls marked collective must be made by every rank in the same order.
+// Every rank passes the same whole batch; the runner keeps its own block. Parameters split by the
+// plan live in the runner's RankBlocks and reach the ParamStore by push_params() (collective);
+// replicated ones are updated in the ParamStore itself, so ranks that are threads of one process
+// need a ParamStore each. Calls marked collective must be made by every rank in the same order.
 //
 // Not here: building the graph (compile.h, passes/), the training loop (loop.h).
 #pragma once
@@ -36,18 +36,18 @@ namespace loom::train {
 class StepRunner {
  public:
   using Mode = passes::StepKind;
-  // comms: this rank's mesh communicators when cfg has a [plan] (null: one process, no plan). Throws
-  // loom::Error for a plan that does not fit the model or the ranks.
-  // share: a sharded runner of the same plan whose parameter blocks this one reads and writes too
-  // (an evaluator beside its trainer: no second copy, nothing to refresh).
+  // comms: this rank's mesh communicators when cfg has a [plan] (null: one process, no plan).
+  // Throws loom::Error for a plan that does not fit the model or the ranks. share: a sharded runner
+  // of the same plan whose parameter blocks this one reads and writes too (an evaluator beside its
+  // trainer: no second copy, nothing to refresh).
   StepRunner(const Config& cfg, ParamStore& params, Mode mode,
              const runtime::MeshComms* comms = nullptr, StepRunner* share = nullptr);
   ~StepRunner();
   StepRunner(const StepRunner&) = delete;
   StepRunner& operator=(const StepRunner&) = delete;
 
-  // Runs one step on tokens (B, T+1); returns the loss. Throws loom::Error for token ids outside the
-  // vocabulary.
+  // Runs one step on tokens (B, T+1); returns the loss. Throws loom::Error for token ids outside
+  // the vocabulary.
   float step(const int32_t* tokens);
   // Mode::train: one update at learning rate `lr` (a schedule's value for this step).
   float step(const int32_t* tokens, double lr);
@@ -61,7 +61,7 @@ class StepRunner {
   const float* grad(const std::string& param) const;  // Mode::grads, unsharded only
   // Mode::grads: the whole gradient of a parameter (collective when sharded).
   std::vector<float> full_grad(const std::string& param);
-  float grad_norm() const;                            // Mode::train only
+  float grad_norm() const;  // Mode::train only
   int64_t step_count() const { return t_; }
   // Optimizer state, for checkpoints (Mode::train): AdamW's first or second moment of a parameter,
   // and the number of updates taken (AdamW's bias correction uses it).
@@ -69,8 +69,8 @@ class StepRunner {
   // write_moment takes this rank's block of `full`.
   void read_moment(const std::string& param, autodiff::Moment which, float* full);
   void write_moment(const std::string& param, autodiff::Moment which, const float* full);
-  // Sharded runs: gather the parameters this rank holds a block of into the ParamStore (collective),
-  // or take this rank's blocks from it (after loading weights into the store).
+  // Sharded runs: gather the parameters this rank holds a block of into the ParamStore
+  // (collective), or take this rank's blocks from it (after loading weights into the store).
   void push_params();
   void pull_params();
   // Frees the ParamStore's whole copies of the parameters this rank holds blocks of (push_params
@@ -93,9 +93,9 @@ class StepRunner {
   Mode mode_;
   CompiledStep step_;
   std::unique_ptr<runtime::Executor> exec_;
-  std::unique_ptr<runtime::Executor> opt_exec_;  // gradient accumulation: the optimizer graph
-  std::unique_ptr<RankBlocks> blocks_;           // sharded runs
-  std::vector<int32_t> inputs_, targets_;        // the batch (B,T), whole
+  std::unique_ptr<runtime::Executor> opt_exec_;        // gradient accumulation: the optimizer graph
+  std::unique_ptr<RankBlocks> blocks_;                 // sharded runs
+  std::vector<int32_t> inputs_, targets_;              // the batch (B,T), whole
   std::vector<int32_t> tokens_block_, targets_block_;  // sharded: this rank's block of it
   std::vector<std::vector<float>> moments_;
   std::map<MomentKey, float*> moment_of_;  // this rank's block of each moment

@@ -141,7 +141,8 @@ void gelu_bwd(const float* dy, const float* x, float* dx, int64_t n) {
 }
 
 // bf16 variants: each thread converts a chunk to f32 on the stack, runs the f32 block kernel, and
-// rounds the results back (nearest even). Chunks are fixed-size, so results do not depend on threads.
+// rounds the results back (nearest even). Chunks are fixed-size, so results do not depend on
+// threads.
 namespace {
 constexpr int64_t kBf16Chunk = 2048;
 void to_f32(const bf16* x, float* y, int64_t n) { detail::cast_bf16_f32_block(x, y, n); }

@@ -1,6 +1,6 @@
-// Causal self-attention with grouped-query heads, flash-style: the (T,T) score matrix is never stored;
-// each query block streams over key blocks with an online softmax, and the backward recomputes scores
-// from q, k and the saved log-sum-exp.
+// Causal self-attention with grouped-query heads, flash-style: the (T,T) score matrix is never
+// stored; each query block streams over key blocks with an online softmax, and the backward
+// recomputes scores from q, k and the saved log-sum-exp.
 //
 // q (B,T,NH,HS), k and v (B,T,NKV,HS) with NH % NKV == 0 (query head h reads kv head h / (NH/NKV)),
 // o (B,T,NH,HS), lse (B,NH,T) in f32: lse = log sum_j exp(scale * q.k_j) over j <= t.

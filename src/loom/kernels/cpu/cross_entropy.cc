@@ -44,8 +44,9 @@ double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float i
   }
   const float s = detail::sum_lanes(vs);
 #else
-  // The same 16 partial sums (element v into lane v % 16, lanes added in order), so a build with FMA
-  // but no AVX-512 gives the same bits; written so it does not depend on the loop being vectorised.
+  // The same 16 partial sums (element v into lane v % 16, lanes added in order), so a build with
+  // FMA but no AVX-512 gives the same bits; written so it does not depend on the loop being
+  // vectorised.
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t v = 0; v < V; ++v) m = x[v] > m ? x[v] : m;

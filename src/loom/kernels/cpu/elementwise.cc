@@ -11,10 +11,10 @@
 
 namespace loom::kernels::cpu {
 
-using detail::for_blocks;
-using detail::kElemBlock;
 using detail::cast_bf16_f32_block;
 using detail::cast_f32_bf16_block;
+using detail::for_blocks;
+using detail::kElemBlock;
 
 namespace {
 

@@ -6,8 +6,8 @@
 // (oneDNN 2.6 has no f32 x f32 -> bf16 matmul); accumulation is always f32. When accumulate is set,
 // C += result (used for gradient accumulation), else C is overwritten.
 //
-// Primitives are created once per GemmDesc and cached (creating one costs far more than a small GEMM).
-// The cache is per thread; kernels are called from one executor thread.
+// Primitives are created once per GemmDesc and cached (creating one costs far more than a small
+// GEMM). The cache is per thread; kernels are called from one executor thread.
 #pragma once
 
 #include <cstdint>

@@ -188,5 +188,4 @@ inline void cast_bf16_f32_block(const bf16* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(uint32_t(x[i].bits) << 16);
 }
 
-
 }  // namespace loom::kernels::cpu::detail

@@ -1,13 +1,14 @@
 // CPU kernels for every Loom op except GEMM (gemm.h) and attention (attention.h).
 //
-// Dimension letters, used in every kernel file: B batch, T time, C channels, NH heads, NKV key/value
-// heads, HS head size, V vocab, L layers, N rows (= B*T when a kernel does not care), n elements.
+// Dimension letters, used in every kernel file: B batch, T time, C channels, NH heads, NKV
+// key/value heads, HS head size, V vocab, L layers, N rows (= B*T when a kernel does not care), n
+// elements.
 //
-// Each kernel has a plain reference loop (namespace ref, templated on the scalar so tests can run it in
-// f64) beside the fast one. Fast kernels are vectorised (the compiler auto-vectorises plain loops on
-// contiguous rows; AVX-512 intrinsics only where that does not suffice) and threaded with OpenMP over
-// fixed row ranges. Invariant: a reduction's summation order never depends on the thread count, so
-// results are bit-identical for any number of threads (parity tests rely on it).
+// Each kernel has a plain reference loop (namespace ref, templated on the scalar so tests can run
+// it in f64) beside the fast one. Fast kernels are vectorised (the compiler auto-vectorises plain
+// loops on contiguous rows; AVX-512 intrinsics only where that does not suffice) and threaded with
+// OpenMP over fixed row ranges. Invariant: a reduction's summation order never depends on the
+// thread count, so results are bit-identical for any number of threads (parity tests rely on it).
 // All pointers are contiguous row-major; outputs never alias inputs unless stated.
 #pragma once
 
@@ -20,7 +21,8 @@ namespace loom::kernels::cpu {
 // ---- embedding ----
 // ids (N) in [0,V), table (V,C) -> out (N,C)
 void embedding_fwd(const int32_t* ids, const float* table, float* out, int64_t N, int64_t C);
-// dout (N,C) -> dtable (V,C): dtable is overwritten (zeros where no id hits), rows summed in id order.
+// dout (N,C) -> dtable (V,C): dtable is overwritten (zeros where no id hits), rows summed in id
+// order.
 void embedding_bwd(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t V,
                    int64_t C);
 
@@ -59,8 +61,8 @@ void gelu_fwd(const float* x, float* y, int64_t n);
 void gelu_bwd(const float* dy, const float* x, float* dx, int64_t n);
 
 // ---- cross-entropy fused with its gradient ----
-// logits (N,V), targets (N) -> loss (scalar, sum over N / rows), dlogits (N,V) = (softmax - onehot) /
-// rows, where rows = N unless given (a shard of a batch divides by the whole batch's row count).
+// logits (N,V), targets (N) -> loss (scalar, sum over N / rows), dlogits (N,V) = (softmax - onehot)
+// / rows, where rows = N unless given (a shard of a batch divides by the whole batch's row count).
 // Accumulates in f32 (f64 for the sum over rows). dlogits may alias logits.
 void cross_entropy(const float* logits, const int32_t* targets, float* loss, float* dlogits,
                    int64_t N, int64_t V, int64_t rows = 0);
@@ -77,8 +79,8 @@ void cast_f32_bf16(const float* x, bf16* y, int64_t n);  // round to nearest eve
 void cast_bf16_f32(const bf16* x, float* y, int64_t n);
 
 // ---- reductions (fixed blocking, thread-count independent) ----
-void sum(const float* x, float* y, int64_t n);       // y[0] = sum x
-void sumsq(const float* x, float* y, int64_t n);     // y[0] = sum x^2
+void sum(const float* x, float* y, int64_t n);                  // y[0] = sum x
+void sumsq(const float* x, float* y, int64_t n);                // y[0] = sum x^2
 void sum_rows(const float* x, float* y, int64_t N, int64_t C);  // (N,C) -> (C), y overwritten
 
 // ---- layout ----
@@ -94,8 +96,8 @@ void concat_last(const float* const* xs, float* y, const int64_t* sizes, int k, 
 //   p -= lr * ( (m/bc1) / (sqrt(v/bc2) + eps) + wd * p )
 void adamw(float* p, const float* g, float* m, float* v, const float* hyper, const float* gscale,
            int64_t n, float beta1, float beta2, float eps, float wd);
-// total = sum of squared gradient norms (scalar) -> norm = sqrt(total), coef = min(1, max_norm/(norm+1e-6))
-// (max_norm <= 0: coef = 1)
+// total = sum of squared gradient norms (scalar) -> norm = sqrt(total), coef = min(1,
+// max_norm/(norm+1e-6)) (max_norm <= 0: coef = 1)
 void clip_coef(const float* total, float* coef, float* norm, float max_norm);
 
 }  // namespace loom::kernels::cpu
