@@ -1,27 +1,46 @@
 #!/usr/bin/env bash
-# Loom's plans against PyTorch DDP (gloo) on the same model, global batch and threads, in one run:
+# Loom's plans against PyTorch's data-parallel peers on the same model, global batch and threads:
 #   bench/plan_bench.sh [CONFIG] [ROUNDS]
-# Speed: 2 ranks x 1 thread under mpirun, Loom `data` and `fsdp` beside torch DDP, alternated ROUNDS
-# times so all three see the same machine load. Memory: Loom `data` and `fsdp` on 2 and 4 ranks (each
-# line's per_rank holds the planned parameter, gradient and moment bytes and the measured peak RSS).
-# Every line is JSON; compare medians of ratios (docs/benchmarks.md#plans).
+# Speed: 2 ranks x 1 thread. Loom `data` and `fsdp` under mpirun beside bench/peer/torch_dist.py:
+# DDP over gloo on Debian's PyTorch 1.13 (always) and, where bench/peer/setup_venv.sh has made
+# $LOOM_PEER_VENV, DDP and FSDP2 (fully_shard) on PyTorch 2.x, alternated ROUNDS times so all see the
+# same machine load. Memory: Loom `data` and `fsdp` on 2 and 4 ranks (each line's per_rank holds the
+# planned parameter, gradient and moment bytes and the measured peak RSS). Every line is JSON; the
+# last is the summary (bench/summary.py): medians, and Loom's ratio to the strongest peer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=${1:-configs/bench-llama.toml}
 rounds=${2:-3}
 loom=$PWD/build/release/tools/loom/loom
+venv_python=${LOOM_PEER_VENV:-$HOME/.cache/loom/peer-venv}/bin/python
 [[ -x $loom ]] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
+peer=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
+peer_args=(--ranks 2 --threads 1 --steps 10 --warmup 2)
 data='[{kind="data",axis="data"}]'
 fsdp='[{kind="fsdp",axis="data"},{kind="data",axis="data"}]'
+wraps=()
+if [[ -x $venv_python ]]; then
+  wraps=(ddp fsdp2)
+else
+  echo "plan_bench: no PyTorch 2.x peer ($venv_python missing; bench/peer/setup_venv.sh makes it)" >&2
+fi
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 for ((r = 0; r < rounds; r++)); do
-  "${mpirun[@]}" -np 2 "$loom" bench "$config" --steps 10 --warmup 2 \
-    --set 'plan.mesh={data=2}' --set "plan.tactics=$data"
-  "${mpirun[@]}" -np 2 "$loom" bench "$config" --steps 10 --warmup 2 \
-    --set 'plan.mesh={data=2}' --set "plan.tactics=$fsdp"
-  /usr/bin/python3 bench/peer/torch_ddp.py "$config" --ranks 2 --threads 1 --steps 10 --warmup 2
+  for plan in data fsdp; do
+    "${mpirun[@]}" -np 2 "$loom" bench "$config" --steps 10 --warmup 2 \
+      --set 'plan.mesh={data=2}' --set "plan.tactics=${!plan}" | tee -a "$log"
+  done
+  "${peer[@]}" /usr/bin/python3 bench/peer/torch_dist.py "$config" --wrap ddp "${peer_args[@]}" |
+    tee -a "$log"
+  for wrap in "${wraps[@]}"; do
+    "${peer[@]}" "$venv_python" bench/peer/torch_dist.py "$config" --wrap "$wrap" "${peer_args[@]}" |
+      tee -a "$log"
+  done
 done
+python3 bench/summary.py <"$log"
 # memory: one process, then 4 ranks (2 cores: oversubscribed, so only the bytes are of interest)
 "$loom" bench "$config" --steps 2 --warmup 1
 for plan in data fsdp; do

@@ -7,9 +7,14 @@ tests) and the benchmark CLI below share. Parameters are registered under the Hu
 As a CLI it trains on random tokens and prints one JSON line for `bench/` to set beside Loom's figure:
 
     /usr/bin/python3 bench/peer/torch_lm.py configs/bench-llama.toml --dtype bf16 --threads 2
+    $LOOM_PEER_VENV/bin/python bench/peer/torch_lm.py configs/bench-llama.toml --mode compile
 
-What it deliberately does not do: no Hugging Face `transformers`, no `torch.compile`, no fused or
-flash attention (PyTorch 1.13 has no scaled_dot_product_attention), no KV cache, no dropout.
+Under Debian's PyTorch 1.13 it is eager with naive attention (1.13 has no fused attention). Under
+PyTorch 2.x (bench/peer/setup_venv.sh) it is the strongest idiomatic CPU training step: attention by
+`F.scaled_dot_product_attention` (causal, grouped-query heads without copies), AdamW `fused=True`,
+and `--mode compile` runs the model under `torch.compile` (inductor), whose compile time is reported
+apart from the step time. What it deliberately does not do: no Hugging Face `transformers` modules
+(the same math, written here once), no KV cache, no dropout.
 
 Key invariant: with `bf16_casts=True` every rounding to bf16 happens at an explicit `.to(bfloat16)`
 in `linear`, `conv1d` or `causal_attention`, the same points as Loom's bf16 recipe; everything else
@@ -54,6 +59,10 @@ def parse_cli(argv):
     p.add_argument("--batch-size", type=int, default=None, help="default: [train] batch_size")
     p.add_argument("--seq-len", type=int, default=None, help="default: [train] seq_len")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", choices=["eager", "compile"], default="eager",
+                   help="compile: the model under torch.compile (PyTorch 2.x)")
+    p.add_argument("--attention", choices=["auto", "naive", "sdpa"], default="auto",
+                   help="auto: sdpa where PyTorch has it (2.x), else naive masked softmax")
     return p.parse_args(argv)
 
 
@@ -219,13 +228,25 @@ def conv1d(x, w, b, bf16):
     return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], w.shape[1])
 
 
-def causal_attention(q, k, v, bf16):
-    """Naive masked-softmax attention.  q (B,NH,T,HS), k and v (B,NH,T,HS) -> (B,T,NH*HS).
+def causal_attention(q, k, v, bf16, sdpa=False):
+    """Causal attention.  q (B,NH,T,HS), k and v (B,NKV,T,HS) -> (B,T,NH*HS); query head h reads
+    kv head h // (NH/NKV).
 
-    bf16: q, k, v are rounded to bf16, scores and softmax computed in f32 on those values, the
-    output rounded to bf16 (the projection after it then consumes it without another rounding).
+    Naive (the default): masked softmax over the materialised (T,T) scores. bf16: q, k, v are
+    rounded to bf16, scores and softmax computed in f32 on those values, the output rounded to bf16
+    (the projection after it then consumes it without another rounding).
+    sdpa: PyTorch 2.x's fused `scaled_dot_product_attention` (the benchmark's f32 code; not with bf16).
     """
     B, NH, T, HS = q.shape
+    if sdpa:
+        assert not bf16, "sdpa runs the f32 code (bf16 comes from autocast)"
+        gqa = {"enable_gqa": True} if k.shape[1] != NH else {}
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+        return y.transpose(1, 2).reshape(B, T, NH * HS)
+    group = NH // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
     if bf16:
         q, k, v = (t.to(torch.bfloat16).float() for t in (q, k, v))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))  # (B,NH,T,T)
@@ -323,14 +344,14 @@ def apply_rope(x, cos, sin):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, m, bf16):
+    def __init__(self, m, bf16, sdpa):
         super().__init__()
         C, NH, NKV, HS = m.d_model, m.n_heads, m.n_kv_heads, m.head_size
         self.q_proj = Linear(C, NH * HS, bf16)
         self.k_proj = Linear(C, NKV * HS, bf16)
         self.v_proj = Linear(C, NKV * HS, bf16)
         self.o_proj = Linear(NH * HS, C, bf16)
-        self.NH, self.NKV, self.HS, self.bf16 = NH, NKV, HS, bf16
+        self.NH, self.NKV, self.HS, self.bf16, self.sdpa = NH, NKV, HS, bf16, sdpa
 
     def forward(self, x, cos, sin):  # x (B,T,C) -> (B,T,C)
         B, T, _ = x.shape
@@ -338,12 +359,7 @@ class LlamaAttention(nn.Module):
         k = apply_rope(self.k_proj(x).view(B, T, self.NKV, self.HS), cos, sin)
         v = self.v_proj(x).view(B, T, self.NKV, self.HS)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B,H,T,HS)
-        # GQA: query head h reads kv head h // (NH/NKV).
-        group = self.NH // self.NKV
-        if group > 1:
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-        return self.o_proj(causal_attention(q, k, v, self.bf16))
+        return self.o_proj(causal_attention(q, k, v, self.bf16, self.sdpa))
 
 
 class LlamaMLP(nn.Module):
@@ -358,10 +374,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, m, bf16):
+    def __init__(self, m, bf16, sdpa):
         super().__init__()
         self.input_layernorm = RMSNorm(m.d_model, m.norm_eps)
-        self.self_attn = LlamaAttention(m, bf16)
+        self.self_attn = LlamaAttention(m, bf16, sdpa)
         self.post_attention_layernorm = RMSNorm(m.d_model, m.norm_eps)
         self.mlp = LlamaMLP(m, bf16)
 
@@ -371,18 +387,18 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaBody(nn.Module):
-    def __init__(self, m, bf16):
+    def __init__(self, m, bf16, sdpa):
         super().__init__()
         self.embed_tokens = Embedding(m.vocab_size, m.d_model)
-        self.layers = nn.ModuleList(LlamaLayer(m, bf16) for _ in range(m.n_layers))
+        self.layers = nn.ModuleList(LlamaLayer(m, bf16, sdpa) for _ in range(m.n_layers))
         self.norm = RMSNorm(m.d_model, m.norm_eps)
 
 
 class Llama(nn.Module):
-    def __init__(self, m, bf16=False):
+    def __init__(self, m, bf16=False, sdpa=False):
         super().__init__()
         self.cfg = m
-        self.model = LlamaBody(m, bf16)
+        self.model = LlamaBody(m, bf16, sdpa)
         self.lm_head = Linear(m.d_model, m.vocab_size, bf16)
 
     def forward(self, tokens):  # int (B,T) -> logits (B,T,V) f32
@@ -400,17 +416,17 @@ class Llama(nn.Module):
 
 
 class GPT2Attention(nn.Module):
-    def __init__(self, m, bf16):
+    def __init__(self, m, bf16, sdpa):
         super().__init__()
         self.c_attn = Conv1D(m.d_model, 3 * m.d_model, bf16)
         self.c_proj = Conv1D(m.d_model, m.d_model, bf16)
-        self.NH, self.HS, self.bf16 = m.n_heads, m.head_size, bf16
+        self.NH, self.HS, self.bf16, self.sdpa = m.n_heads, m.head_size, bf16, sdpa
 
     def forward(self, x):  # (B,T,C) -> (B,T,C)
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=-1)  # each (B,T,C)
         q, k, v = (t.view(B, T, self.NH, self.HS).transpose(1, 2) for t in (q, k, v))
-        return self.c_proj(causal_attention(q, k, v, self.bf16))
+        return self.c_proj(causal_attention(q, k, v, self.bf16, self.sdpa))
 
 
 class GPT2MLP(nn.Module):
@@ -424,10 +440,10 @@ class GPT2MLP(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, m, bf16):
+    def __init__(self, m, bf16, sdpa):
         super().__init__()
         self.ln_1 = LayerNorm(m.d_model, m.norm_eps)
-        self.attn = GPT2Attention(m, bf16)
+        self.attn = GPT2Attention(m, bf16, sdpa)
         self.ln_2 = LayerNorm(m.d_model, m.norm_eps)
         self.mlp = GPT2MLP(m, bf16)
 
@@ -437,12 +453,12 @@ class GPT2Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, m, bf16=False):
+    def __init__(self, m, bf16=False, sdpa=False):
         super().__init__()
         self.cfg, self.bf16 = m, bf16
         self.wte = Embedding(m.vocab_size, m.d_model)
         self.wpe = Embedding(m.max_seq_len, m.d_model)
-        self.h = nn.ModuleList(GPT2Block(m, bf16) for _ in range(m.n_layers))
+        self.h = nn.ModuleList(GPT2Block(m, bf16, sdpa) for _ in range(m.n_layers))
         self.ln_f = LayerNorm(m.d_model, m.norm_eps)
 
     def forward(self, tokens):  # int (B,T) -> logits (B,T,V) f32
@@ -457,9 +473,18 @@ class GPT2(nn.Module):
 # Shared by the benchmark and the golden script.
 
 
-def build_model(m, bf16_casts=False):
-    """The model for `m`, parameters uninitialized (torch.empty). bf16_casts: Loom's bf16 recipe."""
-    return (Llama if m.arch == "llama" else GPT2)(m, bf16_casts)
+def build_model(m, bf16_casts=False, sdpa=False):
+    """The model for `m`, parameters uninitialized (torch.empty). bf16_casts: Loom's bf16 recipe;
+    sdpa: attention by PyTorch 2.x's fused kernel (the benchmark's f32 code only)."""
+    return (Llama if m.arch == "llama" else GPT2)(m, bf16_casts, sdpa)
+
+
+def has_sdpa():
+    return hasattr(F, "scaled_dot_product_attention")
+
+
+def torch_major():
+    return int(torch.__version__.split(".")[0])
 
 
 def param_kind(name, p):
@@ -487,14 +512,17 @@ def lm_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def make_adamw(model, o, foreach=None):
-    """AdamW with nanoGPT's decay rule: weight decay on ndim >= 2 parameters only, eps 1e-8."""
+def make_adamw(model, o, foreach=None, fused=None):
+    """AdamW with nanoGPT's decay rule: weight decay on ndim >= 2 parameters only, eps 1e-8.
+    fused: PyTorch 2.x's one-kernel CPU AdamW (same math); None leaves PyTorch's default."""
     params = list(model.parameters())
     groups = [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, foreach=foreach)
+    extra = {} if fused is None else {"fused": fused}
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, foreach=foreach,
+                             **extra)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -502,6 +530,22 @@ def make_adamw(model, o, foreach=None):
 
 
 def blas_library():
+    """Which BLAS runs PyTorch's f32 GEMM.
+
+    PyTorch 2.x wheels link it in (BLAS_INFO in `torch.__config__.show()`, MKL on x86), with the CPU
+    capability its kernels dispatch to. Debian's 1.13 takes it from the system: the real path of each
+    BLAS shared library this process loaded, or "unknown" (see `system_blas`).
+    """
+    config = torch.__config__.show()
+    info = [w.split("=", 1)[1].rstrip(",") for w in config.split() if w.startswith("BLAS_INFO=")]
+    if info and info[0] not in ("open", "generic"):  # "generic": the system's libblas
+        capability = [line.split(":", 1)[1].strip() for line in config.splitlines()
+                      if "CPU capability usage" in line]
+        return f"{info[0]} (linked into torch; CPU capability {capability[0] if capability else '?'})"
+    return system_blas()
+
+
+def system_blas():
     """The real path of each BLAS shared library this process loaded, or "unknown".
 
     PyTorch's f32 GEMM goes to whatever libblas.so.3 resolves to; on Debian that may be the netlib
@@ -517,15 +561,18 @@ def blas_library():
     return ",".join(names) or "unknown"
 
 
-def make_step(forward, model, opt, inputs, targets, grad_clip, bf16=False):
+def make_step(forward, model, opt, inputs, targets, grad_clip, bf16=False, after_backward=None):
     """The benchmarks' training step: zero_grad, forward (`forward`: the model, or its DDP wrapper;
-    under autocast for bf16), loss, backward, clip_grad_norm_, AdamW; returns the loss."""
+    under autocast for bf16), loss, backward, `after_backward()` if given, clip_grad_norm_, AdamW;
+    returns the loss."""
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = forward(inputs)
         loss = lm_loss(logits.float(), targets)
         loss.backward()
+        if after_backward:
+            after_backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
         return loss.item()
@@ -556,21 +603,36 @@ def bench(args):
     if args.threads < 1 or args.steps < 1 or args.warmup < 0 or B < 1:
         raise ConfigError("--threads, --steps, --batch-size must be >= 1 and --warmup >= 0\n"
                           "hint: e.g. --threads 2 --steps 10 --warmup 3")
+    modern = torch_major() >= 2
+    if args.mode == "compile" and not modern:
+        raise ConfigError(f"--mode compile needs PyTorch 2.x; this is {torch.__version__}\n"
+                          "hint: run it with the peer venv's python (bench/peer/setup_venv.sh)")
+    if args.attention == "sdpa" and not has_sdpa():
+        raise ConfigError(f"--attention sdpa: PyTorch {torch.__version__} has no "
+                          "scaled_dot_product_attention\nhint: --attention naive, or PyTorch 2.x")
+    sdpa = args.attention == "sdpa" or (args.attention == "auto" and has_sdpa())
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(args.seed)
 
-    model = build_model(m)  # f32 code; bf16 comes from autocast below
+    model = build_model(m, sdpa=sdpa)  # f32 code; bf16 comes from autocast below
     init_for_bench(model, g)
-    opt = make_adamw(model, cfg.optim)
+    opt = make_adamw(model, cfg.optim, fused=True if modern else None)
     batch = torch.randint(0, m.vocab_size, (B, T + 1), generator=g)
     inputs, targets = batch[:, :-1], batch[:, 1:]
 
-    step = make_step(model, model, opt, inputs, targets, cfg.optim.grad_clip, bf16=(dtype == "bf16"))
+    forward = torch.compile(model) if args.mode == "compile" else model
+    step = make_step(forward, model, opt, inputs, targets, cfg.optim.grad_clip,
+                     bf16=(dtype == "bf16"))
+    compile_s = None
+    if args.mode == "compile":  # the first step compiles forward and backward: timed apart
+        t0 = time.perf_counter()
+        step()
+        compile_s = time.perf_counter() - t0
     times, loss = time_steps(step, args.warmup, args.steps)
 
     median = statistics.median(times)
     out = {
-        "peer": "pytorch-eager",
+        "peer": f"pytorch-{args.mode}",
         "torch_version": torch.__version__,
         "arch": m.arch,
         "dtype": dtype,
@@ -583,10 +645,14 @@ def bench(args):
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "steps": args.steps,
         "warmup": args.warmup,
-        "attention": "naive_masked_softmax",
+        "attention": "sdpa" if sdpa else "naive_masked_softmax",
+        "optimizer": "adamw-fused" if modern else "adamw",
         "blas": blas_library(),
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
         "final_loss": loss,
     }
+    if compile_s is not None:
+        out["compile_s"] = compile_s
     if dtype == "bf16":
         out["bf16_mode"] = "autocast"
     print(json.dumps(out))
