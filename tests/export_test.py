@@ -9,7 +9,7 @@ Per config (tiny-llama, tiny-gpt2): train 20 steps on generated text, `loom expo
   2. OUT/config.json builds bench/peer/torch_lm.py's model (so its keys and the weights agree:
      load_state_dict is strict), and PyTorch's loss on a fixed token batch equals `loom step`'s on
      the same weights and tokens within 1e-4 relative;
-  3. `loom train --set model.init=OUT` logs a first loss below the original run's step-1 loss (same
+  3. `loom train --set model.init=OUT` (its config.json then decides [model]) logs a first loss below the original run's step-1 loss (same
      batch: the data order depends only on the seed and the step).
 And bad input: a run dir without checkpoints, a missing --checkpoint, an init path that does not
 exist or holds the other architecture's weights: exit 1 with a message naming the path.
@@ -76,7 +76,8 @@ def torch_loss(out_dir, tokens_path, src):
             n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
             n_kv_heads=hf["num_key_value_heads"], ffn_hidden=hf["intermediate_size"],
             max_seq_len=hf["max_position_embeddings"], norm_eps=hf["rms_norm_eps"],
-            rope_theta=hf["rope_theta"], dtype="f32")
+            rope_theta=hf["rope_theta"], dtype="f32",
+            tie_embeddings=hf.get("tie_word_embeddings", False))
     else:
         m = torch_lm.ModelConfig(
             arch="gpt2", vocab_size=hf["vocab_size"], d_model=hf["n_embd"], n_layers=hf["n_layer"],
@@ -231,10 +232,17 @@ with tempfile.TemporaryDirectory() as d:
     expect_error(train_args(llama, os.path.join(d, "r1"), data, 3, "--set",
                             "model.init=" + os.path.join(d, "nowhere")),
                  "train with a missing [model] init", os.path.join(d, "nowhere"))
+    # a Hugging Face directory's config.json decides the model: the other architecture's is caught
+    # there, before any tensor is read; its bare weights file, at the first missing tensor
     expect_error(train_args(llama, os.path.join(d, "r2"), data, 3, "--set",
                             "model.init=" + outs["tiny-gpt2"]),
-                 "train with [model] init of the other architecture's weights",
-                 outs["tiny-gpt2"], "missing tensor")
+                 "train with [model] init of the other architecture's directory",
+                 outs["tiny-gpt2"], "[model] arch = 'llama' disagrees with")
+    gpt2_weights = os.path.join(outs["tiny-gpt2"], "model.safetensors")
+    expect_error(train_args(llama, os.path.join(d, "r3"), data, 3, "--set",
+                            "model.init=" + gpt2_weights),
+                 "train with [model] init of the other architecture's weights file",
+                 gpt2_weights, "missing tensor")
 
 print("export: all ok" if not failures else "export: %d FAILED" % failures)
 sys.exit(1 if failures else 0)

@@ -96,6 +96,7 @@ class ModelConfig:
     norm_eps: float
     rope_theta: float
     dtype: str
+    tie_embeddings: bool = False  # Llama: the head is embed_tokens (GPT-2: always)
 
     @property
     def head_size(self):
@@ -133,7 +134,7 @@ _MODEL_KEYS = {
     "arch": (str, _REQUIRED), "vocab_size": (int, _REQUIRED), "d_model": (int, _REQUIRED),
     "n_layers": (int, _REQUIRED), "n_heads": (int, _REQUIRED), "n_kv_heads": (int, _SAME_AS_N_HEADS),
     "ffn_hidden": (int, _REQUIRED), "max_seq_len": (int, _REQUIRED), "norm_eps": (float, 1e-5),
-    "rope_theta": (float, 10000.0), "dtype": (str, "f32"),
+    "rope_theta": (float, 10000.0), "dtype": (str, "f32"), "tie_embeddings": (bool, False),
 }
 _TRAIN_KEYS = {"batch_size": (int, _REQUIRED), "seq_len": (int, _REQUIRED)}
 # Loom keys of these tables that describe its training run, not the model or one step: accepted, unused.
@@ -162,8 +163,9 @@ def _read_table(path, doc, table, keys):
             v = raw[k]
             if ty is float and isinstance(v, int) and not isinstance(v, bool):
                 v = float(v)
-            if not isinstance(v, ty) or isinstance(v, bool):
-                want = {int: "an integer", float: "a number", str: "a quoted string"}[ty]
+            if not isinstance(v, ty) or (isinstance(v, bool) and ty is not bool):
+                want = {int: "an integer", float: "a number", str: "a quoted string",
+                        bool: "true or false"}[ty]
                 raise ConfigError(f"{path}: [{table}] {k} = {v!r} is not {want}\n"
                                   f"hint: write {k} as {want}")
             out[k] = v
@@ -318,7 +320,8 @@ class Embedding(nn.Module):
 
 # ----------------------------------------------------------------------------------------------
 # Llama: model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
-# post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head (untied).
+# post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head (none when tied: the head
+# is then embed_tokens).
 
 
 def rope_tables(T, HS, theta, dtype, device=None):
@@ -399,7 +402,9 @@ class Llama(nn.Module):
         super().__init__()
         self.cfg = m
         self.model = LlamaBody(m, bf16, sdpa)
-        self.lm_head = Linear(m.d_model, m.vocab_size, bf16)
+        self.bf16 = bf16
+        if not m.tie_embeddings:
+            self.lm_head = Linear(m.d_model, m.vocab_size, bf16)
 
     def forward(self, tokens):  # int (B,T) -> logits (B,T,V) f32
         x = self.model.embed_tokens(tokens)
@@ -407,7 +412,10 @@ class Llama(nn.Module):
         cos, sin = rope_tables(T, self.cfg.head_size, self.cfg.rope_theta, x.dtype, x.device)
         for layer in self.model.layers:
             x = layer(x, cos, sin)
-        return self.lm_head(self.model.norm(x))
+        x = self.model.norm(x)
+        if self.cfg.tie_embeddings:
+            return linear(x, self.model.embed_tokens.weight, self.bf16)
+        return self.lm_head(x)
 
 
 # ----------------------------------------------------------------------------------------------

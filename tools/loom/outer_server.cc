@@ -15,6 +15,7 @@
 #include "loom/outer/server.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/config.h"
+#include "loom/train/hf_dir.h"
 #include "loom/train/params.h"
 
 namespace loom::cli {
@@ -48,10 +49,8 @@ std::function<int()> add_outer_server(CLI::App& app) {
     train::ParamStore params(cfg.model);
     params.init_random(uint64_t(cfg.train.seed));
     if (!cfg.init_weights.empty()) {
-      auto w = train::model_file(cfg.init_weights);
-      if (!w)
-        throw Error(fmt::format("{}: [model] init: no such file {}", o->config, cfg.init_weights));
-      params.load(*w);
+      train::check_init_exists(cfg);
+      params.load(cfg.init_weights);
     }
     outer::TensorList initial;
     for (const auto& p : params.infos()) {

@@ -1,7 +1,7 @@
-// loom step: one forward and backward on given weights and tokens; writes the loss and every
-// parameter's gradient under its Hugging Face name. The door for checking Loom against any other
-// implementation. It reads only the config's [model]: the batch and sequence length come from the
-// tokens file.
+// loom step: one forward and backward on given weights and tokens; writes the loss, every
+// parameter's gradient under its Hugging Face name and, with --logits, the logits. The door for
+// checking Loom against any other implementation. It reads only the config's [model]: the batch and
+// sequence length come from the tokens file.
 #include "loom/train/step.h"
 
 #include <fmt/format.h>
@@ -16,6 +16,7 @@ std::function<int()> add_step(CLI::App& app) {
   struct Opts {
     std::string config, weights, tokens, out;
     std::vector<std::string> sets;
+    bool logits = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* s = app.add_subcommand("step", "one forward+backward: write loss and gradients");
@@ -25,6 +26,7 @@ std::function<int()> add_step(CLI::App& app) {
   s->add_option("--out", o->out, "output safetensors: loss and a gradient per parameter")
       ->required();
   s->add_option("--set", o->sets, "override a config key: section.key=value");
+  s->add_flag("--logits", o->logits, "also write the logits, f32 [B, T, vocab_size]");
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets, train::ConfigUse::model_only);
     SafetensorsFile tf = SafetensorsFile::open(o->tokens);
@@ -53,6 +55,11 @@ std::function<int()> add_step(CLI::App& app) {
     out.push_back({"loss", DType::f32, {}, &loss});
     for (const auto& p : params.infos())
       out.push_back({p.name, DType::f32, p.shape, runner.grad(p.name)});
+    if (o->logits)
+      out.push_back({"logits",
+                     DType::f32,
+                     {cfg.train.batch_size, cfg.train.seq_len, cfg.model.vocab_size},
+                     runner.logits()});
     write_safetensors(o->out, out);
     fmt::print("loss {:.6f}\n", loss);
     return 0;

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "loom/models/hf_config.h"
 #include "loom/models/model.h"
 
 namespace loom::ops {
@@ -38,9 +39,19 @@ struct Architecture {
   std::function<int(ops::Builder& b, const ModelConfig&, int tokens, int64_t B, int64_t T)> build;
   // Training FLOPs per token (forward + backward) at sequence length T.
   std::function<double(const ModelConfig&, int64_t T)> train_flops_per_token;
-  // transformers' config.json for this model.
+  // transformers' config.json for this model ...
   std::function<nlohmann::ordered_json(const ModelConfig&)> hf_config;
+  // ... and back: its "model_type", and the [model] a config.json describes (arch is set by the
+  // caller). Reads through `r`, claiming every field (hf_config.h); a field whose value Loom cannot
+  // build is an error naming it.
+  std::string hf_model_type;
+  std::function<ModelConfig(HfConfigReader& r)> from_hf;
 };
+
+// The model a transformers config.json describes, by its "model_type"; `file` names it in errors.
+// Every field must be claimed by the architecture's from_hf (an unknown one is an error), and the
+// result passes ModelConfig::validate.
+ModelConfig model_from_hf(const nlohmann::json& config, const std::string& file);
 
 // Throws loom::Error naming the known architectures for an unknown name.
 const Architecture& architecture(std::string_view name);

@@ -92,6 +92,52 @@ nlohmann::ordered_json gpt2_hf_config(const ModelConfig& m) {
           {"torch_dtype", "float32"}};
 }
 
+// transformers' GPT2Config -> [model]. Defaults are GPT2Config's where a field is absent.
+ModelConfig gpt2_from_hf(HfConfigReader& r) {
+  ModelConfig c;
+  c.vocab_size = r.integer("vocab_size");
+  c.d_model = r.integer("n_embd");
+  c.n_layers = r.integer("n_layer");
+  c.n_heads = r.integer("n_head");
+  c.max_seq_len = r.integer("n_positions", 1024);
+  c.ffn_hidden = r.integer("n_inner", 0);  // null: 4 n_embd, Loom's default too
+  c.norm_eps = r.number("layer_norm_epsilon", 1e-5);
+  c.tie_embeddings = true;
+  r.require("tie_word_embeddings", {true}, "Loom's GPT-2 head is the token embedding");
+  r.require("activation_function", {"gelu_new", "gelu_pytorch_tanh"},
+            "Loom's GPT-2 MLP is GELU with the tanh approximation");
+  r.require("scale_attn_weights", {true}, "Loom scales attention scores by 1/sqrt(head size)");
+  r.require("scale_attn_by_inverse_layer_idx", {false}, "Loom does not scale by layer index");
+  r.require("add_cross_attention", {false}, "Loom's GPT-2 is decoder-only");
+  // Dropout: Loom trains without it (a fine-tune from a GPT-2 that had it sees none); the
+  // summary_* fields configure a classification head Loom does not build; reorder_and_upcast_attn
+  // only changes fp16 rounding.
+  r.ignore({"attn_pdrop",
+            "embd_pdrop",
+            "resid_pdrop",
+            "summary_activation",
+            "summary_first_dropout",
+            "summary_proj_to_labels",
+            "summary_type",
+            "summary_use_proj",
+            "n_ctx",
+            "reorder_and_upcast_attn",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+            "torch_dtype",
+            "dtype",
+            "transformers_version",
+            "use_cache",
+            "initializer_range",
+            "task_specific_params",
+            "_name_or_path",
+            "output_attentions",
+            "output_hidden_states",
+            "return_dict"});
+  return c;
+}
+
 }  // namespace
 
 void register_gpt2() {
@@ -114,7 +160,9 @@ void register_gpt2() {
                                    matmul += double(numel(p.shape));
                                return palm_train_flops(matmul, c, T);
                              },
-                         .hf_config = gpt2_hf_config});
+                         .hf_config = gpt2_hf_config,
+                         .hf_model_type = "gpt2",
+                         .from_hf = gpt2_from_hf});
 }
 
 }  // namespace loom::models

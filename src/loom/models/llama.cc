@@ -1,4 +1,5 @@
-// Llama: RMSNorm, RoPE (rotate-half), grouped-query attention, SwiGLU MLP, untied output head.
+// Llama: RMSNorm, RoPE (rotate-half), grouped-query attention, SwiGLU MLP, an output head of its
+// own or (tie_embeddings) the token embedding.
 //   x = embed(tokens)                                   (B,T,C)
 //   per layer: h = x + o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x)
 //              x = h + down_proj(silu(gate_proj(n)) * up_proj(n)),  n = rmsnorm(h)
@@ -37,7 +38,7 @@ std::vector<ParamInfo> llama_params(const ModelConfig& c) {
     p.push_back({s + "mlp.down_proj.weight", {C, F}, I::scaled_normal, blk, P::row, 1});
   }
   p.push_back({"model.norm.weight", {C}, I::ones, "head"});
-  p.push_back({"lm_head.weight", {V, C}, I::normal, "head"});
+  if (!c.tie_embeddings) p.push_back({"lm_head.weight", {V, C}, I::normal, "head"});
   return p;
 }
 
@@ -68,7 +69,9 @@ int build_llama(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, in
   b.set_scope("");
   int nf = b.emit("rmsnorm", {h, x.param("model.norm.weight")}, {{"eps", eps}},
                   {"final_norm", "final_rstd"})[0];
-  return x.linear(nf, "lm_head.weight", "logits");
+  if (!c.tie_embeddings) return x.linear(nf, "lm_head.weight", "logits");
+  // tied: logits = nf E^T with the embedding (V, C) as the head, as nn.Linear would hold it
+  return x.linear(nf, "model.embed_tokens.weight", "logits");
 }
 
 // transformers' LlamaConfig. What is left out takes HF's default, which matches Loom (no attention
@@ -86,8 +89,46 @@ nlohmann::ordered_json llama_hf_config(const ModelConfig& m) {
           {"rms_norm_eps", m.norm_eps},
           {"rope_theta", m.rope_theta},
           {"hidden_act", "silu"},
-          {"tie_word_embeddings", false},  // Loom's lm_head is its own parameter
+          {"tie_word_embeddings", m.tie_embeddings},
           {"torch_dtype", "float32"}};
+}
+
+// transformers' LlamaConfig -> [model]. Defaults are LlamaConfig's where a field is absent.
+ModelConfig llama_from_hf(HfConfigReader& r) {
+  ModelConfig c;
+  c.vocab_size = r.integer("vocab_size");
+  c.d_model = r.integer("hidden_size");
+  c.ffn_hidden = r.integer("intermediate_size");
+  c.n_layers = r.integer("num_hidden_layers");
+  c.n_heads = r.integer("num_attention_heads");
+  c.n_kv_heads = r.integer("num_key_value_heads", c.n_heads);
+  c.max_seq_len = r.integer("max_position_embeddings", 2048);
+  c.norm_eps = r.number("rms_norm_eps", 1e-6);
+  c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+  // RoPE: transformers 5 writes rope_parameters {rope_type, rope_theta}; older ones rope_theta and
+  // rope_scaling beside it. Loom has the default (unscaled) rotary embedding only.
+  c.rope_theta = r.number("rope_theta", 10000.0);
+  r.require("rope_scaling", {nullptr}, "Loom has no rope scaling (only the default RoPE)");
+  if (r.has("rope_parameters")) {
+    HfConfigReader rp = r.nested("rope_parameters");
+    rp.require("rope_type", {"default"},
+               "Loom has only the default RoPE (no linear, dynamic, yarn or llama3 scaling)");
+    c.rope_theta = rp.number("rope_theta", c.rope_theta);
+    rp.finish();
+  }
+  r.require("rope_interleaved", {false}, "Loom's RoPE rotates halves (Hugging Face's layout)");
+  r.require("hidden_act", {"silu"}, "Loom's Llama MLP is SwiGLU (silu)");
+  r.require("attention_bias", {false}, "Loom's Llama attention has no biases");
+  r.require("mlp_bias", {false}, "Loom's Llama MLP has no biases");
+  r.require("pretraining_tp", {1}, "Loom has no tensor-parallel-emulating matmul split");
+  r.require("head_dim", {c.n_heads > 0 ? c.d_model / c.n_heads : 0},
+            "Loom's head size is hidden_size / num_attention_heads");
+  // Loom trains without dropout; a nonzero attention dropout would change the training step
+  r.require("attention_dropout", {0.0}, "Loom has no attention dropout");
+  r.ignore({"bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
+            "transformers_version", "use_cache", "initializer_range", "_name_or_path",
+            "is_llama_config", "output_attentions", "output_hidden_states", "return_dict"});
+  return c;
 }
 
 }  // namespace
@@ -105,12 +146,16 @@ void register_llama() {
        .build = build_llama,
        .train_flops_per_token =
            [](const ModelConfig& c, int64_t T) {
-             double matmul = 0;  // every 2-d weight but the embedding (a lookup)
+             double matmul = 0;  // every 2-d weight but the embedding (a lookup) ...
              for (const auto& p : llama_params(c))
                if (p.shape.size() == 2 && p.block != "embed") matmul += double(numel(p.shape));
+             // ... unless it is also the head
+             if (c.tie_embeddings) matmul += double(c.vocab_size * c.d_model);
              return palm_train_flops(matmul, c, T);
            },
-       .hf_config = llama_hf_config});
+       .hf_config = llama_hf_config,
+       .hf_model_type = "llama",
+       .from_hf = llama_from_hf});
 }
 
 }  // namespace loom::models

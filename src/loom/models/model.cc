@@ -66,6 +66,27 @@ std::vector<std::string> architecture_names() {
   return r;
 }
 
+ModelConfig model_from_hf(const nlohmann::json& config, const std::string& file) {
+  ensure_registered();
+  HfConfigReader r(config, file);
+  const std::string type = r.string("model_type");
+  for (const auto& [name, a] : table()) {
+    if (a.hf_model_type != type || !a.from_hf) continue;
+    // "architectures" names the head class; Loom builds the causal LM one
+    r.require("architectures", {nlohmann::json::array({a.hf_class})},
+              fmt::format("Loom builds {} for model_type \"{}\"", a.hf_class, type));
+    ModelConfig c = a.from_hf(r);
+    c.arch = name;
+    r.finish();
+    c.validate(file);
+    return c;
+  }
+  std::string types;
+  for (const auto& [name, a] : table())
+    if (a.from_hf) types += (types.empty() ? "\"" : ", \"") + a.hf_model_type + "\"";
+  r.bad("model_type", "an architecture Loom does not build (it reads " + types + ")");
+}
+
 double palm_train_flops(double matmul_params, const ModelConfig& c, int64_t T) {
   return 6.0 * matmul_params + 12.0 * double(c.n_layers) * double(T) * double(c.d_model);
 }

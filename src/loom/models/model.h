@@ -30,6 +30,9 @@ struct ModelConfig {
   int64_t max_seq_len = 256;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  // The output head reuses the token embedding (logits = x E^T; no lm_head.weight), as SmolLM2
+  // does. Llama's choice; GPT-2's head is always tied and ignores it.
+  bool tie_embeddings = false;
   DType dtype = DType::f32;
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/train/hf_dir.h"
 
 namespace loom::train {
 
@@ -56,6 +57,13 @@ Setter as_float(F field) {
   return [field](Config& c, const toml::node& n, const std::string& where) {
     if (!n.is_number()) throw Error(where + ": expected a number");
     field(c) = *n.value<double>();
+  };
+}
+template <class F>
+Setter as_bool(F field) {
+  return [field](Config& c, const toml::node& n, const std::string& where) {
+    if (!n.is_boolean()) throw Error(where + ": expected true or false");
+    field(c) = *n.value<bool>();
   };
 }
 template <class F>
@@ -115,6 +123,8 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
            {"max_seq_len", as_int([](Config& c) -> int64_t& { return c.model.max_seq_len; })},
            {"norm_eps", as_float([](Config& c) -> double& { return c.model.norm_eps; })},
            {"rope_theta", as_float([](Config& c) -> double& { return c.model.rope_theta; })},
+           {"tie_embeddings",
+            as_bool([](Config& c) -> bool& { return c.model.tie_embeddings; })},
            // not a ModelConfig field: where the starting weights come from (loom export, init)
            {"init", as_string([](Config& c) -> std::string& { return c.init_weights; })},
            {"dtype",
@@ -270,6 +280,53 @@ void apply_override(toml::table& root, const std::string& path, const std::strin
   sec->insert_or_assign(key, *parsed["v"].node());
 }
 
+// [model] init naming a Hugging Face directory (hf_dir.h) decides the model: its config.json's keys
+// fill [model]; a key the config also sets must agree (max_seq_len may be lower: a shorter context
+// than the model was trained for). The keys land in `root`, so a run's saved config.toml holds the
+// whole model and a resume needs no config.json.
+void merge_hf_model(toml::table& root, const std::string& path) {
+  toml::table* model = root["model"].as_table();
+  if (!model) return;
+  auto init = (*model)["init"].value<std::string>();
+  if (!init || !is_hf_dir(*init)) return;
+  const models::ModelConfig h = read_hf_model(*init);
+  const toml::table from_hf{{"arch", h.arch},
+                            {"vocab_size", h.vocab_size},
+                            {"d_model", h.d_model},
+                            {"n_layers", h.n_layers},
+                            {"n_heads", h.n_heads},
+                            {"n_kv_heads", h.n_kv_heads},
+                            {"ffn_hidden", h.ffn_hidden},
+                            {"max_seq_len", h.max_seq_len},
+                            {"norm_eps", h.norm_eps},
+                            {"rope_theta", h.rope_theta},
+                            {"tie_embeddings", h.tie_embeddings}};
+  for (const auto& [k, v] : from_hf) {
+    const std::string key(k.str());
+    const toml::node* mine = model->get(key);
+    if (!mine) {
+      model->insert(key, v);
+      continue;
+    }
+    bool same = true;
+    if (auto s = v.value<std::string>())
+      same = mine->value<std::string>() == s;
+    else if (auto b = v.value<bool>(); v.is_boolean())
+      same = mine->value<bool>() == b;
+    else if (auto x = mine->value<double>())
+      same = key == "max_seq_len" ? *x <= *v.value<double>() : *x == *v.value<double>();
+    if (!same) {
+      std::ostringstream theirs, ours;
+      v.visit([&](const auto& x) { theirs << x; });
+      mine->visit([&](const auto& x) { ours << x; });
+      throw Error(fmt::format("{}: [model] {} = {} disagrees with {}/config.json, which gives {}",
+                              path, key, ours.str(), *init, theirs.str()),
+                  "[model] init names a Hugging Face directory, whose config.json decides the "
+                  "model: drop the key from [model] (only max_seq_len may be lower)");
+    }
+  }
+}
+
 }  // namespace
 
 const char* outer_mode_name(OuterMode m) { return m == OuterMode::sync ? "sync" : "async"; }
@@ -287,6 +344,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
         fmt::format("{}:{}:{}: TOML error: {}", path, src.begin.line, src.begin.column, desc));
   }
   for (const auto& ov : overrides) apply_override(root, path, ov);
+  merge_hf_model(root, path);
 
   Config c;
   c.path = path;

@@ -80,8 +80,10 @@ struct Config {
   CheckpointConfig checkpoint;
   OuterConfig outer;
   PlanConfig plan;
-  // [model] init: weights to start a fresh run from (a model.safetensors, or a directory holding
-  // one, such as `loom export`'s output); empty: random init. Ignored when resuming.
+  // [model] init: weights to start a fresh run from (a .safetensors file, or a directory holding
+  // model.safetensors or a sharded index: `loom export`'s output, a checkpoint, a Hugging Face
+  // model directory); empty: random init. Ignored when resuming. A directory with a config.json
+  // also decides [model] (hf_dir.h).
   std::string init_weights;
   std::string text;  // the resolved config as TOML (with overrides applied), saved in run dirs
 };

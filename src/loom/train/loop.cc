@@ -12,6 +12,7 @@
 #include "loom/core/file.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/evaluate.h"
+#include "loom/train/hf_dir.h"
 #include "loom/train/schedule.h"
 #include "loom/train/step.h"
 
@@ -107,13 +108,10 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
     // [model] init: a fresh run starts from given weights (loom export's output, a checkpoint's
     // model.safetensors) instead of the random init; a resumed run takes its checkpoint's instead.
     if (!cfg.init_weights.empty()) {
-      auto w = model_file(cfg.init_weights);
-      if (!w)
-        throw Error(fmt::format("{}: [model] init: no such file {}", cfg.path, cfg.init_weights),
-                    "point it at a model.safetensors or a directory holding one (loom export)");
-      params.load(*w);  // names, dtypes and shapes checked against [model]
+      check_init_exists(cfg);
+      params.load(cfg.init_weights);  // names, dtypes and shapes checked against [model]
       runner.pull_params();
-      if (writer) fmt::print(stderr, "initialised from {}\n", *w);
+      if (writer) fmt::print(stderr, "initialised from {}\n", cfg.init_weights);
     }
     if (writer) std::ofstream(run.metrics, std::ios::trunc);
   }

@@ -9,6 +9,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/safetensors.h"
+#include "loom/train/hf_dir.h"
 
 namespace loom::train {
 
@@ -71,7 +72,7 @@ void ParamStore::init_random(uint64_t seed) {
 }
 
 void ParamStore::load(const std::string& path) {
-  SafetensorsFile f = SafetensorsFile::open(path);
+  Weights f = Weights::open(path);
   std::set<std::string> expected;
   for (const auto& p : infos_) {
     expected.insert(p.name);
@@ -80,18 +81,39 @@ void ParamStore::load(const std::string& path) {
           fmt::format("weights {}: missing tensor '{}' for a {} model", path, p.name, cfg_.arch),
           "the file must hold every parameter under its Hugging Face name");
     const TensorView& t = f.get(p.name);
-    if (t.dtype != DType::f32 || t.shape != p.shape)
-      throw Error(fmt::format("weights {}: tensor '{}' is {}{}, the model expects f32{}", path,
-                              p.name, dtype_name(t.dtype), shape_str(t.shape), shape_str(p.shape)));
+    if ((t.dtype != DType::f32 && t.dtype != DType::bf16) || t.shape != p.shape)
+      throw Error(fmt::format("weights {}: tensor '{}' is {}{}, the model expects f32{} (or bf16)",
+                              f.file_of(p.name), p.name, dtype_name(t.dtype), shape_str(t.shape),
+                              shape_str(p.shape)),
+                  "check [model] against the weights: d_model, n_heads, n_kv_heads, ffn_hidden, "
+                  "vocab_size, max_seq_len");
     restore(p.name);
-    std::memcpy(buf_[p.name].data(), t.data, t.nbytes);
+    float* dst = buf_[p.name].data();
+    if (t.dtype == DType::f32) {
+      std::memcpy(dst, t.data, t.nbytes);
+    } else {  // bf16 widens to f32 exactly
+      const auto* src = static_cast<const bf16*>(t.data);
+      for (int64_t i = 0; i < numel(p.shape); ++i) dst[i] = bf16_to_f32(src[i]);
+    }
   }
-  for (const auto& n : f.names())
-    if (!expected.count(n))
-      throw Error(
-          fmt::format("weights {}: unexpected tensor '{}' (not a parameter of this {} model)", path,
-                      n, cfg_.arch),
-          "check [model] in the config: n_layers, arch");
+  for (const auto& n : f.names()) {
+    if (expected.count(n)) continue;
+    // A tied head saved anyway (some writers do): accepted when it is the embedding, bit for bit.
+    if (cfg_.tie_embeddings && n == "lm_head.weight" &&
+        expected.count("model.embed_tokens.weight")) {
+      const TensorView& h = f.get(n);
+      const TensorView& e = f.get("model.embed_tokens.weight");
+      if (h.dtype == e.dtype && h.shape == e.shape && std::memcmp(h.data, e.data, h.nbytes) == 0)
+        continue;
+      throw Error(fmt::format("weights {}: 'lm_head.weight' differs from the token embedding, but "
+                              "the model ties them (tie_embeddings)",
+                              f.file_of(n)),
+                  "set [model] tie_embeddings = false for a separate head");
+    }
+    throw Error(fmt::format("weights {}: unexpected tensor '{}' (not a parameter of this {} model)",
+                            f.file_of(n), n, cfg_.arch),
+                "check [model] in the config: n_layers, arch, tie_embeddings");
+  }
 }
 
 void ParamStore::save(const std::string& path) const {

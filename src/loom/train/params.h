@@ -1,9 +1,10 @@
 // ParamStore: the f32 master weights of a model, one contiguous buffer per parameter under its
 // Hugging Face name; initialised randomly, or loaded from / saved to safetensors.
 //
-// Loading is strict: every model parameter must be in the file with exactly its shape and dtype
-// F32, and the file may hold nothing else; any mismatch is a loom::Error naming the file and the
-// tensor.
+// Loading is strict: every model parameter must be in the weights (a .safetensors file, or a
+// directory with model.safetensors or a sharded index: hf_dir.h) with exactly its shape, in F32 or
+// BF16 (widened exactly), and they may hold nothing else (but a tied head equal to the embedding);
+// any mismatch is a loom::Error naming the file and the tensor.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,98 @@
+#include "loom/models/hf_config.h"
+
+#include <fmt/format.h>
+
+#include "loom/core/error.h"
+
+namespace loom::models {
+
+HfConfigReader::HfConfigReader(nlohmann::json j, std::string file)
+    : j_(std::move(j)), file_(std::move(file)) {
+  if (!j_.is_object()) throw Error(fmt::format("{}: expected a JSON object", file_));
+}
+
+void HfConfigReader::bad(const std::string& key, const std::string& why) const {
+  const nlohmann::json* v = j_.contains(key) ? &j_.at(key) : nullptr;
+  std::string shown = v ? v->dump() : "(absent)";
+  if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+  throw Error(fmt::format("{}: {}{} = {}: {}", file_, prefix_, key, shown, why));
+}
+
+bool HfConfigReader::has(const std::string& key) const {
+  return j_.contains(key) && !j_.at(key).is_null();
+}
+
+const nlohmann::json* HfConfigReader::find(const std::string& key) {
+  claimed_.insert(key);
+  return has(key) ? &j_.at(key) : nullptr;
+}
+
+int64_t HfConfigReader::integer(const std::string& key) {
+  const nlohmann::json* v = find(key);
+  if (!v) bad(key, "a required field is missing");
+  if (!v->is_number_integer()) bad(key, "expected an integer");
+  return v->get<int64_t>();
+}
+
+double HfConfigReader::number(const std::string& key) {
+  const nlohmann::json* v = find(key);
+  if (!v) bad(key, "a required field is missing");
+  if (!v->is_number()) bad(key, "expected a number");
+  return v->get<double>();
+}
+
+std::string HfConfigReader::string(const std::string& key) {
+  const nlohmann::json* v = find(key);
+  if (!v) bad(key, "a required field is missing");
+  if (!v->is_string()) bad(key, "expected a string");
+  return v->get<std::string>();
+}
+
+int64_t HfConfigReader::integer(const std::string& key, int64_t def) {
+  return has(key) ? integer(key) : (claimed_.insert(key), def);
+}
+
+double HfConfigReader::number(const std::string& key, double def) {
+  return has(key) ? number(key) : (claimed_.insert(key), def);
+}
+
+bool HfConfigReader::boolean(const std::string& key, bool def) {
+  const nlohmann::json* v = find(key);
+  if (!v) return def;
+  if (!v->is_boolean()) bad(key, "expected true or false");
+  return v->get<bool>();
+}
+
+void HfConfigReader::require(const std::string& key, std::initializer_list<nlohmann::json> allowed,
+                             const std::string& why, bool absent_ok) {
+  const nlohmann::json* v = find(key);
+  if (!v) {
+    if (absent_ok) return;
+    bad(key, why);
+  }
+  for (const auto& a : allowed)
+    if (*v == a || (v->is_number() && a.is_number() && v->get<double>() == a.get<double>())) return;
+  bad(key, why);
+}
+
+void HfConfigReader::ignore(std::initializer_list<const char*> keys) {
+  for (const char* k : keys) claimed_.insert(k);
+}
+
+HfConfigReader HfConfigReader::nested(const std::string& key) {
+  const nlohmann::json* v = find(key);
+  if (!v || !v->is_object()) bad(key, "expected an object");
+  HfConfigReader r(*v, file_);
+  r.prefix_ = prefix_ + key + ".";
+  return r;
+}
+
+void HfConfigReader::finish() const {
+  for (const auto& [k, v] : j_.items())
+    if (!claimed_.count(k))
+      bad(k,
+          "a field Loom does not know: it may change the model, so it is not ignored "
+          "(if it does not, list it in the architecture's from_hf ignore list)");
+}
+
+}  // namespace loom::models

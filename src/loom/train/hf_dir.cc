@@ -1,0 +1,133 @@
+#include "loom/train/hf_dir.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "loom/core/error.h"
+#include "loom/models/architecture.h"
+#include "loom/train/config.h"
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error(fmt::format("{}: cannot open", file));
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(fmt::format("{}: not valid JSON ({})", file, e.what()));
+  }
+}
+
+}  // namespace
+
+void check_init_exists(const Config& cfg) {
+  std::error_code ec;
+  if (!fs::exists(cfg.init_weights, ec))
+    throw Error(
+        fmt::format("{}: [model] init: no such file or directory {}", cfg.path, cfg.init_weights),
+        "point it at a .safetensors file or a directory holding model.safetensors or "
+        "model.safetensors.index.json (loom export --hf, a Hugging Face model)");
+}
+
+bool is_hf_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / "config.json", ec);
+}
+
+models::ModelConfig read_hf_model(const std::string& dir) {
+  const std::string file = (fs::path(dir) / "config.json").string();
+  return models::model_from_hf(read_json(file), file);
+}
+
+Weights Weights::open(const std::string& path) {
+  std::error_code ec;
+  Weights w;
+  w.path_ = path;
+  auto add = [&](SafetensorsFile f) {
+    for (const auto& n : f.names()) {
+      if (w.where_.count(n))
+        throw Error(fmt::format("weights {}: tensor '{}' is in both {} and {}", path, n,
+                                w.files_[w.where_[n]].path(), f.path()));
+      w.where_[n] = w.files_.size();
+      w.names_.push_back(n);
+    }
+    w.files_.push_back(std::move(f));
+  };
+  if (fs::is_regular_file(path, ec)) {
+    add(SafetensorsFile::open(path));
+    return w;
+  }
+  if (!fs::is_directory(path, ec))
+    throw Error(fmt::format("weights {}: no such file or directory", path),
+                "point it at a .safetensors file, or a directory holding model.safetensors or "
+                "model.safetensors.index.json (loom export --hf, transformers' save_pretrained)");
+  const fs::path single = fs::path(path) / "model.safetensors";
+  const fs::path index = fs::path(path) / "model.safetensors.index.json";
+  if (fs::is_regular_file(single, ec)) {
+    add(SafetensorsFile::open(single.string()));
+    return w;
+  }
+  if (!fs::is_regular_file(index, ec))
+    throw Error(fmt::format("weights {}: the directory holds neither model.safetensors nor "
+                            "model.safetensors.index.json",
+                            path),
+                "point it at loom export --hf's output, a checkpoint, or a Hugging Face model "
+                "directory");
+  const std::string ifile = index.string();
+  nlohmann::json j = read_json(ifile);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw Error(fmt::format("{}: no \"weight_map\" object", ifile),
+                "a sharded checkpoint's index maps each tensor to its shard file");
+  // shard file -> the tensors the index says it holds
+  std::map<std::string, std::set<std::string>> shards;
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    if (!file.is_string())
+      throw Error(fmt::format("{}: weight_map[\"{}\"] is not a file name", ifile, tensor));
+    const std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+      throw Error(fmt::format("{}: weight_map[\"{}\"] = \"{}\" is not a file in {}", ifile, tensor,
+                              f, path));
+    shards[f].insert(tensor);
+  }
+  if (shards.empty()) throw Error(fmt::format("{}: weight_map is empty", ifile));
+  for (const auto& [file, tensors] : shards) {
+    const fs::path shard = fs::path(path) / file;
+    if (!fs::is_regular_file(shard, ec))
+      throw Error(fmt::format("{}: shard {} is missing (it holds {} tensors, e.g. '{}')", ifile,
+                              shard.string(), tensors.size(), *tensors.begin()),
+                  "copy every shard the index names into the directory");
+    SafetensorsFile f = SafetensorsFile::open(shard.string());
+    for (const auto& t : tensors)
+      if (!f.contains(t))
+        throw Error(fmt::format("{}: tensor '{}' is listed in {} but {} does not hold it",
+                                shard.string(), t, ifile, file));
+    for (const auto& n : f.names())
+      if (!tensors.count(n))
+        throw Error(
+            fmt::format("{}: tensor '{}' is not in {}'s weight_map", shard.string(), n, ifile));
+    add(std::move(f));
+  }
+  return w;
+}
+
+const TensorView& Weights::get(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) throw Error(fmt::format("weights {}: no tensor '{}'", path_, name));
+  return files_[it->second].get(name);
+}
+
+const std::string& Weights::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  return it == where_.end() ? path_ : files_[it->second].path();
+}
+
+}  // namespace loom::train

@@ -1,0 +1,59 @@
+// Hugging Face model directories as Loom reads them: the form transformers' save_pretrained and
+// `loom export --hf` write, a config.json beside the weights, which are either one
+// model.safetensors or shards listed by model.safetensors.index.json ({"weight_map": {tensor:
+// shard file}}).
+//
+// A directory with a config.json given as [model] init decides the model: load_config takes the
+// [model] keys from it (models::model_from_hf; a key the config also sets must agree), and the
+// weights are read through Weights. Every problem (a missing shard, a tensor the index lists but
+// its shard lacks, a truncated file, an unsupported field) is a loom::Error naming the file and
+// the tensor or field.
+//
+// Not here: F16 or quantised tensors (safetensors.h names them as unsupported; convert to f32 or
+// bf16 first), lazy loading (each shard is read whole).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loom/core/safetensors.h"
+#include "loom/models/model.h"
+
+namespace loom::train {
+
+// Throws naming the config and the path when [model] init names nothing that exists.
+struct Config;
+void check_init_exists(const Config& cfg);
+
+// `path` is a directory holding a config.json.
+bool is_hf_dir(const std::string& path);
+// The [model] that `dir`/config.json describes. Throws naming the file and field.
+models::ModelConfig read_hf_model(const std::string& dir);
+
+// Named tensors from one .safetensors file, or from a directory holding model.safetensors or
+// model.safetensors.index.json with its shards.
+class Weights {
+ public:
+  // Throws loom::Error naming `path` when it is none of the above, or naming the index, a shard or
+  // a tensor when they disagree.
+  static Weights open(const std::string& path);
+
+  bool contains(const std::string& name) const { return where_.count(name) > 0; }
+  // Throws naming the tensor when absent.
+  const TensorView& get(const std::string& name) const;
+  // The file that holds `name` (for messages).
+  const std::string& file_of(const std::string& name) const;
+  // Every tensor name, file by file.
+  const std::vector<std::string>& names() const { return names_; }
+  // What was opened: the file, or the directory.
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, size_t> where_;  // tensor -> index into files_
+  std::vector<std::string> names_;
+};
+
+}  // namespace loom::train

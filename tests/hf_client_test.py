@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Hugging Face `transformers` as a client of `loom export --hf`: the directory loads with no missing,
+unexpected or mismatched key, and transformers' logits on the same tokens equal Loom's.
+
+    hf_client_test.py LOOM_BINARY SOURCE_DIR
+
+Per config (the benchmark models, bench-llama and bench-gpt2, and the tiny ones): train 2 steps on
+generated text, `loom export RUN --hf OUT`, then
+  1. AutoModelForCausalLM.from_pretrained(OUT, dtype=torch.float32, attn_implementation="eager",
+     local_files_only=True) reports no missing, unexpected or mismatched keys;
+  2. its logits on a fixed token batch equal `loom step --logits` on the same weights and tokens:
+     max |loom - transformers| <= 1e-5 * max |transformers| (f32), and the loss within 1e-5.
+
+The driver is stdlib-only; the transformers half runs this same file under the peer venv's python
+(bench/peer/setup_venv.sh; $LOOM_PEER_VENV) as `hf_client_test.py --transformers OUT TOKENS`. The
+test is labelled `peer`, outside the default run, because the venv is a 3-4 GB download; run it
+with `ctest -L peer`. A missing venv fails the test; it never skips.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+from textdata import write_pseudo_english
+
+kRtol = 1e-5
+VENV = os.environ.get("LOOM_PEER_VENV", os.path.expanduser("~/.cache/loom/peer-venv"))
+VENV_PYTHON = os.path.join(VENV, "bin", "python")
+
+
+def read_safetensors(path):
+    """path -> dict name -> (dtype, shape, raw bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    return {k: (e["dtype"], e["shape"], body[e["data_offsets"][0]:e["data_offsets"][1]])
+            for k, e in header.items() if k != "__metadata__"}
+
+
+def write_tokens(path, rows):
+    """rows: list of equal-length int lists -> "tokens" I32 [B, T+1]."""
+    blob = b"".join(struct.pack("<%di" % len(r), *r) for r in rows)
+    header = {"tokens": {"dtype": "I32", "shape": [len(rows), len(rows[0])],
+                         "data_offsets": [0, len(blob)]}}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + blob)
+
+
+# ----------------------------------------------------------------------------------------------
+# The transformers half (under the peer venv): the exported directory -> loading info, logits.
+
+
+def transformers_logits(out_dir, tokens_path, logits_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        out_dir, dtype=torch.float32, attn_implementation="eager", local_files_only=True,
+        output_loading_info=True)
+    tokens = load_file(tokens_path)["tokens"].long()
+    with torch.no_grad():
+        logits = model(tokens[:, :-1]).logits.float()
+    # Loom's loss: the mean cross-entropy of logits (B,T,V) against targets tokens[:, 1:]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             tokens[:, 1:].reshape(-1))
+    save_file({"logits": logits.contiguous()}, logits_path)
+    print(json.dumps({
+        "class": type(model).__name__,
+        "missing": sorted(info.get("missing_keys", [])),
+        "unexpected": sorted(info.get("unexpected_keys", [])),
+        "mismatched": [str(m) for m in info.get("mismatched_keys", [])],
+        "loss": loss.item(),
+        "transformers": __import__("transformers").__version__,
+        "torch": torch.__version__,
+    }))
+
+
+if len(sys.argv) == 5 and sys.argv[1] == "--transformers":
+    transformers_logits(sys.argv[2], sys.argv[3], sys.argv[4])
+    sys.exit(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver.
+
+LOOM, SRC = sys.argv[1], sys.argv[2]
+ENV = dict(os.environ, OMP_NUM_THREADS="2")
+failures = 0
+
+
+def check(ok, what):
+    global failures
+    print("%-4s %s" % ("ok" if ok else "FAIL", what))
+    if not ok:
+        failures += 1
+    return ok
+
+
+def run_ok(args, env=ENV):
+    r = subprocess.run(args, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("FAIL: %s exited %d\n%s%s" % (" ".join(args), r.returncode, r.stdout,
+                                                         r.stderr))
+    return r
+
+
+def floats(raw):
+    return struct.unpack("<%df" % (len(raw) // 4), raw)
+
+
+if not os.access(VENV_PYTHON, os.X_OK):
+    print("FAIL: no peer venv at %s (make it with bench/peer/setup_venv.sh, or set LOOM_PEER_VENV)"
+          % VENV)
+    sys.exit(1)
+
+with tempfile.TemporaryDirectory() as d:
+    data = os.path.join(d, "text.txt")
+    write_pseudo_english(data)
+    with open(data, "rb") as f:
+        text = f.read()
+    tokens = os.path.join(d, "tokens.safetensors")
+    write_tokens(tokens, [list(text[o:o + 65]) for o in (0, 1000, 20000)])  # B = 3, T = 64
+
+    for name in ["bench-llama", "bench-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-gpt2"]:
+        config = os.path.join(SRC, "configs", name + ".toml")
+        run_dir, out = os.path.join(d, "run-" + name), os.path.join(d, "hf-" + name)
+        run_ok([LOOM, "train", config, "--run-dir", run_dir, "--set", "data.path=" + data,
+                "--set", "train.steps=2", "--set", "train.eval_batches=1",
+                "--set", "train.batch_size=2", "--set", "train.seq_len=64"])
+        run_ok([LOOM, "export", run_dir, "--hf", out])
+        step_out = os.path.join(d, "step-" + name + ".safetensors")
+        run_ok([LOOM, "step", "--config", os.path.join(run_dir, "config.toml"), "--weights",
+                os.path.join(out, "model.safetensors"), "--tokens", tokens, "--out", step_out,
+                "--logits"])
+        loom = read_safetensors(step_out)
+        loom_loss = floats(loom["loss"][2])[0]
+        loom_logits = floats(loom["logits"][2])
+
+        theirs = os.path.join(d, "hf-logits-" + name + ".safetensors")
+        r = subprocess.run([VENV_PYTHON, os.path.abspath(__file__), "--transformers", out, tokens,
+                            theirs], capture_output=True, text=True, env=ENV)
+        if not check(r.returncode == 0, "%s: transformers loads the export" % name):
+            print(r.stderr[-3000:])
+            continue
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        check(not res["missing"] and not res["unexpected"] and not res["mismatched"],
+              "%s: %s (transformers %s) loads with no missing, unexpected or mismatched key%s"
+              % (name, res["class"], res["transformers"],
+                 "" if not (res["missing"] or res["unexpected"] or res["mismatched"])
+                 else ": missing %s, unexpected %s, mismatched %s"
+                 % (res["missing"][:5], res["unexpected"][:5], res["mismatched"][:5])))
+        hf = read_safetensors(theirs)["logits"]
+        hf_logits = floats(hf[2])
+        if not check(hf[1] == loom["logits"][1], "%s: logits shape %s (loom %s)"
+                     % (name, hf[1], loom["logits"][1])):
+            continue
+        scale = max(abs(x) for x in hf_logits)
+        worst = max(abs(a - b) for a, b in zip(loom_logits, hf_logits))
+        check(worst <= kRtol * scale, "%s: logits max |loom - transformers| = %.2e, %.1e of max |logit| "
+              "%.3f (<= %.0e)" % (name, worst, worst / scale, scale, kRtol))
+        rel = abs(loom_loss - res["loss"]) / abs(res["loss"])
+        check(rel <= kRtol, "%s: loss loom %.7f, transformers %.7f (rel %.1e <= %.0e)"
+              % (name, loom_loss, res["loss"], rel, kRtol))
+
+print("hf_client: all ok" if not failures else "hf_client: %d FAILED" % failures)
+sys.exit(1 if failures else 0)
