@@ -112,29 +112,10 @@ ModelConfig gpt2_from_hf(HfConfigReader& r) {
   // Dropout: Loom trains without it (a fine-tune from a GPT-2 that had it sees none); the
   // summary_* fields configure a classification head Loom does not build; reorder_and_upcast_attn
   // only changes fp16 rounding.
-  r.ignore({"attn_pdrop",
-            "embd_pdrop",
-            "resid_pdrop",
-            "summary_activation",
-            "summary_first_dropout",
-            "summary_proj_to_labels",
-            "summary_type",
-            "summary_use_proj",
-            "n_ctx",
-            "reorder_and_upcast_attn",
-            "bos_token_id",
-            "eos_token_id",
-            "pad_token_id",
-            "torch_dtype",
-            "dtype",
-            "transformers_version",
-            "use_cache",
-            "initializer_range",
-            "task_specific_params",
-            "_name_or_path",
-            "output_attentions",
-            "output_hidden_states",
-            "return_dict"});
+  r.ignore({"attn_pdrop", "embd_pdrop", "resid_pdrop", "summary_activation",
+            "summary_first_dropout", "summary_proj_to_labels", "summary_type", "summary_use_proj",
+            "n_ctx", "reorder_and_upcast_attn", "task_specific_params"});
+  r.ignore_common();
   return c;
 }
 

@@ -79,6 +79,13 @@ void HfConfigReader::ignore(std::initializer_list<const char*> keys) {
   for (const char* k : keys) claimed_.insert(k);
 }
 
+void HfConfigReader::ignore_common() {
+  ignore({"bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id",
+          "decoder_start_token_id", "torch_dtype", "dtype", "transformers_version", "use_cache",
+          "initializer_range", "_name_or_path", "_model_name_or_path", "output_attentions",
+          "output_hidden_states", "return_dict", "chunk_size_feed_forward", "tokenizer_class"});
+}
+
 HfConfigReader HfConfigReader::nested(const std::string& key) {
   const nlohmann::json* v = find(key);
   if (!v || !v->is_object()) bad(key, "expected an object");

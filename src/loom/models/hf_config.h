@@ -36,6 +36,9 @@ class HfConfigReader {
   // Fields that do not change the model's function (token ids, dtypes, version, dropout, cache):
   // read and dropped.
   void ignore(std::initializer_list<const char*> keys);
+  // The fields every transformers config may carry that never change the model's function (token
+  // ids, dtype, version, cache, output switches, the initialiser's scale, the source's name).
+  void ignore_common();
   // The object under `key` (for nested fields such as rope_parameters), itself read strictly.
   HfConfigReader nested(const std::string& key);
   // Throws naming the first field that no call above claimed.

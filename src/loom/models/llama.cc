@@ -125,9 +125,7 @@ ModelConfig llama_from_hf(HfConfigReader& r) {
             "Loom's head size is hidden_size / num_attention_heads");
   // Loom trains without dropout; a nonzero attention dropout would change the training step
   r.require("attention_dropout", {0.0}, "Loom has no attention dropout");
-  r.ignore({"bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
-            "transformers_version", "use_cache", "initializer_range", "_name_or_path",
-            "is_llama_config", "output_attentions", "output_hidden_states", "return_dict"});
+  r.ignore_common();
   return c;
 }
 
