@@ -40,7 +40,7 @@ def main():
             continue
         if "tokens_per_s" not in d:
             continue
-        ranks = d["plan"]["ranks"] if isinstance(d.get("plan"), dict) else d.get("ranks", 1)
+        ranks = len(d["per_rank"]) if "per_rank" in d else d.get("ranks", 1)
         group = (d.get("arch", "?"), d.get("dtype", "?"), ranks)
         runs.setdefault(group, {}).setdefault(program(d), []).append(d)
     out = []

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential cmake ninja-build pkg-config
   libdnnl-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev libpcre2-dev
   python3-torch python3-numpy libopenblas0-pthread
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc openssl
   libopenmpi-dev openmpi-bin

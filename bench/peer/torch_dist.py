@@ -165,6 +165,7 @@ def worker(rank, args, port, queue):
             "final_loss": loss,
             **extra,
         })
+    dist.barrier()  # no rank tears gloo down while another still talks (seen: SIGABRT at exit)
     dist.destroy_process_group()
 
 

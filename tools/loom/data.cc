@@ -4,7 +4,8 @@
 // on the training text (--vocab-size 256: byte-level tokens, nothing to train), and writes to
 // --out:
 //   train.bin, val.bin   token shards (shard.h)
-//   tokenizer.model      the SentencePiece model (absent for byte-level)
+//   tokenizer.model      the SentencePiece model (absent for byte-level), or
+//   tokenizer.json       with --tokenizer: a pretrained model's (copied; nothing is trained)
 //   meta.json            vocab_size, tokenizer kind, token counts, source files
 // `[data] path = "<out>"` then trains on the shards; loom sample decodes with tokenizer.model.
 //
@@ -28,7 +29,7 @@ namespace fs = std::filesystem;
 
 std::function<int()> add_data(CLI::App& app) {
   struct Opts {
-    std::string input, out;
+    std::string input, out, tokenizer;
     int vocab_size = 0;
     int val_every = 10;
   };
@@ -39,32 +40,48 @@ std::function<int()> add_data(CLI::App& app) {
       "prepare", "train a tokenizer on text and write token shards for loom train");
   p->add_option("--input", o->input, "a text file or a directory of .txt files")->required();
   p->add_option("--out", o->out, "output directory (then [data] path = it)")->required();
-  p->add_option("--vocab-size", o->vocab_size,
-                "tokenizer vocabulary: 256 = byte-level, more = SentencePiece BPE")
-      ->required();
+  auto* vs = p->add_option("--vocab-size", o->vocab_size,
+                           "tokenizer vocabulary: 256 = byte-level, more = SentencePiece BPE");
+  p->add_option("--tokenizer", o->tokenizer,
+                "a pretrained model's tokenizer.json (or its directory) instead of training one")
+      ->excludes(vs);
   p->add_option("--val-every", o->val_every, "hold out every n-th file (sorted) for validation")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   return [o]() {
-    if (o->vocab_size < 256)
+    const bool pretrained = !o->tokenizer.empty();
+    if (!pretrained && o->vocab_size == 0)
+      throw Error(
+          "loom data prepare: give --vocab-size (a tokenizer to train) or --tokenizer (a "
+          "pretrained model's tokenizer.json)");
+    if (!pretrained && o->vocab_size < 256)
       throw Error(fmt::format("--vocab-size {} is too small", o->vocab_size),
                   "256 gives byte-level tokens; a BPE vocabulary needs more than 256 (its byte "
                   "pieces come first)");
+    std::error_code ec;
+    std::string given = o->tokenizer;  // --tokenizer: the file, or a model directory holding it
+    if (pretrained && fs::is_directory(given, ec)) given += "/tokenizer.json";
+    if (pretrained && !fs::is_regular_file(given, ec))
+      throw Error(fmt::format("--tokenizer {}: no such file", given),
+                  "give a tokenizer.json, or a Hugging Face model directory holding one");
     data::TextSplit split = data::split_text(o->input, o->val_every);
     if (split.val.empty())
       throw Error(fmt::format("data {}: the validation text is empty", o->input),
                   "give more text, or more files");
-    std::error_code ec;
     fs::create_directories(o->out, ec);
     if (ec) throw Error(fmt::format("--out {}: cannot create ({})", o->out, ec.message()));
     // an older meta.json would vouch for shards this run is about to replace
     fs::remove(o->out + "/meta.json", ec);
 
-    const bool bytes = o->vocab_size == 256;
-    const std::string model = o->out + "/tokenizer.model";
-    fs::remove(model, ec);
-    fs::remove(o->out + "/tokenizer.vocab", ec);
-    if (!bytes) {
+    const bool bytes = !pretrained && o->vocab_size == 256;
+    const std::string model = o->out + "/tokenizer.model", json = o->out + "/tokenizer.json";
+    for (const std::string& old : {model, o->out + "/tokenizer.vocab", json}) fs::remove(old, ec);
+    std::string kind = "byte", file;
+    if (pretrained) {
+      // the data keeps its tokenizer (loom train copies it into the run, loom sample reads it)
+      write_file_atomic(json, read_file(given));
+      kind = "hf-bpe", file = "tokenizer.json";
+    } else if (!bytes) {
       fmt::print(stderr, "training a BPE tokenizer of {} pieces on {} bytes\n", o->vocab_size,
                  split.train.size());
       // SentencePiece writes prefix.model non-atomically: train beside it, then rename
@@ -74,8 +91,11 @@ std::function<int()> add_data(CLI::App& app) {
       if (ec)
         throw Error(fmt::format("cannot rename {}.model to {}: {}", prefix, model, ec.message()));
       fs::rename(prefix + ".vocab", o->out + "/tokenizer.vocab", ec);
+      kind = "sentencepiece-bpe", file = "tokenizer.model";
     }
-    data::Tokenizer tok = bytes ? data::Tokenizer::byte_level() : data::Tokenizer::load(model);
+    data::Tokenizer tok =
+        bytes ? data::Tokenizer::byte_level() : data::Tokenizer::load(o->out + "/" + file);
+    if (pretrained) o->vocab_size = tok.vocab_size();
     if (tok.vocab_size() != o->vocab_size)
       throw Error(fmt::format("{}: {} pieces, not the {} asked for", model, tok.vocab_size(),
                               o->vocab_size));
@@ -86,7 +106,7 @@ std::function<int()> add_data(CLI::App& app) {
     nlohmann::json meta{{"format", "loom-data"},
                         {"version", 1},
                         {"vocab_size", o->vocab_size},
-                        {"tokenizer", bytes ? "byte" : "sentencepiece-bpe"},
+                        {"tokenizer", kind},
                         {"train_tokens", train.size()},
                         {"val_tokens", val.size()},
                         {"train_bytes", split.train.size()},
@@ -94,7 +114,7 @@ std::function<int()> add_data(CLI::App& app) {
                         {"input", o->input},
                         {"train_files", split.train_files},
                         {"val_files", split.val_files}};
-    if (!bytes) meta["tokenizer_model"] = "tokenizer.model";
+    if (!file.empty()) meta["tokenizer_model"] = file;
     write_file_atomic(o->out + "/meta.json", meta.dump(2) + "\n");  // last: marks DIR complete
     fmt::print("{}: {} training and {} validation tokens ({:.2f} bytes per token), vocab {}\n",
                o->out, train.size(), val.size(),

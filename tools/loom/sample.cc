@@ -1,12 +1,14 @@
-// loom sample: generates text from a run that `loom train` wrote. Tokens are bytes (id = byte
-// value) unless the run trained on a `loom data prepare` directory with a SentencePiece tokenizer:
-// then the prompt is encoded and the output decoded with RUN_DIR/tokenizer.model (copied there by
-// loom train), else with the tokenizer.model in the run's [data] path. The prompt and then the
-// generated text go to stdout as soon as they exist (flushed), so with bytes a pipe sees exactly
-// prompt + max_tokens bytes; with BPE, an incomplete UTF-8 character (from byte-fallback pieces) is
-// held back until it completes or generation ends.
+// loom sample: generates text from a run that `loom train` wrote, or from a Hugging Face model
+// directory (config.json, weights, tokenizer.json). Tokens are bytes (id = byte value) unless the
+// run trained on a `loom data prepare` directory with a tokenizer: then the prompt is encoded and
+// the output decoded with RUN_DIR/tokenizer.model or tokenizer.json (copied there by loom train),
+// else with the one in the run's [data] path, else its [model] init directory's tokenizer.json. The
+// prompt and then the generated text go to stdout as soon as they exist (flushed), so with bytes a
+// pipe sees exactly prompt + max_tokens bytes; with BPE, an incomplete UTF-8 character (from
+// byte-fallback pieces) is held back until it completes or generation ends.
 //
-// How: one StepRunner in Mode::infer with B = 1 and T = the model's max_seq_len. For each new token
+// How: one StepRunner in Mode::infer with B = 1 and T = --context (default: the model's
+// max_seq_len, at most 512). For each new token
 // the context (the last <= T tokens) is copied to the front of the (1, T+1) token buffer, the rest
 // padded with 0, the whole forward pass runs, and the logits at position len-1 give the next token.
 // Causal attention means the padding after len-1 never reaches those logits. Worked example, T = 4,
@@ -36,6 +38,7 @@
 #include "loom/core/error.h"
 #include "loom/tokenizer/tokenizer.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/hf_dir.h"
 #include "loom/train/step.h"
 
 namespace loom::cli {
@@ -76,14 +79,15 @@ struct Sampler {
   }
 };
 
-// The run's tokenizer: RUN_DIR/tokenizer.model, else the one in its [data] path (a loom data
-// prepare directory), else bytes.
-data::Tokenizer run_tokenizer(const std::string& run, const std::string& data_path) {
+// The run's tokenizer: RUN_DIR's tokenizer.model or tokenizer.json, else the one in its [data]
+// path (a loom data prepare directory), else its [model] init directory's tokenizer.json (a
+// pretrained model's), else bytes.
+data::Tokenizer run_tokenizer(const std::string& run, const train::Config& cfg) {
   std::error_code ec;
-  if (fs::is_regular_file(run + "/tokenizer.model", ec))
-    return data::Tokenizer::load(run + "/tokenizer.model");
-  if (!data_path.empty() && fs::is_regular_file(data_path + "/tokenizer.model", ec))
-    return data::Tokenizer::load(data_path + "/tokenizer.model");
+  for (const std::string& dir : {run, cfg.data.path, cfg.init_weights})
+    for (const char* name : {"/tokenizer.model", "/tokenizer.json"})
+      if (!dir.empty() && fs::is_regular_file(dir + name, ec))
+        return data::Tokenizer::load(dir + name);
   return data::Tokenizer::byte_level();
 }
 
@@ -111,10 +115,14 @@ std::function<int()> add_sample(CLI::App& app) {
     double temperature = 0.8;
     int64_t top_k = 40;
     int64_t seed = 0;
+    int64_t context = 0;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* s = app.add_subcommand("sample", "generate text from a trained run");
-  s->add_option("run_dir", o->run_dir, "run directory written by loom train")->required();
+  CLI::App* s =
+      app.add_subcommand("sample", "generate text from a trained run or a pretrained model");
+  s->add_option("run_dir", o->run_dir,
+                "run directory written by loom train, or a Hugging Face model directory")
+      ->required();
   s->add_option("--prompt", o->prompt, "text to continue (empty: start from a newline)");
   s->add_option("--max-tokens", o->max_tokens, "tokens to generate (bytes for byte-level runs)")
       ->capture_default_str()
@@ -130,12 +138,25 @@ std::function<int()> add_sample(CLI::App& app) {
       ->check(kNonNegative);
   s->add_option("--checkpoint", o->checkpoint,
                 "checkpoint directory or .safetensors (default: the run's newest checkpoint)");
+  s->add_option("--context", o->context,
+                "tokens of context the model sees (default: [model] max_seq_len, at most 512)")
+      ->check(CLI::PositiveNumber);
   return [o]() {
     const std::string& run = o->run_dir;
-    train::Config cfg = train::load_run_config(run);
-    const std::string config = run + "/config.toml";
-    const data::Tokenizer tok = run_tokenizer(run, cfg.data.path);
-    if (!tok.is_byte_level() && tok.vocab_size() != cfg.model.vocab_size)
+    // a run directory (config.toml, checkpoints), or a Hugging Face model directory (config.json,
+    // weights, tokenizer.json: a pretrained model as it is)
+    const bool hf = train::is_hf_dir(run) && !fs::exists(run + "/config.toml");
+    train::Config cfg;
+    if (hf) {
+      cfg.model = train::read_hf_model(run);
+      cfg.path = run + "/config.json";
+      cfg.init_weights = run;
+    } else {
+      cfg = train::load_run_config(run);
+    }
+    const std::string config = hf ? cfg.path : run + "/config.toml";
+    const data::Tokenizer tok = run_tokenizer(run, cfg);
+    if (!tok.is_byte_level() && tok.vocab_size() > cfg.model.vocab_size)
       throw Error(fmt::format("the tokenizer's vocabulary does not match the model: {} pieces in "
                               "the tokenizer of {}, [model] vocab_size = {} in {}",
                               tok.vocab_size(), run, cfg.model.vocab_size, config),
@@ -144,8 +165,11 @@ std::function<int()> add_sample(CLI::App& app) {
       throw Error(fmt::format("{}: [model] vocab_size = {} is too small for byte-level tokens",
                               config, cfg.model.vocab_size),
                   "loom sample reads byte-level models (vocab_size >= 256), as loom train makes");
-    const std::string weights = train::run_weights(run, o->checkpoint);
-    const int64_t T = cfg.model.max_seq_len, V = cfg.model.vocab_size;
+    const std::string weights =
+        hf && o->checkpoint.empty() ? run : train::run_weights(run, o->checkpoint);
+    const int64_t T = o->context ? std::min(o->context, cfg.model.max_seq_len)
+                                 : std::min<int64_t>(cfg.model.max_seq_len, 512);
+    const int64_t V = cfg.model.vocab_size;
     cfg.train.batch_size = 1;
     cfg.train.seq_len = T;
     train::ParamStore params(cfg.model);

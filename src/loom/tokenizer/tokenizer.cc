@@ -10,6 +10,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/tokenizer/hf_tokenizer.h"
 
 namespace loom::data {
 
@@ -63,6 +64,10 @@ Tokenizer Tokenizer::byte_level() { return Tokenizer(); }
 
 Tokenizer Tokenizer::load(const std::string& path) {
   Tokenizer t;
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+    t.hf_ = HfTokenizer::load(path);
+    return t;
+  }
   t.sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   auto st = t.sp_->Load(path);
   if (!st.ok())
@@ -119,6 +124,7 @@ void Tokenizer::train_bpe(const std::vector<std::string>& text_files, int vocab_
 }
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+  if (hf_) return hf_->encode(text);
   std::vector<int32_t> out;
   if (!sp_) {
     out.reserve(text.size());
@@ -141,6 +147,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  if (hf_) return hf_->decode(ids);
   const int V = vocab_size();
   for (int32_t id : ids)
     if (id < 0 || id >= V)
@@ -152,6 +159,8 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return s;
 }
 
-int Tokenizer::vocab_size() const { return sp_ ? sp_->GetPieceSize() : 256; }
+int Tokenizer::vocab_size() const {
+  return hf_ ? hf_->vocab_size() : sp_ ? sp_->GetPieceSize() : 256;
+}
 
 }  // namespace loom::data

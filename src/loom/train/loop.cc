@@ -127,12 +127,11 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
   if (writer) write_file_atomic(run.dir + "/config.toml", cfg.text);
   // the run keeps its tokenizer, so loom sample decodes the same ids wherever the data moves
   std::error_code ec;
-  if (writer && run.corpus.prepared() && fs::exists(cfg.data.path + "/tokenizer.model", ec)) {
-    fs::copy_file(cfg.data.path + "/tokenizer.model", run.dir + "/tokenizer.model",
-                  fs::copy_options::overwrite_existing, ec);
-    if (ec)
-      throw Error(fmt::format("cannot copy {}/tokenizer.model to {}: {}", cfg.data.path, run.dir,
-                              ec.message()));
+  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+    const std::string from = cfg.data.path + "/" + name;
+    if (!writer || !run.corpus.prepared() || !fs::exists(from, ec)) continue;
+    fs::copy_file(from, run.dir + "/" + name, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw Error(fmt::format("cannot copy {} to {}: {}", from, run.dir, ec.message()));
   }
   Schedule sched{.lr = cfg.optim.lr,
                  .min_lr = cfg.train.min_lr,

@@ -1,0 +1,145 @@
+// A Hugging Face byte-level BPE tokenizer.json, written here by hand (256 byte pieces, a few
+// merges, an added token): encoding follows GPT-2's pre-tokenizer and the merge ranks, added tokens
+// split out, bytes that are not UTF-8 encode alone, decode inverts encode, and files Loom cannot
+// run exactly are errors naming the field. tests/hf_tokenizer_test.py checks a real one (SmolLM2's)
+// against the tokenizers library on the whole corpus.
+#include "loom/tokenizer/hf_tokenizer.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "loom/core/error.h"
+#include "loom/core/file.h"
+#include "loom/tokenizer/tokenizer.h"
+
+namespace loom::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// GPT-2's byte -> character map, written independently of the implementation: the printable
+// Latin-1 bytes are themselves, the rest take U+0100 on, in byte order.
+std::string byte_char(int b) {
+  static std::vector<std::string> table = [] {
+    std::vector<std::string> t(256);
+    int next = 256;
+    auto utf8 = [](int cp) {
+      std::string s;
+      if (cp < 0x80) {
+        s += char(cp);
+      } else {
+        s += char(0xC0 | (cp >> 6));
+        s += char(0x80 | (cp & 0x3F));
+      }
+      return s;
+    };
+    for (int i = 0; i < 256; ++i) {
+      bool keep = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174;
+      t[size_t(i)] = utf8(keep ? i : next++);
+    }
+    return t;
+  }();
+  return table[size_t(b)];
+}
+
+struct HfTokenizerTest : ::testing::Test {
+  fs::path dir = fs::temp_directory_path() / ("loom_hf_tok_test_" + std::to_string(::getpid()));
+  nlohmann::json j;
+  void SetUp() override {
+    fs::create_directories(dir);
+    nlohmann::json vocab;
+    for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+    const std::string sp = byte_char(' ');  // "Ġ"
+    // merges, best first: "t h" -> "th", "th e" -> "the", "Ġ the" -> "Ġthe", "l o" -> "lo"
+    vocab["th"] = 256;
+    vocab["the"] = 257;
+    vocab[sp + "the"] = 258;
+    vocab["lo"] = 259;
+    j = {{"version", "1.0"},
+         {"added_tokens", {{{"id", 260}, {"content", "<|end|>"}, {"special", true}}}},
+         {"normalizer", nullptr},
+         {"pre_tokenizer",
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+         {"decoder", {{"type", "ByteLevel"}}},
+         {"model",
+          {{"type", "BPE"},
+           {"dropout", nullptr},
+           {"unk_token", nullptr},
+           {"vocab", vocab},
+           {"merges", {{"t", "h"}, {"th", "e"}, {sp, "the"}, "l o"}}}}};
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  std::unique_ptr<HfTokenizer> load() {
+    write_file_atomic((dir / "tokenizer.json").string(), j.dump());
+    return HfTokenizer::load((dir / "tokenizer.json").string());
+  }
+  std::string error(const nlohmann::json& changed) {
+    j = changed;
+    try {
+      load();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+TEST_F(HfTokenizerTest, EncodesByPreTokenizerAndMergeRank) {
+  auto t = load();
+  EXPECT_EQ(t->vocab_size(), 261);
+  // "the the": words "the", " the"; "hello" has "lo" merged; "'s" is a word of its own
+  using V = std::vector<int32_t>;
+  EXPECT_EQ(t->encode("the the"), (V{257, 258}));
+  EXPECT_EQ(t->encode("hello"), (V{'h', 'e', 'l', 259}));
+  EXPECT_EQ(t->encode("it's"), (V{'i', 't', 0x27, 's'}));
+  // runs of spaces: all but the last stay one word, the last joins the next word
+  EXPECT_EQ(t->encode("a   the"), (V{'a', ' ', ' ', 258}));
+  // added tokens split out wherever they occur
+  EXPECT_EQ(t->encode("the<|end|>the"), (V{257, 260, 257}));
+  // a Latin-1 byte (not UTF-8) is encoded alone, and everything round-trips
+  for (const std::string s : {"the the", "hello, world!\n\n  x\t", "caf\xe9 the",
+                              "\xc3\xa9t\xc3\xa9", "<|end|>", "12 345 \xf0\x9f\x98\x80 ok"})
+    EXPECT_EQ(t->decode(t->encode(s)), s);
+  EXPECT_EQ(t->encode("caf\xe9"), (V{'c', 'a', 'f', 0xe9}));
+  EXPECT_THROW(t->decode({261}), Error);
+  // through Tokenizer, by the .json name
+  Tokenizer tok = Tokenizer::load((dir / "tokenizer.json").string());
+  EXPECT_FALSE(tok.is_byte_level());
+  EXPECT_EQ(tok.vocab_size(), 261);
+  EXPECT_EQ(tok.encode("the the"), (V{257, 258}));
+}
+
+TEST_F(HfTokenizerTest, WhatLoomCannotRunExactlyIsAnErrorNamingTheField) {
+  nlohmann::json base = j;
+  nlohmann::json c = base;
+  c["normalizer"] = {{"type", "NFC"}};
+  EXPECT_NE(error(c).find("normalizer = {\"type\":\"NFC\"}: Loom applies no normalizer"),
+            std::string::npos);
+  c = base;
+  c["pre_tokenizer"] = {{"type", "Metaspace"}};
+  EXPECT_NE(error(c).find("pre_tokenizer = "), std::string::npos);
+  c = base;
+  c["model"]["type"] = "Unigram";
+  EXPECT_NE(error(c).find("model.type = \"Unigram\": Loom reads BPE models only"),
+            std::string::npos);
+  c = base;
+  c["model"]["merges"][1] = 7;
+  EXPECT_NE(error(c).find("model.merges[1] = 7"), std::string::npos);
+  c = base;
+  c["model"]["vocab"]["x"] = -3;
+  EXPECT_NE(error(c).find("id -3 is not a non-negative integer"), std::string::npos);
+  j = base;
+  write_file_atomic((dir / "tokenizer.json").string(), "{\"model\": ");
+  try {
+    HfTokenizer::load((dir / "tokenizer.json").string());
+    ADD_FAILURE() << "a truncated file loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom::data

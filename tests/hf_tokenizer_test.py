@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Loom's tokenizer.json reader (src/loom/tokenizer/hf_tokenizer.h) gives the same ids as the
+`tokenizers` library on every line, and on the whole text, of every book of the default corpus,
+with SmolLM2's byte-level BPE tokenizer; and decode(encode(x)) == x for each (tokenize_tool checks).
+
+    hf_tokenizer_test.py TOKENIZE_TOOL SOURCE_DIR
+
+SmolLM2's directory is made by bench/smollm2.py under the peer venv (cached beside the venv), the
+corpus by scripts/fetch_corpus.sh. The `tokenizers` half runs under the venv's python. Labelled
+peer; a missing venv fails the test, never skips.
+"""
+import json
+import os
+import subprocess
+import sys
+
+TOOL, SRC = sys.argv[1], sys.argv[2]
+VENV = os.environ.get("LOOM_PEER_VENV", os.path.expanduser("~/.cache/loom/peer-venv"))
+VENV_PYTHON = os.path.join(VENV, "bin", "python")
+SMOLLM2 = os.environ.get("LOOM_SMOLLM2", os.path.join(os.path.dirname(VENV), "smollm2"))
+
+# tokenizers takes Unicode strings: a line that is not UTF-8 (one book has a Latin-1 byte) has no
+# reference encoding (None), and neither has the whole book then; Loom's round trip still covers it.
+TOKENIZERS_HALF = r"""
+import json, sys
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+data = open(sys.argv[2], "rb").read()
+lines = data.split(b"\n")
+if data.endswith(b"\n"):
+    lines.pop()
+def text(b):
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+whole = text(data)
+out = {"whole": None if whole is None else tok.encode(whole, add_special_tokens=False).ids,
+       "lines": [None if text(l) is None else tok.encode(text(l), add_special_tokens=False).ids
+                 for l in lines]}
+print(json.dumps(out))
+"""
+
+
+def run(args, **kw):
+    r = subprocess.run(args, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise SystemExit("FAIL: %s exited %d\n%s" % (" ".join(args), r.returncode, r.stderr[-3000:]))
+    return r.stdout
+
+
+if not os.access(VENV_PYTHON, os.X_OK):
+    print("FAIL: no peer venv at %s (bench/peer/setup_venv.sh makes it)" % VENV)
+    sys.exit(1)
+if not os.path.exists(os.path.join(SMOLLM2, "tokenizer.json")):
+    run([VENV_PYTHON, os.path.join(SRC, "bench", "smollm2.py"), SMOLLM2])
+corpus = os.path.join(SRC, "data", "gutenberg")
+run(["bash", os.path.join(SRC, "scripts", "fetch_corpus.sh"), corpus])
+tokenizer = os.path.join(SMOLLM2, "tokenizer.json")
+
+failures, n_lines, n_tokens, n_unchecked = 0, 0, 0, 0
+for book in sorted(f for f in os.listdir(corpus) if f.endswith(".txt")):
+    path = os.path.join(corpus, book)
+    theirs = json.loads(run([VENV_PYTHON, "-c", TOKENIZERS_HALF, tokenizer, path]))
+    whole = [json.loads(l) for l in run([TOOL, tokenizer, path, "whole"]).splitlines()][0]
+    lines = [json.loads(l) for l in run([TOOL, tokenizer, path, "lines"]).splitlines()]
+    bad = [i for i, (a, b) in enumerate(zip(lines, theirs["lines"])) if b is not None and a != b]
+    not_utf8 = sum(b is None for b in theirs["lines"])
+    n_unchecked += not_utf8
+    ok = (theirs["whole"] is None or whole == theirs["whole"]) and not bad and \
+        len(lines) == len(theirs["lines"])
+    n_lines += len(lines)
+    n_tokens += len(whole)
+    print("%-4s %s: %d tokens whole%s, %d lines%s%s" % (
+        "ok" if ok else "FAIL", book, len(whole),
+        "" if theirs["whole"] is not None else " (not UTF-8: round trip only)", len(lines),
+        " (%d not UTF-8: round trip only)" % not_utf8 if not_utf8 else "",
+        "" if ok else " (whole %s; %d lines differ, first %s: loom %s, tokenizers %s)" % (
+            "equal" if whole == theirs["whole"] else "differs", len(bad), bad[:1] and bad[0] + 1,
+            bad[:1] and lines[bad[0]][:20], bad[:1] and theirs["lines"][bad[0]][:20])))
+    failures += not ok
+
+print("hf_tokenizer: %d lines (%d not UTF-8, round trip only), %d tokens: %s" % (
+    n_lines, n_unchecked, n_tokens, "all ok" if not failures else "%d books FAILED" % failures))
+sys.exit(1 if failures else 0)

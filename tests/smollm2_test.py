@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""A real pretrained model end to end: SmolLM2-135M-Instruct (bench/smollm2.py makes its Hugging
+Face directory) read by Loom, fine-tuned by Loom, and read back by transformers.
+
+    smollm2_test.py LOOM_BINARY SOURCE_DIR
+
+  1. Loom's loss on 4 x 256 tokens of a held-out Gutenberg book (chesterton-brown.txt, the corpus's
+     validation book) equals transformers' within 1e-4 relative (`loom step` with [model] init = the
+     directory, whose config.json decides the model: tied embeddings, 3:1 grouped-query attention,
+     rope_theta 100000).
+  2. `loom data prepare --tokenizer DIR` on the corpus, then `loom train` from the directory for a
+     few steps, `loom export --hf`: on the same held-out tokens Loom's loss falls, and transformers
+     loads the export (no missing or unexpected key) with the same loss as Loom reports.
+
+The transformers half runs this file under the peer venv's python (`--transformers DIR TOKENS`).
+Labelled peer; a missing venv fails the test, never skips. About 5 minutes on 2 cores.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+kRtol = 1e-4
+VENV = os.environ.get("LOOM_PEER_VENV", os.path.expanduser("~/.cache/loom/peer-venv"))
+VENV_PYTHON = os.path.join(VENV, "bin", "python")
+SMOLLM2 = os.environ.get("LOOM_SMOLLM2", os.path.join(os.path.dirname(VENV), "smollm2"))
+B, T = 4, 256
+
+
+def transformers_loss(model_dir, tokens_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager", local_files_only=True,
+        output_loading_info=True)
+    tokens = load_file(tokens_path)["tokens"].long()
+    with torch.no_grad():
+        logits = model(tokens[:, :-1]).logits.float()
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             tokens[:, 1:].reshape(-1))
+    print(json.dumps({"loss": loss.item(), "missing": sorted(info.get("missing_keys", [])),
+                      "unexpected": sorted(info.get("unexpected_keys", []))}))
+
+
+def held_out_tokens(tokenizer_json, book, out):
+    """B rows of T+1 tokens from the middle of `book`, encoded by `tokenizers`."""
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer
+    import torch
+
+    text = open(book, encoding="utf-8").read()
+    ids = Tokenizer.from_file(tokenizer_json).encode(text, add_special_tokens=False).ids
+    start = len(ids) // 2
+    rows = [ids[start + r * (T + 1):start + (r + 1) * (T + 1)] for r in range(B)]
+    save_file({"tokens": torch.tensor(rows, dtype=torch.int32)}, out)
+
+
+if len(sys.argv) == 4 and sys.argv[1] == "--transformers":
+    transformers_loss(sys.argv[2], sys.argv[3])
+    sys.exit(0)
+if len(sys.argv) == 5 and sys.argv[1] == "--tokens":
+    held_out_tokens(sys.argv[2], sys.argv[3], sys.argv[4])
+    sys.exit(0)
+
+LOOM, SRC = sys.argv[1], sys.argv[2]
+ENV = dict(os.environ, OMP_NUM_THREADS="2")
+failures = 0
+
+
+def check(ok, what):
+    global failures
+    print("%-4s %s" % ("ok" if ok else "FAIL", what))
+    failures += not ok
+    return ok
+
+
+def run(args):
+    r = subprocess.run(args, env=ENV, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("FAIL: %s exited %d\n%s%s" % (" ".join(args), r.returncode,
+                                                         r.stdout[-2000:], r.stderr[-3000:]))
+    return r.stdout
+
+
+def loom_loss(config, weights, tokens, d):
+    out = os.path.join(d, "step.safetensors")
+    run([LOOM, "step", "--config", config, "--weights", weights, "--tokens", tokens, "--out", out])
+    with open(out, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    e = json.loads(data[8:8 + n])["loss"]
+    return struct.unpack("<f", data[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]])[0]
+
+
+def hf_loss(model_dir, tokens):
+    return json.loads(run([VENV_PYTHON, os.path.abspath(__file__), "--transformers", model_dir,
+                           tokens]).strip().splitlines()[-1])
+
+
+if not os.access(VENV_PYTHON, os.X_OK):
+    print("FAIL: no peer venv at %s (bench/peer/setup_venv.sh makes it)" % VENV)
+    sys.exit(1)
+if not os.path.exists(os.path.join(SMOLLM2, "config.json")):
+    run([VENV_PYTHON, os.path.join(SRC, "bench", "smollm2.py"), SMOLLM2])
+corpus = os.path.join(SRC, "data", "gutenberg")
+run(["bash", os.path.join(SRC, "scripts", "fetch_corpus.sh"), corpus])
+
+with tempfile.TemporaryDirectory() as d:
+    tokens = os.path.join(d, "held_out.safetensors")
+    run([VENV_PYTHON, os.path.abspath(__file__), "--tokens", os.path.join(SMOLLM2, "tokenizer.json"),
+         os.path.join(corpus, "chesterton-brown.txt"), tokens])
+    # a config that names only the directory: its config.json decides [model]
+    config = os.path.join(d, "smollm2.toml")
+    with open(config, "w") as f:
+        f.write('[model]\ninit = "%s"\nmax_seq_len = %d\n\n[train]\nbatch_size = 4\nseq_len = %d\n'
+                'steps = 12\nwarmup_steps = 2\neval_every = 12\neval_batches = 4\n\n[optim]\n'
+                'lr = 5e-5\nweight_decay = 0.0\n\n[data]\npath = "%s"\n'
+                % (SMOLLM2, T, T, os.path.join(d, "data")))
+
+    # 1. the pretrained model: Loom's loss == transformers'
+    base = loom_loss(config, SMOLLM2, tokens, d)
+    hf = hf_loss(SMOLLM2, tokens)
+    rel = abs(base - hf["loss"]) / hf["loss"]
+    check(rel <= kRtol, "SmolLM2 on %dx%d held-out tokens: loom %.6f, transformers %.6f (rel %.1e "
+          "<= %.0e)" % (B, T, base, hf["loss"], rel, kRtol))
+
+    # 2. fine-tune on the corpus with its own tokenizer, export, read back
+    run([LOOM, "data", "prepare", "--input", corpus, "--out", os.path.join(d, "data"),
+         "--tokenizer", SMOLLM2])
+    run_dir = os.path.join(d, "run")
+    run([LOOM, "train", config, "--run-dir", run_dir])
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    print("     train loss: step 1 %.4f, step %d %.4f; val loss %s" % (
+        metrics[0]["loss"], len(metrics), metrics[-1]["loss"], metrics[-1].get("val_loss")))
+    export = os.path.join(d, "export")
+    run([LOOM, "export", run_dir, "--hf", export])
+    tuned = loom_loss(config, export, tokens, d)
+    check(tuned < base, "fine-tuned: held-out loss %.6f < %.6f before" % (tuned, base))
+    hf2 = hf_loss(export, tokens)
+    check(not hf2["missing"] and not hf2["unexpected"],
+          "transformers loads the fine-tuned export (missing %s, unexpected %s)"
+          % (hf2["missing"][:3], hf2["unexpected"][:3]))
+    rel = abs(tuned - hf2["loss"]) / hf2["loss"]
+    check(rel <= kRtol, "fine-tuned: loom %.6f, transformers %.6f (rel %.1e <= %.0e)"
+          % (tuned, hf2["loss"], rel, kRtol))
+
+print("smollm2: all ok" if not failures else "smollm2: %d FAILED" % failures)
+sys.exit(1 if failures else 0)
