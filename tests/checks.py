@@ -18,3 +18,13 @@ class Checks:
     def finish(self):
         print("%d passed, %d failed" % (self.passed, self.failed))
         sys.exit(1 if self.failed else 0)
+
+
+def run_ok(args, env=None):
+    """Runs a command; a non-zero exit ends the test with its output."""
+    import subprocess
+    r = subprocess.run(args, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("FAIL: %s exited %d\n%s%s" % (" ".join(args), r.returncode,
+                                                         r.stdout[-2000:], r.stderr[-3000:]))
+    return r.stdout

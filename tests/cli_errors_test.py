@@ -205,6 +205,37 @@ with tempfile.TemporaryDirectory() as d:
     bad_model = os.path.join(d, "run_t", "tokenizer.model")
     open(bad_model, "wb").write(b"not a model")
     run("sample: broken tokenizer", ["sample", os.path.join(d, "run_t")], must_contain=[bad_model])
+    run("data: missing --tokenizer", ["data", "prepare", "--input", prose_file, "--out",
+                                      os.path.join(d, "tok2"), "--tokenizer",
+                                      os.path.join(d, "nope.json")],
+        must_contain=[os.path.join(d, "nope.json"), "no such file"])
+    bad_json = cfg("tokenizer.json", '{"model": {"type": "WordPiece"}}')
+    run("data: unsupported tokenizer.json", ["data", "prepare", "--input", prose_file, "--out",
+                                             os.path.join(d, "tok3"), "--tokenizer", bad_json],
+        must_contain=[bad_json, "pre_tokenizer"])
+
+    # a Hugging Face model directory: its config.json decides [model]; what Loom cannot build is
+    # named by its field
+    hf = os.path.join(d, "hf")
+    os.makedirs(hf)
+    hf_config = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+                 "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "max_position_embeddings": 64,
+                 "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    json.dump(hf_config, open(os.path.join(hf, "config.json"), "w"))
+    init_cfg = cfg("init.toml", '[model]\ninit = "%s"\n[train]\nbatch_size = 2\nseq_len = 16\n'
+                   '[optim]\nlr = 1e-3\n' % hf)
+    run("init: unsupported config.json field", bench + [init_cfg],
+        must_contain=[os.path.join(hf, "config.json"), "rope_scaling", "no rope scaling"])
+    run("sample: unsupported config.json field", ["sample", hf],
+        must_contain=[os.path.join(hf, "config.json"), "rope_scaling"])
+    del hf_config["rope_scaling"]
+    json.dump(hf_config, open(os.path.join(hf, "config.json"), "w"))
+    run("init: a key that disagrees", bench + [init_cfg, "--set", "model.n_layers=3"],
+        must_contain=["init.toml: [model] n_layers = 3 disagrees with", "config.json"])
+    run("init: directory without weights", ["train", init_cfg, "--run-dir", os.path.join(d, "r_hf"),
+                                            "--set", "data.path=" + prose_file],
+        must_contain=[hf, "neither model.safetensors nor model.safetensors.index.json"])
 
     # the outer sync service: bad [outer] settings and launcher flags fail before anything starts
     run("outer: bad mode", bench + [good, "--set", "outer.mode=fast"],

@@ -18,38 +18,17 @@ with `ctest -L peer`. A missing venv fails the test; it never skips.
 """
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 
+from checks import Checks, run_ok
+from safetensors_io import floats, read_safetensors, write_tokens
 from textdata import write_pseudo_english
 
 kRtol = 1e-5
 VENV = os.environ.get("LOOM_PEER_VENV", os.path.expanduser("~/.cache/loom/peer-venv"))
 VENV_PYTHON = os.path.join(VENV, "bin", "python")
-
-
-def read_safetensors(path):
-    """path -> dict name -> (dtype, shape, raw bytes)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    body = data[8 + n:]
-    return {k: (e["dtype"], e["shape"], body[e["data_offsets"][0]:e["data_offsets"][1]])
-            for k, e in header.items() if k != "__metadata__"}
-
-
-def write_tokens(path, rows):
-    """rows: list of equal-length int lists -> "tokens" I32 [B, T+1]."""
-    blob = b"".join(struct.pack("<%di" % len(r), *r) for r in rows)
-    header = {"tokens": {"dtype": "I32", "shape": [len(rows), len(rows[0])],
-                         "data_offsets": [0, len(blob)]}}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + blob)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -93,27 +72,16 @@ if len(sys.argv) == 5 and sys.argv[1] == "--transformers":
 
 LOOM, SRC = sys.argv[1], sys.argv[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="2")
-failures = 0
+checks = Checks()
 
 
 def check(ok, what):
-    global failures
-    print("%-4s %s" % ("ok" if ok else "FAIL", what))
-    if not ok:
-        failures += 1
+    checks.check(what, ok)
     return ok
 
 
-def run_ok(args, env=ENV):
-    r = subprocess.run(args, env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit("FAIL: %s exited %d\n%s%s" % (" ".join(args), r.returncode, r.stdout,
-                                                         r.stderr))
-    return r
-
-
-def floats(raw):
-    return struct.unpack("<%df" % (len(raw) // 4), raw)
+def run(args):
+    return run_ok(args, env=ENV)
 
 
 if not os.access(VENV_PYTHON, os.X_OK):
@@ -132,12 +100,12 @@ with tempfile.TemporaryDirectory() as d:
     for name in ["bench-llama", "bench-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-gpt2"]:
         config = os.path.join(SRC, "configs", name + ".toml")
         run_dir, out = os.path.join(d, "run-" + name), os.path.join(d, "hf-" + name)
-        run_ok([LOOM, "train", config, "--run-dir", run_dir, "--set", "data.path=" + data,
+        run([LOOM, "train", config, "--run-dir", run_dir, "--set", "data.path=" + data,
                 "--set", "train.steps=2", "--set", "train.eval_batches=1",
                 "--set", "train.batch_size=2", "--set", "train.seq_len=64"])
-        run_ok([LOOM, "export", run_dir, "--hf", out])
+        run([LOOM, "export", run_dir, "--hf", out])
         step_out = os.path.join(d, "step-" + name + ".safetensors")
-        run_ok([LOOM, "step", "--config", os.path.join(run_dir, "config.toml"), "--weights",
+        run([LOOM, "step", "--config", os.path.join(run_dir, "config.toml"), "--weights",
                 os.path.join(out, "model.safetensors"), "--tokens", tokens, "--out", step_out,
                 "--logits"])
         loom = read_safetensors(step_out)
@@ -170,5 +138,4 @@ with tempfile.TemporaryDirectory() as d:
         check(rel <= kRtol, "%s: loss loom %.7f, transformers %.7f (rel %.1e <= %.0e)"
               % (name, loom_loss, res["loss"], rel, kRtol))
 
-print("hf_client: all ok" if not failures else "hf_client: %d FAILED" % failures)
-sys.exit(1 if failures else 0)
+checks.finish()

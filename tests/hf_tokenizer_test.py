@@ -11,8 +11,9 @@ peer; a missing venv fails the test, never skips.
 """
 import json
 import os
-import subprocess
 import sys
+
+from checks import run_ok
 
 TOOL, SRC = sys.argv[1], sys.argv[2]
 VENV = os.environ.get("LOOM_PEER_VENV", os.path.expanduser("~/.cache/loom/peer-venv"))
@@ -42,11 +43,8 @@ print(json.dumps(out))
 """
 
 
-def run(args, **kw):
-    r = subprocess.run(args, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        raise SystemExit("FAIL: %s exited %d\n%s" % (" ".join(args), r.returncode, r.stderr[-3000:]))
-    return r.stdout
+def run(args):
+    return run_ok(args)
 
 
 if not os.access(VENV_PYTHON, os.X_OK):

@@ -17,10 +17,11 @@ Labelled peer; a missing venv fails the test, never skips. About 5 minutes on 2 
 """
 import json
 import os
-import struct
-import subprocess
 import sys
 import tempfile
+
+from checks import Checks, run_ok
+from safetensors_io import floats, read_safetensors
 
 kRtol = 1e-4
 VENV = os.environ.get("LOOM_PEER_VENV", os.path.expanduser("~/.cache/loom/peer-venv"))
@@ -69,32 +70,22 @@ if len(sys.argv) == 5 and sys.argv[1] == "--tokens":
 
 LOOM, SRC = sys.argv[1], sys.argv[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="2")
-failures = 0
+checks = Checks()
 
 
 def check(ok, what):
-    global failures
-    print("%-4s %s" % ("ok" if ok else "FAIL", what))
-    failures += not ok
+    checks.check(what, ok)
     return ok
 
 
 def run(args):
-    r = subprocess.run(args, env=ENV, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit("FAIL: %s exited %d\n%s%s" % (" ".join(args), r.returncode,
-                                                         r.stdout[-2000:], r.stderr[-3000:]))
-    return r.stdout
+    return run_ok(args, env=ENV)
 
 
 def loom_loss(config, weights, tokens, d):
     out = os.path.join(d, "step.safetensors")
     run([LOOM, "step", "--config", config, "--weights", weights, "--tokens", tokens, "--out", out])
-    with open(out, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    e = json.loads(data[8:8 + n])["loss"]
-    return struct.unpack("<f", data[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]])[0]
+    return floats(read_safetensors(out)["loss"][2])[0]
 
 
 def hf_loss(model_dir, tokens):
@@ -150,5 +141,4 @@ with tempfile.TemporaryDirectory() as d:
     check(rel <= kRtol, "fine-tuned: loom %.6f, transformers %.6f (rel %.1e <= %.0e)"
           % (tuned, hf2["loss"], rel, kRtol))
 
-print("smollm2: all ok" if not failures else "smollm2: %d FAILED" % failures)
-sys.exit(1 if failures else 0)
+checks.finish()

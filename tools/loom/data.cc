@@ -64,6 +64,8 @@ std::function<int()> add_data(CLI::App& app) {
     if (pretrained && !fs::is_regular_file(given, ec))
       throw Error(fmt::format("--tokenizer {}: no such file", given),
                   "give a tokenizer.json, or a Hugging Face model directory holding one");
+    // read before anything is written: an error names the given file and leaves --out as it was
+    if (pretrained) data::Tokenizer::load(given);
     data::TextSplit split = data::split_text(o->input, o->val_every);
     if (split.val.empty())
       throw Error(fmt::format("data {}: the validation text is empty", o->input),
@@ -78,7 +80,7 @@ std::function<int()> add_data(CLI::App& app) {
     for (const std::string& old : {model, o->out + "/tokenizer.vocab", json}) fs::remove(old, ec);
     std::string kind = "byte", file;
     if (pretrained) {
-      // the data keeps its tokenizer (loom train copies it into the run, loom sample reads it)
+      // the data keeps its copy (loom train copies it into the run, loom sample reads it)
       write_file_atomic(json, read_file(given));
       kind = "hf-bpe", file = "tokenizer.json";
     } else if (!bytes) {
