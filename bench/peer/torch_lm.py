@@ -566,6 +566,16 @@ def system_blas():
     except OSError:
         return "unknown"
     names = sorted({os.path.realpath(p) for p in paths})
+    # OpenBLAS says which kernel set it chose (OPENBLAS_CORETYPE overrides its own detection)
+    for n in names:
+        if "libopenblas" in os.path.basename(n):
+            try:
+                import ctypes
+                get = ctypes.CDLL(n).openblas_get_corename
+                get.restype = ctypes.c_char_p
+                return ",".join(names) + " (OpenBLAS core: %s)" % get().decode()
+            except (OSError, AttributeError):
+                pass
     return ",".join(names) or "unknown"
 
 
