@@ -7,7 +7,7 @@
 //   tokenizer.model      the SentencePiece model (absent for byte-level), or
 //   tokenizer.json       with --tokenizer: a pretrained model's (copied; nothing is trained)
 //   meta.json            vocab_size, tokenizer kind, token counts, source files
-// `[data] path = "<out>"` then trains on the shards; loom sample decodes with tokenizer.model.
+// `[data] path = "<out>"` then trains on the shards; loom sample decodes with the tokenizer file.
 //
 // Invariant: meta.json is written last, so a directory with meta.json is complete (each file is
 // itself written atomically); loom train only reads a directory that has it.

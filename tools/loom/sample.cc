@@ -8,9 +8,9 @@
 // byte-fallback pieces) is held back until it completes or generation ends.
 //
 // How: one StepRunner in Mode::infer with B = 1 and T = --context (default: the model's
-// max_seq_len, at most 512). For each new token
-// the context (the last <= T tokens) is copied to the front of the (1, T+1) token buffer, the rest
-// padded with 0, the whole forward pass runs, and the logits at position len-1 give the next token.
+// max_seq_len, at most 512). For each new token the context (the last <= T tokens) is copied to the
+// front of the (1, T+1) token buffer, the rest padded with 0, the whole forward pass runs, and the
+// logits at position len-1 give the next token.
 // Causal attention means the padding after len-1 never reaches those logits. Worked example, T = 4,
 // context "ab": buffer [a b 0 0 0], logits row 1 predicts what follows "ab".
 //
