@@ -7,16 +7,17 @@
 // pipe sees exactly prompt + max_tokens bytes; with BPE, an incomplete UTF-8 character (from
 // byte-fallback pieces) is held back until it completes or generation ends.
 //
-// How: one StepRunner in Mode::infer with B = 1 and T = --context (default: the model's
-// max_seq_len, at most 512). For each new token the context (the last <= T tokens) is copied to the
-// front of the (1, T+1) token buffer, the rest padded with 0, the whole forward pass runs, and the
-// logits at position len-1 give the next token.
+// How: StepRunners in Mode::infer with B = 1 and a window w: the smallest power of two >= 16 that
+// holds the context, at most T = --context (default: the model's max_seq_len, at most 512). For
+// each new token the context (the last <= T tokens) is copied to the front of the (1, w+1) token
+// buffer, the rest padded with 0, the forward pass over w runs, and the logits at position len-1
+// give the next token.
 // Causal attention means the padding after len-1 never reaches those logits. Worked example, T = 4,
 // context "ab": buffer [a b 0 0 0], logits row 1 predicts what follows "ab".
 //
-// Not here: a KV cache. Every token reruns the forward over all T positions (O(T) work per token,
-// where a cache would compute one new position); fine for the small models Loom trains on CPU, slow
-// for long generations with large ones.
+// Not here: a KV cache. Every token reruns the forward over its window (O(w) work per token, where
+// a cache would compute one new position); fine for the small models Loom trains on CPU, slow for
+// long generations with large ones.
 //
 // Invariant: the output is a function of (checkpoint, prompt, flags) alone; a given --seed gives
 // the same bytes every run. With bytes, sampling draws only from the 256 byte tokens (a larger
@@ -29,6 +30,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string_view>
@@ -174,7 +177,22 @@ std::function<int()> add_sample(CLI::App& app) {
     cfg.train.seq_len = T;
     train::ParamStore params(cfg.model);
     params.load(weights);
-    train::StepRunner runner(cfg, params, train::StepRunner::Mode::infer);
+    // One runner per power-of-two window (16, 32, ... up to T), made when the context first needs
+    // it: a token costs a forward over the smallest window that holds the context, not over T.
+    // The runners share the ParamStore's weights; each has its own activations.
+    std::map<int64_t, std::unique_ptr<train::StepRunner>> runners;
+    auto runner_for = [&](int64_t len) -> std::pair<train::StepRunner&, int64_t> {
+      int64_t w = 16;
+      while (w < len) w *= 2;
+      w = std::min(w, T);
+      auto& r = runners[w];
+      if (!r) {
+        train::Config c = cfg;
+        c.train.seq_len = w;
+        r = std::make_unique<train::StepRunner>(c, params, train::StepRunner::Mode::infer);
+      }
+      return {*r, w};
+    };
 
     // context: the tokens so far, the newest last; only its last T reach the model
     std::vector<int32_t> context = tok.encode(o->prompt);
@@ -194,13 +212,14 @@ std::function<int()> add_sample(CLI::App& app) {
       printed = std::max(printed, stable);
     };
     Sampler sampler{o->temperature, o->top_k, std::mt19937_64(uint64_t(o->seed))};
-    std::vector<int32_t> buf(size_t(T + 1));  // (1, T+1)
+    std::vector<int32_t> buf(size_t(T + 1));  // (1, w+1) for a window w <= T
     for (int64_t i = 0; i < o->max_tokens; ++i) {
       const int64_t len = std::min<int64_t>(int64_t(context.size()), T);
-      std::fill(buf.begin(), buf.end(), 0);
+      auto [runner, w] = runner_for(len);
+      std::fill(buf.begin(), buf.begin() + w + 1, 0);
       std::copy(context.end() - len, context.end(), buf.begin());
       runner.step(buf.data());
-      const float* row = runner.logits() + (len - 1) * V;  // logits (1,T,V), row len-1
+      const float* row = runner.logits() + (len - 1) * V;  // logits (1,w,V), row len-1
       for (int v = 0; v < n; ++v)
         if (!std::isfinite(row[v]))
           throw Error(fmt::format("weights {}: the logits are not finite ({} for token {})",
