@@ -304,8 +304,9 @@ void merge_hf_model(toml::table& root, const std::string& path) {
   for (const auto& [k, v] : from_hf) {
     const std::string key(k.str());
     const toml::node* mine = model->get(key);
-    if (!mine) {
-      model->insert(key, v);
+    // absent, or 0 for the two keys where 0 means "the default": config.json's value
+    if (!mine || ((key == "ffn_hidden" || key == "n_kv_heads") && mine->value<int64_t>() == 0)) {
+      model->insert_or_assign(key, v);
       continue;
     }
     bool same = true;

@@ -80,8 +80,11 @@ TEST(HfDir, ConfigJsonDecidesTheModel) {
   EXPECT_EQ(c.model.dtype, DType::bf16);
   // the run's saved config holds the whole model, so a resume needs no config.json
   EXPECT_NE(c.text.find("n_kv_heads = 2"), std::string::npos) << c.text;
-  // a key the config also sets must agree; max_seq_len may be lower
+  // a key the config also sets must agree; max_seq_len may be lower, and 0 (the default) for
+  // ffn_hidden or n_kv_heads takes config.json's
   EXPECT_EQ(load_config(toml.string(), {"model.max_seq_len=32"}).model.max_seq_len, 32);
+  EXPECT_EQ(load_config(toml.string(), {"model.ffn_hidden=0"}).model.ffn(), base.model.ffn());
+  EXPECT_EQ(load_config(toml.string(), {"model.n_kv_heads=0"}).model.kv_heads(), 2);
   std::string e = error_of([&] { load_config(toml.string(), {"model.n_layers=3"}); });
   EXPECT_NE(e.find("[model] n_layers = 3 disagrees with"), std::string::npos) << e;
   EXPECT_NE(e.find("config.json, which gives 2"), std::string::npos) << e;
