@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Loom's tokenizer.json reader (src/loom/tokenizer/hf_tokenizer.h) gives the same ids as the
-`tokenizers` library on every line, and on the whole text, of every book of the default corpus,
-with SmolLM2's byte-level BPE tokenizer; and decode(encode(x)) == x for each (tokenize_tool checks).
+`tokenizers` library on every line, and on the whole text, of every book of the default corpus and
+of a few lines of other scripts and Unicode spaces, with SmolLM2's byte-level BPE tokenizer; and
+decode(encode(x)) == x for each (tokenize_tool checks).
 
     hf_tokenizer_test.py TOKENIZE_TOOL SOURCE_DIR
 
@@ -11,7 +12,9 @@ peer; a missing venv fails the test, never skips.
 """
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 from checks import run_ok
 
@@ -56,9 +59,20 @@ corpus = os.path.join(SRC, "data", "gutenberg")
 run(["bash", os.path.join(SRC, "scripts", "fetch_corpus.sh"), corpus])
 tokenizer = os.path.join(SMOLLM2, "tokenizer.json")
 
+# Beyond English: Unicode spaces and line separators, combining marks, other scripts and digits,
+# emoji, CRLF, contractions in upper case (the regex's are lower case only).
+MULTILINGUAL = ["Hello\u00a0world  \u3000全角スペース", "مرحبا بالعالم ١٢٣ ٤٥", "naïve café ﬁne e\u0301",
+                "emoji 😀👍🏽 done", "tabs\t\tand\r\nwindows\r\n", "numbers ²³ ½ Ⅻ 12345",
+                "  leading and trailing  ", "Ελληνικά русский 한국어", "a\u2028b\u2029c\u0085d",
+                "zero\u200bwidth", "x'S y'LL z'Re it's", "— “quotes” ‘single’ …"]
+tmp = tempfile.mkdtemp()
+with open(os.path.join(tmp, "multilingual.txt"), "w", encoding="utf-8", newline="") as f:
+    f.write("\n".join(MULTILINGUAL) + "\n")
+
 failures, n_lines, n_tokens, n_unchecked = 0, 0, 0, 0
-for book in sorted(f for f in os.listdir(corpus) if f.endswith(".txt")):
-    path = os.path.join(corpus, book)
+texts = [os.path.join(corpus, f) for f in sorted(os.listdir(corpus)) if f.endswith(".txt")]
+for path in texts + [os.path.join(tmp, "multilingual.txt")]:
+    book = os.path.basename(path)
     theirs = json.loads(run([VENV_PYTHON, "-c", TOKENIZERS_HALF, tokenizer, path]))
     whole = [json.loads(l) for l in run([TOOL, tokenizer, path, "whole"]).splitlines()][0]
     lines = [json.loads(l) for l in run([TOOL, tokenizer, path, "lines"]).splitlines()]
@@ -78,6 +92,7 @@ for book in sorted(f for f in os.listdir(corpus) if f.endswith(".txt")):
             bad[:1] and lines[bad[0]][:20], bad[:1] and theirs["lines"][bad[0]][:20])))
     failures += not ok
 
+shutil.rmtree(tmp)
 print("hf_tokenizer: %d lines (%d not UTF-8, round trip only), %d tokens: %s" % (
     n_lines, n_unchecked, n_tokens, "all ok" if not failures else "%d books FAILED" % failures))
 sys.exit(1 if failures else 0)
