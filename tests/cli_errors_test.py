@@ -233,6 +233,10 @@ with tempfile.TemporaryDirectory() as d:
     json.dump(hf_config, open(os.path.join(hf, "config.json"), "w"))
     run("init: a key that disagrees", bench + [init_cfg, "--set", "model.n_layers=3"],
         must_contain=["init.toml: [model] n_layers = 3 disagrees with", "config.json"])
+    json.dump(dict(hf_config, vocab_size=300), open(os.path.join(hf, "config.json"), "w"))
+    run("sample: a model without tokenizer.json", ["sample", hf],
+        must_contain=[hf, "no tokenizer.json"])
+    json.dump(hf_config, open(os.path.join(hf, "config.json"), "w"))
     run("init: directory without weights", ["train", init_cfg, "--run-dir", os.path.join(d, "r_hf"),
                                             "--set", "data.path=" + prose_file],
         must_contain=[hf, "neither model.safetensors nor model.safetensors.index.json"])

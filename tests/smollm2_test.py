@@ -131,6 +131,13 @@ with tempfile.TemporaryDirectory() as d:
         metrics[0]["loss"], len(metrics), metrics[-1]["loss"], metrics[-1].get("val_loss")))
     export = os.path.join(d, "export")
     run([LOOM, "export", run_dir, "--hf", export])
+    check(os.path.exists(os.path.join(export, "tokenizer.json")),
+          "the export carries the run's tokenizer.json")
+    prompt = "The capital of France is"
+    said = run([LOOM, "sample", export, "--prompt", prompt, "--max-tokens", "8", "--temperature",
+                "0"])
+    check(said.startswith(prompt) and len(said) > len(prompt) + 4,
+          "loom sample on the export continues the prompt: %r" % said)
     tuned = loom_loss(config, export, tokens, d)
     check(tuned < base, "fine-tuned: held-out loss %.6f < %.6f before" % (tuned, base))
     hf2 = hf_loss(export, tokens)

@@ -8,11 +8,13 @@
 //                      checkpoints store them)
 //   config.json        LlamaForCausalLM or GPT2LMHeadModel, from the run's [model] (each
 //                      architecture's hf_config, models/architecture.h)
+//   tokenizer.json     the run's, when it trained on a pretrained model's tokenizer (loom data
+//                      prepare --tokenizer), so the directory is a whole model again
 // so that `LlamaForCausalLM.from_pretrained(OUT_DIR)` (or GPT2LMHeadModel) loads it unchanged, and
 // `[model] init = "OUT_DIR"` starts a new Loom run from it.
 //
-// Not done here: tokenizer files (Loom's tokens are bytes; there is no tokenizer.json to write),
-// bf16 or sharded output, optimizer state.
+// Not done here: a tokenizer.json for byte-level or SentencePiece runs (transformers has no
+// tokenizer for either as Loom uses them), bf16 or sharded output, optimizer state.
 //
 // Invariant: each file in OUT_DIR is either its old self or complete: both are written to a
 // temporary name in OUT_DIR, fsynced and renamed into place. The weights pass through
@@ -62,6 +64,8 @@ std::function<int()> add_export(CLI::App& app) {
     params.save(model_out);  // atomic: MODEL.tmp.<pid>, fsynced, renamed
     const models::Architecture& arch = models::architecture(cfg.model.arch);
     write_file_atomic(o->hf + "/config.json", arch.hf_config(cfg.model).dump(2) + "\n");
+    if (fs::is_regular_file(o->run_dir + "/tokenizer.json", ec))
+      write_file_atomic(o->hf + "/tokenizer.json", read_file(o->run_dir + "/tokenizer.json"));
     fmt::print("exported {} ({} {}, {} parameters) to {}\n", weights, cfg.model.arch, arch.hf_class,
                params.total_elements(), o->hf);
     return 0;

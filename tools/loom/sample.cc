@@ -159,6 +159,10 @@ std::function<int()> add_sample(CLI::App& app) {
     }
     const std::string config = hf ? cfg.path : run + "/config.toml";
     const data::Tokenizer tok = run_tokenizer(run, cfg);
+    if (hf && tok.is_byte_level() && cfg.model.vocab_size != kBytes)
+      throw Error(fmt::format("{}: no tokenizer.json beside the model (vocab_size {})", run,
+                              cfg.model.vocab_size),
+                  "copy the model's tokenizer.json into the directory");
     if (!tok.is_byte_level() && tok.vocab_size() > cfg.model.vocab_size)
       throw Error(fmt::format("the tokenizer's vocabulary does not match the model: {} pieces in "
                               "the tokenizer of {}, [model] vocab_size = {} in {}",
