@@ -97,10 +97,32 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
 
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     bad("normalizer", "Loom applies no normalizer");
+  // The pre-tokenizer is one regex that cuts text into words: GPT-2's for ByteLevel with use_regex;
+  // for Sequence[Split(Regex, Isolated), ByteLevel without regex] (Llama 3, Qwen 2), the Split's.
   const auto& pre = j.value("pre_tokenizer", nlohmann::json());
-  if (!pre.is_object() || pre.value("type", "") != "ByteLevel" || !pre.value("use_regex", true) ||
-      pre.value("add_prefix_space", false))
-    bad("pre_tokenizer", "Loom reads ByteLevel with use_regex and without add_prefix_space");
+  const char* kPreWhy =
+      "Loom reads ByteLevel (use_regex, no prefix space), or a Sequence of Split (a Regex "
+      "pattern, behavior Isolated, not inverted) and ByteLevel (no regex, no prefix space)";
+  auto byte_level = [&](const nlohmann::json& p, bool use_regex) {
+    return p.is_object() && p.value("type", "") == "ByteLevel" &&
+           p.value("use_regex", true) == use_regex && !p.value("add_prefix_space", false);
+  };
+  std::string pattern;
+  if (byte_level(pre, true)) {
+    pattern = kGpt2Pattern;
+  } else if (pre.is_object() && pre.value("type", "") == "Sequence" &&
+             pre.value("pretokenizers", nlohmann::json()).is_array() &&
+             pre["pretokenizers"].size() == 2 && byte_level(pre["pretokenizers"][1], false)) {
+    const auto& split = pre["pretokenizers"][0];
+    if (!split.is_object() || split.value("type", "") != "Split" ||
+        split.value("behavior", "") != "Isolated" || split.value("invert", false) ||
+        !split.value("pattern", nlohmann::json()).is_object() ||
+        !split["pattern"].value("Regex", nlohmann::json()).is_string())
+      bad("pre_tokenizer", kPreWhy);
+    pattern = split["pattern"]["Regex"].get<std::string>();
+  } else {
+    bad("pre_tokenizer", kPreWhy);
+  }
   const auto& dec = j.value("decoder", nlohmann::json());
   if (!dec.is_object() || dec.value("type", "") != "ByteLevel")
     bad("decoder", "Loom decodes ByteLevel only");
@@ -121,7 +143,7 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
       m.value("end_of_word_suffix", std::string()) != "")
     bad_model("end_of_word_suffix", "none expected");
   if (m.value("byte_fallback", false)) bad_model("byte_fallback", "byte-level BPE has no fallback");
-  if (m.value("ignore_merges", false)) bad_model("ignore_merges", "not supported");
+  t->ignore_merges_ = m.value("ignore_merges", false);  // a word in the vocabulary is one token
   if (!m.contains("vocab") || !m["vocab"].is_object()) bad_model("vocab", "expected an object");
   if (!m.contains("merges") || !m["merges"].is_array()) bad_model("merges", "expected an array");
 
@@ -187,9 +209,16 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
   t->regex_ = std::make_unique<Regex>();
   int err = 0;
   PCRE2_SIZE off = 0;
-  t->regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
-                                  PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &off, nullptr);
-  LOOM_CHECK(t->regex_->code) << "the GPT-2 pattern does not compile: PCRE2 error " << err;
+  t->regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                  PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+  if (!t->regex_->code) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    throw Error(
+        fmt::format("tokenizer {}: pre_tokenizer: the pattern does not compile at offset "
+                    "{}: {}",
+                    path, off, reinterpret_cast<const char*>(msg)));
+  }
   return t;
 }
 
@@ -202,6 +231,14 @@ int32_t HfTokenizer::added_id(const std::string& content) const {
 void HfTokenizer::encode_word(const std::string& word, std::vector<int32_t>& out) const {
   std::vector<std::string> sym;
   for (unsigned char b : word) sym.push_back(byte_char_[b]);
+  if (ignore_merges_) {
+    std::string whole;
+    for (const auto& s : sym) whole += s;
+    if (auto it = vocab_.find(whole); it != vocab_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
   while (sym.size() > 1) {
     int32_t best = std::numeric_limits<int32_t>::max();
     size_t at = 0;

@@ -3,14 +3,17 @@
 //
 // What a file must be: model.type "BPE" with `vocab` {piece: id} and `merges` (["a", "b"] pairs or
 // "a b" strings, earlier = higher priority), no unk token, no dropout, no continuing-subword prefix
-// or end-of-word suffix; normalizer null; pre_tokenizer ByteLevel with use_regex and no prefix
-// space; decoder ByteLevel. Anything else is a loom::Error naming the file and the field, never a
-// silently different tokenization (Sequence pre-tokenizers, as Llama 3's, are not read yet).
+// or end-of-word suffix (ignore_merges may be set: a word already in the vocabulary is one token);
+// normalizer null; pre_tokenizer ByteLevel with use_regex and no prefix space (GPT-2, SmolLM2), or
+// a Sequence of Split with a Regex pattern (Isolated) and ByteLevel without regex (Llama 3, Qwen
+// 2); decoder ByteLevel. Anything else is a loom::Error naming the file and the field, never a
+// silently different tokenization.
 //
 // Encoding, as the `tokenizers` library does it:
 //   1. added tokens (`added_tokens`: <|endoftext|>, <|im_start|>, ...) are split out of the text
 //      wherever their content occurs, longest first, and become their ids;
-//   2. each remaining span is cut into words by GPT-2's regex (PCRE2, Unicode classes):
+//   2. each remaining span is cut into words by the pre-tokenizer's regex (PCRE2, Unicode classes;
+//      text between matches is a word too), for ByteLevel GPT-2's:
 //        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 //   3. each word's bytes map to printable characters (GPT-2's bytes_to_unicode: a space is "Ġ"),
 //      and BPE merges the adjacent pair of lowest rank until none applies;
@@ -62,6 +65,7 @@ class HfTokenizer {
   struct Regex;
   std::unique_ptr<Regex> regex_;
   int vocab_size_ = 0;
+  bool ignore_merges_ = false;
 };
 
 }  // namespace loom::data

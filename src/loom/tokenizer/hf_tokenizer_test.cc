@@ -112,6 +112,33 @@ TEST_F(HfTokenizerTest, EncodesByPreTokenizerAndMergeRank) {
   EXPECT_EQ(tok.encode("the the"), (V{257, 258}));
 }
 
+TEST_F(HfTokenizerTest, LlamaThreeLayoutSplitsByItsOwnRegexAndHonoursIgnoreMerges) {
+  using V = std::vector<int32_t>;
+  // "hello" is in the vocabulary but no merge builds it (only "l o" does)
+  j["model"]["vocab"]["hello"] = 261;
+  EXPECT_EQ(load()->encode("hello"), (V{'h', 'e', 'l', 259}));
+  j["model"]["ignore_merges"] = true;
+  EXPECT_EQ(load()->encode("hello"), (V{261}));
+  EXPECT_EQ(load()->encode("hellos"), (V{'h', 'e', 'l', 259, 's'}));  // not a vocabulary word
+  // Sequence[Split(digits one by one, Isolated), ByteLevel without regex]: "the" runs are not
+  // split at spaces by GPT-2's regex any more, only the digits are cut out
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern", {{"Regex", "\\p{N}"}}},
+         {"behavior", "Isolated"},
+         {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  auto t = load();
+  EXPECT_EQ(t->encode("the the"), (V{257, 258}));  // one word "the the": merges give the, Ġthe
+  EXPECT_EQ(t->encode("a12"), (V{'a', '1', '2'}));
+  EXPECT_EQ(t->decode(t->encode("x 12 the\n")), "x 12 the\n");
+  // a pattern PCRE2 cannot compile is named
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
+  EXPECT_NE(error(j).find("pre_tokenizer: the pattern does not compile"), std::string::npos);
+}
+
 TEST_F(HfTokenizerTest, WhatLoomCannotRunExactlyIsAnErrorNamingTheField) {
   nlohmann::json base = j;
   nlohmann::json c = base;
