@@ -65,7 +65,7 @@ std::function<int()> add_data(CLI::App& app) {
       throw Error(fmt::format("--tokenizer {}: no such file", given),
                   "give a tokenizer.json, or a Hugging Face model directory holding one");
     // read before anything is written: an error names the given file and leaves --out as it was
-    if (pretrained) data::Tokenizer::load(given);
+    data::Tokenizer tok = pretrained ? data::Tokenizer::load(given) : data::Tokenizer::byte_level();
     data::TextSplit split = data::split_text(o->input, o->val_every);
     if (split.val.empty())
       throw Error(fmt::format("data {}: the validation text is empty", o->input),
@@ -95,8 +95,7 @@ std::function<int()> add_data(CLI::App& app) {
       fs::rename(prefix + ".vocab", o->out + "/tokenizer.vocab", ec);
       kind = "sentencepiece-bpe", file = "tokenizer.model";
     }
-    data::Tokenizer tok =
-        bytes ? data::Tokenizer::byte_level() : data::Tokenizer::load(o->out + "/" + file);
+    if (!pretrained && !bytes) tok = data::Tokenizer::load(model);  // the one just trained
     if (pretrained) o->vocab_size = tok.vocab_size();
     if (tok.vocab_size() != o->vocab_size)
       throw Error(fmt::format("{}: {} pieces, not the {} asked for", model, tok.vocab_size(),

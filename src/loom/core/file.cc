@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "loom/core/error.h"
@@ -56,6 +57,15 @@ std::string read_file(const std::string& path) {
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw_os("read", path, errno);
   return s;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  const std::string text = read_file(path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
+  }
 }
 
 template <class T>

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,6 +32,8 @@ void write_file_atomic(const std::string& path, std::string_view text);
 void fsync_directory(const std::string& dir);
 // The whole file as bytes; throws "cannot read '<path>': ..." naming the OS error.
 std::string read_file(const std::string& path);
+// The file parsed as JSON; throws as read_file does, or "<path>: not valid JSON (...)".
+nlohmann::json read_json(const std::string& path);
 
 // ---- checked POSIX calls ----
 

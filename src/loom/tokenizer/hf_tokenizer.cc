@@ -5,11 +5,11 @@
 #include <pcre2.h>
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 
 namespace loom::data {
 
@@ -32,15 +32,6 @@ std::string utf8(uint32_t cp) {
     s += char(0x80 | (cp & 0x3F));
   }
   return s;
-}
-
-// The length of the UTF-8 sequence that starts with byte `b` (1 for a stray continuation byte).
-size_t utf8_len(unsigned char b) {
-  if (b < 0x80) return 1;
-  if ((b & 0xE0) == 0xC0) return 2;
-  if ((b & 0xF0) == 0xE0) return 3;
-  if ((b & 0xF8) == 0xF0) return 4;
-  return 1;
 }
 
 // The length of the well-formed UTF-8 sequence at s[i] (RFC 3629: no overlongs, no surrogates, at
@@ -77,14 +68,7 @@ struct HfTokenizer::Regex {
 HfTokenizer::~HfTokenizer() = default;
 
 std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("tokenizer {}: cannot open", path));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(fmt::format("tokenizer {}: not valid JSON ({})", path, e.what()));
-  }
+  const nlohmann::json j = read_json(path);
   auto bad = [&](const std::string& field, const std::string& why) {
     std::string shown = j.is_object() && j.contains(field) ? j[field].dump() : "(absent)";
     if (shown.size() > 100) shown = shown.substr(0, 97) + "...";
@@ -222,12 +206,6 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
   return t;
 }
 
-int32_t HfTokenizer::added_id(const std::string& content) const {
-  for (const auto& [c, id] : added_)
-    if (c == content) return id;
-  return -1;
-}
-
 void HfTokenizer::encode_word(const std::string& word, std::vector<int32_t>& out) const {
   std::vector<std::string> sym;
   for (unsigned char b : word) sym.push_back(byte_char_[b]);
@@ -301,8 +279,8 @@ void HfTokenizer::encode_utf8(const std::string& text, std::vector<int32_t>& out
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     if (ov[0] > pos) encode_word(text.substr(pos, ov[0] - pos), out);  // unmatched: as one word
-    if (ov[1] == ov[0]) {  // an empty match: step one character
-      size_t n = utf8_len(static_cast<unsigned char>(text[ov[0]]));
+    if (ov[1] == ov[0]) {                           // an empty match: step one character
+      const size_t n = valid_utf8_at(text, ov[0]);  // the text is well-formed: n >= 1
       encode_word(text.substr(ov[0], n), out);
       pos = ov[0] + n;
       continue;
@@ -349,7 +327,7 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
       continue;
     }
     for (size_t i = 0; i < p.size();) {
-      size_t n = utf8_len(static_cast<unsigned char>(p[i]));
+      const size_t n = std::max<size_t>(1, valid_utf8_at(p, i));
       auto it = char_byte_.find(p.substr(i, n));
       if (it == char_byte_.end())
         throw Error(

@@ -45,8 +45,6 @@ class HfTokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
   // One past the largest id (vocabulary and added tokens).
   int vocab_size() const { return vocab_size_; }
-  // The id of an added token, or -1.
-  int32_t added_id(const std::string& content) const;
 
  private:
   HfTokenizer() = default;

@@ -3,31 +3,17 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/models/architecture.h"
 #include "loom/train/config.h"
 
 namespace loom::train {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-nlohmann::json read_json(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) throw Error(fmt::format("{}: cannot open", file));
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(fmt::format("{}: not valid JSON ({})", file, e.what()));
-  }
-}
-
-}  // namespace
 
 void check_init_exists(const Config& cfg) {
   std::error_code ec;

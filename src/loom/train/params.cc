@@ -9,6 +9,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/safetensors.h"
+#include "loom/kernels/cpu/kernels.h"
 #include "loom/train/hf_dir.h"
 
 namespace loom::train {
@@ -92,8 +93,7 @@ void ParamStore::load(const std::string& path) {
     if (t.dtype == DType::f32) {
       std::memcpy(dst, t.data, t.nbytes);
     } else {  // bf16 widens to f32 exactly
-      const auto* src = static_cast<const bf16*>(t.data);
-      for (int64_t i = 0; i < numel(p.shape); ++i) dst[i] = bf16_to_f32(src[i]);
+      kernels::cpu::cast_bf16_f32(static_cast<const bf16*>(t.data), dst, numel(p.shape));
     }
   }
   for (const auto& n : f.names()) {
