@@ -13,17 +13,12 @@ config=${1:-configs/bench-llama.toml}
 threads=${2:-2}
 rounds=${3:-3}
 loom=build/release/tools/loom/loom
-venv_python=${LOOM_PEER_VENV:-$HOME/.cache/loom/peer-venv}/bin/python
 [[ -x $loom ]] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
 export OMP_NUM_THREADS=$threads
-peer=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
+source bench/peer/peers.sh
 peer_args=(--threads "$threads" --steps 10 --warmup 2)
 modes=()
-if [[ -x $venv_python ]]; then
-  modes=(eager compile)
-else
-  echo "lm_bench: no PyTorch 2.x peer ($venv_python missing; bench/peer/setup_venv.sh makes it)" >&2
-fi
+[[ -n $venv_python ]] && modes=(eager compile)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for dtype in f32 bf16; do

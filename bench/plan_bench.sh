@@ -12,20 +12,15 @@ cd "$(dirname "$0")/.."
 config=${1:-configs/bench-llama.toml}
 rounds=${2:-3}
 loom=$PWD/build/release/tools/loom/loom
-venv_python=${LOOM_PEER_VENV:-$HOME/.cache/loom/peer-venv}/bin/python
 [[ -x $loom ]] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
-peer=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
+source bench/peer/peers.sh
 peer_args=(--ranks 2 --threads 1 --steps 10 --warmup 2)
 data='[{kind="data",axis="data"}]'
 fsdp='[{kind="fsdp",axis="data"},{kind="data",axis="data"}]'
 wraps=()
-if [[ -x $venv_python ]]; then
-  wraps=(ddp fsdp2)
-else
-  echo "plan_bench: no PyTorch 2.x peer ($venv_python missing; bench/peer/setup_venv.sh makes it)" >&2
-fi
+[[ -n $venv_python ]] && wraps=(ddp fsdp2)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for ((r = 0; r < rounds; r++)); do

@@ -22,13 +22,11 @@ import subprocess
 import sys
 import tempfile
 
-from checks import Checks, run_ok
+from peer_env import ENV, VENV_PYTHON, check, checks, require_venv, run, transformers_on
 from safetensors_io import floats, read_safetensors, write_tokens
 from textdata import write_pseudo_english
 
 kRtol = 1e-5
-VENV = os.environ.get("LOOM_PEER_VENV", os.path.expanduser("~/.cache/loom/peer-venv"))
-VENV_PYTHON = os.path.join(VENV, "bin", "python")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -36,29 +34,18 @@ VENV_PYTHON = os.path.join(VENV, "bin", "python")
 
 
 def transformers_logits(out_dir, tokens_path, logits_path):
-    import torch
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForCausalLM
+    from safetensors.torch import save_file
 
-    torch.set_num_threads(2)
-    model, info = AutoModelForCausalLM.from_pretrained(
-        out_dir, dtype=torch.float32, attn_implementation="eager", local_files_only=True,
-        output_loading_info=True)
-    tokens = load_file(tokens_path)["tokens"].long()
-    with torch.no_grad():
-        logits = model(tokens[:, :-1]).logits.float()
-    # Loom's loss: the mean cross-entropy of logits (B,T,V) against targets tokens[:, 1:]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             tokens[:, 1:].reshape(-1))
+    model, info, logits, loss = transformers_on(out_dir, tokens_path)
     save_file({"logits": logits.contiguous()}, logits_path)
     print(json.dumps({
         "class": type(model).__name__,
         "missing": sorted(info.get("missing_keys", [])),
         "unexpected": sorted(info.get("unexpected_keys", [])),
         "mismatched": [str(m) for m in info.get("mismatched_keys", [])],
-        "loss": loss.item(),
+        "loss": loss,
         "transformers": __import__("transformers").__version__,
-        "torch": torch.__version__,
+        "torch": __import__("torch").__version__,
     }))
 
 
@@ -71,23 +58,7 @@ if len(sys.argv) == 5 and sys.argv[1] == "--transformers":
 # The driver.
 
 LOOM, SRC = sys.argv[1], sys.argv[2]
-ENV = dict(os.environ, OMP_NUM_THREADS="2")
-checks = Checks()
-
-
-def check(ok, what):
-    checks.check(what, ok)
-    return ok
-
-
-def run(args):
-    return run_ok(args, env=ENV)
-
-
-if not os.access(VENV_PYTHON, os.X_OK):
-    print("FAIL: no peer venv at %s (make it with bench/peer/setup_venv.sh, or set LOOM_PEER_VENV)"
-          % VENV)
-    sys.exit(1)
+require_venv()
 
 with tempfile.TemporaryDirectory() as d:
     data = os.path.join(d, "text.txt")

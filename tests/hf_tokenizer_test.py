@@ -17,12 +17,9 @@ import shutil
 import sys
 import tempfile
 
-from checks import run_ok
+from peer_env import VENV_PYTHON, corpus_dir, require_venv, run, smollm2_dir
 
 TOOL, SRC = sys.argv[1], sys.argv[2]
-VENV = os.environ.get("LOOM_PEER_VENV", os.path.expanduser("~/.cache/loom/peer-venv"))
-VENV_PYTHON = os.path.join(VENV, "bin", "python")
-SMOLLM2 = os.environ.get("LOOM_SMOLLM2", os.path.join(os.path.dirname(VENV), "smollm2"))
 
 # tokenizers takes Unicode strings: a line that is not UTF-8 (one book has a Latin-1 byte) has no
 # reference encoding (None), and neither has the whole book then; Loom's round trip still covers it.
@@ -47,17 +44,9 @@ print(json.dumps(out))
 """
 
 
-def run(args):
-    return run_ok(args)
-
-
-if not os.access(VENV_PYTHON, os.X_OK):
-    print("FAIL: no peer venv at %s (bench/peer/setup_venv.sh makes it)" % VENV)
-    sys.exit(1)
-if not os.path.exists(os.path.join(SMOLLM2, "tokenizer.json")):
-    run([VENV_PYTHON, os.path.join(SRC, "bench", "smollm2.py"), SMOLLM2])
-corpus = os.path.join(SRC, "data", "gutenberg")
-run(["bash", os.path.join(SRC, "scripts", "fetch_corpus.sh"), corpus])
+require_venv()
+SMOLLM2 = smollm2_dir(SRC)
+corpus = corpus_dir(SRC)
 
 # Beyond English: Unicode spaces and line separators, combining marks, other scripts and digits,
 # emoji, CRLF, contractions in upper case (the regex's are lower case only).

@@ -20,31 +20,17 @@ import os
 import sys
 import tempfile
 
-from checks import Checks, run_ok
+from peer_env import (VENV_PYTHON, check, checks, corpus_dir, require_venv, run, smollm2_dir,
+                      transformers_on)
 from safetensors_io import floats, read_safetensors
 
 kRtol = 1e-4
-VENV = os.environ.get("LOOM_PEER_VENV", os.path.expanduser("~/.cache/loom/peer-venv"))
-VENV_PYTHON = os.path.join(VENV, "bin", "python")
-SMOLLM2 = os.environ.get("LOOM_SMOLLM2", os.path.join(os.path.dirname(VENV), "smollm2"))
 B, T = 4, 256
 
 
 def transformers_loss(model_dir, tokens_path):
-    import torch
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(2)
-    model, info = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager", local_files_only=True,
-        output_loading_info=True)
-    tokens = load_file(tokens_path)["tokens"].long()
-    with torch.no_grad():
-        logits = model(tokens[:, :-1]).logits.float()
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             tokens[:, 1:].reshape(-1))
-    print(json.dumps({"loss": loss.item(), "missing": sorted(info.get("missing_keys", [])),
+    _, info, _, loss = transformers_on(model_dir, tokens_path)
+    print(json.dumps({"loss": loss, "missing": sorted(info.get("missing_keys", [])),
                       "unexpected": sorted(info.get("unexpected_keys", []))}))
 
 
@@ -69,17 +55,6 @@ if len(sys.argv) == 5 and sys.argv[1] == "--tokens":
     sys.exit(0)
 
 LOOM, SRC = sys.argv[1], sys.argv[2]
-ENV = dict(os.environ, OMP_NUM_THREADS="2")
-checks = Checks()
-
-
-def check(ok, what):
-    checks.check(what, ok)
-    return ok
-
-
-def run(args):
-    return run_ok(args, env=ENV)
 
 
 def loom_loss(config, weights, tokens, d):
@@ -93,13 +68,9 @@ def hf_loss(model_dir, tokens):
                            tokens]).strip().splitlines()[-1])
 
 
-if not os.access(VENV_PYTHON, os.X_OK):
-    print("FAIL: no peer venv at %s (bench/peer/setup_venv.sh makes it)" % VENV)
-    sys.exit(1)
-if not os.path.exists(os.path.join(SMOLLM2, "config.json")):
-    run([VENV_PYTHON, os.path.join(SRC, "bench", "smollm2.py"), SMOLLM2])
-corpus = os.path.join(SRC, "data", "gutenberg")
-run(["bash", os.path.join(SRC, "scripts", "fetch_corpus.sh"), corpus])
+require_venv()
+SMOLLM2 = smollm2_dir(SRC)
+corpus = corpus_dir(SRC)
 
 with tempfile.TemporaryDirectory() as d:
     tokens = os.path.join(d, "held_out.safetensors")

@@ -22,7 +22,6 @@ import json
 import os
 import resource
 import socket
-import statistics
 import sys
 
 
@@ -143,26 +142,14 @@ def worker(rank, args, port, queue):
     all_rss = [torch.zeros_like(rss) for _ in range(args.ranks)]
     dist.all_gather(all_rss, rss)
     if rank == 0:
-        median = statistics.median(times)
         queue.put({
             "peer": f"pytorch-{args.wrap}-gloo",
-            "torch_version": torch.__version__,
-            "arch": m.arch,
+            **torch_lm.result_fields(m, B, T, model, times, loss, args),
             "dtype": "f32",
             "ranks": args.ranks,
             "threads_per_rank": torch.get_num_threads(),
-            "batch_size": B,
-            "seq_len": T,
-            "params": sum(p.numel() for p in model.parameters()),
-            "tokens_per_s": B * T / median,
-            "step_ms": {"median": median * 1e3, "min": min(times) * 1e3, "max": max(times) * 1e3},
             "per_rank_peak_rss_bytes": [int(x.item()) for x in all_rss],
-            "steps": args.steps,
-            "warmup": args.warmup,
             "attention": "sdpa" if modern and torch_lm.has_sdpa() else "naive_masked_softmax",
-            "blas": torch_lm.blas_library(),
-            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
-            "final_loss": loss,
             **extra,
         })
     dist.barrier()  # no rank tears gloo down while another still talks (seen: SIGABRT at exit)

@@ -611,6 +611,26 @@ def time_steps(step, warmup, steps, before=lambda: None):
     return times, loss
 
 
+def result_fields(m, B, T, model, times, loss, args):
+    """What every peer's JSON line says of its run (torch_lm.py and torch_dist.py): the model and
+    batch, the step times (seconds) as tokens/s and ms, the BLAS it ran, the last loss."""
+    median = statistics.median(times)
+    return {
+        "torch_version": torch.__version__,
+        "arch": m.arch,
+        "batch_size": B,
+        "seq_len": T,
+        "params": sum(p.numel() for p in model.parameters()),
+        "tokens_per_s": B * T / median,
+        "step_ms": {"median": median * 1e3, "min": min(times) * 1e3, "max": max(times) * 1e3},
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "blas": blas_library(),
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+        "final_loss": loss,
+    }
+
+
 def bench(args):
     cfg = load_config(args.config)
     m = cfg.model
@@ -648,26 +668,14 @@ def bench(args):
         compile_s = time.perf_counter() - t0
     times, loss = time_steps(step, args.warmup, args.steps)
 
-    median = statistics.median(times)
     out = {
         "peer": f"pytorch-{args.mode}",
-        "torch_version": torch.__version__,
-        "arch": m.arch,
+        **result_fields(m, B, T, model, times, loss, args),
         "dtype": dtype,
         "threads": torch.get_num_threads(),
-        "batch_size": B,
-        "seq_len": T,
-        "params": sum(p.numel() for p in model.parameters()),
-        "tokens_per_s": B * T / median,
-        "step_ms": {"median": median * 1e3, "min": min(times) * 1e3, "max": max(times) * 1e3},
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "steps": args.steps,
-        "warmup": args.warmup,
         "attention": "sdpa" if sdpa else "naive_masked_softmax",
         "optimizer": "adamw-fused" if modern else "adamw",
-        "blas": blas_library(),
-        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
-        "final_loss": loss,
     }
     if compile_s is not None:
         out["compile_s"] = compile_s
