@@ -15,7 +15,6 @@
 #include "loom/outer/server.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/config.h"
-#include "loom/train/hf_dir.h"
 #include "loom/train/params.h"
 
 namespace loom::cli {
@@ -49,8 +48,7 @@ std::function<int()> add_outer_server(CLI::App& app) {
     train::ParamStore params(cfg.model);
     params.init_random(uint64_t(cfg.train.seed));
     if (!cfg.init_weights.empty()) {
-      train::check_init_exists(cfg);
-      params.load(cfg.init_weights);
+      params.load_init(cfg);
     }
     outer::TensorList initial;
     for (const auto& p : params.infos()) {

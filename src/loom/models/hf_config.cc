@@ -27,40 +27,35 @@ const nlohmann::json* HfConfigReader::find(const std::string& key) {
   return has(key) ? &j_.at(key) : nullptr;
 }
 
-int64_t HfConfigReader::integer(const std::string& key) {
+const nlohmann::json& HfConfigReader::typed(const std::string& key, IsType is, const char* want) {
   const nlohmann::json* v = find(key);
   if (!v) bad(key, "a required field is missing");
-  if (!v->is_number_integer()) bad(key, "expected an integer");
-  return v->get<int64_t>();
+  if (!(v->*is)()) bad(key, std::string("expected ") + want);
+  return *v;
+}
+
+int64_t HfConfigReader::integer(const std::string& key) {
+  return typed(key, &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
 }
 
 double HfConfigReader::number(const std::string& key) {
-  const nlohmann::json* v = find(key);
-  if (!v) bad(key, "a required field is missing");
-  if (!v->is_number()) bad(key, "expected a number");
-  return v->get<double>();
+  return typed(key, &nlohmann::json::is_number, "a number").get<double>();
 }
 
 std::string HfConfigReader::string(const std::string& key) {
-  const nlohmann::json* v = find(key);
-  if (!v) bad(key, "a required field is missing");
-  if (!v->is_string()) bad(key, "expected a string");
-  return v->get<std::string>();
+  return typed(key, &nlohmann::json::is_string, "a string").get<std::string>();
 }
 
 int64_t HfConfigReader::integer(const std::string& key, int64_t def) {
-  return has(key) ? integer(key) : (claimed_.insert(key), def);
+  return find(key) ? integer(key) : def;
 }
 
 double HfConfigReader::number(const std::string& key, double def) {
-  return has(key) ? number(key) : (claimed_.insert(key), def);
+  return find(key) ? number(key) : def;
 }
 
 bool HfConfigReader::boolean(const std::string& key, bool def) {
-  const nlohmann::json* v = find(key);
-  if (!v) return def;
-  if (!v->is_boolean()) bad(key, "expected true or false");
-  return v->get<bool>();
+  return find(key) ? typed(key, &nlohmann::json::is_boolean, "true or false").get<bool>() : def;
 }
 
 void HfConfigReader::require(const std::string& key, std::initializer_list<nlohmann::json> allowed,

@@ -48,7 +48,11 @@ class HfConfigReader {
   const std::string& file() const { return file_; }
 
  private:
+  // The field, claimed; null when absent or null.
   const nlohmann::json* find(const std::string& key);
+  // The field, which must be present and pass `is` (`want` names the type in the error).
+  using IsType = bool (nlohmann::json::*)() const noexcept;
+  const nlohmann::json& typed(const std::string& key, IsType is, const char* want);
   nlohmann::json j_;
   std::string file_, prefix_;
   std::set<std::string> claimed_;

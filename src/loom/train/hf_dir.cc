@@ -9,20 +9,10 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/models/architecture.h"
-#include "loom/train/config.h"
 
 namespace loom::train {
 
 namespace fs = std::filesystem;
-
-void check_init_exists(const Config& cfg) {
-  std::error_code ec;
-  if (!fs::exists(cfg.init_weights, ec))
-    throw Error(
-        fmt::format("{}: [model] init: no such file or directory {}", cfg.path, cfg.init_weights),
-        "point it at a .safetensors file or a directory holding model.safetensors or "
-        "model.safetensors.index.json (loom export --hf, a Hugging Face model)");
-}
 
 bool is_hf_dir(const std::string& path) {
   std::error_code ec;

@@ -22,10 +22,6 @@
 
 namespace loom::train {
 
-// Throws naming the config and the path when [model] init names nothing that exists.
-struct Config;
-void check_init_exists(const Config& cfg);
-
 // `path` is a directory holding a config.json.
 bool is_hf_dir(const std::string& path);
 // The [model] that `dir`/config.json describes. Throws naming the file and field.

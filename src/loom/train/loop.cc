@@ -12,7 +12,6 @@
 #include "loom/core/file.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/evaluate.h"
-#include "loom/train/hf_dir.h"
 #include "loom/train/schedule.h"
 #include "loom/train/step.h"
 
@@ -108,8 +107,7 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
     // [model] init: a fresh run starts from given weights (loom export's output, a checkpoint's
     // model.safetensors) instead of the random init; a resumed run takes its checkpoint's instead.
     if (!cfg.init_weights.empty()) {
-      check_init_exists(cfg);
-      params.load(cfg.init_weights);  // names, dtypes and shapes checked against [model]
+      params.load_init(cfg);  // names, dtypes and shapes checked against [model]
       runner.pull_params();
       if (writer) fmt::print(stderr, "initialised from {}\n", cfg.init_weights);
     }

@@ -4,12 +4,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <set>
 
 #include "loom/core/error.h"
 #include "loom/core/safetensors.h"
 #include "loom/kernels/cpu/kernels.h"
+#include "loom/train/config.h"
 #include "loom/train/hf_dir.h"
 
 namespace loom::train {
@@ -114,6 +116,16 @@ void ParamStore::load(const std::string& path) {
                             f.file_of(n), n, cfg_.arch),
                 "check [model] in the config: n_layers, arch, tie_embeddings");
   }
+}
+
+void ParamStore::load_init(const Config& cfg) {
+  std::error_code ec;
+  if (!std::filesystem::exists(cfg.init_weights, ec))
+    throw Error(
+        fmt::format("{}: [model] init: no such file or directory {}", cfg.path, cfg.init_weights),
+        "point it at a .safetensors file or a directory holding model.safetensors or "
+        "model.safetensors.index.json (loom export --hf, a Hugging Face model)");
+  load(cfg.init_weights);
 }
 
 void ParamStore::save(const std::string& path) const {

@@ -16,6 +16,8 @@
 
 namespace loom::train {
 
+struct Config;
+
 class ParamStore {
  public:
   explicit ParamStore(const models::ModelConfig& c);
@@ -24,6 +26,9 @@ class ParamStore {
   // ones for norm weights, zeros for biases.
   void init_random(uint64_t seed);
   void load(const std::string& path);
+  // load(cfg.init_weights) for a fresh run's [model] init; a path that names nothing is an error
+  // naming the config.
+  void load_init(const Config& cfg);
   void save(const std::string& path) const;
 
   const std::vector<models::ParamInfo>& infos() const { return infos_; }
