@@ -69,18 +69,24 @@ HfTokenizer::~HfTokenizer() = default;
 
 std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
   const nlohmann::json j = read_json(path);
-  auto bad = [&](const std::string& field, const std::string& why) {
-    std::string shown = j.is_object() && j.contains(field) ? j[field].dump() : "(absent)";
-    if (shown.size() > 100) shown = shown.substr(0, 97) + "...";
-    throw Error(fmt::format("tokenizer {}: {} = {}: {}", path, field, shown, why),
-                "Loom reads byte-level BPE tokenizer.json files (GPT-2, SmolLM2)");
-  };
   if (!j.is_object()) throw Error(fmt::format("tokenizer {}: expected a JSON object", path));
+  // An error naming `field` of `obj` (spelled `where` + field) and its value.
+  auto fail = [&](const nlohmann::json& obj, const char* where, const std::string& field,
+                  const std::string& why) {
+    std::string shown = obj.contains(field) ? obj[field].dump() : "(absent)";
+    if (shown.size() > 100) shown = shown.substr(0, 97) + "...";
+    throw Error(fmt::format("tokenizer {}: {}{} = {}: {}", path, where, field, shown, why),
+                "Loom reads byte-level BPE tokenizer.json files (GPT-2's and Llama 3's layouts)");
+  };
+  auto bad = [&](const std::string& field, const std::string& why) { fail(j, "", field, why); };
+  // present with a value: not absent, null or ""
+  auto set = [](const nlohmann::json& obj, const char* key) {
+    return obj.contains(key) && !obj[key].is_null() && obj[key] != "";
+  };
   auto t = std::unique_ptr<HfTokenizer>(new HfTokenizer());
   t->path_ = path;
 
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    bad("normalizer", "Loom applies no normalizer");
+  if (set(j, "normalizer")) bad("normalizer", "Loom applies no normalizer");
   // The pre-tokenizer is one regex that cuts text into words: GPT-2's for ByteLevel with use_regex;
   // for Sequence[Split(Regex, Isolated), ByteLevel without regex] (Llama 3, Qwen 2), the Split's.
   const auto& pre = j.value("pre_tokenizer", nlohmann::json());
@@ -113,19 +119,13 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
   if (!j.contains("model") || !j["model"].is_object()) bad("model", "expected an object");
   const auto& m = j["model"];
   auto bad_model = [&](const std::string& field, const std::string& why) {
-    std::string shown = m.contains(field) ? m[field].dump() : "(absent)";
-    throw Error(fmt::format("tokenizer {}: model.{} = {}: {}", path, field, shown, why));
+    fail(m, "model.", field, why);
   };
   if (m.value("type", "") != "BPE") bad_model("type", "Loom reads BPE models only");
-  if (m.contains("dropout") && !m["dropout"].is_null()) bad_model("dropout", "no BPE dropout");
-  if (m.contains("unk_token") && !m["unk_token"].is_null())
-    bad_model("unk_token", "byte-level BPE needs no unknown token");
-  if (!m.value("continuing_subword_prefix", nlohmann::json("")).is_null() &&
-      m.value("continuing_subword_prefix", std::string()) != "")
-    bad_model("continuing_subword_prefix", "none expected");
-  if (!m.value("end_of_word_suffix", nlohmann::json("")).is_null() &&
-      m.value("end_of_word_suffix", std::string()) != "")
-    bad_model("end_of_word_suffix", "none expected");
+  if (set(m, "dropout")) bad_model("dropout", "no BPE dropout");
+  if (set(m, "unk_token")) bad_model("unk_token", "byte-level BPE needs no unknown token");
+  for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (set(m, affix)) bad_model(affix, "none expected");
   if (m.value("byte_fallback", false)) bad_model("byte_fallback", "byte-level BPE has no fallback");
   t->ignore_merges_ = m.value("ignore_merges", false);  // a word in the vocabulary is one token
   if (!m.contains("vocab") || !m["vocab"].is_object()) bad_model("vocab", "expected an object");
