@@ -72,13 +72,13 @@ with tempfile.TemporaryDirectory() as d:
         config = os.path.join(SRC, "configs", name + ".toml")
         run_dir, out = os.path.join(d, "run-" + name), os.path.join(d, "hf-" + name)
         run([LOOM, "train", config, "--run-dir", run_dir, "--set", "data.path=" + data,
-                "--set", "train.steps=2", "--set", "train.eval_batches=1",
-                "--set", "train.batch_size=2", "--set", "train.seq_len=64"])
+             "--set", "train.steps=2", "--set", "train.eval_batches=1",
+             "--set", "train.batch_size=2", "--set", "train.seq_len=64"])
         run([LOOM, "export", run_dir, "--hf", out])
         step_out = os.path.join(d, "step-" + name + ".safetensors")
         run([LOOM, "step", "--config", os.path.join(run_dir, "config.toml"), "--weights",
-                os.path.join(out, "model.safetensors"), "--tokens", tokens, "--out", step_out,
-                "--logits"])
+             os.path.join(out, "model.safetensors"), "--tokens", tokens, "--out", step_out,
+             "--logits"])
         loom = read_safetensors(step_out)
         loom_loss = floats(loom["loss"][2])[0]
         loom_logits = floats(loom["logits"][2])
