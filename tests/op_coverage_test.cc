@@ -42,6 +42,13 @@ const std::map<std::string, std::string>& exemptions() {
       {"assign",
        "writes an optimizer result back after a reshard (no VJP); plan_parity (zero1/zero2)"},
       {"positions", "no input to differentiate; the GPT-2 golden tests check its use"},
+      // incremental decoding (inference only, no VJP by design): decode_test checks every decoded
+      // position's logits against the full forward (itself checked against the reference and
+      // PyTorch), attention_test the cached kernel against the f64 reference, kernels_test rope
+      // from an offset against the full rope, bit for bit
+      {"positions_at", "decoding's positions; decode_test (GPT-2) against the full forward"},
+      {"rope_at", "decoding's rotary embedding; decode_test (Llama), kernels_test"},
+      {"cached_attention", "decoding's attention; decode_test, attention_test (f64 reference)"},
   };
   return e;
 }

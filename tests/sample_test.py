@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """loom sample on a tiny Llama trained briefly on one repeated sentence: greedy decoding is
-deterministic, writes the prompt then exactly --max-tokens bytes, and continues the sentence; a
-seeded sample is reproducible; a missing run dir is an error that names it.
+deterministic, writes the prompt then exactly --max-tokens bytes, and continues the sentence, also
+with a context so short that the key/value cache fills and is re-encoded several times; a seeded
+sample is reproducible; a missing run dir is an error that names it.
 
     sample_test.py LOOM_BINARY SOURCE_DIR
 """
@@ -48,6 +49,15 @@ with tempfile.TemporaryDirectory() as d:
     check(a.stdout == b.stdout, "greedy is deterministic", "second run: %r" % b.stdout)
     rest = out[len(PROMPT):]
     check("sat" in rest or "mat" in rest, "the model continues the sentence", repr(rest))
+
+    # a context of 12 fills the key/value cache after 5 new bytes: the newest 6 bytes are kept
+    # and encoded again, several times over 40 bytes; the sentence still goes on
+    w = sample(run, "--temperature", "0", "--context", "12")
+    wout = w.stdout.decode("utf-8", "replace")
+    print("greedy, context 12: %r" % wout)
+    check(w.returncode == 0 and len(w.stdout) == len(PROMPT) + N,
+          "context 12: prompt + %d bytes" % N, "rc %d: %s" % (w.returncode, w.stderr.decode()))
+    check(wout[len(PROMPT):].count("at ") >= 3, "context 12: the sentence goes on", repr(wout))
 
     s1, s2 = sample(run, "--seed", "7"), sample(run, "--seed", "7")
     check(s1.returncode == 0 and len(s1.stdout) == len(PROMPT) + N, "seeded sample: prompt + %d "

@@ -7,17 +7,13 @@
 // pipe sees exactly prompt + max_tokens bytes; with BPE, an incomplete UTF-8 character (from
 // byte-fallback pieces) is held back until it completes or generation ends.
 //
-// How: StepRunners in Mode::infer with B = 1 and a window w: the smallest power of two >= 16 that
-// holds the context, at most T = --context (default: the model's max_seq_len, at most 512). For
-// each new token the context (the last <= T tokens) is copied to the front of the (1, w+1) token
-// buffer, the rest padded with 0, the forward pass over w runs, and the logits at position len-1
-// give the next token.
-// Causal attention means the padding after len-1 never reaches those logits. Worked example, T = 4,
-// context "ab": buffer [a b 0 0 0], logits row 1 predicts what follows "ab".
-//
-// Not here: a KV cache. Every token reruns the forward over its window (O(w) work per token, where
-// a cache would compute one new position); fine for the small models Loom trains on CPU, slow for
-// long generations with large ones.
+// How: a DecodeRunner (train/decode.h) with a key/value cache of T = --context positions (default:
+// the model's max_seq_len, at most 512). The prompt (its last T tokens) is fed once; then each new
+// token is fed alone, at the cost of one position's forward plus attention over the cache. When the
+// cache is full, the newest T/2 tokens (at least one) are kept and fed again from position 0, so
+// the model always sees between T/2 and T tokens of context. Worked example, T = 4, prompt "ab":
+// feed "ab" (positions 0-1) -> c; feed c (2) -> d; feed d (3) -> e; the cache is full: keep "de",
+// feed it at 0-1 -> f; feed f (2) ...
 //
 // Invariant: the output is a function of (checkpoint, prompt, flags) alone; a given --seed gives
 // the same bytes every run. With bytes, sampling draws only from the 256 byte tokens (a larger
@@ -27,10 +23,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -41,8 +37,8 @@
 #include "loom/core/error.h"
 #include "loom/tokenizer/tokenizer.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/decode.h"
 #include "loom/train/hf_dir.h"
-#include "loom/train/step.h"
 
 namespace loom::cli {
 
@@ -119,6 +115,7 @@ std::function<int()> add_sample(CLI::App& app) {
     int64_t top_k = 40;
     int64_t seed = 0;
     int64_t context = 0;
+    bool stats = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* s =
@@ -144,7 +141,15 @@ std::function<int()> add_sample(CLI::App& app) {
   s->add_option("--context", o->context,
                 "tokens of context the model sees (default: [model] max_seq_len, at most 512)")
       ->check(CLI::PositiveNumber);
+  s->add_flag("--stats", o->stats,
+              "print a JSON line of timings to stderr at the end: load, prompt and generation "
+              "seconds and tokens/s");
   return [o]() {
+    using Clock = std::chrono::steady_clock;
+    auto seconds = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double>(b - a).count();
+    };
+    const auto t_start = Clock::now();
     const std::string& run = o->run_dir;
     // a run directory (config.toml, checkpoints), or a Hugging Face model directory (config.json,
     // weights, tokenizer.json: a pretrained model as it is)
@@ -176,31 +181,15 @@ std::function<int()> add_sample(CLI::App& app) {
         hf && o->checkpoint.empty() ? run : train::run_weights(run, o->checkpoint);
     const int64_t T = o->context ? std::min(o->context, cfg.model.max_seq_len)
                                  : std::min<int64_t>(cfg.model.max_seq_len, 512);
-    const int64_t V = cfg.model.vocab_size;
-    cfg.train.batch_size = 1;
-    cfg.train.seq_len = T;
     train::ParamStore params(cfg.model);
     params.load(weights);
-    // One runner per power-of-two window (16, 32, ... up to T), made when the context first needs
-    // it: a token costs a forward over the smallest window that holds the context, not over T.
-    // The runners share the ParamStore's weights; each has its own activations.
-    std::map<int64_t, std::unique_ptr<train::StepRunner>> runners;
-    auto runner_for = [&](int64_t len) -> std::pair<train::StepRunner&, int64_t> {
-      int64_t w = 16;
-      while (w < len) w *= 2;
-      w = std::min(w, T);
-      auto& r = runners[w];
-      if (!r) {
-        train::Config c = cfg;
-        c.train.seq_len = w;
-        r = std::make_unique<train::StepRunner>(c, params, train::StepRunner::Mode::infer);
-      }
-      return {*r, w};
-    };
+    train::DecodeRunner decoder(cfg.model, params, T, config);
+    const auto t_loaded = Clock::now();
 
-    // context: the tokens so far, the newest last; only its last T reach the model
+    // context: the tokens the cache holds (the prompt's last T at first), the newest last
     std::vector<int32_t> context = tok.encode(o->prompt);
     if (context.empty()) context = tok.encode("\n");
+    if (int64_t(context.size()) > T) context.erase(context.begin(), context.end() - T);
     put(o->prompt.data(), o->prompt.size());
     const int n = tok.is_byte_level() ? kBytes : tok.vocab_size();  // candidate ids 0..n-1
     // BPE output: decode everything generated so far, print what is new; `all` holds the ids
@@ -216,14 +205,10 @@ std::function<int()> add_sample(CLI::App& app) {
       printed = std::max(printed, stable);
     };
     Sampler sampler{o->temperature, o->top_k, std::mt19937_64(uint64_t(o->seed))};
-    std::vector<int32_t> buf(size_t(T + 1));  // (1, w+1) for a window w <= T
+    const int64_t prompt_tokens = int64_t(context.size());
+    const float* row = o->max_tokens > 0 ? decoder.feed(context.data(), prompt_tokens) : nullptr;
+    const auto t_prompt = Clock::now();
     for (int64_t i = 0; i < o->max_tokens; ++i) {
-      const int64_t len = std::min<int64_t>(int64_t(context.size()), T);
-      auto [runner, w] = runner_for(len);
-      std::fill(buf.begin(), buf.begin() + w + 1, 0);
-      std::copy(context.end() - len, context.end(), buf.begin());
-      runner.step(buf.data());
-      const float* row = runner.logits() + (len - 1) * V;  // logits (1,w,V), row len-1
       for (int v = 0; v < n; ++v)
         if (!std::isfinite(row[v]))
           throw Error(fmt::format("weights {}: the logits are not finite ({} for token {})",
@@ -231,7 +216,6 @@ std::function<int()> add_sample(CLI::App& app) {
                       "the checkpoint is corrupt or the run diverged; try an earlier checkpoint");
       const int next = sampler.next(row, n);
       context.push_back(next);
-      if (int64_t(context.size()) > T) context.erase(context.begin());
       if (tok.is_byte_level()) {
         const unsigned char byte = static_cast<unsigned char>(next);
         put(&byte, 1);
@@ -239,9 +223,31 @@ std::function<int()> add_sample(CLI::App& app) {
         all.push_back(next);
         emit(false);
       }
+      if (i + 1 == o->max_tokens) break;
+      if (decoder.position() < decoder.capacity()) {
+        row = decoder.feed(&context.back(), 1);
+      } else {  // the cache is full: keep its newest half (and the new token), encoded again
+        const int64_t keep = std::max<int64_t>(1, T / 2);
+        context.erase(context.begin(), context.end() - keep);
+        decoder.reset();
+        row = decoder.feed(context.data(), keep);
+      }
     }
     if (!tok.is_byte_level()) emit(true);
+    const auto t_end = Clock::now();
     if (::isatty(STDOUT_FILENO)) put("\n", 1);  // a pipe gets exactly prompt + generated bytes
+    if (o->stats) {
+      // tokens_per_s counts the prompt's encoding too (as a caller waits for it), like timing a
+      // whole transformers generate() call; decode_tokens_per_s the tokens after the first only
+      const double gen = seconds(t_loaded, t_end), dec = seconds(t_prompt, t_end);
+      std::fprintf(stderr,
+                   "{\"prompt_tokens\": %ld, \"new_tokens\": %ld, \"context\": %ld, "
+                   "\"load_s\": %.4f, \"prompt_s\": %.4f, \"generate_s\": %.4f, "
+                   "\"tokens_per_s\": %.3f, \"decode_tokens_per_s\": %.3f}\n",
+                   long(prompt_tokens), long(o->max_tokens), long(T), seconds(t_start, t_loaded),
+                   seconds(t_loaded, t_prompt), gen, gen > 0 ? double(o->max_tokens) / gen : 0.0,
+                   dec > 0 && o->max_tokens > 1 ? double(o->max_tokens - 1) / dec : 0.0);
+    }
     return 0;
   };
 }

@@ -24,6 +24,17 @@ class Builder;
 
 namespace loom::models {
 
+// What an architecture's build reads besides its params: B sequences of T tokens and, when
+// decoding incrementally (model.h: build_decode), the position of the first of them and the length
+// of the key/value caches the attention keeps.
+struct ForwardInputs {
+  int tokens = -1;  // i32 (B,T)
+  int64_t B = 0, T = 0;
+  int start = -1;  // decoding: i32[], the first token's position; -1: a full forward from 0
+  int64_t cache_len = 0;
+  bool decoding() const { return start >= 0; }
+};
+
 struct Architecture {
   std::string name;      // [model] arch
   std::string hf_class;  // Hugging Face's model class: "LlamaForCausalLM"
@@ -34,9 +45,10 @@ struct Architecture {
       validate;
   std::function<int64_t(const ModelConfig&)> default_ffn;  // [model] ffn_hidden = 0
   std::function<std::vector<ParamInfo>(const ModelConfig&)> params;
-  // Emits the forward graph over `tokens` (i32 (B,T)) into b's graph, whose params are already
-  // declared; returns the logits (B,T,V).
-  std::function<int(ops::Builder& b, const ModelConfig&, int tokens, int64_t B, int64_t T)> build;
+  // Emits the forward graph over `in.tokens` (i32 (B,T)) into b's graph, whose params are already
+  // declared; returns the logits (B,T,V), or (B,1,V) of the last token when decoding. Written
+  // against detail::Ctx (layers.h), whose positions, attention and head rows follow `in`.
+  std::function<int(ops::Builder& b, const ModelConfig&, const ForwardInputs& in)> build;
   // Training FLOPs per token (forward + backward) at sequence length T.
   std::function<double(const ModelConfig&, int64_t T)> train_flops_per_token;
   // transformers' config.json for this model ...

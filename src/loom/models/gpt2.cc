@@ -45,13 +45,13 @@ std::vector<ParamInfo> gpt2_params(const ModelConfig& c) {
   return p;
 }
 
-int build_gpt2(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, int64_t T) {
-  detail::Ctx x{b, c, c.dtype};
+int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
+  detail::Ctx x{b, c, in};
   const double eps = x.c.norm_eps;
   const int64_t C = x.c.d_model;
-  int pos = b.emit1("positions", {}, {{"shape", Shape{B, T}}}, "positions");
-  int h = b.add(b.emit1("embedding", {tokens, x.param("wte.weight")}, {}, "tok_embed"),
-                b.emit1("embedding", {pos, x.param("wpe.weight")}, {}, "pos_embed"), "embed");
+  int pos = b.emit1("embedding", {x.positions(), x.param("wpe.weight")}, {}, "pos_embed");
+  int h = b.add(b.emit1("embedding", {in.tokens, x.param("wte.weight")}, {}, "tok_embed"), pos,
+                "embed");
   auto ln = [&](int in, const std::string& p, const std::string& name) {
     return b.emit("layernorm", {in, x.param(p + ".weight"), x.param(p + ".bias")}, {{"eps", eps}},
                   {name, name + "_mean", name + "_rstd"})[0];
@@ -65,13 +65,13 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, int
     int qkv = affine(ln(h, p + "ln_1", "ln_1"), p + "attn.c_attn", "qkv");
     auto parts =
         b.emit("split", {qkv}, {{"sizes", std::vector<int64_t>{C, C, C}}}, {"q", "k", "v"});
-    int a = x.attention(parts[0], parts[1], parts[2], B, T, /*rope=*/false);
+    int a = x.attention(parts[0], parts[1], parts[2], /*rope=*/false);
     h = b.add(h, affine(a, p + "attn.c_proj", "attn_out"), "resid_attn");
     int f = b.emit1("gelu", {affine(ln(h, p + "ln_2", "ln_2"), p + "mlp.c_fc", "fc")}, {}, "gelu");
     h = b.add(h, affine(f, p + "mlp.c_proj", "mlp_out"), "resid_mlp");
   }
   b.set_scope("");
-  int nf = ln(h, "ln_f", "ln_f");
+  int nf = ln(x.head_rows(h), "ln_f", "ln_f");
   return b.matmul(b.cast(nf, x.cd), b.cast(x.param("wte.weight"), x.cd), false, true, "logits");
 }
 

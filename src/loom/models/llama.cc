@@ -42,10 +42,10 @@ std::vector<ParamInfo> llama_params(const ModelConfig& c) {
   return p;
 }
 
-int build_llama(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, int64_t T) {
-  detail::Ctx x{b, c, c.dtype};
+int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
+  detail::Ctx x{b, c, in};
   const double eps = x.c.norm_eps;
-  int h = b.emit1("embedding", {tokens, x.param("model.embed_tokens.weight")}, {}, "embed");
+  int h = b.emit1("embedding", {in.tokens, x.param("model.embed_tokens.weight")}, {}, "embed");
   for (int64_t l = 0; l < x.c.n_layers; ++l) {
     std::string p = fmt::format("model.layers.{}.", l);
     b.set_scope(fmt::format("layers.{}.", l));
@@ -55,7 +55,7 @@ int build_llama(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, in
     int q = x.linear(n1, p + "self_attn.q_proj.weight", "q");
     int k = x.linear(n1, p + "self_attn.k_proj.weight", "k");
     int v = x.linear(n1, p + "self_attn.v_proj.weight", "v");
-    int a = x.attention(q, k, v, B, T, /*rope=*/true);
+    int a = x.attention(q, k, v, /*rope=*/true);
     h = b.add(h, x.linear(a, p + "self_attn.o_proj.weight", "attn_out"), "resid_attn");
     int n2 = b.emit("rmsnorm", {h, x.param(p + "post_attention_layernorm.weight")}, {{"eps", eps}},
                     {"mlp_norm", "mlp_rstd"})[0];
@@ -67,6 +67,7 @@ int build_llama(ops::Builder& b, const ModelConfig& c, int tokens, int64_t B, in
     h = b.add(h, x.linear(s, p + "mlp.down_proj.weight", "mlp_out"), "resid_mlp");
   }
   b.set_scope("");
+  h = x.head_rows(h);
   int nf = b.emit("rmsnorm", {h, x.param("model.norm.weight")}, {{"eps", eps}},
                   {"final_norm", "final_rstd"})[0];
   if (!c.tie_embeddings) return x.linear(nf, "lm_head.weight", "logits");

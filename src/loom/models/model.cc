@@ -128,12 +128,10 @@ double train_flops_per_token(const ModelConfig& c, int64_t T) {
   return architecture(c.arch).train_flops_per_token(c, T);
 }
 
-ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T) {
-  c.validate("<model>");
-  if (T > c.max_seq_len)
-    throw Error(
-        fmt::format("sequence length {} exceeds [model] max_seq_len = {}", T, c.max_seq_len));
-  const Architecture& arch = architecture(c.arch);
+namespace {
+
+// The graph's params, with their roles, as the architecture declares them.
+ModelGraph declare_params(const Architecture& arch, const ModelConfig& c) {
   ModelGraph m;
   m.graph = ir::Graph(c.arch);
   ir::Graph& g = m.graph;
@@ -146,13 +144,46 @@ ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T) {
       m.roles.column_parallel.push_back({v, p.parallel_dim});
     if (p.parallel == ParamInfo::Parallel::row) m.roles.row_parallel.push_back({v, p.parallel_dim});
   }
+  return m;
+}
+
+}  // namespace
+
+ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T) {
+  c.validate("<model>");
+  if (T > c.max_seq_len)
+    throw Error(
+        fmt::format("sequence length {} exceeds [model] max_seq_len = {}", T, c.max_seq_len));
+  const Architecture& arch = architecture(c.arch);
+  ModelGraph m = declare_params(arch, c);
+  ir::Graph& g = m.graph;
   m.tokens = g.add_input("tokens", {DType::i32, {B, T}}, ir::ValueKind::input);
   m.targets = g.add_input("targets", {DType::i32, {B, T}}, ir::ValueKind::input);
   m.roles.batch_inputs = {m.tokens, m.targets};
   ops::Builder b(g);
-  m.logits = arch.build(b, c, m.tokens, B, T);
+  m.logits = arch.build(b, c, {.tokens = m.tokens, .B = B, .T = T});
   auto ce = b.emit("cross_entropy", {m.logits, m.targets}, {}, {"loss", "dlogits"});
   m.loss = ce[0];
+  return m;
+}
+
+ModelGraph build_decode(const ModelConfig& c, int64_t B, int64_t T, int64_t S) {
+  c.validate("<model>");
+  if (S > c.max_seq_len)
+    throw Error(fmt::format("key/value cache of {} positions exceeds [model] max_seq_len = {}", S,
+                            c.max_seq_len));
+  if (T < 1 || T > S)
+    throw Error(fmt::format("a decode step of {} tokens does not fit a cache of {}", T, S));
+  const Architecture& arch = architecture(c.arch);
+  ModelGraph m = declare_params(arch, c);
+  ir::Graph& g = m.graph;
+  m.tokens = g.add_input("tokens", {DType::i32, {B, T}}, ir::ValueKind::input);
+  m.start = g.add_input("start", {DType::i32, {}}, ir::ValueKind::input);
+  m.roles.batch_inputs = {m.tokens};
+  ops::Builder b(g);
+  m.logits =
+      arch.build(b, c, {.tokens = m.tokens, .B = B, .T = T, .start = m.start, .cache_len = S});
+  m.caches = g.inputs_of_kind(ir::ValueKind::state);
   return m;
 }
 

@@ -65,10 +65,21 @@ struct ModelGraph {
   int logits = -1;   // f32[B,T,V]
   int loss = -1;     // f32[]
   ir::Roles roles;   // batch inputs, tensor-parallel weights, parameter groups
+  // Incremental decoding (build_decode) only:
+  int start = -1;           // input i32[]: the position of the first token
+  std::vector<int> caches;  // state: each layer's key cache then value cache, (B,S,NKV,HS)
 };
 
 // Builds the forward graph and loss for a batch of B sequences of T tokens (T <= max_seq_len).
 ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T);
+
+// Incremental decoding (loom sample): the forward of T new tokens per sequence, (B,T) at positions
+// start..start+T-1, given as an input so one graph serves every step. Each layer's keys and values
+// go into caches of S positions (state values in the compute dtype, kept by the caller between
+// steps: positions before start must hold the earlier tokens'), and its attention reads them. The
+// logits (B,1,V) are the last new token's; no targets, no loss. Throws loom::Error for S >
+// max_seq_len or T outside [1, S].
+ModelGraph build_decode(const ModelConfig& c, int64_t B, int64_t T, int64_t S);
 
 // Model FLOPs per token for training (forward + backward), the architecture's count (PaLM appendix
 // B: 6 * (non-embedding matmul params + the output head) + 12 * L * T * d_model for attention

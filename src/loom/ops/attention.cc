@@ -7,6 +7,12 @@
 // attention_bwd(do, q, k, v, o, lse) {scale} -> dq, dk, dv
 // rope(x (B,T,NH,HS)) {theta, sign}: Hugging Face rotate-half rotary embedding at positions 0..T-1;
 //   its VJP is the rotation by the opposite angle (sign = -sign).
+//
+// Incremental decoding (inference only: no VJP, no sharding rule; loom sample runs one process):
+// rope_at(x (B,Tn,NH,HS), start i32[]) {theta}: rope at positions start..start+Tn-1.
+// cached_attention(q (B,Tn,NH,HS), k, v (B,Tn,NKV,HS), kc, vc (B,S,NKV,HS), start i32[]) {scale}
+//   -> o (B,Tn,NH,HS), kc', vc': stores k, v in the caches at start..start+Tn-1 (in place: kc', vc'
+//   are kc, vc), then query i attends to cache positions 0..start+i. All but start share a dtype.
 #include "loom/core/error.h"
 #include "loom/ops/builder.h"
 #include "loom/ops/op.h"
@@ -103,6 +109,48 @@ void register_attention_ops() {
        .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 3); },
        .reuse = {{0, 0}},
        .sharding = einsum("bThD->bThD", {0})});
+
+  register_op(
+      {.name = "rope_at",
+       .num_inputs = 2,
+       .infer =
+           [](const Types& in, const Attrs&) {
+             expect_inputs("rope_at", in, 2);
+             if (in[0].dtype != DType::f32 || in[0].shape.size() != 4 || in[0].shape[3] % 2 != 0 ||
+                 in[1] != TensorType{DType::i32, {}})
+               type_error("rope_at", in, "expects f32 (B,T,NH,HS) with even HS and an i32 start");
+             return Types{in[0]};
+           },
+       .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 3); },
+       .reuse = {{0, 0}}});
+  register_op({.name = "cached_attention",
+               .num_inputs = 6,
+               .infer =
+                   [](const Types& in, const Attrs&) {
+                     expect_inputs("cached_attention", in, 6);
+                     check_qkv("cached_attention", in, {in[0], in[1], in[2]});
+                     const Shape &k = in[1].shape, &kc = in[3].shape;
+                     if (in[3] != in[4] || in[3].dtype != in[1].dtype || kc.size() != 4 ||
+                         kc[0] != k[0] || kc[2] != k[2] || kc[3] != k[3] || kc[1] < k[1])
+                       type_error(
+                           "cached_attention", in,
+                           "the caches must be (B,S,NKV,HS) of k's dtype with S >= the new tokens");
+                     if (in[5] != TensorType{DType::i32, {}})
+                       type_error("cached_attention", in, "start must be an i32 scalar");
+                     return Types{in[0], in[3], in[4]};
+                   },
+               .cost =
+                   [](const ir::Graph& g, const ir::Node& n) {
+                     // new tokens against the whole cache at most: q.k and p.v, 2*HS flops per
+                     // score each
+                     const Shape &q = g.value(n.inputs[0]).type.shape,
+                                 &kc = g.value(n.inputs[3]).type.shape;
+                     Cost c = streaming_cost(g, n, 0);
+                     c.flops = double(q[0]) * double(q[2]) * double(q[1]) * double(kc[1]) *
+                               double(q[3]) * 4;
+                     return c;
+                   },
+               .inplace = {{1, 3}, {2, 4}}});
 
   // Sharding rules (ops/sharding_rule.h): heads and batch split; time and head size do not (causal
 }

@@ -295,6 +295,21 @@ void register_elementwise_ops() {
        },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 0); },
        .sharding = with_shape(einsum("->*T"))});
+  // positions_at(start i32[]) {shape}: positions counted from a runtime start, start + index along
+  // the last dim: the new tokens' positions in a decode step (GPT-2's learned position embedding).
+  // Inference only (no VJP, nothing to differentiate).
+  register_op(
+      {.name = "positions_at",
+       .num_inputs = 1,
+       .infer = [](const Types& in, const Attrs& a) -> Types {
+         expect_inputs("positions_at", in, 1);
+         if (in[0] != TensorType{DType::i32, {}})
+           type_error("positions_at", in, "start must be an i32 scalar");
+         Shape s = attr_shape(a, "positions_at");
+         if (s.empty()) type_error("positions_at", in, "shape needs rank >= 1");
+         return {TensorType{DType::i32, s}};
+       },
+       .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 0); }});
   // fill {shape, value, dtype}: a constant tensor (the loss seed, the gradient of an unused output)
   register_op(
       {.name = "fill",

@@ -1,5 +1,9 @@
 // build_model (stage forward): the model's forward graph from [model] (models/), with the outputs
-// the forward stage promises: the loss, and the logits for a step that samples (StepKind::infer).
+// the forward stage promises: the loss, and the logits for a step that samples (StepKind::infer);
+// for a decode step (StepKind::decode) the decode graph and its logits (no loss).
+#include <fmt/format.h>
+
+#include "loom/core/error.h"
 #include "loom/passes/pipeline.h"
 
 namespace loom::passes {
@@ -7,6 +11,14 @@ namespace loom::passes {
 Pass build_model_pass() {
   return {"build_model", "the model's forward graph and loss, from [model]", Stage::forward,
           [](Compilation& c, const Options& o) {
+            if (o.kind == StepKind::decode) {
+              if (!o.plan.empty())
+                throw Error(fmt::format("{}: a decode step runs on one process, without a [plan]",
+                                        o.source));
+              c.model = models::build_decode(o.model, o.batch, o.seq_len, o.cache_len);
+              c.model.graph.add_output(c.model.logits);
+              return;
+            }
             c.model = models::build_model(o.model, o.batch, o.seq_len);
             c.model.graph.add_output(c.model.loss);
             if (o.kind == StepKind::infer) c.model.graph.add_output(c.model.logits);

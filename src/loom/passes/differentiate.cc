@@ -9,7 +9,7 @@ namespace loom::passes {
 Pass differentiate_pass() {
   return {"differentiate", "gradients of the loss for every parameter (reverse mode)", Stage::train,
           [](Compilation& c, const Options& o) {
-            if (o.kind == StepKind::eval || o.kind == StepKind::infer) return;
+            if (o.kind != StepKind::grads && o.kind != StepKind::train) return;
             ir::Graph& g = c.model.graph;
             ops::Builder b(g);
             c.grads = autodiff::gradients(b, c.model.loss, g.inputs_of_kind(ir::ValueKind::param));

@@ -39,11 +39,15 @@ Stage parse_stage(std::string_view name);
 //   grads   loss, logits, gradients  (loom step, tests)
 //   train   loss, grad_norm and the AdamW update; with `accumulate`, loss and gradients only (the
 //           optimizer then runs as a graph of its own over summed gradients: train/compile.h)
-enum class StepKind { eval, infer, grads, train };
+//   decode  one step of incremental decoding (models::build_decode): seq_len new tokens at a
+//           runtime position, key/value caches of cache_len positions, the last token's logits
+//           (inference only: it stops at the forward stage and takes no plan)
+enum class StepKind { eval, infer, grads, train, decode };
 
 struct Options {
   models::ModelConfig model;
   int64_t batch = 1, seq_len = 1;  // the global batch (B, T)
+  int64_t cache_len = 0;           // decode: positions of the key/value caches
   StepKind kind = StepKind::train;
   bool accumulate = false;  // train: stop at the gradients (gradient accumulation)
   autodiff::AdamWConfig optim;

@@ -126,6 +126,13 @@ std::unordered_map<std::string, Fn> make_table() {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t t = 0; t < T; ++t) p[r * T + t] = int32_t(t);
   };
+  t["positions_at"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape& s = out_t(g, n, 0).shape;
+    const int64_t T = s.back(), rows = T ? numel(s) / T : 0, start = *I(in[0]);
+    auto* p = static_cast<int32_t*>(out[0]);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t t = 0; t < T; ++t) p[r * T + t] = int32_t(start + t);
+  };
   t["matmul"] = [](auto& g, auto& n, auto in, auto out) {
     ops::MatmulDims d = ops::matmul_dims(g, n);
     k::GemmDesc gd;
@@ -171,6 +178,28 @@ std::unordered_map<std::string, Fn> make_table() {
     const Shape& s = in_t(g, n, 0).shape;
     k::rope(CF(in[0]), F(out[0]), s[0], s[1], s[2], s[3], float(n.attr_float("theta")),
             int(n.attr_int("sign", 1)));
+  };
+  t["rope_at"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape& s = in_t(g, n, 0).shape;
+    const int64_t start = *I(in[1]);
+    if (start < 0)
+      throw Error(fmt::format("%{}: first position {} < 0", g.value(n.outputs[0]).name, start));
+    k::rope(CF(in[0]), F(out[0]), s[0], s[1], s[2], s[3], float(n.attr_float("theta")), 1, start);
+  };
+  t["cached_attention"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape &q = in_t(g, n, 0).shape, &kc = in_t(g, n, 3).shape;
+    const float sc = float(n.attr_float("scale"));
+    const int64_t start = *I(in[5]);
+    LOOM_CHECK(out[1] == in[3] && out[2] == in[4]) << "cached_attention must run in place";
+    if (in_t(g, n, 0).dtype == DType::f32) {
+      k::cached_attention<float>(CF(in[0]), CF(in[1]), CF(in[2]), F(out[1]), F(out[2]), F(out[0]),
+                                 q[0], q[1], kc[1], start, q[2], kc[2], q[3], sc);
+    } else {
+      using B = const bf16*;
+      auto O = [&](int i) { return static_cast<bf16*>(out[i]); };
+      k::cached_attention<bf16>(B(in[0]), B(in[1]), B(in[2]), O(1), O(2), O(0), q[0], q[1], kc[1],
+                                start, q[2], kc[2], q[3], sc);
+    }
   };
   t["attention"] = [](auto& g, auto& n, auto in, auto out) {
     const Shape &q = in_t(g, n, 0).shape, &kv = in_t(g, n, 1).shape;

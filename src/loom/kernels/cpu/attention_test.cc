@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "loom/core/error.h"
 #include "loom/kernels/cpu/attention_ref.h"
 
 namespace loom::kernels::cpu {
@@ -293,6 +295,65 @@ void expect_same_for_1_and_2_threads() {
 
 TEST(Attention, F32BitIdenticalAcrossThreadCounts) { expect_same_for_1_and_2_threads<float>(); }
 TEST(Attention, Bf16BitIdenticalAcrossThreadCounts) { expect_same_for_1_and_2_threads<bf16>(); }
+
+// cached_attention: the tokens of a case fed in chunks (from position 0, then from the middle),
+// each chunk's output against the f64 reference's rows for those positions; the caches end up
+// holding k and v and keep their guard elements; cache positions past the chunk stay untouched.
+template <class Elem>
+void expect_cached_matches_reference(double tol) {
+  const Shape s{2, 29, 4, 2, 16};
+  const bool bf = !std::is_same_v<Elem, float>;
+  const Case c(s, 77, bf);
+  const RefOut want = run_ref(c);
+  const int64_t S = 32, qrow = s.NH * s.HS, kvrow = s.NKV * s.HS;
+  Buf<Elem> kc(s.B * S * kvrow), vc(s.B * S * kvrow);
+  std::fill(kc.v.begin(), kc.v.begin() + kc.n, from<Elem>({7.f}).v[0]);  // "unwritten" marker
+  std::fill(vc.v.begin(), vc.v.begin() + vc.n, from<Elem>({7.f}).v[0]);
+  // (start, tokens)
+  const std::pair<int64_t, int64_t> chunks[] = {{0, 5}, {5, 1}, {6, 11}, {17, 1}, {18, 11}};
+  for (auto [start, n] : chunks) {
+    // this chunk's rows of q, k, v, per sequence
+    auto rows = [&](const std::vector<float>& x, int64_t row) {
+      std::vector<float> r;
+      for (int64_t b = 0; b < s.B; ++b)
+        r.insert(r.end(), x.begin() + (b * s.T + start) * row,
+                 x.begin() + (b * s.T + start + n) * row);
+      return r;
+    };
+    auto q = from<Elem>(rows(c.q, qrow)), k = from<Elem>(rows(c.k, kvrow)),
+         v = from<Elem>(rows(c.v, kvrow));
+    Buf<Elem> o(s.B * n * qrow);
+    cached_attention<Elem>(q.data(), k.data(), v.data(), kc.data(), vc.data(), o.data(), s.B, n, S,
+                           start, s.NH, s.NKV, s.HS, c.scale);
+    std::vector<double> o_want;
+    for (int64_t b = 0; b < s.B; ++b)
+      o_want.insert(o_want.end(), want.o.begin() + (b * s.T + start) * qrow,
+                    want.o.begin() + (b * s.T + start + n) * qrow);
+    const std::string what =
+        "start " + std::to_string(start) + ", " + std::to_string(n) + " tokens";
+    expect_close(o.f32(), o_want, tol, tol, what + ": o");
+    EXPECT_TRUE(o.guards_intact() && kc.guards_intact() && vc.guards_intact()) << what;
+    const auto kf = kc.f32();
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t t = start + n; t < S; ++t)
+        ASSERT_EQ(kf[size_t((b * S + t) * kvrow)], 7.f) << what << ": cache position " << t;
+  }
+  // the caches hold every token's k and v
+  const auto kf = kc.f32(), vf = vc.f32();
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t i = 0; i < s.T * kvrow; ++i) {
+      ASSERT_EQ(kf[size_t(b * S * kvrow + i)], c.k[size_t(b * s.T * kvrow + i)]);
+      ASSERT_EQ(vf[size_t(b * S * kvrow + i)], c.v[size_t(b * s.T * kvrow + i)]);
+    }
+  // past the cache: an error, nothing written
+  EXPECT_THROW(cached_attention<Elem>(kc.data(), kc.data(), vc.data(), kc.data(), vc.data(),
+                                      kc.data(), 1, 4, S, S - 3, s.NH, s.NKV, s.HS, c.scale),
+               Error);
+}
+
+TEST(CachedAttention, F32MatchesReference) { expect_cached_matches_reference<float>(1e-5); }
+// bf16 inputs, f32 arithmetic, the output rounded to bf16
+TEST(CachedAttention, Bf16MatchesReference) { expect_cached_matches_reference<bf16>(1e-2); }
 
 }  // namespace
 }  // namespace loom::kernels::cpu

@@ -45,9 +45,11 @@ void layernorm_bwd(const float* dy, const float* x, const float* w, const float*
 // x (B,T,NH,HS) -> y (B,T,NH,HS). For position t and i < HS/2, freq = theta^(-2i/HS), a = t*freq:
 //   y[i]      = x[i]*cos(a) - x[i+HS/2]*sin(a)
 //   y[i+HS/2] = x[i+HS/2]*cos(a) + x[i]*sin(a)
-// sign = -1 rotates by -a (the inverse, which is also the VJP). y may alias x.
+// sign = -1 rotates by -a (the inverse, which is also the VJP). y may alias x. Row t of x is at
+// position t0 + t (t0 > 0: the new tokens of a decode step); the angles of a position do not depend
+// on t0, so a row rotated at t0 equals the same row of a rotation from 0, bit for bit.
 void rope(const float* x, float* y, int64_t B, int64_t T, int64_t NH, int64_t HS, float theta,
-          int sign);
+          int sign, int64_t t0 = 0);
 
 // ---- SwiGLU: y = silu(g) * u, silu(g) = g * sigmoid(g) ----
 void swiglu_fwd(const float* g, const float* u, float* y, int64_t n);

@@ -16,6 +16,7 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "loom/kernels/cpu/kernel_util.h"
@@ -225,6 +226,21 @@ TEST(Kernels, RopeInverseAndInPlace) {
   std::vector<float> w(x);
   rope(w.data(), w.data(), B, T, NH, HS, 500000.0f, 1);
   EXPECT_EQ(0, std::memcmp(w.data(), y.data(), n * 4)) << "in-place rope differs from out-of-place";
+}
+
+// rope from a first position t0 (a decode step's new tokens) rotates each row exactly as the full
+// rope does at that position: bit for bit, at starts inside and on block boundaries.
+TEST(Kernels, RopeFromAnOffsetEqualsTheFullRows) {
+  const int64_t B = 1, T = 70, NH = 3, HS = 64, row = NH * HS;
+  auto x = randn(B * T * row, kSeed);
+  Out full(B * T * row);
+  rope(x.data(), full.data(), B, T, NH, HS, 10000.0f, 1);
+  for (auto [t0, n] : {std::pair<int64_t, int64_t>{0, 5}, {5, 1}, {16, 16}, {17, 30}, {69, 1}}) {
+    std::vector<float> part(x.begin() + t0 * row, x.begin() + (t0 + n) * row), got(part.size());
+    rope(part.data(), got.data(), B, n, NH, HS, 10000.0f, 1, t0);
+    EXPECT_EQ(0, std::memcmp(got.data(), full.data() + t0 * row, got.size() * 4))
+        << "rows " << t0 << ".." << t0 + n - 1;
+  }
 }
 
 // ---- the vectorised exp behind softmax and the activations ----
