@@ -14,6 +14,7 @@ it (that review is the test's oracle). Uses only the standard library.
 """
 import glob
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -54,9 +55,40 @@ for path in files:
 r = loom("inspect", "--passes")
 stages = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
 check("--passes lists every stage in order", r.returncode == 0 and
-      [s for i, s in enumerate(stages) if s not in stages[:i]] == ["forward", "train", "sharded", "lowered"],
+      [s for i, s in enumerate(stages) if s not in stages[:i]] == ["forward", "train", "sharded", "lowered", "scheduled"],
       r.stdout + r.stderr)
 check("--passes names the lowering pass", any(l.split()[1:2] == ["lower"] for l in r.stdout.splitlines()))
+
+# bucketing: the bench Llama (L = 8 layers) under fsdp x data with [passes] bucket = "block" moves
+# at most 2 (L + 2) all-gathers and L + 2 reduce-scatters per step (one per parameter group and
+# direction), against one per parameter use lowered
+FSDP = ["--set", "plan.mesh={data=2}",
+        "--set", 'plan.tactics=[{kind="fsdp",axis="data"},{kind="data",axis="data"}]']
+
+
+def collectives(stage, *extra):
+    r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", stage,
+             "--rank", "0", *FSDP, *extra)
+    line = next((l for l in r.stdout.splitlines() if l.startswith("# axis data:")), "")
+    return {op: int(n) for op, n in re.findall(r"(\w+) x(\d+)", line)}, r
+
+
+lowered, _ = collectives("lowered")
+block, r = collectives("scheduled", "--set", "passes.bucket=block")
+none, _ = collectives("scheduled", "--set", "passes.bucket=none")
+check("bucket = block: <= 2 (L+2) all-gathers, <= L+2 reduce-scatters",
+      r.returncode == 0 and 0 < block.get("all_gather", 99) <= 20 and
+      0 < block.get("reduce_scatter", 99) <= 10, "%s (lowered: %s) %s" % (block, lowered, r.stderr))
+check("bucket = none: the lowered collectives", none == lowered and lowered.get("all_gather", 0) > 100,
+      "%s vs %s" % (none, lowered))
+r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
+         "--rank", "0", *FSDP, "--set", "passes.bucket=auto")
+check("unknown bucket policy: exit 1 naming the key", r.returncode == 1 and "[passes] bucket" in r.stderr,
+      r.stderr)
+r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
+         "--rank", "0", *FSDP, "--set", "passes.bucket_mb=0")
+check("bucket_mb <= 0: exit 1 naming the key", r.returncode == 1 and "[passes] bucket_mb" in r.stderr,
+      r.stderr)
 
 r = loom("inspect", "configs/tiny-llama.toml", "--stage", "scheduled-typo")
 check("unknown stage: exit 1 naming it", r.returncode == 1 and "scheduled-typo" in r.stderr, r.stderr)

@@ -8,6 +8,7 @@
 //   # batch: x                          (roles: inputs whose dim 0 is the batch)
 //   # column: w1:0 w2:0                 (roles: column-parallel weights, value:dim)
 //   # row: w3:1                         (roles: row-parallel weights, value:dim)
+//   # blocks: l0=w1,w2 l1=w3,w4         (roles: parameter groups, in forward order)
 //   # passes: apply_tactics propagate lower   (default; passes/pipeline.h names them)
 //   graph mlp.rank { ... }              (the expected program: the per-rank one once `lower` ran,
 //                                        else the global graph)
@@ -100,10 +101,16 @@ TEST_P(IrText, LoweredProgramMatches) {
       auto f = split(w, ':');
       list->push_back({value(f[0]), std::stoll(f.at(1))});
     }
+  for (const auto& grp : words(get("blocks"))) {
+    auto f = split(grp, '=');
+    roles.blocks.push_back({f[0], {}});
+    for (const auto& p : split(f.at(1), ',')) roles.blocks.back().params.push_back(value(p));
+  }
   std::vector<std::string> passes = words(get("passes"));
   if (passes.empty()) passes = {"apply_tactics", "propagate", "lower"};
   run_passes(c, opts, passes);
   const bool lowered = std::find(passes.begin(), passes.end(), "lower") != passes.end();
+  // a scheduled-stage pass runs on the per-rank program
   if (lowered) {
     EXPECT_TRUE(c.propagation.converged) << "propagation reached no fixed point";
   }
@@ -112,7 +119,8 @@ TEST_P(IrText, LoweredProgramMatches) {
   EXPECT_EQ(ir::print(ir::parse(actual, GetParam())), actual);
   if (std::getenv("LOOM_UPDATE_IR_TEXT")) {
     std::string head;
-    for (const auto& key : {"graph", "mesh", "tactics", "batch", "column", "row", "passes"})
+    for (const auto& key :
+         {"graph", "mesh", "tactics", "batch", "column", "row", "blocks", "passes"})
       if (header.count(key)) head += std::string("# ") + key + ": " + header[key] + "\n";
     write_file_atomic(file.string(), head + actual);
     return;

@@ -20,7 +20,8 @@ namespace loom::train::parity {
 
 struct Case {
   std::string name, mesh, tactics;
-  std::string model = "tiny";  // tiny | mid (Llama) | gpt2 (the tiny GPT-2)
+  std::string model = "tiny";          // tiny | mid (Llama) | gpt2 (the tiny GPT-2)
+  std::vector<std::string> sets = {};  // more --set overrides ([passes])
 };
 
 inline std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
@@ -34,6 +35,7 @@ inline Config config(const Case& c) {
     for (std::string s : {"model.d_model=128", "model.n_heads=8", "model.n_kv_heads=4",
                           "model.ffn_hidden=352", "model.n_layers=3", "model.vocab_size=512"})
       sets.push_back(s);
+  sets.insert(sets.end(), c.sets.begin(), c.sets.end());
   const char* file = c.model == "gpt2" ? "/configs/tiny-gpt2.toml" : "/configs/tiny-llama.toml";
   return load_config(std::string(LOOM_SOURCE_DIR) + file, sets);
 }
@@ -147,7 +149,9 @@ inline Config single(Config c) {
 }
 
 // The tactics of the issue, on the tiny Llama, a mid-size one (3 layers, d_model 128, 8 heads), and
-// the tiny GPT-2 (LayerNorm with bias, fused qkv, GELU MLP).
+// the tiny GPT-2 (LayerNorm with bias, fused qkv, GELU MLP). With the default [passes] (bucket =
+// "block"), and, for fsdp and data, without bucketing and with buckets so small that every group
+// splits into several.
 inline std::vector<Case> cases() {
   const char* data = R"({kind="data",axis="data"})";
   const std::string fsdp_megatron =
@@ -169,6 +173,21 @@ inline std::vector<Case> cases() {
       {"mid_megatron_sequence", "{model=2}", megatron_sequence, "mid"},
       {"gpt2_megatron", "{model=2}", R"([{kind="megatron",axis="model"}])", "gpt2"},
       {"gpt2_fsdp", "{data=2}", std::string(R"([{kind="fsdp",axis="data"},)") + data + "]", "gpt2"},
+      {"fsdp_unbucketed",
+       "{data=2}",
+       std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
+       "tiny",
+       {"passes.bucket=none"}},
+      {"data_unbucketed",
+       "{data=2}",
+       std::string("[") + data + "]",
+       "tiny",
+       {"passes.bucket=none"}},
+      {"mid_fsdp_small_buckets",
+       "{data=2}",
+       std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
+       "mid",
+       {"passes.bucket_mb=0.1"}},
   };
 }
 

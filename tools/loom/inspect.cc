@@ -31,9 +31,9 @@ std::function<int()> add_inspect(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   CLI::App* s = app.add_subcommand("inspect", "print the graph as IR text");
   s->add_option("config", o->config, "config TOML");
-  s->add_option("--stage", o->stage, "forward | train | sharded | lowered");
+  s->add_option("--stage", o->stage, "forward | train | sharded | lowered | scheduled");
   s->add_flag("--passes", o->passes, "list the compile pipeline's passes (no config needed)");
-  s->add_option("--rank", o->rank, "the rank to show (--stage lowered)");
+  s->add_option("--rank", o->rank, "the rank to show (--stage lowered or scheduled)");
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   return [o]() {
     if (o->passes) {

@@ -5,14 +5,16 @@
 //   train     + gradients, clipping and AdamW: the global training step (autodiff/)
 //   sharded   + a Sharding for every value under the plan (shard/ tactics and propagation)
 //   lowered   + the per-rank program: local shapes and collectives (shard/lower)
-//   (scheduled, after the passes that bucket and reorder collectives, comes next)
+//   scheduled the per-rank program after the passes that bucket and reorder its collectives
+//             ([passes]: ScheduleOptions)
 //
 // A pass reads the Options (what to compile) and the Compilation so far and extends it; it never
 // reaches into another pass's state. The pipeline (pipeline.h) runs the verifier after every pass.
 //
 // Invariant: value ids in `model` and the handles are ids of `model.graph`; `rank.local` maps them
-// into `rank.graph`. A pass only appends to a graph (ids never change), so earlier handles stay
-// valid.
+// into `rank.graph`. A pass before `scheduled` only appends to a graph (ids never change), so
+// earlier handles stay valid; a scheduled-stage pass rebuilds `rank` (passes/rewrite.h), keeping
+// `rank.local` and `rank.outputs` pointing at the same computations.
 #pragma once
 
 #include <functional>
@@ -27,7 +29,7 @@
 
 namespace loom::passes {
 
-enum class Stage { forward, train, sharded, lowered };
+enum class Stage { forward, train, sharded, lowered, scheduled };
 std::string_view stage_name(Stage s);
 const std::vector<Stage>& stages();  // in pipeline order
 // Throws loom::Error listing the stages for an unknown name.
@@ -44,6 +46,18 @@ Stage parse_stage(std::string_view name);
 //           (inference only: it stops at the forward stage and takes no plan)
 enum class StepKind { eval, infer, grads, train, decode };
 
+// [passes]: what the scheduled stage does to a per-rank program.
+//   bucket     none: every collective as lowered; block: a parameter's all-gathers and a
+//              gradient's reductions merged into one collective per parameter group (roles.blocks:
+//              a transformer block, the embedding, the head) and direction, up to bucket_mb each
+//              (SimpleFSDP's manual wrapping)
+struct ScheduleOptions {
+  enum class Bucket { none, block };
+  Bucket bucket = Bucket::block;
+  double bucket_mb = 64;
+};
+const char* bucket_name(ScheduleOptions::Bucket b);  // "none", "block"
+
 struct Options {
   models::ModelConfig model;
   int64_t batch = 1, seq_len = 1;  // the global batch (B, T)
@@ -54,6 +68,7 @@ struct Options {
   shard::Plan plan;                // empty: one process, no sharded stages
   int64_t ranks = 1;               // the number of ranks the plan must fit
   std::string source = "<model>";  // for messages: the config file
+  ScheduleOptions schedule;        // the scheduled stage's passes
 };
 
 // A training step on its way through the pipeline.

@@ -17,12 +17,15 @@ std::string_view stage_name(Stage s) {
       return "sharded";
     case Stage::lowered:
       return "lowered";
+    case Stage::scheduled:
+      return "scheduled";
   }
   return "?";
 }
 
 const std::vector<Stage>& stages() {
-  static const std::vector<Stage> s{Stage::forward, Stage::train, Stage::sharded, Stage::lowered};
+  static const std::vector<Stage> s{Stage::forward, Stage::train, Stage::sharded, Stage::lowered,
+                                    Stage::scheduled};
   return s;
 }
 
@@ -37,8 +40,13 @@ Stage parse_stage(std::string_view name) {
 
 const std::vector<Pass>& pipeline() {
   static const std::vector<Pass> p{build_model_pass(),   differentiate_pass(), add_optimizer_pass(),
-                                   apply_tactics_pass(), propagate_pass(),     lower_pass()};
+                                   apply_tactics_pass(), propagate_pass(),     lower_pass(),
+                                   bucket_pass()};
   return p;
+}
+
+const char* bucket_name(ScheduleOptions::Bucket b) {
+  return b == ScheduleOptions::Bucket::block ? "block" : "none";
 }
 
 const Pass& find_pass(std::string_view name) {

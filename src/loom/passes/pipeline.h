@@ -33,5 +33,6 @@ Pass add_optimizer_pass();
 Pass apply_tactics_pass();
 Pass propagate_pass();
 Pass lower_pass();
+Pass bucket_pass();
 
 }  // namespace loom::passes

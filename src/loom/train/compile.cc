@@ -30,13 +30,14 @@ passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t r
   if (ranks > 0) o.plan = cfg.plan.plan;
   o.ranks = ranks;
   o.source = cfg.path;
+  o.schedule = cfg.passes;
   return o;
 }
 
 void check_plan(const Config& cfg) {
   require_plannable(cfg);
   passes::compile(step_options(cfg, passes::StepKind::train, cfg.plan.plan.mesh.size()),
-                  passes::Stage::lowered);
+                  passes::Stage::scheduled);
 }
 
 CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_plan, int64_t ranks) {
@@ -45,7 +46,7 @@ CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_pl
   s.sharded = with_plan && !cfg.plan.plan.empty();
   if (s.sharded && kind == passes::StepKind::train) require_plannable(cfg);
   const passes::Options opts = step_options(cfg, kind, s.sharded ? ranks : 0);
-  s.c = passes::compile(opts, s.sharded ? passes::Stage::lowered : passes::Stage::train);
+  s.c = passes::compile(opts, s.sharded ? passes::Stage::scheduled : passes::Stage::train);
   if (!opts.accumulate) return s;
   s.accum = cfg.train.grad_accum;
   const ir::Graph& g = s.graph();

@@ -241,6 +241,14 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
            {"ranks", as_choice([](Config& c) -> std::string& { return c.plan.ranks; },
                                {"mpi", "local"})},
        }},
+      {"passes",
+       {
+           {"bucket",
+            as_enum([](Config& c) -> passes::ScheduleOptions::Bucket& { return c.passes.bucket; },
+                    {passes::ScheduleOptions::Bucket::none, passes::ScheduleOptions::Bucket::block},
+                    passes::bucket_name)},
+           {"bucket_mb", as_float([](Config& c) -> double& { return c.passes.bucket_mb; })},
+       }},
       {"optim",
        {
            {"lr", as_float([](Config& c) -> double& { return c.optim.lr; })},
@@ -408,6 +416,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!(c.outer.retry_s >= 0)) bad("[outer] retry_s", "must be >= 0");
   if (c.checkpoint.every < 0) bad("[checkpoint] every", "must be >= 0");
   if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
+  if (!(c.passes.bucket_mb > 0)) bad("[passes] bucket_mb", "must be > 0");
   c.plan.plan.where = fmt::format("{}: [plan]", path);
   if (c.plan.plan.empty() && !c.plan.plan.tactics.empty())
     bad("[plan] tactics", "need a mesh: add [plan] mesh = { data = 2 }");

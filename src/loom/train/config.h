@@ -13,6 +13,7 @@
 
 #include "loom/autodiff/autodiff.h"
 #include "loom/models/model.h"
+#include "loom/passes/pass.h"
 #include "loom/shard/plan.h"
 
 namespace loom::train {
@@ -80,6 +81,8 @@ struct Config {
   CheckpointConfig checkpoint;
   OuterConfig outer;
   PlanConfig plan;
+  // [passes]: what the compiler does to a plan's per-rank program (passes/pass.h: bucket, ...)
+  passes::ScheduleOptions passes;
   // [model] init: weights to start a fresh run from (a .safetensors file, or a directory holding
   // model.safetensors or a sharded index: `loom export`'s output, a checkpoint, a Hugging Face
   // model directory); empty: random init. Ignored when resuming. A directory with a config.json

@@ -1,0 +1,195 @@
+// bucket (stage scheduled): fewer, larger collectives. Under [passes] bucket = "block", the
+// all-gathers of parameters and the reductions (reduce_scatter, all_reduce) of gradients that a
+// run of one parameter group (roles.blocks: a transformer block, the embedding, the head) issues
+// in a row become one collective over a packed buffer, up to bucket_mb each: SimpleFSDP's manual
+// bucketing. "In a row" is per kind (op, axis, dim, n): the forward's all-gathers of block k form
+// one bucket and the backward's re-gathers of block k another (a value gathered again starts a new
+// bucket), the gradient reductions of block k a third.
+//
+//   all_gather, members x_i (s_i, ...) split on dim 0:
+//     concat(reshape(x_i, (1, |x_i|))) -> (1, S) -> all_gather dim 0 -> (n, S)
+//     -> split (n, |x_i|) -> reshape (n s_i, ...)              each rank's block of x_i is one row
+//   reduce_scatter, members g_i (n s_i, ...) on dim 0:
+//     concat(reshape(g_i, (n, |g_i|/n))) -> (n, S) -> reduce_scatter dim 0 -> (1, S)
+//     -> split (1, |g_i|/n) -> reshape (s_i, ...)
+//   all_reduce: as reduce_scatter with the rows (1, |g_i|), the whole sum kept
+// Each member's old output name goes to its reshape, so the rest of the program reads as before.
+//
+// Where: an all-gather bucket at its first member (every member's input is a parameter, there
+// from the start), a reduction bucket at its last member (the last gradient is done there). The
+// other nodes keep their order but wait for their inputs: a consumer of an early member's output
+// moves after the bucket (list scheduling in program order).
+//
+// Not bucketed: collectives of other values (Megatron's activations, sequence parallelism), dims
+// other than 0, dtypes other than f32 (concat and split are f32), and runs of one.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <optional>
+
+#include "loom/core/error.h"
+#include "loom/ops/op.h"
+#include "loom/passes/pipeline.h"
+#include "loom/passes/rewrite.h"
+
+namespace loom::passes {
+
+namespace {
+
+struct Bucket {
+  std::vector<int> members;  // old node ids, in program order
+  int anchor = -1;           // the old node it is emitted in place of
+  int64_t bytes = 0;
+  int block = -1;
+};
+
+// Which parameter group a bucketable collective belongs to; nullopt: not bucketable.
+std::optional<int> group_of(const ir::Graph& g, const ir::Node& n,
+                            const std::map<int, int>& param_group,
+                            const std::map<int, std::vector<std::pair<int, int>>>& uses) {
+  if (n.op != "all_gather" && n.op != "reduce_scatter" && n.op != "all_reduce") return {};
+  if (n.op != "all_reduce" && n.attr_int("dim") != 0) return {};
+  if (g.value(n.inputs[0]).type.dtype != DType::f32) return {};
+  if (n.op == "all_gather") {  // a parameter's block
+    auto it = param_group.find(n.inputs[0]);
+    if (it == param_group.end()) return {};
+    return it->second;
+  }
+  // a gradient: its reduced value is an optimizer's gradient input (input 1; input 0 the param)
+  auto u = uses.find(n.outputs[0]);
+  if (u == uses.end()) return {};
+  for (auto [node, slot] : u->second) {
+    const ir::Node& c = g.node(node);
+    if (slot != 1 || !ops::has_trait(c.op, ops::Trait::optimizer)) continue;
+    auto it = param_group.find(c.inputs[0]);
+    if (it != param_group.end()) return it->second;
+  }
+  return {};
+}
+
+// Emits bucket b's pack, collective and unpack, and maps each member's output to its unpacked
+// value.
+void emit_bucket(Rewriter& rw, const Bucket& b, const std::string& group) {
+  const ir::Graph& g = rw.old_graph();
+  ops::Builder& bld = rw.builder();
+  const ir::Node& first = g.node(b.members[0]);
+  const std::string& op = first.op;
+  // rows of the packed buffer: the all-gather's input is one row per rank's block; a
+  // reduce-scatter's input has one row per destination rank; an all-reduce's one row
+  const int64_t rows = op == "reduce_scatter" ? first.attr_int("n") : 1;
+  std::vector<int> parts;
+  std::vector<int64_t> widths;
+  for (int m : b.members) {
+    const int in = rw.map(g.node(m).inputs[0]);
+    const int64_t w = numel(g.value(g.node(m).inputs[0]).type.shape) / rows;
+    widths.push_back(w);
+    parts.push_back(bld.reshape(in, {rows, w}, g.value(g.node(m).outputs[0]).name + ".row"));
+  }
+  const std::string base = fmt::format("bucket.{}.{}", group, op);
+  const int packed = bld.emit1("concat", parts, {}, base + ".in");
+  const int moved = bld.emit1(op, {packed}, first.attrs, base);
+  std::vector<std::string> names;
+  for (int m : b.members) names.push_back(g.value(g.node(m).outputs[0]).name + ".part");
+  auto pieces = bld.emit("split", {moved}, {{"sizes", widths}}, names);
+  for (size_t i = 0; i < b.members.size(); ++i) {
+    const ir::Value& out = g.value(g.node(b.members[i]).outputs[0]);
+    rw.alias(out.id, bld.reshape(pieces[i], out.type.shape, out.name));
+  }
+}
+
+void run_bucket(Compilation& c, const Options& o) {
+  if (o.schedule.bucket == ScheduleOptions::Bucket::none) return;
+  const ir::Graph& g = c.rank.graph;
+  std::map<int, int> param_group;  // rank-program param -> its group's index in roles.blocks
+  const auto& blocks = c.model.roles.blocks;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (int p : blocks[b].params)
+      if (size_t(p) < c.rank.local.size() && c.rank.local[size_t(p)] >= 0)
+        param_group[c.rank.local[size_t(p)]] = int(b);
+  std::map<int, std::vector<std::pair<int, int>>> uses;  // value -> (node, input slot)
+  for (const ir::Node& n : g.nodes())
+    for (size_t i = 0; i < n.inputs.size(); ++i) uses[n.inputs[i]].push_back({n.id, int(i)});
+
+  // runs per kind, split where the group changes or the cap would be passed
+  const int64_t cap = int64_t(o.schedule.bucket_mb * 1e6);
+  std::map<std::string, Bucket> open;
+  std::vector<Bucket> buckets;
+  auto close = [&](Bucket& b) {
+    if (b.members.size() > 1) buckets.push_back(b);
+    b = Bucket{};
+  };
+  for (const ir::Node& n : g.nodes()) {
+    const auto grp = group_of(g, n, param_group, uses);
+    if (!grp) continue;
+    const std::string kind = fmt::format("{} {} {} {}", n.op, n.attr_str("axis"),
+                                         n.attr_int("dim", -1), n.attr_int("n", -1));
+    const int64_t bytes = numel(g.value(n.inputs[0]).type.shape) * 4;
+    Bucket& b = open[kind];
+    // a value already in the bucket starts a new one: the backward's re-gather of a parameter
+    // the forward gathered (the same block, next in line when it is the last block)
+    const bool again = std::any_of(b.members.begin(), b.members.end(),
+                                   [&](int m) { return g.node(m).inputs[0] == n.inputs[0]; });
+    if (!b.members.empty() && (b.block != *grp || b.bytes + bytes > cap || again)) close(b);
+    b.block = *grp;
+    b.members.push_back(n.id);
+    b.bytes += bytes;
+  }
+  for (auto& [kind, b] : open) close(b);
+  if (buckets.empty()) return;
+
+  std::map<int, int> bucket_of;  // old member node -> bucket index
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    Bucket& b = buckets[i];
+    b.anchor = g.node(b.members[0]).op == "all_gather" ? b.members.front() : b.members.back();
+    for (int m : b.members) bucket_of[m] = int(i);
+  }
+  // List scheduling in program order: an item (a node, or a bucket at its anchor) is emitted once
+  // its inputs exist; what cannot be yet waits, in order, and is retried after each emission.
+  Rewriter rw(c.rank);
+  auto ready = [&](int item) {
+    auto it = bucket_of.find(item);
+    if (it == bucket_of.end()) return rw.ready(g.node(item));
+    for (int m : buckets[size_t(it->second)].members)
+      if (!rw.ready(g.node(m))) return false;
+    return true;
+  };
+  auto emit = [&](int item) {
+    auto it = bucket_of.find(item);
+    if (it == bucket_of.end())
+      rw.copy(g.node(item));
+    else
+      emit_bucket(rw, buckets[size_t(it->second)],
+                  blocks[size_t(buckets[size_t(it->second)].block)].name);
+  };
+  std::vector<int> waiting;
+  for (const ir::Node& n : g.nodes()) {
+    auto it = bucket_of.find(n.id);
+    if (it != bucket_of.end() && buckets[size_t(it->second)].anchor != n.id) continue;
+    waiting.push_back(n.id);
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (size_t i = 0; i < waiting.size(); ++i)
+        if (ready(waiting[i])) {
+          emit(waiting[i]);
+          waiting.erase(waiting.begin() + long(i));
+          progress = true;
+          break;
+        }
+    }
+  }
+  LOOM_CHECK(waiting.empty()) << "bucket: " << waiting.size() << " nodes never became ready";
+  c.rank = rw.finish();
+}
+
+}  // namespace
+
+Pass bucket_pass() {
+  return {"bucket",
+          "merge a parameter group's all-gathers and gradient reductions into one collective "
+          "([passes] bucket)",
+          Stage::scheduled, run_bucket};
+}
+
+}  // namespace loom::passes

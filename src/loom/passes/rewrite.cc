@@ -1,0 +1,60 @@
+#include "loom/passes/rewrite.h"
+
+#include "loom/core/error.h"
+
+namespace loom::passes {
+
+Rewriter::Rewriter(const shard::Program& old) : old_(old) {
+  next_.graph = ir::Graph(old.graph.name());
+  map_.assign(old.graph.values().size(), -1);
+  for (const ir::Value& v : old.graph.values())
+    if (v.kind != ir::ValueKind::node)
+      map_[size_t(v.id)] = next_.graph.add_input(v.name, v.type, v.kind);
+}
+
+bool Rewriter::ready(const ir::Node& n) const {
+  for (int v : n.inputs)
+    if (map(v) < 0) return false;
+  return true;
+}
+
+void Rewriter::copy(const ir::Node& n) {
+  std::vector<int> ins;
+  for (int v : n.inputs) {
+    LOOM_CHECK(map(v) >= 0) << "rewrite: %" << old_.graph.value(v).name
+                            << " used before it is made";
+    ins.push_back(map(v));
+  }
+  std::vector<ir::TensorType> types;
+  std::vector<std::string> names;
+  for (int v : n.outputs) {
+    types.push_back(old_.graph.value(v).type);
+    names.push_back(old_.graph.value(v).name);
+  }
+  const auto outs = next_.graph.add_node(n.op, ins, n.attrs, types, names);
+  for (size_t i = 0; i < outs.size(); ++i) alias(n.outputs[i], outs[i]);
+}
+
+void Rewriter::alias(int old_value, int new_value) {
+  LOOM_CHECK(map(old_value) < 0) << "rewrite: %" << old_.graph.value(old_value).name
+                                 << " mapped twice";
+  LOOM_CHECK(old_.graph.value(old_value).type == next_.graph.value(new_value).type)
+      << "rewrite: %" << old_.graph.value(old_value).name << " replaced by a value of another type";
+  map_[size_t(old_value)] = new_value;
+}
+
+shard::Program Rewriter::finish() {
+  auto remap = [&](int v) {
+    if (v < 0) return v;
+    LOOM_CHECK(map(v) >= 0) << "rewrite: %" << old_.graph.value(v).name << " was dropped";
+    return map(v);
+  };
+  next_.local.clear();
+  for (int v : old_.local) next_.local.push_back(remap(v));
+  next_.outputs.clear();
+  for (int v : old_.outputs) next_.outputs.push_back(remap(v));
+  next_.graph.set_outputs(next_.outputs);
+  return std::move(next_);
+}
+
+}  // namespace loom::passes

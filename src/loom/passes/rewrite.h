@@ -1,0 +1,50 @@
+// Rebuilding a per-rank program. The scheduled stage's passes merge, split and reorder nodes, which
+// the append-only ir::Graph cannot do in place, so a pass builds a new program: a Rewriter starts
+// from the old program's inputs (same names, kinds and types), the pass copies or replaces the old
+// nodes in the order it wants them, and finish() returns the new program with `local` and `outputs`
+// pointing at the new ids of the same computations.
+//
+// Example (bucket.cc): three all-gathers become one concat, one all_gather, one split and three
+// reshapes; the pass emits those with the Builder, then alias()es each old all-gather output to
+// its reshape, and copies every other node as it comes, mapping inputs through the old->new map.
+//
+// Invariant: an old value is mapped once (copied, or aliased to a new value of its exact type);
+// finish() fails (LOOM_CHECK, a pass bug) when an old value that an output or `local` names was
+// never mapped. The verifier runs on the result like after every pass (pipeline.h).
+#pragma once
+
+#include <vector>
+
+#include "loom/ops/builder.h"
+#include "loom/shard/lower.h"
+
+namespace loom::passes {
+
+class Rewriter {
+ public:
+  explicit Rewriter(const shard::Program& old);
+
+  const ir::Graph& old_graph() const { return old_.graph; }
+  ir::Graph& graph() { return next_.graph; }
+  ops::Builder& builder() { return b_; }
+
+  // The new id of an old value; -1 while it is not mapped yet.
+  int map(int old_value) const { return map_[size_t(old_value)]; }
+  // Whether every input of old node n is mapped (n can be emitted now).
+  bool ready(const ir::Node& n) const;
+  // Appends a copy of old node n (same op, attributes, output names and types) over the mapped
+  // inputs, and maps its outputs.
+  void copy(const ir::Node& n);
+  // The old value is computed by new_value from now on.
+  void alias(int old_value, int new_value);
+  // The new program; `old` is left as it was.
+  shard::Program finish();
+
+ private:
+  const shard::Program& old_;
+  shard::Program next_;
+  ops::Builder b_{next_.graph};
+  std::vector<int> map_;
+};
+
+}  // namespace loom::passes
