@@ -89,6 +89,19 @@ r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage",
          "--rank", "0", *FSDP, "--set", "passes.bucket_mb=0")
 check("bucket_mb <= 0: exit 1 naming the key", r.returncode == 1 and "[passes] bucket_mb" in r.stderr,
       r.stderr)
+r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
+         "--rank", "0", *FSDP, "--set", "passes.max_in_flight=0")
+check("max_in_flight < 1: exit 1 naming the key",
+      r.returncode == 1 and "[passes] max_in_flight" in r.stderr, r.stderr)
+
+# prefetch: every collective a start (async = 1) and a wait; off, none of either
+_, r = collectives("scheduled")
+starts, waits = r.stdout.count("async = 1"), len(re.findall(r"= wait\(", r.stdout))
+check("prefetch: one wait per started collective", r.returncode == 0 and starts > 0 and starts == waits,
+      "%d starts, %d waits" % (starts, waits))
+_, r = collectives("scheduled", "--set", "passes.prefetch=false")
+check("prefetch = false: no asynchronous collective",
+      r.returncode == 0 and "async" not in r.stdout and "wait(" not in r.stdout, r.stdout[-2000:])
 
 r = loom("inspect", "configs/tiny-llama.toml", "--stage", "scheduled-typo")
 check("unknown stage: exit 1 naming it", r.returncode == 1 and "scheduled-typo" in r.stderr, r.stderr)

@@ -42,6 +42,9 @@ const std::map<std::string, std::string>& exemptions() {
       {"assign",
        "writes an optimizer result back after a reshard (no VJP); plan_parity (zero1/zero2)"},
       {"positions", "no input to differentiate; the GPT-2 golden tests check its use"},
+      {"wait",
+       "completes an asynchronous collective, inserted after autodiff (no VJP); plan_parity "
+       "with [passes] prefetch"},
       // incremental decoding (inference only, no VJP by design): decode_test checks every decoded
       // position's logits against the full forward (itself checked against the reference and
       // PyTorch), attention_test the cached kernel against the f64 reference, kernels_test rope
@@ -117,7 +120,7 @@ TEST(OpCoverage, TraitsMatchTheRuntime) {
       EXPECT_FALSE(ops::op_def(op).inplace.empty()) << op;
     }
     if (ops::has_trait(op, ops::Trait::view)) {
-      EXPECT_EQ(ops::op_def(op).num_inputs, 1) << op;
+      EXPECT_GE(ops::op_def(op).num_inputs, 1) << op;  // output 0 is input 0's memory
     }
   }
 }

@@ -150,8 +150,9 @@ inline Config single(Config c) {
 
 // The tactics of the issue, on the tiny Llama, a mid-size one (3 layers, d_model 128, 8 heads), and
 // the tiny GPT-2 (LayerNorm with bias, fused qkv, GELU MLP). With the default [passes] (bucket =
-// "block"), and, for fsdp and data, without bucketing and with buckets so small that every group
-// splits into several.
+// "block", prefetch with 2 collectives in flight), and, for fsdp and data, without bucketing, with
+// buckets so small that every group splits into several, without prefetch (every collective
+// synchronous, on the compute thread) and with one collective in flight at a time.
 inline std::vector<Case> cases() {
   const char* data = R"({kind="data",axis="data"})";
   const std::string fsdp_megatron =
@@ -188,6 +189,21 @@ inline std::vector<Case> cases() {
        std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
        "mid",
        {"passes.bucket_mb=0.1"}},
+      {"fsdp_synchronous",
+       "{data=2}",
+       std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
+       "tiny",
+       {"passes.prefetch=false"}},
+      {"mid_fsdp_one_in_flight",
+       "{data=2}",
+       std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
+       "mid",
+       {"passes.max_in_flight=1", "passes.bucket_mb=0.1"}},
+      {"mid_data_unbucketed_prefetch",
+       "{data=2}",
+       std::string("[") + data + "]",
+       "mid",
+       {"passes.bucket=none", "passes.max_in_flight=4"}},
   };
 }
 

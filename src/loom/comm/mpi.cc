@@ -217,14 +217,17 @@ MpiSession::MpiSession() {
   if (init) {
     LOOM_MPI(MPI_Query_thread, &provided);
   } else {
-    LOOM_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    LOOM_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     owns_ = true;
   }
-  if (provided < MPI_THREAD_FUNNELED) {
+  // SERIALIZED: a rank's collectives run on its communication thread while it computes
+  // (runtime/comm_stream.h), never two MPI calls at once
+  if (provided < MPI_THREAD_SERIALIZED) {
     if (owns_) LOOM_MPI(MPI_Finalize);
-    throw Error(fmt::format("MPI provides thread level {}, Loom needs MPI_THREAD_FUNNELED ({})",
-                            provided, int(MPI_THREAD_FUNNELED)),
-                "initialize MPI with MPI_Init_thread(MPI_THREAD_FUNNELED) or let MpiSession do it");
+    throw Error(
+        fmt::format("MPI provides thread level {}, Loom needs MPI_THREAD_SERIALIZED ({})", provided,
+                    int(MPI_THREAD_SERIALIZED)),
+        "initialize MPI with MPI_Init_thread(MPI_THREAD_SERIALIZED) or let MpiSession do it");
   }
   LOOM_MPI(MPI_Comm_set_errhandler, MPI_COMM_WORLD, MPI_ERRORS_RETURN);
 }

@@ -9,6 +9,13 @@
 //                                     split_dim shrinks n-fold, concat_dim grows n-fold (block j of
 //                                     split_dim goes to rank j; received blocks are concatenated)
 // shard_slice(x) {axis, dim, n}       keep this rank's 1/n block of dim: no communication
+// wait(h, x) -> y                     completes the asynchronous collective whose in-flight output
+//                                     is h and whose input was x: y is h's memory, complete. A
+//                                     collective with attribute async = 1 only starts: its output
+//                                     may be read by its wait alone, and its input stays untouched
+//                                     until then (x is an input of the wait, so the memory plan
+//                                     keeps it and an in-place write before the wait is a
+//                                     verifier error). passes/prefetch.cc makes these pairs.
 // assign(dst, src) -> dst             copy src into dst's memory (an optimizer result returned to
 // its
 //                                     parameter's storage after a reshard)
@@ -86,6 +93,15 @@ OpDef resize_dim(const char* name, bool grow, Trait trait) {
 }  // namespace
 
 void register_collective_ops() {
+  register_op({.name = "wait",
+               .num_inputs = 2,
+               .infer =
+                   [](const Types& in, const ir::Attrs&) {
+                     expect_inputs("wait", in, 2);
+                     return Types{in[0]};
+                   },
+               .cost = [](const ir::Graph&, const ir::Node&) { return Cost{}; },
+               .traits = {Trait::view, Trait::completion}});
   register_op(resize_dim("all_gather", true, Trait::collective));
   register_op(resize_dim("reduce_scatter", false, Trait::collective));
   register_op(resize_dim("shard_slice", false, Trait::rank_local));

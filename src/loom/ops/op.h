@@ -38,7 +38,9 @@ enum class Trait : uint8_t {
   optimizer,    // updates a parameter in place from its gradient: inputs (param, grad, moments...)
   norm,         // normalises over the last dim (rmsnorm, layernorm, and their backward ops)
   elementwise,  // output element i reads input element i (a bias broadcast over rows included)
-  view,         // output 0 is input 0's memory relabelled (reshape); nothing is written
+  view,         // output 0 is input 0's memory relabelled (reshape, wait); nothing is written;
+                // further inputs are only kept alive
+  completion,   // completes the asynchronous collective that produced input 0 (wait)
 };
 
 class Traits {

@@ -64,6 +64,24 @@ std::vector<std::string> verify(const ir::Graph& g) {
         d.push_back(fmt::format("{}: output %{} is {}, the op infers {}", where,
                                 g.value(n.outputs[i]).name,
                                 ir::type_str(g.value(n.outputs[i]).type), ir::type_str(expect[i])));
+    // an asynchronous collective's output is in flight until its wait: only the wait reads it,
+    // and the wait names the collective's input too (so nothing overwrites it before)
+    if (def.traits.has(Trait::completion)) {
+      const ir::Value& h = g.value(n.inputs[0]);
+      const bool from_async = h.kind == ir::ValueKind::node &&
+                              g.node(h.producer).attr_int("async", 0) == 1 &&
+                              g.node(h.producer).inputs[0] == n.inputs[1];
+      if (!from_async)
+        d.push_back(fmt::format("{}: %{} is not the output of an asynchronous collective of %{}",
+                                where, h.name, g.value(n.inputs[1]).name));
+    }
+    for (int v : n.inputs) {
+      const ir::Value& iv = g.value(v);
+      if (iv.kind == ir::ValueKind::node && !def.traits.has(Trait::completion) &&
+          g.node(iv.producer).attr_int("async", 0) == 1)
+        d.push_back(fmt::format("{}: reads %{} while its collective is in flight (before its wait)",
+                                where, iv.name));
+    }
     for (auto [o, i] : def.inplace)
       if (last_read[n.inputs[i]] != n.id)
         d.push_back(fmt::format("{}: overwrites %{} in place, but node #{} reads it later", where,

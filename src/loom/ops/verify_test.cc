@@ -60,5 +60,60 @@ TEST(Verify, CatchesReadAfterInPlaceUpdate) {
   EXPECT_TRUE(mentions(verify(g), "overwrites %p in place")) << ::testing::PrintToString(verify(g));
 }
 
+// An asynchronous collective's output is in flight until its wait; its input stays unwritten.
+TEST(Verify, AcceptsAStartAndItsWait) {
+  auto g = ir::parse(R"(graph ok {
+  param %w : f32[2,4]
+  %w.inflight : f32[4,4] = all_gather(%w) {async = 1, axis = "data", dim = 0, n = 2}
+  %y : f32[2,4] = scale(%w) {s = 2.0}
+  %w.all : f32[4,4] = wait(%w.inflight, %w)
+  %z : f32[4,4] = scale(%w.all) {s = 2.0}
+  output %z
+})");
+  EXPECT_TRUE(verify(g).empty()) << ::testing::PrintToString(verify(g));
+}
+
+TEST(Verify, CatchesAReadOfAValueInFlight) {
+  auto g = ir::parse(R"(graph bad {
+  param %w : f32[2,4]
+  %w.inflight : f32[4,4] = all_gather(%w) {async = 1, axis = "data", dim = 0, n = 2}
+  %early : f32[4,4] = scale(%w.inflight) {s = 2.0}
+  %w.all : f32[4,4] = wait(%w.inflight, %w)
+})");
+  EXPECT_TRUE(mentions(verify(g), "reads %w.inflight while its collective is in flight"))
+      << ::testing::PrintToString(verify(g));
+}
+
+TEST(Verify, CatchesAWaitWithoutItsStart) {
+  auto g = ir::parse(R"(graph bad {
+  param %w : f32[2,4]
+  param %u : f32[2,4]
+  %w.all : f32[4,4] = all_gather(%w) {axis = "data", dim = 0, n = 2}
+  %x : f32[4,4] = wait(%w.all, %w)
+  %u.inflight : f32[4,4] = all_gather(%u) {async = 1, axis = "data", dim = 0, n = 2}
+  %y : f32[4,4] = wait(%u.inflight, %w)
+})");
+  const auto d = verify(g);
+  EXPECT_TRUE(mentions(d, "%w.all is not the output of an asynchronous collective of %w"))
+      << ::testing::PrintToString(d);
+  EXPECT_TRUE(mentions(d, "%u.inflight is not the output of an asynchronous collective of %w"))
+      << ::testing::PrintToString(d);
+}
+
+TEST(Verify, CatchesAnInPlaceWriteOfAnInputInFlight) {
+  auto g = ir::parse(R"(graph bad {
+  param %p : f32[4]
+  input %g : f32[4]
+  state %m : f32[4]
+  state %v : f32[4]
+  input %h : f32[3]
+  input %s : f32[]
+  %p.inflight : f32[8] = all_gather(%p) {async = 1, axis = "data", dim = 0, n = 2}
+  %p1 : f32[4], %m1 : f32[4], %v1 : f32[4] = adamw(%p, %g, %m, %v, %h, %s) {beta1 = 0.9, beta2 = 0.95, eps = 1e-08, wd = 0.0}
+  %p.all : f32[8] = wait(%p.inflight, %p)
+})");
+  EXPECT_TRUE(mentions(verify(g), "overwrites %p in place")) << ::testing::PrintToString(verify(g));
+}
+
 }  // namespace
 }  // namespace loom::ops

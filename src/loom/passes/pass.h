@@ -51,10 +51,14 @@ enum class StepKind { eval, infer, grads, train, decode };
 //              gradient's reductions merged into one collective per parameter group (roles.blocks:
 //              a transformer block, the embedding, the head) and direction, up to bucket_mb each
 //              (SimpleFSDP's manual wrapping)
+//   prefetch   collectives start early and are waited for late, on each rank's communication
+//              thread (passes/prefetch.cc); at most max_in_flight at a time
 struct ScheduleOptions {
   enum class Bucket { none, block };
   Bucket bucket = Bucket::block;
   double bucket_mb = 64;
+  bool prefetch = true;
+  int64_t max_in_flight = 2;
 };
 const char* bucket_name(ScheduleOptions::Bucket b);  // "none", "block"
 

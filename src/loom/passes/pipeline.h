@@ -34,5 +34,6 @@ Pass apply_tactics_pass();
 Pass propagate_pass();
 Pass lower_pass();
 Pass bucket_pass();
+Pass prefetch_pass();
 
 }  // namespace loom::passes

@@ -3,10 +3,12 @@
 // bound by the caller and must stay valid while the executor runs.
 //
 // A per-rank program's collectives (shard/lower.h) run on the communicators given by set_comms(),
-// in program order on the calling thread.
+// in program order: on the calling thread, or, when the program has asynchronous collectives
+// (passes/prefetch.cc: a collective with async = 1 and its wait), every collective on the
+// executor's CommStream (comm_stream.h), the compute thread blocking only at waits (and at once
+// after a synchronous one). run() returns with nothing in flight.
 //
-// Not here (yet): a communication stream, multi-device; one executor runs on one thread and calls
-// kernels that use OpenMP inside.
+// Not here: multi-device; compute runs on the calling thread with OpenMP inside the kernels.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 namespace loom::runtime {
 
 class MeshComms;
+class CommStream;
 
 // An op's CPU kernel (runtime/cpu_dispatch.cc): ins/outs point at each input/output's data. Throws
 // loom::Error for an op without one.
@@ -73,6 +76,9 @@ class Executor {
   std::vector<NodeTiming> node_times_;
   std::vector<const CpuKernel*> kernels_;  // per node, looked up once; null for a collective
   const MeshComms* comms_ = nullptr;
+  std::unique_ptr<CommStream> stream_;  // when the program has an asynchronous collective
+  std::vector<int64_t> ticket_;         // per in-flight value: its collective's stream ticket
+  std::vector<bool> completes_;         // per node: a wait (ops::Trait::completion)
   void launch(const ir::Node& n, void* const* ins, void* const* outs);
 };
 

@@ -248,6 +248,9 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
                     {passes::ScheduleOptions::Bucket::none, passes::ScheduleOptions::Bucket::block},
                     passes::bucket_name)},
            {"bucket_mb", as_float([](Config& c) -> double& { return c.passes.bucket_mb; })},
+           {"prefetch", as_bool([](Config& c) -> bool& { return c.passes.prefetch; })},
+           {"max_in_flight",
+            as_int([](Config& c) -> int64_t& { return c.passes.max_in_flight; })},
        }},
       {"optim",
        {
@@ -417,6 +420,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (c.checkpoint.every < 0) bad("[checkpoint] every", "must be >= 0");
   if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
   if (!(c.passes.bucket_mb > 0)) bad("[passes] bucket_mb", "must be > 0");
+  if (c.passes.max_in_flight < 1) bad("[passes] max_in_flight", "must be >= 1");
   c.plan.plan.where = fmt::format("{}: [plan]", path);
   if (c.plan.plan.empty() && !c.plan.plan.tactics.empty())
     bad("[plan] tactics", "need a mesh: add [plan] mesh = { data = 2 }");

@@ -1,0 +1,218 @@
+// prefetch (stage scheduled): communication under computation. Under [passes] prefetch = true every
+// collective of the per-rank program becomes a start (the collective with async = 1, its output in
+// flight) and a wait (ops/collective.cc), and the program is re-emitted so that starts come early
+// and waits late; the executor runs the starts on the rank's communication thread
+// (runtime/comm_stream.h) and blocks only at waits.
+//
+// The order (list scheduling over the old program):
+//   - every other node keeps its place in program order ("the skeleton");
+//   - a wait, and the reshapes and splits that only unpack its output (a bucket's), are emitted
+//     when the first skeleton node needs them: as late as possible;
+//   - a start, and the reshapes and concats that only pack its input, are emitted as soon as its
+//     input exists, with two limits. Parameter all-gathers (their input is a parameter, there from
+//     the start) form a chain: one starts when the previous one's wait is emitted, so while block
+//     k computes, block k+1's parameters arrive (FSDP's prefetch of one bucket; in the backward,
+//     the next re-gather). And at most max_in_flight collectives are in flight: a start beyond that
+//     first emits the oldest one's wait.
+// Worked example (fsdp, two blocks, bucketed): start(gather l0), start(gather l1) at the top;
+// wait(l0) before l0's first matmul; l0 computes while l1's gather runs; wait(l1) before l1's ...;
+// in the backward, the reduce-scatter of l1's gradients starts as soon as they exist and runs
+// under l0's backward, and waits where the gradient norm reads it.
+//
+// The verifier checks the result: nothing reads an in-flight value but its wait, nothing
+// overwrites a collective's input before its wait, and every value is made before it is used.
+#include <fmt/format.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+
+#include "loom/core/error.h"
+#include "loom/ops/op.h"
+#include "loom/passes/pipeline.h"
+#include "loom/passes/rewrite.h"
+
+namespace loom::passes {
+
+namespace {
+
+enum class Kind { node, start, wait };
+
+struct Item {
+  Kind kind;
+  int node;            // the old node
+  bool lazy = false;   // emitted on demand (waits and their unpacking)
+  bool eager = false;  // emitted as early as allowed (starts and their packing)
+  bool chain = false;  // a start of a parameter all-gather (the prefetch chain)
+  bool done = false;
+};
+
+bool is_collective(const ir::Node& n) { return ops::has_trait(n.op, ops::Trait::collective); }
+
+class Scheduler {
+ public:
+  Scheduler(const shard::Program& prog, int64_t max_in_flight)
+      : g_(prog.graph), rw_(prog), max_(max_in_flight) {}
+
+  shard::Program run() {
+    build_items();
+    classify();
+    for (size_t i = 0; i < items_.size(); ++i) {
+      if (items_[i].lazy || items_[i].eager) continue;
+      emit(int(i));
+      try_starts();
+    }
+    try_starts();
+    for (size_t i = 0; i < items_.size(); ++i) emit(int(i));  // what nothing demanded
+    return rw_.finish();
+  }
+
+ private:
+  const ir::Graph& g_;
+  Rewriter rw_;
+  int64_t max_;
+  std::vector<Item> items_;
+  std::map<int, int> item_of_value_;                        // old value -> the item that makes it
+  std::map<int, int> start_of_, wait_of_, inflight_value_;  // old collective node -> item / value
+  std::deque<int> inflight_;                                // started, not waited (old nodes)
+  std::vector<int> chain_;                                  // chain starts' items, in order
+
+  void build_items() {
+    for (const ir::Node& n : g_.nodes()) {
+      if (!is_collective(n)) {
+        items_.push_back({Kind::node, n.id});
+        for (int v : n.outputs) item_of_value_[v] = int(items_.size()) - 1;
+        continue;
+      }
+      items_.push_back({Kind::start, n.id});
+      start_of_[n.id] = int(items_.size()) - 1;
+      items_.push_back({Kind::wait, n.id});
+      wait_of_[n.id] = int(items_.size()) - 1;
+      item_of_value_[n.outputs[0]] = int(items_.size()) - 1;
+    }
+  }
+
+  // The items an item reads from (-1 entries dropped: graph inputs).
+  std::vector<int> deps(const Item& it) const {
+    std::vector<int> d;
+    if (it.kind == Kind::wait) return {start_of_.at(it.node)};
+    for (int v : g_.node(it.node).inputs) {
+      auto f = item_of_value_.find(v);
+      if (f != item_of_value_.end()) d.push_back(f->second);
+    }
+    return d;
+  }
+
+  static bool unpacks(const std::string& op) { return op == "reshape" || op == "split"; }
+  static bool packs(const std::string& op) { return op == "reshape" || op == "concat"; }
+
+  void classify() {
+    std::map<int, std::vector<int>> users;  // item -> items that read it
+    for (size_t i = 0; i < items_.size(); ++i)
+      for (int d : deps(items_[i])) users[d].push_back(int(i));
+    for (size_t i = 0; i < items_.size(); ++i) {  // forward: waits and what only unpacks them
+      Item& it = items_[i];
+      if (it.kind == Kind::wait) it.lazy = true;
+      if (it.kind != Kind::node || !unpacks(g_.node(it.node).op)) continue;
+      const auto d = deps(it);
+      it.lazy = !d.empty() &&
+                std::all_of(d.begin(), d.end(), [&](int x) { return items_[size_t(x)].lazy; });
+    }
+    for (size_t k = items_.size(); k-- > 0;) {  // backward: starts and what only packs for them
+      Item& it = items_[k];
+      if (it.kind == Kind::start) it.eager = true;
+      if (it.kind != Kind::node || !packs(g_.node(it.node).op) || it.lazy) continue;
+      const auto& u = users[int(k)];
+      it.eager = !u.empty() &&
+                 std::all_of(u.begin(), u.end(), [&](int x) { return items_[size_t(x)].eager; });
+    }
+    for (size_t i = 0; i < items_.size(); ++i) {
+      Item& it = items_[i];
+      if (it.kind != Kind::start || g_.node(it.node).op != "all_gather") continue;
+      it.chain = only_params(int(i));
+      if (it.chain) chain_.push_back(int(i));
+    }
+  }
+
+  // Whether an item's inputs come from graph inputs through packing alone.
+  bool only_params(int item) const {
+    for (int d : deps(items_[size_t(item)]))
+      if (!items_[size_t(d)].eager || !only_params(d)) return false;
+    return true;
+  }
+
+  // Whether an item can be emitted now without emitting a skeleton node or forcing a wait.
+  bool ready(int item) const {
+    for (int d : deps(items_[size_t(item)])) {
+      const Item& di = items_[size_t(d)];
+      if (di.done) continue;
+      if (!di.eager || !ready(d)) return false;
+    }
+    return true;
+  }
+
+  void try_starts() {
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (size_t c = 0; c < chain_.size(); ++c) {  // the prefetch chain: one ahead
+        const int s = chain_[c];
+        if (items_[size_t(s)].done) continue;
+        if (c > 0 && !items_[size_t(wait_of_.at(items_[size_t(chain_[c - 1])].node))].done) break;
+        if (!ready(s)) break;
+        emit(s);
+        progress = true;
+        break;
+      }
+      for (size_t i = 0; i < items_.size(); ++i) {  // every other start, as soon as it can
+        const Item& it = items_[i];
+        if (it.kind != Kind::start || it.done || it.chain || !ready(int(i))) continue;
+        emit(int(i));
+        progress = true;
+      }
+    }
+  }
+
+  void emit(int item) {
+    Item& it = items_[size_t(item)];
+    if (it.done) return;
+    for (int d : deps(it)) emit(d);
+    if (it.done) return;  // a dependency's forced wait can emit it
+    const ir::Node& n = g_.node(it.node);
+    ops::Builder& b = rw_.builder();
+    if (it.kind == Kind::node) {
+      rw_.copy(n);
+    } else if (it.kind == Kind::start) {
+      while (int64_t(inflight_.size()) >= max_) emit(wait_of_.at(inflight_.front()));
+      ir::Attrs a = n.attrs;
+      a["async"] = int64_t(1);
+      inflight_value_[n.id] =
+          b.emit1(n.op, {rw_.map(n.inputs[0])}, a, g_.value(n.outputs[0]).name + ".inflight");
+      inflight_.push_back(n.id);
+    } else {
+      const int out = b.emit1("wait", {inflight_value_.at(n.id), rw_.map(n.inputs[0])}, {},
+                              g_.value(n.outputs[0]).name);
+      rw_.alias(n.outputs[0], out);
+      std::erase(inflight_, n.id);
+    }
+    it.done = true;
+  }
+};
+
+void run_prefetch(Compilation& c, const Options& o) {
+  if (!o.schedule.prefetch) return;
+  bool any = false;
+  for (const ir::Node& n : c.rank.graph.nodes()) any = any || is_collective(n);
+  if (!any) return;
+  c.rank = Scheduler(c.rank, o.schedule.max_in_flight).run();
+}
+
+}  // namespace
+
+Pass prefetch_pass() {
+  return {"prefetch",
+          "start collectives early and wait for them late, on the communication thread "
+          "([passes] prefetch, max_in_flight)",
+          Stage::scheduled, run_prefetch};
+}
+
+}  // namespace loom::passes

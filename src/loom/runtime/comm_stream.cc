@@ -1,0 +1,75 @@
+#include "loom/runtime/comm_stream.h"
+
+namespace loom::runtime {
+
+CommStream::CommStream() : thread_([this] { loop(); }) {}
+
+CommStream::~CommStream() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (idle())
+    thread_.join();
+  else
+    thread_.detach();  // a collective still blocked on a peer: see the header
+}
+
+int64_t CommStream::submit(std::function<void()> task) {
+  int64_t ticket;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ticket = ++submitted_;
+    queue_.emplace_back(ticket, std::move(task));
+  }
+  cv_.notify_all();
+  return ticket;
+}
+
+void CommStream::wait(int64_t ticket) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return done_ >= ticket || error_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool CommStream::idle() {
+  std::lock_guard<std::mutex> l(mu_);
+  return done_ == submitted_ && queue_.empty();
+}
+
+void CommStream::loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and nothing left
+      task = std::move(queue_.front().second);
+      queue_.pop_front();
+      if (error_) {  // submitted after a failure: dropped too
+        done_ = submitted_;
+        continue;
+      }
+    }
+    std::exception_ptr e;
+    try {
+      task();
+    } catch (...) {
+      e = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (e) {  // what follows a failed collective is dropped: its peers are failing too
+        error_ = e;
+        queue_.clear();
+        done_ = submitted_;
+      } else {
+        ++done_;
+      }
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace loom::runtime

@@ -1,0 +1,54 @@
+// CommStream: a rank's communication thread. The executor hands it collectives in program order
+// and goes on computing; it meets them again only at their waits (ops/collective.cc: wait). Every
+// rank submits the same collectives in the same order (SPMD), and one thread runs them first in,
+// first out, so the order each communicator sees is the program's on every rank.
+//
+// Threading: while a collective runs here the compute thread makes no communication call (the
+// executor sends every collective of a program through the stream once one is asynchronous), so
+// MPI needs MPI_THREAD_SERIALIZED (comm/mpi.cc asks for it and checks it at start).
+//
+// Failure: a collective that throws (a peer aborted: local.h; a checked argument) is rethrown by
+// its wait() on the compute thread; a stream destroyed while a collective is still blocked (a
+// peer died mid-step and the error is unwinding the compute thread) detaches the thread rather
+// than hang, and leaks what that collective may still touch (the process is ending: ranks.cc).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace loom::runtime {
+
+class CommStream {
+ public:
+  CommStream();
+  ~CommStream();
+  CommStream(const CommStream&) = delete;
+  CommStream& operator=(const CommStream&) = delete;
+
+  // Queues `task`; returns its ticket (1, 2, ... in submission order).
+  int64_t submit(std::function<void()> task);
+  // Blocks until the task of `ticket` (and every earlier one) has run. Once a task has thrown, the
+  // tasks queued behind it are dropped and every wait() rethrows that exception.
+  void wait(int64_t ticket);
+  // wait() for everything submitted; the stream is idle after.
+  void drain() { wait(submitted_); }
+  // Whether everything submitted has run.
+  bool idle();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<int64_t, std::function<void()>>> queue_;
+  int64_t submitted_ = 0, done_ = 0;
+  std::exception_ptr error_;  // the first failure (sticky)
+  bool stop_ = false;
+  std::thread thread_;
+  void loop();
+};
+
+}  // namespace loom::runtime
