@@ -4,6 +4,12 @@
 // batch; rank 0 prints the line, with the plan and, per rank, the planned bytes of parameters,
 // gradients and optimizer moments, the planned peak and the measured peak RSS.
 //
+// Communication, over the timed steps: collectives_per_step, and exposed_comm_ms, the time per step
+// the compute thread spent blocked on collectives (runtime::Executor::CommStats; the ranks' mean,
+// each rank's in per_rank), and its fraction of the median step. activation_bytes: the planned
+// bytes of activations saved for the backward (runtime/memory_plan.h). --trace F.json writes the
+// timed steps as a Chrome trace (runtime/trace.h).
+//
 // model_flops_per_token = 6 * (matmul params incl. the output head) + 12 * L * T * d_model
 // (training forward+backward; models::train_flops_per_token), so achieved_gflops is comparable
 // across implementations of the same model (it ignores the causal half-saving and recomputation).
@@ -20,6 +26,7 @@
 #include "commands.h"
 #include "loom/core/error.h"
 #include "loom/ops/linear.h"
+#include "loom/runtime/trace.h"
 #include "loom/train/step.h"
 #include "ranks.h"
 
@@ -31,6 +38,7 @@ struct BenchOpts {
   std::string config;
   int steps = 10, warmup = 3;
   bool profile = false;
+  std::string trace;
   std::vector<std::string> sets;
 };
 
@@ -47,15 +55,24 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   std::vector<int32_t> tokens(size_t(rows * (T + 1)));
   std::vector<double> ms;
   float loss = 0;
+  runtime::Trace trace;
+  runtime::Executor::CommStats comm0;
   for (int i = 0; i < o->warmup + o->steps; ++i) {
     for (auto& t : tokens) t = tok(rng);
-    if (i == o->warmup) runner.executor().set_profiling(o->profile);
+    if (i == o->warmup) {  // the timed steps
+      runner.executor().set_profiling(o->profile);
+      if (!o->trace.empty()) runner.set_trace(&trace);
+      comm0 = runner.comm_stats();
+    }
     auto t0 = std::chrono::steady_clock::now();
     loss = runner.step(tokens.data());
     auto t1 = std::chrono::steady_clock::now();
     if (i >= o->warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
+  runner.set_trace(nullptr);
   if (!std::isfinite(loss)) throw Error("bench: the loss is not finite");
+  const runtime::Executor::CommStats comm1 = runner.comm_stats();
+  const double exposed_ms = (comm1.exposed_seconds - comm0.exposed_seconds) * 1000.0 / o->steps;
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   double median = sorted.size() % 2
@@ -82,10 +99,16 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   j["planned_peak_bytes"] = runner.planned_peak_bytes();
   j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
   j["final_loss"] = loss;
+  j["collectives_per_step"] = double(comm1.collectives - comm0.collectives) / o->steps;
+  j["activation_bytes"] = runner.activation_bytes();
   // per rank: planned bytes of parameters, gradients, moments and the whole step; measured peak RSS
   const train::StepRunner::StateBytes sb = runner.state_bytes();
-  std::vector<int64_t> mine{sb.params, sb.grads, sb.moments, runner.planned_peak_bytes(),
-                            int64_t(ru.ru_maxrss) * 1024};
+  std::vector<int64_t> mine{sb.params,
+                            sb.grads,
+                            sb.moments,
+                            runner.planned_peak_bytes(),
+                            int64_t(ru.ru_maxrss) * 1024,
+                            int64_t(exposed_ms * 1000.0)};  // microseconds
   std::vector<int64_t> all = mine;
   if (comms) {
     all.resize(mine.size() * size_t(comms->world().size()));
@@ -102,8 +125,16 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
                              {"grad_bytes", x[1]},
                              {"moment_bytes", x[2]},
                              {"planned_peak_bytes", x[3]},
-                             {"peak_rss_bytes", x[4]}});
+                             {"peak_rss_bytes", x[4]},
+                             {"exposed_comm_ms", double(x[5]) / 1000.0}});
   }
+  // the time compute waited on communication, per step: the ranks' mean
+  double exposed_sum = 0;
+  for (size_t r = 0; r < all.size() / mine.size(); ++r)
+    exposed_sum += double(all[r * mine.size() + 5]);
+  j["exposed_comm_ms"] = exposed_sum / 1000.0 / double(all.size() / mine.size());
+  j["exposed_comm_fraction"] = j["exposed_comm_ms"].get<double>() / median;
+  if (!o->trace.empty()) runtime::write_trace(o->trace, trace, comms);
   if (comms && comms->world().rank() != 0) return 0;
   fmt::print("{}\n", j.dump());
   if (o->profile) {
@@ -148,6 +179,8 @@ std::function<int()> add_bench(CLI::App& app) {
   s->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   s->add_flag("--profile", o->profile, "also print time per op (JSON, to stderr)");
+  s->add_option("--trace", o->trace,
+                "write the timed steps as a Chrome trace (per rank: compute and comm lanes)");
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
     return run_ranks(cfg,

@@ -63,6 +63,8 @@ std::function<int()> add_train(CLI::App& app) {
     std::string config, run_dir, resume;
     std::vector<std::string> sets;
     double slowdown = 1;
+    std::string trace;
+    int64_t trace_steps = 3;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* s = app.add_subcommand(
@@ -76,10 +78,18 @@ std::function<int()> add_train(CLI::App& app) {
   s->add_option("--slowdown", o->slowdown,
                 "make each step take this many times as long, by sleeping (to test stragglers)")
       ->check(CLI::Range(1.0, 1000.0));
+  s->add_option("--trace", o->trace,
+                "write the first --trace-steps steps as a Chrome trace (per rank: compute and comm "
+                "lanes)");
+  s->add_option("--trace-steps", o->trace_steps, "steps --trace records (default 3)")
+      ->check(CLI::PositiveNumber);
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
-    train::RunOptions opts{
-        .run_dir = o->run_dir, .resume = !o->resume.empty(), .slowdown = o->slowdown};
+    train::RunOptions opts{.run_dir = o->run_dir,
+                           .resume = !o->resume.empty(),
+                           .slowdown = o->slowdown,
+                           .trace_path = o->trace,
+                           .trace_steps = o->trace_steps};
     opts.join_outer = [&cfg](train::ParamStore& params, const std::string& run_dir) {
       return std::unique_ptr<train::OuterSync>(std::make_unique<IslandSync>(cfg, params, run_dir));
     };

@@ -11,6 +11,7 @@
 #include "loom/ops/op.h"
 #include "loom/runtime/collectives.h"
 #include "loom/runtime/comm_stream.h"
+#include "loom/runtime/trace.h"
 
 namespace loom::runtime {
 
@@ -56,6 +57,36 @@ void* Executor::data(int value) const {
   return arena_ + plan_.offset[value];
 }
 
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t output_bytes(const ir::Graph& g, const ir::Node& n) {
+  int64_t b = 0;
+  for (int v : n.outputs) b += value_bytes(g.value(v));
+  return b;
+}
+
+// A collective's comm-lane event, timed around `run`.
+template <class F>
+void traced(Trace* trace, const ir::Graph& g, const ir::Node& n, F&& run) {
+  if (!trace) return run();
+  const double t0 = Trace::now_us();
+  run();
+  trace->add({g.value(n.outputs[0]).name, n.op, TraceEvent::comm, t0, Trace::now_us() - t0,
+              output_bytes(g, n)});
+}
+
+}  // namespace
+
+void Executor::wait_for(int64_t ticket) {
+  const auto t0 = std::chrono::steady_clock::now();
+  stream_->wait(ticket);
+  comm_stats_.exposed_seconds += seconds_since(t0);
+}
+
 void Executor::launch(const ir::Node& n, void* const* ins, void* const* outs) {
   if (kernels_[n.id]) {
     (*kernels_[n.id])(g_, n, ins, outs);
@@ -66,21 +97,31 @@ void Executor::launch(const ir::Node& n, void* const* ins, void* const* outs) {
         fmt::format("executor: %{} = {}(...) needs communicators (a sharded program run "
                     "without its ranks)",
                     g_.value(n.outputs[0]).name, n.op));
-  if (!stream_) {
-    run_collective(g_, n, ins, outs, *comms_);
+  ++comm_stats_.collectives;
+  if (!stream_) {  // on this thread: all of it exposed
+    const auto t0 = std::chrono::steady_clock::now();
+    traced(trace_, g_, n, [&] { run_collective(g_, n, ins, outs, *comms_); });
+    comm_stats_.exposed_seconds += seconds_since(t0);
     return;
   }
   // captures nothing of the executor itself: a stream left running by a failing rank outlives it
   const ir::Graph* g = &g_;
   const MeshComms* comms = comms_;
+  Trace* trace = trace_;
   std::vector<void*> in(ins, ins + n.inputs.size()), out(outs, outs + n.outputs.size());
-  const int64_t t = stream_->submit([g, &n, comms, in = std::move(in), out = std::move(out)] {
-    run_collective(*g, n, in.data(), out.data(), *comms);
-  });
-  if (n.attr_int("async", 0) == 1)
+  const int64_t t =
+      stream_->submit([g, &n, comms, trace, in = std::move(in), out = std::move(out)] {
+        traced(trace, *g, n, [&] { run_collective(*g, n, in.data(), out.data(), *comms); });
+      });
+  if (n.attr_int("async", 0) == 1) {
     ticket_[size_t(n.outputs[0])] = t;
-  else
-    stream_->wait(t);
+    return;
+  }
+  const double w0 = trace_ ? Trace::now_us() : 0;
+  wait_for(t);
+  if (trace_)
+    trace_->add({"wait " + g_.value(n.outputs[0]).name, "wait", TraceEvent::compute, w0,
+                 Trace::now_us() - w0, 0});
 }
 
 void Executor::run() {
@@ -94,18 +135,23 @@ void Executor::run() {
     outs.clear();
     for (int v : n.inputs) ins.push_back(data(v));
     for (int v : n.outputs) outs.push_back(data(v));
-    if (!profile_) {
-      if (stream_ && completes_[size_t(n.id)]) stream_->wait(ticket_[size_t(n.inputs[0])]);
+    const bool completes = stream_ && completes_[size_t(n.id)];
+    if (!profile_ && !trace_) {
+      if (completes) wait_for(ticket_[size_t(n.inputs[0])]);
       launch(n, ins.data(), outs.data());
       continue;
     }
-    auto t0 = std::chrono::steady_clock::now();
-    if (stream_ && completes_[size_t(n.id)])  // the time spent waiting: exposed
-      stream_->wait(ticket_[size_t(n.inputs[0])]);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double t0_us = trace_ ? Trace::now_us() : 0;
+    if (completes) wait_for(ticket_[size_t(n.inputs[0])]);  // the time spent waiting: exposed
     launch(n, ins.data(), outs.data());
-    node_times_[n.id].seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    node_times_[n.id].calls++;
+    if (profile_) {
+      node_times_[n.id].seconds += seconds_since(t0);
+      node_times_[n.id].calls++;
+    }
+    if (trace_ && kernels_[n.id])  // a collective traced itself, on the comm lane
+      trace_->add({(completes ? "wait " : "") + g_.value(n.outputs[0]).name, n.op,
+                   TraceEvent::compute, t0_us, Trace::now_us() - t0_us, output_bytes(g_, n)});
   }
   if (stream_) stream_->drain();
 }

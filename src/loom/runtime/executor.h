@@ -24,6 +24,7 @@ namespace loom::runtime {
 
 class MeshComms;
 class CommStream;
+class Trace;
 
 // An op's CPU kernel (runtime/cpu_dispatch.cc): ins/outs point at each input/output's data. Throws
 // loom::Error for an op without one.
@@ -64,6 +65,16 @@ class Executor {
 
   // Per-op wall time, summed over runs, when profiling is on.
   void set_profiling(bool on) { profile_ = on; }
+  // Records every node of the following runs into `trace` (kept by the caller; null stops).
+  void set_trace(Trace* trace) { trace_ = trace; }
+  // Communication as the compute thread saw it, summed over runs: collectives launched, and the
+  // seconds it spent blocked on them (at waits, and in synchronous collectives): the exposed
+  // communication. Always counted (two clock reads per collective).
+  struct CommStats {
+    int64_t collectives = 0;
+    double exposed_seconds = 0;
+  };
+  const CommStats& comm_stats() const { return comm_stats_; }
   std::vector<std::pair<std::string, NodeTiming>> op_times() const;
   const std::vector<NodeTiming>& node_times() const { return node_times_; }
 
@@ -79,7 +90,10 @@ class Executor {
   std::unique_ptr<CommStream> stream_;  // when the program has an asynchronous collective
   std::vector<int64_t> ticket_;         // per in-flight value: its collective's stream ticket
   std::vector<bool> completes_;         // per node: a wait (ops::Trait::completion)
+  Trace* trace_ = nullptr;
+  CommStats comm_stats_;
   void launch(const ir::Node& n, void* const* ins, void* const* outs);
+  void wait_for(int64_t ticket);  // blocks on the stream; the time counts as exposed
 };
 
 }  // namespace loom::runtime

@@ -14,6 +14,36 @@ int64_t value_bytes(const ir::Value& v) {
   return numel(v.type.shape) * int64_t(dtype_size(v.type.dtype));
 }
 
+int64_t saved_activation_bytes(const ir::Graph& g, const MemoryPlan& p, int loss,
+                               const std::vector<int>& batch) {
+  // back from the output through waits and collectives to the node that computed the loss
+  for (;;) {
+    const ir::Value& v = g.value(loss);
+    if (v.kind != ir::ValueKind::node) return 0;
+    const ir::Node& n = g.node(v.producer);
+    if (ops::has_trait(n.op, ops::Trait::completion))
+      loss = n.inputs[1];
+    else if (ops::has_trait(n.op, ops::Trait::collective))
+      loss = n.inputs[0];
+    else
+      break;
+  }
+  const int at = g.value(loss).producer;
+  std::vector<bool> derived(g.values().size(), false);
+  for (int b : batch) derived[size_t(b)] = true;
+  for (const ir::Node& n : g.nodes()) {
+    bool d = false;
+    for (int v : n.inputs) d = d || derived[size_t(v)];
+    for (int v : n.outputs) derived[size_t(v)] = d;
+  }
+  int64_t bytes = 0;
+  for (const ir::Value& v : g.values())
+    if (v.kind == ir::ValueKind::node && p.root[size_t(v.id)] == v.id && derived[size_t(v.id)] &&
+        p.first[size_t(v.id)] >= 0 && p.first[size_t(v.id)] <= at && p.last[size_t(v.id)] > at)
+      bytes += value_bytes(v);
+  return bytes;
+}
+
 MemoryPlan plan_memory(const ir::Graph& g) {
   const int nv = int(g.values().size()), nn = int(g.nodes().size());
   MemoryPlan p;

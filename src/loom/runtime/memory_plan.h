@@ -33,5 +33,11 @@ MemoryPlan plan_memory(const ir::Graph& g);
 // alive there grouped by name pattern (digits replaced by N), as readable text.
 std::string memory_report(const ir::Graph& g, const MemoryPlan& p, int top = 12);
 int64_t value_bytes(const ir::Value& v);
+// The planned bytes of the activations a training step saves for its backward: arena buffers made
+// from the batch (`batch`: the token and target inputs) that are alive across the node computing
+// the loss (made before it, read after it). `loss` may be the loss after its collectives (a
+// data-parallel rank's all-reduced loss): the count is taken at the local loss it reduces.
+int64_t saved_activation_bytes(const ir::Graph& g, const MemoryPlan& p, int loss,
+                               const std::vector<int>& batch);
 
 }  // namespace loom::runtime

@@ -10,6 +10,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/runtime/trace.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/evaluate.h"
 #include "loom/train/schedule.h"
@@ -151,6 +152,7 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
   r.loss = NAN;
   r.last_step = r.start - 1;
   const auto t_start = std::chrono::steady_clock::now();
+  runtime::Trace trace;
   int64_t round_steps = 0;   // inner steps since the last outer sync
   double round_seconds = 0;  // and the time they took
   // An async island whose server holds a step budget ([outer] islands x [train] steps) trains until
@@ -163,6 +165,8 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
     run.corpus.sample(data::TextCorpus::Split::train, uint64_t(cfg.train.seed), step, rank, rows, T,
                       tokens.data());
     const double lr = sched.at(step);
+    if (!opts.trace_path.empty())
+      runner.set_trace(step - r.start < opts.trace_steps ? &trace : nullptr);
     const auto t0 = std::chrono::steady_clock::now();
     r.loss = runner.step(tokens.data(), lr);
     double dt = seconds_since(t0);
@@ -212,6 +216,10 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
                 .tokens_per_s = double(rows * T) / dt,
                 .elapsed_s = seconds_since(t_start)});
     if (last) break;
+  }
+  if (!opts.trace_path.empty()) {
+    runner.set_trace(nullptr);
+    runtime::write_trace(opts.trace_path, trace, comms);
   }
   r.already_trained = r.start > cfg.train.steps;
   if (island) r.outer_summary = island->summary();

@@ -47,6 +47,10 @@ struct RunOptions {
   std::string run_dir;  // "": runs/<config's stem>
   bool resume = false;  // continue from the newest complete checkpoint
   double slowdown = 1;  // make each step take this many times as long (tests stragglers)
+  // A Chrome trace (runtime/trace.h) of the first trace_steps steps this process runs, every
+  // rank's, written to trace_path ("": none) at the end of the run.
+  std::string trace_path;
+  int64_t trace_steps = 3;
   // Joins the outer service with the run's ParamStore (loaded or initialised): null when the config
   // has no [outer] server.
   std::function<std::unique_ptr<OuterSync>(ParamStore&, const std::string& run_dir)> join_outer;

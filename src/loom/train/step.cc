@@ -228,6 +228,27 @@ float StepRunner::grad_norm() const {
   return *(opt_exec_ ? opt_exec_ : exec_)->ptr<float>(norm);
 }
 
+void StepRunner::set_trace(runtime::Trace* trace) {
+  exec_->set_trace(trace);
+  if (opt_exec_) opt_exec_->set_trace(trace);
+}
+
+runtime::Executor::CommStats StepRunner::comm_stats() const {
+  runtime::Executor::CommStats s = exec_->comm_stats();
+  if (opt_exec_) {
+    s.collectives += opt_exec_->comm_stats().collectives;
+    s.exposed_seconds += opt_exec_->comm_stats().exposed_seconds;
+  }
+  return s;
+}
+
+int64_t StepRunner::activation_bytes() const {
+  std::vector<int> batch;
+  for (int v : {step_.c.model.tokens, step_.c.model.targets})
+    if (v >= 0) batch.push_back(blocks_ ? step_.c.rank.local[size_t(v)] : v);
+  return runtime::saved_activation_bytes(exec_->graph(), exec_->plan(), out(step_.loss()), batch);
+}
+
 int64_t StepRunner::planned_peak_bytes() const {
   int64_t b = exec_->plan().arena_bytes + exec_->plan().external_bytes;
   if (opt_exec_)  // the optimizer graph: its arena, gradient sums and moments; params counted once

@@ -57,6 +57,10 @@ class StepRunner {
   bool sharded() const { return blocks_ != nullptr; }
   int64_t rows_per_step() const { return cfg_.train.batch_size * step_.accum; }
   runtime::Executor& executor() { return *exec_; }
+  // Records the following steps into `trace` (null stops); see runtime/trace.h.
+  void set_trace(runtime::Trace* trace);
+  // Communication the step's executors saw, summed over steps (runtime::Executor::comm_stats).
+  runtime::Executor::CommStats comm_stats() const;
   const float* logits() const;
   const float* grad(const std::string& param) const;  // Mode::grads, unsharded only
   // Mode::grads: the whole gradient of a parameter (collective when sharded).
@@ -85,6 +89,8 @@ class StepRunner {
     int64_t params = 0, grads = 0, moments = 0;
   };
   StateBytes state_bytes() const;
+  // Planned bytes of the activations the step keeps for its backward (runtime/memory_plan.h).
+  int64_t activation_bytes() const;
 
  private:
   using MomentKey = std::pair<std::string, autodiff::Moment>;  // (param name, which)
