@@ -1,6 +1,6 @@
 // Collective throughput of the mpi communicator, one JSON line per (op, size, chunking):
 //
-//   mpirun -np 2 build/release/bench/comm_bench [--reps 20]
+//   mpirun -np 2 build/release/bench/comm_bench [--reps 20] [--polite]
 //
 // For f32 payloads of 1 to 64 MiB, all_reduce, reduce_scatter and all_gather, each in 4 MiB pieces
 // and in one call (chunk_bytes and gather_chunk_bytes both 4 MiB, then both 1 GiB). Bandwidth is
@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
   int reps = 20;
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
+  // --polite: wait as a communication thread does (communicator.h: non-blocking calls, sleeps)
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--polite") == 0) comm::set_polite_waits(true);
   comm::MpiSession session;
   auto world = comm::mpi_world();
   const int p = world->size();

@@ -81,6 +81,10 @@ check("bucket = block: <= 2 (L+2) all-gathers, <= L+2 reduce-scatters",
       0 < block.get("reduce_scatter", 99) <= 10, "%s (lowered: %s) %s" % (block, lowered, r.stderr))
 check("bucket = none: the lowered collectives", none == lowered and lowered.get("all_gather", 0) > 100,
       "%s vs %s" % (none, lowered))
+once, _ = collectives("scheduled", "--set", "passes.reshard_after_forward=false")
+check("reshard_after_forward = false: each group gathered once (<= L+2 all-gathers)",
+      0 < once.get("all_gather", 99) <= 10 and once.get("reduce_scatter") == block.get("reduce_scatter"),
+      "%s vs %s" % (once, block))
 r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
          "--rank", "0", *FSDP, "--set", "passes.bucket=auto")
 check("unknown bucket policy: exit 1 naming the key", r.returncode == 1 and "[passes] bucket" in r.stderr,

@@ -10,6 +10,8 @@
 //   # row: w3:1                         (roles: row-parallel weights, value:dim)
 //   # blocks: l0=w1,w2 l1=w3,w4         (roles: parameter groups, in forward order)
 //   # passes: apply_tactics propagate lower   (default; passes/pipeline.h names them)
+//   # schedule: max_in_flight=1 bucket=none   ([passes] options other than the defaults:
+//                                        bucket, bucket_mb, prefetch, max_in_flight)
 //   graph mlp.rank { ... }              (the expected program: the per-rank one once `lower` ran,
 //                                        else the global graph)
 //
@@ -106,6 +108,23 @@ TEST_P(IrText, LoweredProgramMatches) {
     roles.blocks.push_back({f[0], {}});
     for (const auto& p : split(f.at(1), ',')) roles.blocks.back().params.push_back(value(p));
   }
+  for (const auto& kv : words(get("schedule"))) {
+    auto f = split(kv, '=');
+    ScheduleOptions& so = opts.schedule;
+    if (f[0] == "bucket")
+      so.bucket =
+          f.at(1) == "none" ? ScheduleOptions::Bucket::none : ScheduleOptions::Bucket::block;
+    else if (f[0] == "bucket_mb")
+      so.bucket_mb = std::stod(f.at(1));
+    else if (f[0] == "reshard_after_forward")
+      so.reshard_after_forward = f.at(1) == "true";
+    else if (f[0] == "prefetch")
+      so.prefetch = f.at(1) == "true";
+    else if (f[0] == "max_in_flight")
+      so.max_in_flight = std::stoll(f.at(1));
+    else
+      ADD_FAILURE() << GetParam() << ": unknown schedule option " << f[0];
+  }
   std::vector<std::string> passes = words(get("passes"));
   if (passes.empty()) passes = {"apply_tactics", "propagate", "lower"};
   run_passes(c, opts, passes);
@@ -120,7 +139,7 @@ TEST_P(IrText, LoweredProgramMatches) {
   if (std::getenv("LOOM_UPDATE_IR_TEXT")) {
     std::string head;
     for (const auto& key :
-         {"graph", "mesh", "tactics", "batch", "column", "row", "blocks", "passes"})
+         {"graph", "mesh", "tactics", "batch", "column", "row", "blocks", "passes", "schedule"})
       if (header.count(key)) head += std::string("# ") + key + ": " + header[key] + "\n";
     write_file_atomic(file.string(), head + actual);
     return;

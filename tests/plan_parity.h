@@ -152,7 +152,8 @@ inline Config single(Config c) {
 // the tiny GPT-2 (LayerNorm with bias, fused qkv, GELU MLP). With the default [passes] (bucket =
 // "block", prefetch with 2 collectives in flight), and, for fsdp and data, without bucketing, with
 // buckets so small that every group splits into several, without prefetch (every collective
-// synchronous, on the compute thread) and with one collective in flight at a time.
+// synchronous, on the compute thread), with one collective in flight at a time, and with each
+// parameter gathered once per step (reshard_after_forward = false).
 inline std::vector<Case> cases() {
   const char* data = R"({kind="data",axis="data"})";
   const std::string fsdp_megatron =
@@ -199,6 +200,16 @@ inline std::vector<Case> cases() {
        std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
        "mid",
        {"passes.max_in_flight=1", "passes.bucket_mb=0.1"}},
+      {"fsdp_gathered_once",
+       "{data=2}",
+       std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
+       "tiny",
+       {"passes.reshard_after_forward=false"}},
+      {"mid_fsdp_megatron_gathered_once",
+       "{data=2,model=2}",
+       fsdp_megatron,
+       "mid",
+       {"passes.reshard_after_forward=false", "passes.max_in_flight=3"}},
       {"mid_data_unbucketed_prefetch",
        "{data=2}",
        std::string("[") + data + "]",

@@ -6,7 +6,10 @@
 //   sharded   the training step with every value's sharding under the config's [plan]
 //   lowered   the per-rank program: local shapes and collectives (--rank R picks the rank whose
 //             coordinates the header shows; the program itself is the same on every rank), after a
-//             header counting each axis's collectives and their bytes per step
+//             header counting each axis's collectives and their bytes per step, and the planned
+//             peak (runtime/memory_plan.h: the arena, buffers in flight included, and the bound
+//             parameters, moments and inputs)
+//   scheduled  the per-rank program after the [passes] (bucket, prefetch), with the same header
 #include <fmt/format.h>
 
 #include <map>
@@ -16,6 +19,7 @@
 #include "loom/ir/text.h"
 #include "loom/ops/op.h"
 #include "loom/passes/pipeline.h"
+#include "loom/runtime/memory_plan.h"
 #include "loom/train/compile.h"
 #include "loom/train/config.h"
 
@@ -91,6 +95,10 @@ std::function<int()> add_inspect(CLI::App& app) {
                             e.second / 1e6);
       fmt::print("# axis {}: {}\n", axis, line);
     }
+    const runtime::MemoryPlan mp = runtime::plan_memory(pg);
+    fmt::print("# planned peak: {:.4g} MB = {:.4g} MB arena + {:.4g} MB bound\n",
+               double(mp.arena_bytes + mp.external_bytes) / 1e6, double(mp.arena_bytes) / 1e6,
+               double(mp.external_bytes) / 1e6);
     fmt::print("{}", ir::print(pg));
     return 0;
   };

@@ -11,6 +11,13 @@
 
 namespace loom::comm {
 
+namespace {
+thread_local bool polite = false;
+}  // namespace
+
+void set_polite_waits(bool on) { polite = on; }
+bool polite_waits() { return polite; }
+
 void Communicator::set_chunk_bytes(int64_t bytes) {
   if (bytes < kMinChunkBytes || bytes > kMaxChunkBytes)
     throw Error(

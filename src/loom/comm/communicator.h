@@ -33,6 +33,14 @@ constexpr int64_t kDefaultChunkBytes = int64_t(4) << 20;
 constexpr int64_t kMinChunkBytes = 4;
 constexpr int64_t kMaxChunkBytes = int64_t(1) << 30;
 
+// Waiting without spinning, per thread: a thread whose cores are shared with computation (a rank's
+// communication thread, runtime/comm_stream.h) sets it, and the backends then wait for a
+// collective by sleeping between polls (mpi: a non-blocking call, MPI_Test, sleeps that grow to
+// 100 us) instead of polling flat out, which would take a core from the rank's compute. The local
+// backend always sleeps on a condition variable. Off by default.
+void set_polite_waits(bool on);
+bool polite_waits();
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -8,10 +8,14 @@
 
 #include <fmt/format.h>
 #include <mpi.h>
+#include <time.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "loom/comm/chunking.h"
 #include "loom/core/error.h"
@@ -48,6 +52,27 @@ bool mpi_running() {
   LOOM_MPI(MPI_Initialized, &init);
   LOOM_MPI(MPI_Finalized, &fin);
   return init && !fin;
+}
+
+// Runs a collective: blocking (`call`, MPI's own wait polls flat out), or, on a thread that asked
+// for polite waits (communicator.h), non-blocking (`start`) completed by MPI_Test with sleeps
+// between polls: 64 polls first (a small collective ends within them), then sleeps of 10 us
+// doubling to 100 us (a 1 ms cap left the link idle: bench-llama fsdp at 0.5 Gbit/s, 328 against
+// 349 tokens/s).
+// Over TCP the socket buffers keep the link busy while this thread sleeps; Open MPI progresses the
+// collective inside each MPI_Test.
+template <class Blocking, class Start>
+void collective(const char* name, Blocking&& call, Start&& start) {
+  if (!polite_waits()) return mpi_call(name, call());
+  MPI_Request req = MPI_REQUEST_NULL;
+  mpi_call(name, start(&req));
+  int done = 0;
+  for (int i = 0; i < 64 && !done; ++i) LOOM_MPI(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
+  for (long ns = 10000; !done; ns = std::min(2 * ns, 100000L)) {
+    const timespec ts{0, ns};
+    nanosleep(&ts, nullptr);
+    LOOM_MPI(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
+  }
 }
 
 int to_int(int64_t n) {
@@ -123,25 +148,72 @@ class MpiCommunicator final : public Communicator {
     const int64_t es = int64_t(dtype_size(dt));
     char* p = static_cast<char*>(buf);
     for_each_piece(count, piece_units(es, chunk_bytes()), [&](int64_t off, int64_t n) {
-      LOOM_MPI(MPI_Allreduce, MPI_IN_PLACE, p + off * es, to_int(n), mpi_type(dt), sum_op(dt),
-               comm_.comm);
+      collective(
+          "MPI_Allreduce",
+          [&] {
+            return MPI_Allreduce(MPI_IN_PLACE, p + off * es, to_int(n), mpi_type(dt), sum_op(dt),
+                                 comm_.comm);
+          },
+          [&](MPI_Request* r) {
+            return MPI_Iallreduce(MPI_IN_PLACE, p + off * es, to_int(n), mpi_type(dt), sum_op(dt),
+                                  comm_.comm, r);
+          });
     });
   }
 
   void do_all_gather(const void* in, void* out, int64_t bytes) override {
-    chunked_all_gather(
-        in, out, bytes, size_, gather_chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
-          LOOM_MPI(MPI_Allgather, pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
-        });
+    chunked_all_gather(in, out, bytes, size_, gather_chunk_bytes(),
+                       [&](const void* pin, void* pout, int64_t n) {
+                         collective(
+                             "MPI_Allgather",
+                             [&] {
+                               return MPI_Allgather(pin, to_int(n), MPI_BYTE, pout, to_int(n),
+                                                    MPI_BYTE, comm_.comm);
+                             },
+                             [&](MPI_Request* r) {
+                               return MPI_Iallgather(pin, to_int(n), MPI_BYTE, pout, to_int(n),
+                                                     MPI_BYTE, comm_.comm, r);
+                             });
+                       });
   }
 
   void do_reduce_scatter(const void* in, void* out, int64_t count, DType dt) override {
     const int64_t es = int64_t(dtype_size(dt));
-    chunked_reduce_scatter(in, out, count, es, size_, chunk_bytes(),
-                           [&](const void* pin, void* pout, int64_t n) {
-                             LOOM_MPI(MPI_Reduce_scatter_block, pin, pout, to_int(n), mpi_type(dt),
-                                      sum_op(dt), comm_.comm);
-                           });
+    if (polite_waits()) {
+      // libnbc's MPI_Ireduce_scatter_block reduces to one rank and scatters (over TCP at 0.5
+      // Gbit/s, 16 MiB: 383 ms against 147 for the blocking recursive halving), so the polite
+      // path exchanges the blocks with MPI_Ialltoall (each rank sends (p-1)/p of its input, as
+      // halving does) and sums its p blocks in rank order with MPI_Reduce_local
+      std::vector<char> blocks;
+      chunked_reduce_scatter(
+          in, out, count, es, size_, chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
+            blocks.resize(size_t(n * es * size_));
+            collective(
+                "MPI_Ialltoall", [] { return MPI_SUCCESS; },
+                [&](MPI_Request* r) {
+                  return MPI_Ialltoall(pin, to_int(n), mpi_type(dt), blocks.data(), to_int(n),
+                                       mpi_type(dt), comm_.comm, r);
+                });
+            std::memcpy(pout, blocks.data(), size_t(n * es));
+            for (int r = 1; r < size_; ++r)
+              LOOM_MPI(MPI_Reduce_local, blocks.data() + r * n * es, pout, to_int(n), mpi_type(dt),
+                       sum_op(dt));
+          });
+      return;
+    }
+    chunked_reduce_scatter(
+        in, out, count, es, size_, chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
+          collective(
+              "MPI_Reduce_scatter_block",
+              [&] {
+                return MPI_Reduce_scatter_block(pin, pout, to_int(n), mpi_type(dt), sum_op(dt),
+                                                comm_.comm);
+              },
+              [&](MPI_Request* r) {
+                return MPI_Ireduce_scatter_block(pin, pout, to_int(n), mpi_type(dt), sum_op(dt),
+                                                 comm_.comm, r);
+              });
+        });
   }
 
   void do_broadcast(void* buf, int64_t bytes, int root) override {
@@ -217,10 +289,17 @@ MpiSession::MpiSession() {
   if (init) {
     LOOM_MPI(MPI_Query_thread, &provided);
   } else {
-    // Open MPI's blocking calls poll; on the communication thread a poll that never yields takes
-    // a core from the rank's own compute (bench-llama fsdp, 2 ranks on 2 cores: 1011 tokens/s
-    // yielding, 970 not). A user's own setting wins.
+    // Open MPI's tuning, each measured (docs/comm.md); a user's own setting of a key wins.
+    // Its blocking calls poll; on the communication thread a poll that never yields takes a core
+    // from the rank's own compute (bench-llama fsdp, 2 ranks on 2 cores: 1011 tokens/s yielding,
+    // 970 not).
     setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+    // Reduce_scatter_block by recursive halving: the fixed rules pick an algorithm that moves
+    // the whole buffer to one rank and back (over TCP at 0.5 Gbit/s, 2 ranks, 16 MiB: 354 ms
+    // against 145 ms, the link's rate; on shared memory the two are within noise). The other
+    // collectives keep the fixed rules (dynamic rules with no algorithm forced fall back to them).
+    setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", 0);
+    setenv("OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm", "3", 0);
     LOOM_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     owns_ = true;
   }

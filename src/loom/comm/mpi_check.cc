@@ -73,11 +73,21 @@ void run(Communicator& world) {
                 "run it as mpirun -np 2 (or 4) mpi_check");
   if (world.backend() != "mpi") throw Error("mpi_check: backend is " + world.backend());
   const checks::Options exact{.rank_order = false};
-  for (int64_t chunk : {kDefaultChunkBytes, int64_t(12), int64_t(64)}) {
-    world.set_chunk_bytes(chunk);
-    world.set_gather_chunk_bytes(chunk == kDefaultChunkBytes ? kMaxChunkBytes : chunk);
-    checks::run_all(world, exact);
+  // blocking calls, then the non-blocking ones a communication thread waits for politely
+  // (communicator.h: set_polite_waits; reduce_scatter then runs as an alltoall and a local sum)
+  for (bool polite : {false, true}) {
+    set_polite_waits(polite);
+    for (int64_t chunk : {kDefaultChunkBytes, int64_t(12), int64_t(64)}) {
+      world.set_chunk_bytes(chunk);
+      world.set_gather_chunk_bytes(chunk == kDefaultChunkBytes ? kMaxChunkBytes : chunk);
+      checks::run_all(world, exact);
+    }
+    world.set_chunk_bytes(kDefaultChunkBytes);
+    world.set_gather_chunk_bytes(kMaxChunkBytes);
+    checks::check_chunking(world, exact);
+    check_random_sums_agree(world);
   }
+  set_polite_waits(false);
   world.set_chunk_bytes(kDefaultChunkBytes);
   world.set_gather_chunk_bytes(kMaxChunkBytes);
   checks::check_chunking(world, exact);

@@ -46,7 +46,9 @@ Stage parse_stage(std::string_view name);
 //           (inference only: it stops at the forward stage and takes no plan)
 enum class StepKind { eval, infer, grads, train, decode };
 
-// [passes]: what the scheduled stage does to a per-rank program.
+// [passes]: what the scheduled stage does to a per-rank program, in the order its passes run.
+//   reshard_after_forward   true: a split parameter is gathered again for the backward (as
+//              lowered); false: gathered once per step and kept to its last use (passes/reshard.cc)
 //   bucket     none: every collective as lowered; block: a parameter's all-gathers and a
 //              gradient's reductions merged into one collective per parameter group (roles.blocks:
 //              a transformer block, the embedding, the head) and direction, up to bucket_mb each
@@ -57,6 +59,7 @@ struct ScheduleOptions {
   enum class Bucket { none, block };
   Bucket bucket = Bucket::block;
   double bucket_mb = 64;
+  bool reshard_after_forward = true;
   bool prefetch = true;
   int64_t max_in_flight = 2;
 };

@@ -41,7 +41,7 @@ Stage parse_stage(std::string_view name) {
 const std::vector<Pass>& pipeline() {
   static const std::vector<Pass> p{build_model_pass(),   differentiate_pass(), add_optimizer_pass(),
                                    apply_tactics_pass(), propagate_pass(),     lower_pass(),
-                                   bucket_pass(),        prefetch_pass()};
+                                   reshard_pass(),       bucket_pass(),        prefetch_pass()};
   return p;
 }
 

@@ -33,6 +33,7 @@ Pass add_optimizer_pass();
 Pass apply_tactics_pass();
 Pass propagate_pass();
 Pass lower_pass();
+Pass reshard_pass();
 Pass bucket_pass();
 Pass prefetch_pass();
 

@@ -1,5 +1,7 @@
 #include "loom/runtime/comm_stream.h"
 
+#include "loom/comm/communicator.h"
+
 namespace loom::runtime {
 
 CommStream::CommStream() : thread_([this] { loop(); }) {}
@@ -39,6 +41,8 @@ bool CommStream::idle() {
 }
 
 void CommStream::loop() {
+  // this thread shares the rank's cores with its compute: it sleeps between polls (communicator.h)
+  comm::set_polite_waits(true);
   for (;;) {
     std::function<void()> task;
     {

@@ -248,6 +248,8 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
                     {passes::ScheduleOptions::Bucket::none, passes::ScheduleOptions::Bucket::block},
                     passes::bucket_name)},
            {"bucket_mb", as_float([](Config& c) -> double& { return c.passes.bucket_mb; })},
+           {"reshard_after_forward",
+            as_bool([](Config& c) -> bool& { return c.passes.reshard_after_forward; })},
            {"prefetch", as_bool([](Config& c) -> bool& { return c.passes.prefetch; })},
            {"max_in_flight",
             as_int([](Config& c) -> int64_t& { return c.passes.max_in_flight; })},
