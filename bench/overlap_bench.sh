@@ -8,7 +8,9 @@
 #   bench/overlap_bench.sh [CONFIG] [ROUNDS] [RATES]     (root; RATES e.g. "0.5 1 2 5 unlimited")
 #
 # Environment: STEPS, WARMUP (loom bench's; 4 and 1); VARIANTS (default "off on"; also "bucket":
-# bucketed but synchronous, "on1": one collective in flight); SHM=0 skips the shared-memory runs;
+# bucketed but synchronous, "on1": one collective in flight, "once": on, each parameter gathered
+# once per step); MTU (the veth's, 9000 unless set); TBF_LATENCY (tbf's queue bound, 100ms);
+# SHM=0 skips the shared-memory runs;
 # COMM_BENCH=1 first measures each rate's collective bandwidth with bench/comm_bench (to stderr);
 # TRACE_DIR=D writes each run's Chrome trace (loom bench --trace) into D.
 #
@@ -146,7 +148,8 @@ declare -A passes=(
   [off]="--set passes.bucket=none --set passes.prefetch=false"
   [bucket]="--set passes.bucket=block --set passes.prefetch=false"
   [on]="--set passes.bucket=block --set passes.prefetch=true"
-  [on1]="--set passes.bucket=block --set passes.prefetch=true --set passes.max_in_flight=1")
+  [on1]="--set passes.bucket=block --set passes.prefetch=true --set passes.max_in_flight=1"
+  [once]="--set passes.bucket=block --set passes.prefetch=true --set passes.reshard_after_forward=false")
 variants=${VARIANTS:-off on}
 shm=${SHM:-1}
 log=$TMP/log
@@ -207,8 +210,9 @@ for rate in dict.fromkeys(r["link_gbit"] for r in runs if r["link_gbit"] != "shm
                   "collectives_per_step": med([r["collectives_per_step"] for r in rs]),
                   "peak_rss_mb": med([max(p["peak_rss_bytes"] for p in r["per_rank"]) / 2**20
                                       for r in rs])}
-    if "on" in row and "off" in row:
-        row["speedup"] = row["on"]["tokens_per_s"] / row["off"]["tokens_per_s"]
+    for v in ("on", "once"):
+        if v in row and "off" in row:
+            row["speedup_" + v] = row[v]["tokens_per_s"] / row["off"]["tokens_per_s"]
     out["rates"].append(row)
 shm = {p: med([r["tokens_per_s"] for r in runs if r["link_gbit"] == "shm" and r["plan_name"] == p])
        for p in ("data", "fsdp")}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Loom's plans against PyTorch's data-parallel peers on the same model, global batch and threads:
 #   bench/plan_bench.sh [CONFIG] [ROUNDS]
-# Speed: 2 ranks x 1 thread. Loom `data` and `fsdp` under mpirun beside bench/peer/torch_dist.py:
+# Speed: 2 ranks x 1 thread. Loom `data` and `fsdp` under mpirun (fsdp also without the scheduled
+# stage's passes, "+nopasses", and gathering each parameter once, "+once") beside
+# bench/peer/torch_dist.py:
 # DDP over gloo on Debian's PyTorch 1.13 (always) and, where bench/peer/setup_venv.sh has made
 # $LOOM_PEER_VENV, DDP and FSDP2 (fully_shard) on PyTorch 2.x, alternated ROUNDS times so all see the
 # same machine load. Memory: Loom `data` and `fsdp` on 2 and 4 ranks (each line's per_rank holds the
@@ -27,6 +29,14 @@ for ((r = 0; r < rounds; r++)); do
   for plan in data fsdp; do
     "${mpirun[@]}" -np 2 "$loom" bench "$config" --steps 10 --warmup 2 \
       --set 'plan.mesh={data=2}' --set "plan.tactics=${!plan}" | tee -a "$log"
+  done
+  # fsdp without the scheduled stage's passes (as lowered: unbucketed, synchronous), and with each
+  # parameter gathered once per step
+  for passes in "passes.bucket=none passes.prefetch=false" "passes.reshard_after_forward=false"; do
+    sets=()
+    for kv in $passes; do sets+=(--set "$kv"); done
+    "${mpirun[@]}" -np 2 "$loom" bench "$config" --steps 10 --warmup 2 \
+      --set 'plan.mesh={data=2}' --set "plan.tactics=$fsdp" "${sets[@]}" | tee -a "$log"
   done
   "${peer[@]}" /usr/bin/python3 bench/peer/torch_dist.py "$config" --wrap ddp "${peer_args[@]}" |
     tee -a "$log"

@@ -17,7 +17,13 @@ def program(d):
         return d["peer"] + ("" if d.get("torch_version", "").startswith("2") else "-" + d.get(
             "torch_version", "?").split("a")[0])
     tactics = d["plan"]["tactics"] if isinstance(d.get("plan"), dict) else []
-    return "loom" + "".join("-" + t.split(":")[0] for t in tactics)
+    name = "loom" + "".join("-" + t.split(":")[0] for t in tactics)
+    passes = d.get("passes", {})  # the scheduled stage's passes, where not their defaults
+    if passes.get("bucket") == "none" and passes.get("prefetch") is False:
+        name += "+nopasses"
+    if passes.get("reshard_after_forward") is False:
+        name += "+once"
+    return name
 
 
 def peak_memory(d):

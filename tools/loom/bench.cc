@@ -117,6 +117,11 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
     for (const auto& t : cfg.plan.plan.tactics) tactics.push_back(t.kind + ":" + t.axis);
     j["plan"] = {
         {"mesh", cfg.plan.plan.mesh.to_string()}, {"tactics", tactics}, {"ranks", cfg.plan.ranks}};
+    j["passes"] = {{"bucket", passes::bucket_name(cfg.passes.bucket)},
+                   {"bucket_mb", cfg.passes.bucket_mb},
+                   {"reshard_after_forward", cfg.passes.reshard_after_forward},
+                   {"prefetch", cfg.passes.prefetch},
+                   {"max_in_flight", cfg.passes.max_in_flight}};
   }
   j["per_rank"] = nlohmann::json::array();
   for (size_t r = 0; r < all.size() / mine.size(); ++r) {
@@ -183,6 +188,7 @@ std::function<int()> add_bench(CLI::App& app) {
                 "write the timed steps as a Chrome trace (per rank: compute and comm lanes)");
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
+    if (!o->trace.empty()) runtime::check_trace_path(o->trace);
     return run_ranks(cfg,
                      [&](const runtime::MeshComms* comms) { return bench_rank(*o, cfg, comms); });
   };

@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "loom/outer/island.h"
+#include "loom/runtime/trace.h"
 #include "loom/train/loop.h"
 #include "ranks.h"
 
@@ -85,6 +86,7 @@ std::function<int()> add_train(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
+    if (!o->trace.empty()) runtime::check_trace_path(o->trace);
     train::RunOptions opts{.run_dir = o->run_dir,
                            .resume = !o->resume.empty(),
                            .slowdown = o->slowdown,

@@ -61,9 +61,8 @@ bool mpi_running() {
 // 349 tokens/s).
 // Over TCP the socket buffers keep the link busy while this thread sleeps; Open MPI progresses the
 // collective inside each MPI_Test.
-template <class Blocking, class Start>
-void collective(const char* name, Blocking&& call, Start&& start) {
-  if (!polite_waits()) return mpi_call(name, call());
+template <class Start>
+void complete_politely(const char* name, Start&& start) {
   MPI_Request req = MPI_REQUEST_NULL;
   mpi_call(name, start(&req));
   int done = 0;
@@ -73,6 +72,14 @@ void collective(const char* name, Blocking&& call, Start&& start) {
     nanosleep(&ts, nullptr);
     LOOM_MPI(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
   }
+}
+
+template <class Blocking, class Start>
+void collective(const char* name, Blocking&& call, Start&& start) {
+  if (polite_waits())
+    complete_politely(name, start);
+  else
+    mpi_call(name, call());
 }
 
 int to_int(int64_t n) {
@@ -185,35 +192,25 @@ class MpiCommunicator final : public Communicator {
       // path exchanges the blocks with MPI_Ialltoall (each rank sends (p-1)/p of its input, as
       // halving does) and sums its p blocks in rank order with MPI_Reduce_local
       std::vector<char> blocks;
-      chunked_reduce_scatter(
-          in, out, count, es, size_, chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
-            blocks.resize(size_t(n * es * size_));
-            collective(
-                "MPI_Ialltoall", [] { return MPI_SUCCESS; },
-                [&](MPI_Request* r) {
-                  return MPI_Ialltoall(pin, to_int(n), mpi_type(dt), blocks.data(), to_int(n),
-                                       mpi_type(dt), comm_.comm, r);
-                });
-            std::memcpy(pout, blocks.data(), size_t(n * es));
-            for (int r = 1; r < size_; ++r)
-              LOOM_MPI(MPI_Reduce_local, blocks.data() + r * n * es, pout, to_int(n), mpi_type(dt),
-                       sum_op(dt));
-          });
+      chunked_reduce_scatter(in, out, count, es, size_, chunk_bytes(),
+                             [&](const void* pin, void* pout, int64_t n) {
+                               blocks.resize(size_t(n * es * size_));
+                               complete_politely("MPI_Ialltoall", [&](MPI_Request* r) {
+                                 return MPI_Ialltoall(pin, to_int(n), mpi_type(dt), blocks.data(),
+                                                      to_int(n), mpi_type(dt), comm_.comm, r);
+                               });
+                               std::memcpy(pout, blocks.data(), size_t(n * es));
+                               for (int r = 1; r < size_; ++r)
+                                 LOOM_MPI(MPI_Reduce_local, blocks.data() + r * n * es, pout,
+                                          to_int(n), mpi_type(dt), sum_op(dt));
+                             });
       return;
     }
-    chunked_reduce_scatter(
-        in, out, count, es, size_, chunk_bytes(), [&](const void* pin, void* pout, int64_t n) {
-          collective(
-              "MPI_Reduce_scatter_block",
-              [&] {
-                return MPI_Reduce_scatter_block(pin, pout, to_int(n), mpi_type(dt), sum_op(dt),
-                                                comm_.comm);
-              },
-              [&](MPI_Request* r) {
-                return MPI_Ireduce_scatter_block(pin, pout, to_int(n), mpi_type(dt), sum_op(dt),
-                                                 comm_.comm, r);
-              });
-        });
+    chunked_reduce_scatter(in, out, count, es, size_, chunk_bytes(),
+                           [&](const void* pin, void* pout, int64_t n) {
+                             LOOM_MPI(MPI_Reduce_scatter_block, pin, pout, to_int(n), mpi_type(dt),
+                                      sum_op(dt), comm_.comm);
+                           });
   }
 
   void do_broadcast(void* buf, int64_t bytes, int root) override {

@@ -14,7 +14,6 @@
 //
 // Only gathers of graph inputs (parameters) merge: a gather of a computed value is the gather of
 // that value alone. Nothing is reordered here; bucket and prefetch run after.
-#include <fmt/format.h>
 
 #include <map>
 #include <tuple>
