@@ -27,6 +27,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$PWD
+# shellcheck source=../scripts/netns.sh
+source "$SRC/scripts/netns.sh"
 config=${1:-configs/bench-llama.toml}
 rounds=${2:-2}
 rates=${3:-"0.5 1 2 5 unlimited"}
@@ -79,25 +81,8 @@ for ns in "$NS_A" "$NS_B"; do
   ip -n "$ns" link set eth0 mtu "${MTU:-9000}" up
 done
 # a TCP round trip from A to B before MPI uses the link
-ip netns exec "$NS_B" timeout 20 python3 -c '
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], 5999)); s.listen(1); s.settimeout(15)
-c, _ = s.accept(); c.sendall(c.recv(16))' "$NET.2" 2>/dev/null &
-echo_pid=$!
-ok=0
-for ((i = 0; i < 100; i++)); do
-  if ip netns exec "$NS_A" timeout 5 python3 -c '
-import socket, sys
-c = socket.create_connection((sys.argv[1], 5999), timeout=3); c.sendall(b"ping")
-sys.exit(c.recv(16) != b"ping")' "$NET.2" 2>/dev/null; then
-    ok=1
-    break
-  fi
-  sleep 0.1
-done
-wait "$echo_pid" || true
-((ok)) || die "namespace $NS_A cannot reach $NET.2 in $NS_B over the veth pair"
+netns_reachable "$NS_A" "$NS_B" "$NET.2" ||
+  die "namespace $NS_A cannot reach $NET.2 in $NS_B over the veth pair"
 
 set_rate() {  # set_rate GBIT|unlimited: tbf on both ends' egress (a burst of 1 ms of traffic,
 #   at least 64 KiB: a larger bucket refills while compute runs and lets a short collective pass at
@@ -115,18 +100,7 @@ set_rate() {  # set_rate GBIT|unlimited: tbf on both ends' egress (a burst of 1 
 
 # --- the launcher: Open MPI's rsh agent runs a host's command line in its namespace ---
 AGENT=$TMP/agent
-cat >"$AGENT" <<EOF
-#!/bin/sh
-host=\$1
-shift
-case \$host in
-  $NET.1) ns=$NS_A ;;
-  $NET.2) ns=$NS_B ;;
-  *) echo "overlap_bench agent: unknown host '\$host'" >&2; exit 255 ;;
-esac
-exec ip netns exec "\$ns" /bin/sh -c "\$*"
-EOF
-chmod +x "$AGENT"
+netns_agent "$AGENT" "" "$NET.1" "$NS_A" "$NET.2" "$NS_B"
 printf '%s slots=1\n%s slots=1\n' "$NET.1" "$NET.2" >"$TMP/hostfile"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

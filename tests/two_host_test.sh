@@ -36,6 +36,8 @@ LOOM=$(realpath "$LOOM")
 SRC=$(realpath "$SRC")
 CONFIG=$SRC/configs/tiny-llama.toml
 [[ -f $CONFIG ]] || die "no $CONFIG (is $SRC the source dir?)"
+# shellcheck source=../scripts/netns.sh
+source "$SRC/scripts/netns.sh"
 
 STEPS=20
 NET=10.213.77
@@ -115,44 +117,13 @@ done
 
 # A plain TCP connection from A to B first, so that a bridge that drops traffic (br_netfilter with a
 # DROP forward policy) is reported as such and not as an MPI hang.
-ip netns exec "$NS_B" timeout 20 python3 -c '
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], 5999)); s.listen(1); s.settimeout(15)
-c, _ = s.accept(); c.sendall(c.recv(16))' "$IP_B" 2>/dev/null &
-echo_pid=$!
-ok=0
-deadline=$((SECONDS + 15))
-while ((SECONDS < deadline)); do
-  if ip netns exec "$NS_A" timeout 5 python3 -c '
-import socket, sys
-c = socket.create_connection((sys.argv[1], 5999), timeout=3); c.sendall(b"ping")
-sys.exit(c.recv(16) != b"ping")' "$IP_B" 2>/dev/null; then
-    ok=1
-    break
-  fi
-  sleep 0.1
-done
-wait "$echo_pid" || true
-((ok)) || die "namespace $NS_A cannot reach $IP_B in $NS_B over bridge $BR (is bridged traffic" \
-              "filtered? see net.bridge.bridge-nf-call-iptables)"
+netns_reachable "$NS_A" "$NS_B" "$IP_B" ||
+  die "namespace $NS_A cannot reach $IP_B in $NS_B over bridge $BR (is bridged traffic" \
+      "filtered? see net.bridge.bridge-nf-call-iptables)"
 
 # --- the launcher: an rsh agent that maps a host (its IP) to its namespace ---
 AGENT=$TMP/agent
-cat >"$AGENT" <<EOF
-#!/bin/sh
-# Open MPI's rsh agent: \$1 is the host, the rest the command line for its shell.
-echo "\$*" >>"$TMP/agent.log"
-host=\$1
-shift
-case \$host in
-  $IP_A) ns=$NS_A ;;
-  $IP_B) ns=$NS_B ;;
-  *) echo "two_host agent: unknown host '\$host'" >&2; exit 255 ;;
-esac
-exec ip netns exec "\$ns" /bin/sh -c "\$*"
-EOF
-chmod +x "$AGENT"
+netns_agent "$AGENT" "$TMP/agent.log" "$IP_A" "$NS_A" "$IP_B" "$NS_B"
 printf '%s slots=1\n%s slots=1\n' "$IP_A" "$IP_B" >"$TMP/hostfile"
 
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
