@@ -8,9 +8,11 @@
 // MPI needs MPI_THREAD_SERIALIZED (comm/mpi.cc asks for it and checks it at start).
 //
 // Failure: a collective that throws (a peer aborted: local.h; a checked argument) is rethrown by
-// its wait() on the compute thread; a stream destroyed while a collective is still blocked (a
-// peer died mid-step and the error is unwinding the compute thread) detaches the thread rather
-// than hang, and leaks what that collective may still touch (the process is ending: ranks.cc).
+// its wait() on the compute thread. A stream must not be destroyed while a collective is still
+// blocked on a peer (a peer died mid-step and an error is unwinding the compute thread): its thread
+// would outlive the stream's members. Its owner leaks it instead, with the buffers the collective
+// may still touch (runtime::Executor's destructor does; the process is ending: ranks.cc), and the
+// destructor, should it be reached busy all the same, detaches rather than hangs.
 #pragma once
 
 #include <condition_variable>
