@@ -98,6 +98,20 @@ r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage",
 check("max_in_flight < 1: exit 1 naming the key",
       r.returncode == 1 and "[passes] max_in_flight" in r.stderr, r.stderr)
 
+r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
+         "--rank", "0", *FSDP, "--set", "passes.recompute=full")
+check("unknown recompute policy: exit 1 naming the key and the choices",
+      r.returncode == 1 and "[passes] recompute" in r.stderr and "selective" in r.stderr, r.stderr)
+
+def planned_peak(*extra):
+    r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
+             "--rank", "0", *FSDP, *extra)
+    m = re.search(r"# planned peak: ([\d.]+) MB", r.stdout)
+    return float(m.group(1)) if m else float("nan")
+
+kept, again = planned_peak(), planned_peak("--set", "passes.recompute=selective")
+check("recompute = selective lowers the planned peak", again < kept, "%s vs %s MB" % (again, kept))
+
 # prefetch: every collective a start (async = 1) and a wait; off, none of either
 _, r = collectives("scheduled")
 starts, waits = r.stdout.count("async = 1"), len(re.findall(r"= wait\(", r.stdout))

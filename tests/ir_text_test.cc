@@ -11,7 +11,8 @@
 //   # blocks: l0=w1,w2 l1=w3,w4         (roles: parameter groups, in forward order)
 //   # passes: apply_tactics propagate lower   (default; passes/pipeline.h names them)
 //   # schedule: max_in_flight=1 bucket=none   ([passes] options other than the defaults:
-//                                        bucket, bucket_mb, prefetch, max_in_flight)
+//                                        reshard_after_forward, recompute, bucket, bucket_mb,
+//                                        prefetch, max_in_flight)
 //   graph mlp.rank { ... }              (the expected program: the per-rank one once `lower` ran,
 //                                        else the global graph)
 //
@@ -118,6 +119,9 @@ TEST_P(IrText, LoweredProgramMatches) {
       so.bucket_mb = std::stod(f.at(1));
     else if (f[0] == "reshard_after_forward")
       so.reshard_after_forward = f.at(1) == "true";
+    else if (f[0] == "recompute")
+      so.recompute = f.at(1) == "selective" ? ScheduleOptions::Recompute::selective
+                                            : ScheduleOptions::Recompute::none;
     else if (f[0] == "prefetch")
       so.prefetch = f.at(1) == "true";
     else if (f[0] == "max_in_flight")

@@ -153,7 +153,8 @@ inline Config single(Config c) {
 // "block", prefetch with 2 collectives in flight), and, for fsdp and data, without bucketing, with
 // buckets so small that every group splits into several, without prefetch (every collective
 // synchronous, on the compute thread), with one collective in flight at a time, and with each
-// parameter gathered once per step (reshard_after_forward = false).
+// parameter gathered once per step (reshard_after_forward = false); and with recompute =
+// "selective".
 inline std::vector<Case> cases() {
   const char* data = R"({kind="data",axis="data"})";
   const std::string fsdp_megatron =
@@ -210,6 +211,16 @@ inline std::vector<Case> cases() {
        fsdp_megatron,
        "mid",
        {"passes.reshard_after_forward=false", "passes.max_in_flight=3"}},
+      {"gpt2_fsdp_recompute",
+       "{data=2}",
+       std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
+       "gpt2",
+       {"passes.recompute=selective"}},
+      {"mid_megatron_sequence_recompute",
+       "{model=2}",
+       megatron_sequence,
+       "mid",
+       {"passes.recompute=selective"}},
       {"mid_data_unbucketed_prefetch",
        "{data=2}",
        std::string("[") + data + "]",

@@ -41,12 +41,17 @@ Stage parse_stage(std::string_view name) {
 const std::vector<Pass>& pipeline() {
   static const std::vector<Pass> p{build_model_pass(),   differentiate_pass(), add_optimizer_pass(),
                                    apply_tactics_pass(), propagate_pass(),     lower_pass(),
-                                   reshard_pass(),       bucket_pass(),        prefetch_pass()};
+                                   reshard_pass(),       recompute_pass(),     bucket_pass(),
+                                   prefetch_pass()};
   return p;
 }
 
 const char* bucket_name(ScheduleOptions::Bucket b) {
   return b == ScheduleOptions::Bucket::block ? "block" : "none";
+}
+
+const char* recompute_name(ScheduleOptions::Recompute r) {
+  return r == ScheduleOptions::Recompute::selective ? "selective" : "none";
 }
 
 const Pass& find_pass(std::string_view name) {

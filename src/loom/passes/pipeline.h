@@ -34,6 +34,7 @@ Pass apply_tactics_pass();
 Pass propagate_pass();
 Pass lower_pass();
 Pass reshard_pass();
+Pass recompute_pass();
 Pass bucket_pass();
 Pass prefetch_pass();
 

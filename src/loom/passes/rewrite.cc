@@ -25,14 +25,19 @@ void Rewriter::copy(const ir::Node& n) {
                             << " used before it is made";
     ins.push_back(map(v));
   }
+  const auto outs = copy_with(n, ins);
+  for (size_t i = 0; i < outs.size(); ++i) alias(n.outputs[i], outs[i]);
+}
+
+std::vector<int> Rewriter::copy_with(const ir::Node& n, const std::vector<int>& inputs,
+                                     const std::string& suffix) {
   std::vector<ir::TensorType> types;
   std::vector<std::string> names;
   for (int v : n.outputs) {
     types.push_back(old_.graph.value(v).type);
-    names.push_back(old_.graph.value(v).name);
+    names.push_back(old_.graph.value(v).name + suffix);
   }
-  const auto outs = next_.graph.add_node(n.op, ins, n.attrs, types, names);
-  for (size_t i = 0; i < outs.size(); ++i) alias(n.outputs[i], outs[i]);
+  return next_.graph.add_node(n.op, inputs, n.attrs, types, names);
 }
 
 void Rewriter::alias(int old_value, int new_value) {

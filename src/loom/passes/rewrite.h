@@ -13,6 +13,7 @@
 // never mapped. The verifier runs on the result like after every pass (pipeline.h).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "loom/ops/builder.h"
@@ -35,6 +36,10 @@ class Rewriter {
   // Appends a copy of old node n (same op, attributes, output names and types) over the mapped
   // inputs, and maps its outputs.
   void copy(const ir::Node& n);
+  // Appends a copy of old node n over the given new inputs, its outputs named as n's plus
+  // `suffix`; returns the new outputs, unmapped (alias them, or keep them beside the old ones).
+  std::vector<int> copy_with(const ir::Node& n, const std::vector<int>& inputs,
+                             const std::string& suffix = "");
   // The old value is computed by new_value from now on.
   void alias(int old_value, int new_value);
   // The new program; `old` is left as it was.

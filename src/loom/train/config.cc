@@ -250,6 +250,13 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
            {"bucket_mb", as_float([](Config& c) -> double& { return c.passes.bucket_mb; })},
            {"reshard_after_forward",
             as_bool([](Config& c) -> bool& { return c.passes.reshard_after_forward; })},
+           {"recompute", as_enum(
+                             [](Config& c) -> passes::ScheduleOptions::Recompute& {
+                               return c.passes.recompute;
+                             },
+                             {passes::ScheduleOptions::Recompute::none,
+                              passes::ScheduleOptions::Recompute::selective},
+                             passes::recompute_name)},
            {"prefetch", as_bool([](Config& c) -> bool& { return c.passes.prefetch; })},
            {"max_in_flight",
             as_int([](Config& c) -> int64_t& { return c.passes.max_in_flight; })},
