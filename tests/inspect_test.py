@@ -93,19 +93,16 @@ r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage",
          "--rank", "0", *FSDP, "--set", "passes.bucket_mb=0")
 check("bucket_mb <= 0: exit 1 naming the key", r.returncode == 1 and "[passes] bucket_mb" in r.stderr,
       r.stderr)
-r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
-         "--rank", "0", *FSDP, "--set", "passes.max_in_flight=0")
+_, r = collectives("scheduled", "--set", "passes.max_in_flight=0")
 check("max_in_flight < 1: exit 1 naming the key",
       r.returncode == 1 and "[passes] max_in_flight" in r.stderr, r.stderr)
 
-r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
-         "--rank", "0", *FSDP, "--set", "passes.recompute=full")
+_, r = collectives("scheduled", "--set", "passes.recompute=full")
 check("unknown recompute policy: exit 1 naming the key and the choices",
       r.returncode == 1 and "[passes] recompute" in r.stderr and "selective" in r.stderr, r.stderr)
 
 def planned_peak(*extra):
-    r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
-             "--rank", "0", *FSDP, *extra)
+    _, r = collectives("scheduled", *extra)
     m = re.search(r"# planned peak: ([\d.]+) MB", r.stdout)
     return float(m.group(1)) if m else float("nan")
 

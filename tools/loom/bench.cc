@@ -125,8 +125,11 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
                    {"max_in_flight", cfg.passes.max_in_flight}};
   }
   j["per_rank"] = nlohmann::json::array();
-  for (size_t r = 0; r < all.size() / mine.size(); ++r) {
+  const size_t ranks = all.size() / mine.size();
+  double exposed_us = 0;  // summed over the ranks
+  for (size_t r = 0; r < ranks; ++r) {
     const int64_t* x = &all[r * mine.size()];
+    exposed_us += double(x[5]);
     j["per_rank"].push_back({{"param_bytes", x[0]},
                              {"grad_bytes", x[1]},
                              {"moment_bytes", x[2]},
@@ -135,11 +138,8 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
                              {"exposed_comm_ms", double(x[5]) / 1000.0}});
   }
   // the time compute waited on communication, per step: the ranks' mean
-  double exposed_sum = 0;
-  for (size_t r = 0; r < all.size() / mine.size(); ++r)
-    exposed_sum += double(all[r * mine.size() + 5]);
-  j["exposed_comm_ms"] = exposed_sum / 1000.0 / double(all.size() / mine.size());
-  j["exposed_comm_fraction"] = j["exposed_comm_ms"].get<double>() / median;
+  j["exposed_comm_ms"] = exposed_us / 1000.0 / double(ranks);
+  j["exposed_comm_fraction"] = exposed_us / 1000.0 / double(ranks) / median;
   if (!o->trace.empty()) runtime::write_trace(o->trace, trace, comms);
   if (comms && comms->world().rank() != 0) return 0;
   fmt::print("{}\n", j.dump());

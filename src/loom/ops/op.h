@@ -85,6 +85,11 @@ bool has_op(std::string_view name);
 // Whether op `name` (registered) declares trait t.
 bool has_trait(std::string_view name, Trait t);
 std::vector<std::string> op_names();
+// The value that a chain of collectives (and the waits completing them) started from: `value`
+// followed back through each collective's input and each wait's collective input until a node of
+// another kind (or a graph input) made it. E.g. a data-parallel rank's all-reduced loss -> the
+// rank's own loss.
+int before_collectives(const ir::Graph& g, int value);
 
 // Registration, called once from the registry (explicit, so static linking never drops an op).
 void register_op(OpDef def);

@@ -45,6 +45,20 @@ const OpDef& op_def(std::string_view name) {
 
 bool has_trait(std::string_view name, Trait t) { return op_def(name).traits.has(t); }
 
+int before_collectives(const ir::Graph& g, int value) {
+  for (;;) {
+    const ir::Value& v = g.value(value);
+    if (v.kind != ir::ValueKind::node) return value;
+    const ir::Node& n = g.node(v.producer);
+    if (has_trait(n.op, Trait::completion))
+      value = n.inputs[1];
+    else if (has_trait(n.op, Trait::collective))
+      value = n.inputs[0];
+    else
+      return value;
+  }
+}
+
 bool has_op(std::string_view name) {
   ensure_registered();
   return table().find(name) != table().end();

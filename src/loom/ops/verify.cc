@@ -75,13 +75,13 @@ std::vector<std::string> verify(const ir::Graph& g) {
         d.push_back(fmt::format("{}: %{} is not the output of an asynchronous collective of %{}",
                                 where, h.name, g.value(n.inputs[1]).name));
     }
-    for (int v : n.inputs) {
-      const ir::Value& iv = g.value(v);
-      if (iv.kind == ir::ValueKind::node && !def.traits.has(Trait::completion) &&
-          g.node(iv.producer).attr_int("async", 0) == 1)
-        d.push_back(fmt::format("{}: reads %{} while its collective is in flight (before its wait)",
-                                where, iv.name));
-    }
+    if (!def.traits.has(Trait::completion))
+      for (int v : n.inputs) {
+        const ir::Value& iv = g.value(v);
+        if (iv.kind == ir::ValueKind::node && g.node(iv.producer).attr_int("async", 0) == 1)
+          d.push_back(fmt::format(
+              "{}: reads %{} while its collective is in flight (before its wait)", where, iv.name));
+      }
     for (auto [o, i] : def.inplace)
       if (last_read[n.inputs[i]] != n.id)
         d.push_back(fmt::format("{}: overwrites %{} in place, but node #{} reads it later", where,

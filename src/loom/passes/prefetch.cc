@@ -38,12 +38,14 @@ namespace {
 
 enum class Kind { node, start, wait };
 
+// A start's wait is the item right after it.
 struct Item {
   Kind kind;
-  int node;            // the old node
-  bool lazy = false;   // emitted on demand (waits and their unpacking)
-  bool eager = false;  // emitted as early as allowed (starts and their packing)
-  bool chain = false;  // a start of a parameter all-gather (the prefetch chain)
+  int node;               // the old node
+  std::vector<int> deps;  // the items it reads from (a wait: its start)
+  bool lazy = false;      // emitted on demand (waits and their unpacking)
+  bool eager = false;     // emitted as early as allowed (starts and their packing)
+  bool chain = false;     // a start of a parameter all-gather (the prefetch chain)
   bool done = false;
 };
 
@@ -72,35 +74,24 @@ class Scheduler {
   Rewriter rw_;
   int64_t max_;
   std::vector<Item> items_;
-  std::map<int, int> item_of_value_;                        // old value -> the item that makes it
-  std::map<int, int> start_of_, wait_of_, inflight_value_;  // old collective node -> item / value
-  std::deque<int> inflight_;                                // started, not waited (old nodes)
-  std::vector<int> chain_;                                  // chain starts' items, in order
+  std::map<int, int> inflight_value_;  // started old collective node -> its in-flight new value
+  std::deque<int> inflight_;           // started, not waited (their start items)
+  std::vector<int> starts_, chain_;    // start items, and the chain's among them, in order
 
   void build_items() {
+    std::vector<int> item_of_value(g_.values().size(), -1);  // old value -> the item making it
     for (const ir::Node& n : g_.nodes()) {
-      if (!is_collective(n)) {
-        items_.push_back({Kind::node, n.id});
-        for (int v : n.outputs) item_of_value_[v] = int(items_.size()) - 1;
-        continue;
+      const bool collective = is_collective(n);
+      Item it{collective ? Kind::start : Kind::node, n.id};
+      for (int v : n.inputs)  // graph inputs have no item
+        if (item_of_value[size_t(v)] >= 0) it.deps.push_back(item_of_value[size_t(v)]);
+      items_.push_back(std::move(it));
+      if (collective) {
+        starts_.push_back(int(items_.size()) - 1);
+        items_.push_back({Kind::wait, n.id, {int(items_.size()) - 1}});
       }
-      items_.push_back({Kind::start, n.id});
-      start_of_[n.id] = int(items_.size()) - 1;
-      items_.push_back({Kind::wait, n.id});
-      wait_of_[n.id] = int(items_.size()) - 1;
-      item_of_value_[n.outputs[0]] = int(items_.size()) - 1;
+      for (int v : n.outputs) item_of_value[size_t(v)] = int(items_.size()) - 1;
     }
-  }
-
-  // The items an item reads from (-1 entries dropped: graph inputs).
-  std::vector<int> deps(const Item& it) const {
-    std::vector<int> d;
-    if (it.kind == Kind::wait) return {start_of_.at(it.node)};
-    for (int v : g_.node(it.node).inputs) {
-      auto f = item_of_value_.find(v);
-      if (f != item_of_value_.end()) d.push_back(f->second);
-    }
-    return d;
   }
 
   static bool unpacks(const std::string& op) { return op == "reshape" || op == "split"; }
@@ -109,12 +100,12 @@ class Scheduler {
   void classify() {
     std::map<int, std::vector<int>> users;  // item -> items that read it
     for (size_t i = 0; i < items_.size(); ++i)
-      for (int d : deps(items_[i])) users[d].push_back(int(i));
+      for (int d : items_[i].deps) users[d].push_back(int(i));
     for (size_t i = 0; i < items_.size(); ++i) {  // forward: waits and what only unpacks them
       Item& it = items_[i];
       if (it.kind == Kind::wait) it.lazy = true;
       if (it.kind != Kind::node || !unpacks(g_.node(it.node).op)) continue;
-      const auto d = deps(it);
+      const auto& d = it.deps;
       it.lazy = !d.empty() &&
                 std::all_of(d.begin(), d.end(), [&](int x) { return items_[size_t(x)].lazy; });
     }
@@ -126,24 +117,24 @@ class Scheduler {
       it.eager = !u.empty() &&
                  std::all_of(u.begin(), u.end(), [&](int x) { return items_[size_t(x)].eager; });
     }
-    for (size_t i = 0; i < items_.size(); ++i) {
-      Item& it = items_[i];
-      if (it.kind != Kind::start || g_.node(it.node).op != "all_gather") continue;
-      it.chain = only_params(int(i));
-      if (it.chain) chain_.push_back(int(i));
+    for (int s : starts_) {
+      Item& it = items_[size_t(s)];
+      if (g_.node(it.node).op != "all_gather") continue;
+      it.chain = only_params(s);
+      if (it.chain) chain_.push_back(s);
     }
   }
 
   // Whether an item's inputs come from graph inputs through packing alone.
   bool only_params(int item) const {
-    for (int d : deps(items_[size_t(item)]))
+    for (int d : items_[size_t(item)].deps)
       if (!items_[size_t(d)].eager || !only_params(d)) return false;
     return true;
   }
 
   // Whether an item can be emitted now without emitting a skeleton node or forcing a wait.
   bool ready(int item) const {
-    for (int d : deps(items_[size_t(item)])) {
+    for (int d : items_[size_t(item)].deps) {
       const Item& di = items_[size_t(d)];
       if (di.done) continue;
       if (!di.eager || !ready(d)) return false;
@@ -157,16 +148,16 @@ class Scheduler {
       for (size_t c = 0; c < chain_.size(); ++c) {  // the prefetch chain: one ahead
         const int s = chain_[c];
         if (items_[size_t(s)].done) continue;
-        if (c > 0 && !items_[size_t(wait_of_.at(items_[size_t(chain_[c - 1])].node))].done) break;
+        if (c > 0 && !items_[size_t(chain_[c - 1] + 1)].done) break;  // its wait
         if (!ready(s)) break;
         emit(s);
         progress = true;
         break;
       }
-      for (size_t i = 0; i < items_.size(); ++i) {  // every other start, as soon as it can
-        const Item& it = items_[i];
-        if (it.kind != Kind::start || it.done || it.chain || !ready(int(i))) continue;
-        emit(int(i));
+      for (int s : starts_) {  // every other start, as soon as it can
+        const Item& it = items_[size_t(s)];
+        if (it.done || it.chain || !ready(s)) continue;
+        emit(s);
         progress = true;
       }
     }
@@ -175,24 +166,24 @@ class Scheduler {
   void emit(int item) {
     Item& it = items_[size_t(item)];
     if (it.done) return;
-    for (int d : deps(it)) emit(d);
+    for (int d : it.deps) emit(d);
     if (it.done) return;  // a dependency's forced wait can emit it
     const ir::Node& n = g_.node(it.node);
     ops::Builder& b = rw_.builder();
     if (it.kind == Kind::node) {
       rw_.copy(n);
     } else if (it.kind == Kind::start) {
-      while (int64_t(inflight_.size()) >= max_) emit(wait_of_.at(inflight_.front()));
+      while (int64_t(inflight_.size()) >= max_) emit(inflight_.front() + 1);  // its wait
       ir::Attrs a = n.attrs;
       a["async"] = int64_t(1);
       inflight_value_[n.id] =
           b.emit1(n.op, {rw_.map(n.inputs[0])}, a, g_.value(n.outputs[0]).name + ".inflight");
-      inflight_.push_back(n.id);
+      inflight_.push_back(item);
     } else {
       const int out = b.emit1("wait", {inflight_value_.at(n.id), rw_.map(n.inputs[0])}, {},
                               g_.value(n.outputs[0]).name);
       rw_.alias(n.outputs[0], out);
-      std::erase(inflight_, n.id);
+      std::erase(inflight_, item - 1);
     }
     it.done = true;
   }

@@ -17,6 +17,7 @@
 // computes the loss (the program's loss output, followed back through its collectives). Only a
 // planned run's rank program is rewritten: an unsharded run executes the global train graph,
 // which the scheduled stage does not touch.
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -32,14 +33,11 @@ namespace {
 // The node that computes the loss in the rank program, or -1.
 int loss_node(const Compilation& c) {
   const auto& outs = c.model.graph.outputs();
-  int v = -1;
-  for (size_t i = 0; i < outs.size() && i < c.rank.outputs.size(); ++i)
-    if (outs[i] == c.model.loss) v = c.rank.outputs[i];
-  const ir::Graph& g = c.rank.graph;
-  while (v >= 0 && g.value(v).kind == ir::ValueKind::node) {
-    const ir::Node& n = g.node(g.value(v).producer);
-    if (!ops::has_trait(n.op, ops::Trait::collective)) return n.id;
-    v = n.inputs[0];
+  for (size_t i = 0; i < outs.size() && i < c.rank.outputs.size(); ++i) {
+    if (outs[i] != c.model.loss) continue;
+    const ir::Value& v =
+        c.rank.graph.value(ops::before_collectives(c.rank.graph, c.rank.outputs[i]));
+    return v.kind == ir::ValueKind::node ? v.producer : -1;
   }
   return -1;
 }
@@ -56,11 +54,11 @@ void run_recompute(Compilation& c, const Options& o) {
     return val.kind == ir::ValueKind::node && val.producer < boundary &&
            cheap.count(g.node(val.producer).op) > 0;
   };
-  bool any = false;
+  std::vector<bool> reads_again(g.nodes().size(), false);  // backward nodes that read a copy
   for (const ir::Node& n : g.nodes())
     if (n.id > boundary)
-      for (int v : n.inputs) any = any || again_able(v);
-  if (!any) return;
+      for (int v : n.inputs) reads_again[size_t(n.id)] = reads_again[size_t(n.id)] || again_able(v);
+  if (std::find(reads_again.begin(), reads_again.end(), true) == reads_again.end()) return;
 
   Rewriter rw(c.rank);
   std::map<int, int> again;  // old forward value -> its recomputed new value
@@ -77,10 +75,7 @@ void run_recompute(Compilation& c, const Options& o) {
     return again.at(v);
   };
   for (const ir::Node& n : g.nodes()) {
-    bool reads_again = false;
-    if (n.id > boundary)
-      for (int v : n.inputs) reads_again = reads_again || again_able(v);
-    if (!reads_again) {
+    if (!reads_again[size_t(n.id)]) {
       rw.copy(n);
       continue;
     }

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -59,10 +58,6 @@ void* Executor::data(int value) const {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 int64_t output_bytes(const ir::Graph& g, const ir::Node& n) {
   int64_t b = 0;
   for (int v : n.outputs) b += value_bytes(g.value(v));
@@ -81,10 +76,12 @@ void traced(Trace* trace, const ir::Graph& g, const ir::Node& n, F&& run) {
 
 }  // namespace
 
-void Executor::wait_for(int64_t ticket) {
-  const auto t0 = std::chrono::steady_clock::now();
+double Executor::wait_for(int64_t ticket) {
+  const double t0 = Trace::now_us();
   stream_->wait(ticket);
-  comm_stats_.exposed_seconds += seconds_since(t0);
+  const double us = Trace::now_us() - t0;
+  comm_stats_.exposed_seconds += us * 1e-6;
+  return us;
 }
 
 void Executor::launch(const ir::Node& n, void* const* ins, void* const* outs) {
@@ -99,9 +96,9 @@ void Executor::launch(const ir::Node& n, void* const* ins, void* const* outs) {
                     g_.value(n.outputs[0]).name, n.op));
   ++comm_stats_.collectives;
   if (!stream_) {  // on this thread: all of it exposed
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = Trace::now_us();
     traced(trace_, g_, n, [&] { run_collective(g_, n, ins, outs, *comms_); });
-    comm_stats_.exposed_seconds += seconds_since(t0);
+    comm_stats_.exposed_seconds += (Trace::now_us() - t0) * 1e-6;
     return;
   }
   // captures nothing of the executor itself: a stream left running by a failing rank outlives it
@@ -117,11 +114,10 @@ void Executor::launch(const ir::Node& n, void* const* ins, void* const* outs) {
     ticket_[size_t(n.outputs[0])] = t;
     return;
   }
-  const double w0 = trace_ ? Trace::now_us() : 0;
-  wait_for(t);
+  const double us = wait_for(t);
   if (trace_)
-    trace_->add({"wait " + g_.value(n.outputs[0]).name, "wait", TraceEvent::compute, w0,
-                 Trace::now_us() - w0, 0});
+    trace_->add({"wait " + g_.value(n.outputs[0]).name, "wait", TraceEvent::compute,
+                 Trace::now_us() - us, us, 0});
 }
 
 void Executor::run() {
@@ -141,17 +137,17 @@ void Executor::run() {
       launch(n, ins.data(), outs.data());
       continue;
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    const double t0_us = trace_ ? Trace::now_us() : 0;
+    const double t0 = Trace::now_us();
     if (completes) wait_for(ticket_[size_t(n.inputs[0])]);  // the time spent waiting: exposed
     launch(n, ins.data(), outs.data());
+    const double us = Trace::now_us() - t0;
     if (profile_) {
-      node_times_[n.id].seconds += seconds_since(t0);
+      node_times_[n.id].seconds += us * 1e-6;
       node_times_[n.id].calls++;
     }
     if (trace_ && kernels_[n.id])  // a collective traced itself, on the comm lane
       trace_->add({(completes ? "wait " : "") + g_.value(n.outputs[0]).name, n.op,
-                   TraceEvent::compute, t0_us, Trace::now_us() - t0_us, output_bytes(g_, n)});
+                   TraceEvent::compute, t0, us, output_bytes(g_, n)});
   }
   if (stream_) stream_->drain();
 }

@@ -73,6 +73,11 @@ class Executor {
   struct CommStats {
     int64_t collectives = 0;
     double exposed_seconds = 0;
+    CommStats& operator+=(const CommStats& o) {
+      collectives += o.collectives;
+      exposed_seconds += o.exposed_seconds;
+      return *this;
+    }
   };
   const CommStats& comm_stats() const { return comm_stats_; }
   std::vector<std::pair<std::string, NodeTiming>> op_times() const;
@@ -93,7 +98,8 @@ class Executor {
   Trace* trace_ = nullptr;
   CommStats comm_stats_;
   void launch(const ir::Node& n, void* const* ins, void* const* outs);
-  void wait_for(int64_t ticket);  // blocks on the stream; the time counts as exposed
+  double wait_for(
+      int64_t ticket);  // blocks on the stream; returns the microseconds, counted as exposed
 };
 
 }  // namespace loom::runtime

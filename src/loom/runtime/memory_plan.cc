@@ -16,19 +16,9 @@ int64_t value_bytes(const ir::Value& v) {
 
 int64_t saved_activation_bytes(const ir::Graph& g, const MemoryPlan& p, int loss,
                                const std::vector<int>& batch) {
-  // back from the output through waits and collectives to the node that computed the loss
-  for (;;) {
-    const ir::Value& v = g.value(loss);
-    if (v.kind != ir::ValueKind::node) return 0;
-    const ir::Node& n = g.node(v.producer);
-    if (ops::has_trait(n.op, ops::Trait::completion))
-      loss = n.inputs[1];
-    else if (ops::has_trait(n.op, ops::Trait::collective))
-      loss = n.inputs[0];
-    else
-      break;
-  }
-  const int at = g.value(loss).producer;
+  const ir::Value& local = g.value(ops::before_collectives(g, loss));
+  if (local.kind != ir::ValueKind::node) return 0;
+  const int at = local.producer;
   std::vector<bool> derived(g.values().size(), false);
   for (int b : batch) derived[size_t(b)] = true;
   for (const ir::Node& n : g.nodes()) {

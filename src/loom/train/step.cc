@@ -235,10 +235,7 @@ void StepRunner::set_trace(runtime::Trace* trace) {
 
 runtime::Executor::CommStats StepRunner::comm_stats() const {
   runtime::Executor::CommStats s = exec_->comm_stats();
-  if (opt_exec_) {
-    s.collectives += opt_exec_->comm_stats().collectives;
-    s.exposed_seconds += opt_exec_->comm_stats().exposed_seconds;
-  }
+  if (opt_exec_) s += opt_exec_->comm_stats();
   return s;
 }
 
