@@ -97,9 +97,10 @@ _, r = collectives("scheduled", "--set", "passes.max_in_flight=0")
 check("max_in_flight < 1: exit 1 naming the key",
       r.returncode == 1 and "[passes] max_in_flight" in r.stderr, r.stderr)
 
-_, r = collectives("scheduled", "--set", "passes.recompute=full")
+_, r = collectives("scheduled", "--set", "passes.recompute=everything")
 check("unknown recompute policy: exit 1 naming the key and the choices",
-      r.returncode == 1 and "[passes] recompute" in r.stderr and "selective" in r.stderr, r.stderr)
+      r.returncode == 1 and "[passes] recompute" in r.stderr and "selective" in r.stderr
+      and "full" in r.stderr, r.stderr)
 
 def planned_peak(*extra):
     _, r = collectives("scheduled", *extra)
@@ -108,6 +109,8 @@ def planned_peak(*extra):
 
 kept, again = planned_peak(), planned_peak("--set", "passes.recompute=selective")
 check("recompute = selective lowers the planned peak", again < kept, "%s vs %s MB" % (again, kept))
+full = planned_peak("--set", "passes.recompute=full")
+check("recompute = full lowers it further", full < again, "%s vs %s MB" % (full, again))
 
 # prefetch: every collective a start (async = 1) and a wait; off, none of either
 _, r = collectives("scheduled")

@@ -8,7 +8,10 @@
 //   # batch: x                          (roles: inputs whose dim 0 is the batch)
 //   # column: w1:0 w2:0                 (roles: column-parallel weights, value:dim)
 //   # row: w3:1                         (roles: row-parallel weights, value:dim)
-//   # blocks: l0=w1,w2 l1=w3,w4         (roles: parameter groups, in forward order)
+//   # blocks: l0=w1,w2 l1=w3,w4         (roles: parameter groups, in forward order; all layers
+//                                        but those named embed and head)
+//   # loss: loss                        (the model's loss value: recompute's forward/backward
+//                                        boundary)
 //   # passes: apply_tactics propagate lower   (default; passes/pipeline.h names them)
 //   # schedule: max_in_flight=1 bucket=none   ([passes] options other than the defaults:
 //                                        reshard_after_forward, recompute, bucket, bucket_mb,
@@ -109,6 +112,7 @@ TEST_P(IrText, LoweredProgramMatches) {
     roles.blocks.push_back({f[0], {}});
     for (const auto& p : split(f.at(1), ',')) roles.blocks.back().params.push_back(value(p));
   }
+  if (!get("loss").empty()) c.model.loss = value(get("loss"));
   for (const auto& kv : words(get("schedule"))) {
     auto f = split(kv, '=');
     ScheduleOptions& so = opts.schedule;
@@ -119,10 +123,11 @@ TEST_P(IrText, LoweredProgramMatches) {
       so.bucket_mb = std::stod(f.at(1));
     else if (f[0] == "reshard_after_forward")
       so.reshard_after_forward = f.at(1) == "true";
-    else if (f[0] == "recompute")
-      so.recompute = f.at(1) == "selective" ? ScheduleOptions::Recompute::selective
-                                            : ScheduleOptions::Recompute::none;
-    else if (f[0] == "prefetch")
+    else if (f[0] == "recompute") {
+      for (auto r : {ScheduleOptions::Recompute::none, ScheduleOptions::Recompute::selective,
+                     ScheduleOptions::Recompute::full})
+        if (f.at(1) == recompute_name(r)) so.recompute = r;
+    } else if (f[0] == "prefetch")
       so.prefetch = f.at(1) == "true";
     else if (f[0] == "max_in_flight")
       so.max_in_flight = std::stoll(f.at(1));
@@ -142,8 +147,8 @@ TEST_P(IrText, LoweredProgramMatches) {
   EXPECT_EQ(ir::print(ir::parse(actual, GetParam())), actual);
   if (std::getenv("LOOM_UPDATE_IR_TEXT")) {
     std::string head;
-    for (const auto& key :
-         {"graph", "mesh", "tactics", "batch", "column", "row", "blocks", "passes", "schedule"})
+    for (const auto& key : {"graph", "mesh", "tactics", "batch", "column", "row", "blocks", "loss",
+                            "passes", "schedule"})
       if (header.count(key)) head += std::string("# ") + key + ": " + header[key] + "\n";
     write_file_atomic(file.string(), head + actual);
     return;

@@ -154,7 +154,7 @@ inline Config single(Config c) {
 // buckets so small that every group splits into several, without prefetch (every collective
 // synchronous, on the compute thread), with one collective in flight at a time, and with each
 // parameter gathered once per step (reshard_after_forward = false); and with recompute =
-// "selective".
+// "selective" and "full".
 inline std::vector<Case> cases() {
   const char* data = R"({kind="data",axis="data"})";
   const std::string fsdp_megatron =
@@ -221,6 +221,16 @@ inline std::vector<Case> cases() {
        megatron_sequence,
        "mid",
        {"passes.recompute=selective"}},
+      {"mid_fsdp_megatron_recompute_full",
+       "{data=2,model=2}",
+       fsdp_megatron,
+       "mid",
+       {"passes.recompute=full"}},
+      {"gpt2_megatron_sequence_recompute_full",
+       "{model=2}",
+       megatron_sequence,
+       "gpt2",
+       {"passes.recompute=full", "passes.reshard_after_forward=false"}},
       {"mid_data_unbucketed_prefetch",
        "{data=2}",
        std::string("[") + data + "]",

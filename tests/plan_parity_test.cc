@@ -43,27 +43,30 @@ TEST_P(PlanParity, GradientsMatchOneRank) {
   for (const auto& e : compare_grads(got, ref)) ADD_FAILURE() << e;
 }
 
-// [passes] recompute = "selective" makes the same ops again on the same inputs: in f32 the same
-// plan's losses, gradient norms and parameters are bit for bit those of recompute = "none".
+// [passes] recompute = "selective" and "full" make the same ops again on the same inputs: in f32
+// the same plan's losses, gradient norms and parameters are bit for bit those of recompute =
+// "none".
 TEST(Recompute, ChangesNoBitInF32) {
-  for (const char* name : {"fsdp", "gpt2_fsdp", "mid_fsdp_megatron_2x2"}) {
-    Case kept;
-    for (const Case& c : cases())
-      if (c.name == name) kept = c;
-    Case again = kept;
-    again.sets.push_back("passes.recompute=selective");
-    const Config a = config(kept), b = config(again);
-    ASSERT_EQ(a.model.dtype, DType::f32);
-    auto run = [](const Config& cfg) {
-      return on_ranks<TrainRun>(cfg,
-                                [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
-    };
-    const TrainRun x = run(a), y = run(b);
-    EXPECT_EQ(x.losses, y.losses) << name;
-    EXPECT_EQ(x.grad_norms, y.grad_norms) << name;
-    for (const auto& [param, v] : x.params)
-      EXPECT_EQ(v, y.params.at(param)) << name << " " << param;
-  }
+  for (const char* name : {"fsdp", "gpt2_fsdp", "mid_fsdp_megatron_2x2"})
+    for (const char* policy : {"selective", "full"}) {
+      SCOPED_TRACE(std::string(name) + ", recompute = " + policy);
+      Case kept;
+      for (const Case& c : cases())
+        if (c.name == name) kept = c;
+      Case again = kept;
+      again.sets.push_back(std::string("passes.recompute=") + policy);
+      const Config a = config(kept), b = config(again);
+      ASSERT_EQ(a.model.dtype, DType::f32);
+      auto run = [](const Config& cfg) {
+        return on_ranks<TrainRun>(
+            cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+      };
+      const TrainRun x = run(a), y = run(b);
+      EXPECT_EQ(x.losses, y.losses) << name;
+      EXPECT_EQ(x.grad_norms, y.grad_norms) << name;
+      for (const auto& [param, v] : x.params)
+        EXPECT_EQ(v, y.params.at(param)) << name << " " << param;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tactics, PlanParity, ::testing::ValuesIn(cases()),

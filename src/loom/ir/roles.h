@@ -30,6 +30,9 @@ struct ParallelWeight {
 struct ParamGroup {
   std::string name;         // "embed", "layers.0", ..., "head"
   std::vector<int> params;  // in declaration order
+  // A repeated layer (a transformer block): every group but "embed" and "head", which models and
+  // IR-text tests name so. recompute = "full" keeps only a layer's input across the loss.
+  bool layer() const { return name != "embed" && name != "head"; }
   bool operator==(const ParamGroup&) const = default;
 };
 

@@ -50,7 +50,8 @@ struct ParamInfo {
   std::string name;                           // Hugging Face name
   Shape shape;
   Init init = Init::normal;
-  std::string block;  // its parameter group: "embed", "layers.0", "head"
+  std::string block;  // its parameter group: "embed", "layers.0", "head" (every group but "embed"
+                      // and "head" is a repeated layer: ir::ParamGroup::layer)
   Parallel parallel = Parallel::none;
   int64_t parallel_dim = -1;  // column: the output features' dim; row: the input's
 };

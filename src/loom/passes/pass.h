@@ -50,7 +50,8 @@ enum class StepKind { eval, infer, grads, train, decode };
 //   reshard_after_forward   true: a split parameter is gathered again for the backward (as
 //              lowered); false: gathered once per step and kept to its last use (passes/reshard.cc)
 //   recompute  none; selective: norms, activations, rope and casts made again in the backward
-//              instead of kept across the loss (passes/recompute.cc)
+//              instead of kept across the loss; full: only each layer's inputs kept, the rest of
+//              the layer made again (passes/recompute.cc)
 //   bucket     none: every collective as lowered; block: a parameter's all-gathers and a
 //              gradient's reductions merged into one collective per parameter group (roles.blocks:
 //              a transformer block, the embedding, the head) and direction, up to bucket_mb each
@@ -62,13 +63,13 @@ struct ScheduleOptions {
   Bucket bucket = Bucket::block;
   double bucket_mb = 64;
   bool reshard_after_forward = true;
-  enum class Recompute { none, selective };
+  enum class Recompute { none, selective, full };
   Recompute recompute = Recompute::none;
   bool prefetch = true;
   int64_t max_in_flight = 2;
 };
 const char* bucket_name(ScheduleOptions::Bucket b);        // "none", "block"
-const char* recompute_name(ScheduleOptions::Recompute r);  // "none", "selective"
+const char* recompute_name(ScheduleOptions::Recompute r);  // "none", "selective", "full"
 
 struct Options {
   models::ModelConfig model;

@@ -51,7 +51,15 @@ const char* bucket_name(ScheduleOptions::Bucket b) {
 }
 
 const char* recompute_name(ScheduleOptions::Recompute r) {
-  return r == ScheduleOptions::Recompute::selective ? "selective" : "none";
+  switch (r) {
+    case ScheduleOptions::Recompute::selective:
+      return "selective";
+    case ScheduleOptions::Recompute::full:
+      return "full";
+    case ScheduleOptions::Recompute::none:
+      break;
+  }
+  return "none";
 }
 
 const Pass& find_pass(std::string_view name) {

@@ -1,16 +1,36 @@
 // recompute (stage scheduled, after reshard): [passes] recompute, activation checkpointing.
 //
 // A training step keeps what its backward reads from the forward alive across the loss: the saved
-// activations (runtime::saved_activation_bytes counts them). With recompute = "selective" this
-// pass keeps the outputs of matmuls and attention (costly to make again) and recomputes the cheap
-// ones in the backward: norms (rmsnorm, layernorm: their outputs and statistics), activations
-// (swiglu, gelu), rope and casts. Each backward read of such a value reads a copy made again right
-// before its first backward reader, from the kept inputs (recursively, where an input is itself
-// recomputed: a cast of a norm's output); the forward's copy then dies at its last forward use.
+// activations (runtime::saved_activation_bytes counts them). This pass makes some of them again in
+// the backward instead: each backward read of such a value reads a copy made right before its
+// first backward reader, from kept values (recursively, where an input is itself made again); the
+// forward's copy then dies at its last forward use.
 //
-// Example (a Llama block): %attn_norm, %attn_rstd = rmsnorm(%h, %w) is read by the q/k/v weight
-// gradients' matmuls and by rmsnorm_bwd; those now read %attn_norm.recompute, made from %h and %w
-// (both kept: %h is the residual stream, %w a parameter) just before the first of them.
+//   selective  keeps the outputs of matmuls and attention (costly to make again) and recomputes
+//              the cheap ones: norms (rmsnorm, layernorm: outputs and statistics), activations
+//              (swiglu, gelu), rope and casts.
+//   full       keeps only each layer's inputs (roles.blocks' layers: the residual stream entering
+//              a transformer block, and any other value made outside it that it reads) and makes
+//              the rest of the layer again, matmuls and attention included, when its backward
+//              starts; outside the layers (the embedding, the head) as selective. The outputs of
+//              collectives are kept, not made again, which would cost communication (Megatron's
+//              all-reduces, sequence parallelism's all-gathers); except a parameter's all-gather
+//              under reshard_after_forward = true, which the backward makes again anyway: the
+//              recompute gathers it, and the backward's own all-gather, the same node on the same
+//              input, becomes a read of that one (a backward node equal to a recomputed one is
+//              never computed twice).
+//
+// A forward value belongs to the last parameter group (in forward order) that it depends on: a
+// parameter to its group, a node's output to the latest group among its inputs, a value made from
+// inputs alone (positions, rope tables) to none. A value is a layer's input when a forward node of
+// another group reads it.
+//
+// Example (a Llama block, selective): %attn_norm, %attn_rstd = rmsnorm(%h, %w) is read by the
+// q/k/v weight gradients' matmuls and by rmsnorm_bwd; those now read %attn_norm.recompute, made
+// from %h and %w (both kept: %h is the residual stream, %w a parameter) just before the first of
+// them. Under full, the first backward read in layer l (the down projection's input) makes the
+// layer's forward again, from %h and the parameters, up to that value; the later reads find their
+// copies made.
 //
 // The recomputed node is the same op on the same inputs, so in f32 every loss bit is unchanged
 // (tests/plan_parity.h runs the plans with it). The forward/backward boundary is the node that
@@ -42,17 +62,59 @@ int loss_node(const Compilation& c) {
   return -1;
 }
 
+// Each rank-program value's parameter group (an index into roles.blocks), or -1; for the values
+// of the forward (params, inputs, and nodes before `boundary`).
+std::vector<int> forward_groups(const Compilation& c, int boundary) {
+  const ir::Graph& g = c.rank.graph;
+  std::vector<int> group(g.values().size(), -1);
+  const auto& blocks = c.model.roles.blocks;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (int p : blocks[b].params)
+      if (size_t(p) < c.rank.local.size() && c.rank.local[size_t(p)] >= 0)
+        group[size_t(c.rank.local[size_t(p)])] = int(b);
+  for (const ir::Node& n : g.nodes()) {
+    if (n.id >= boundary) break;
+    int k = -1;
+    for (int v : n.inputs) k = std::max(k, group[size_t(v)]);
+    for (int v : n.outputs) group[size_t(v)] = k;
+  }
+  return group;
+}
+
 void run_recompute(Compilation& c, const Options& o) {
-  if (o.schedule.recompute == ScheduleOptions::Recompute::none) return;
+  using R = ScheduleOptions::Recompute;
+  if (o.schedule.recompute == R::none) return;
   const int boundary = loss_node(c);
   if (boundary < 0) return;
   static const std::set<std::string> cheap{"rmsnorm", "layernorm", "swiglu",
                                            "gelu",    "rope",      "cast"};
   const ir::Graph& g = c.rank.graph;
+  const auto& blocks = c.model.roles.blocks;
+  const bool full = o.schedule.recompute == R::full;
+  std::vector<int> group;
+  std::vector<bool> layer_input(g.values().size(), false);
+  if (full) {
+    group = forward_groups(c, boundary);
+    for (const ir::Node& n : g.nodes()) {
+      if (n.id >= boundary) break;
+      for (int v : n.inputs)
+        if (group[size_t(v)] != group[size_t(n.outputs[0])]) layer_input[size_t(v)] = true;
+    }
+  }
+  auto in_layer = [&](int v) {
+    const int k = group.empty() ? -1 : group[size_t(v)];
+    return k >= 0 && blocks[size_t(k)].layer();
+  };
   auto again_able = [&](int v) {
     const ir::Value& val = g.value(v);
-    return val.kind == ir::ValueKind::node && val.producer < boundary &&
-           cheap.count(g.node(val.producer).op) > 0;
+    if (val.kind != ir::ValueKind::node || val.producer >= boundary) return false;
+    const std::string& op = g.node(val.producer).op;
+    if (!full || !in_layer(v)) return cheap.count(op) > 0;
+    if (layer_input[size_t(v)]) return false;
+    if (ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::completion))
+      return o.schedule.reshard_after_forward &&
+             g.value(ops::before_collectives(g, v)).kind == ir::ValueKind::param;
+    return true;
   };
   std::vector<bool> reads_again(g.nodes().size(), false);  // backward nodes that read a copy
   for (const ir::Node& n : g.nodes())
@@ -62,6 +124,16 @@ void run_recompute(Compilation& c, const Options& o) {
 
   Rewriter rw(c.rank);
   std::map<int, int> again;  // old forward value -> its recomputed new value
+  // The recomputed nodes by (op, new inputs): a backward node that computes the same (the
+  // backward's own all-gather of a parameter a full recompute gathered again) reads theirs.
+  std::map<std::pair<std::string, std::vector<int>>, std::vector<const ir::Node*>> made;
+  auto same_as_made = [&](const ir::Node& n, const std::vector<int>& ins) -> const ir::Node* {
+    auto it = made.find({n.op, ins});
+    if (it == made.end()) return nullptr;
+    for (const ir::Node* m : it->second)
+      if (m->attrs == n.attrs && m->outputs.size() == n.outputs.size()) return m;
+    return nullptr;
+  };
   // The new value a backward node reads for old value v: v's recomputed copy where it can be made
   // again, else v itself.
   std::function<int(int)> backward_read = [&](int v) -> int {
@@ -72,15 +144,16 @@ void run_recompute(Compilation& c, const Options& o) {
     for (int u : p.inputs) ins.push_back(backward_read(u));
     const std::vector<int> outs = rw.copy_with(p, ins, ".recompute");
     for (size_t i = 0; i < outs.size(); ++i) again[p.outputs[i]] = outs[i];
+    made[{p.op, ins}].push_back(&p);
     return again.at(v);
   };
   for (const ir::Node& n : g.nodes()) {
-    if (!reads_again[size_t(n.id)]) {
-      rw.copy(n);
+    std::vector<int> ins;
+    for (int v : n.inputs) ins.push_back(reads_again[size_t(n.id)] ? backward_read(v) : rw.map(v));
+    if (const ir::Node* m = n.id > boundary ? same_as_made(n, ins) : nullptr) {
+      for (size_t i = 0; i < n.outputs.size(); ++i) rw.alias(n.outputs[i], again.at(m->outputs[i]));
       continue;
     }
-    std::vector<int> ins;
-    for (int v : n.inputs) ins.push_back(backward_read(v));
     const std::vector<int> outs = rw.copy_with(n, ins);
     for (size_t i = 0; i < outs.size(); ++i) rw.alias(n.outputs[i], outs[i]);
   }
@@ -90,10 +163,11 @@ void run_recompute(Compilation& c, const Options& o) {
 }  // namespace
 
 Pass recompute_pass() {
-  return {"recompute",
-          "make norms, activations, rope and casts again in the backward instead of keeping them "
-          "([passes] recompute = \"selective\")",
-          Stage::scheduled, run_recompute};
+  return {
+      "recompute",
+      "make activations again in the backward instead of keeping them across the loss ([passes] "
+      "recompute: selective, full)",
+      Stage::scheduled, run_recompute};
 }
 
 }  // namespace loom::passes

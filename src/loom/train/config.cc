@@ -255,7 +255,8 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
                                return c.passes.recompute;
                              },
                              {passes::ScheduleOptions::Recompute::none,
-                              passes::ScheduleOptions::Recompute::selective},
+                              passes::ScheduleOptions::Recompute::selective,
+                              passes::ScheduleOptions::Recompute::full},
                              passes::recompute_name)},
            {"prefetch", as_bool([](Config& c) -> bool& { return c.passes.prefetch; })},
            {"max_in_flight",
