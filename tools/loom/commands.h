@@ -10,6 +10,8 @@ namespace loom::cli {
 std::function<int()> add_step(CLI::App& app);
 std::function<int()> add_bench(CLI::App& app);
 std::function<int()> add_inspect(CLI::App& app);
+std::function<int()> add_plan(CLI::App& app);       // plan.cc
+std::function<int()> add_calibrate(CLI::App& app);  // calibrate.cc
 std::function<int()> add_train(CLI::App& app);
 std::function<int()> add_sample(CLI::App& app);        // sample.cc
 std::function<int()> add_report(CLI::App& app);        // report.cc

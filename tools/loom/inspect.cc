@@ -17,9 +17,9 @@
 #include "commands.h"
 #include "loom/core/error.h"
 #include "loom/ir/text.h"
-#include "loom/ops/op.h"
 #include "loom/passes/pipeline.h"
 #include "loom/runtime/memory_plan.h"
+#include "loom/sim/simulate.h"
 #include "loom/train/compile.h"
 #include "loom/train/config.h"
 
@@ -76,23 +76,12 @@ std::function<int()> add_inspect(CLI::App& app) {
     fmt::print("# rank {} of {}: {{{}}}\n", o->rank, plan.mesh.size(), coords);
     // what one step moves: per axis and collective, the count and the bytes of the whole buffer
     // (all_gather: what arrives; reduce_scatter, all_reduce, all_to_all: what goes in)
-    std::map<std::string, std::map<std::string, std::pair<int, double>>> moved;
     const ir::Graph& pg = c.rank.graph;
-    auto bytes = [&](int v) {
-      const auto& t = pg.value(v).type;
-      return double(numel(t.shape)) * double(dtype_size(t.dtype));
-    };
-    for (const ir::Node& n : pg.nodes()) {
-      if (!ops::has_trait(n.op, ops::Trait::collective)) continue;  // shard_slice moves nothing
-      auto& e = moved[n.attr_str("axis")][n.op];
-      e.first++;
-      e.second += bytes(n.op == "all_gather" ? n.outputs[0] : n.inputs[0]);
-    }
-    for (const auto& [axis, ops] : moved) {
+    for (const auto& [axis, ops] : sim::traffic(pg)) {
       std::string line;
       for (const auto& [op, e] : ops)
-        line += fmt::format("{}{} x{} ({:.3g} MB)", line.empty() ? "" : ", ", op, e.first,
-                            e.second / 1e6);
+        line += fmt::format("{}{} x{} ({:.3g} MB)", line.empty() ? "" : ", ", op, e.count,
+                            e.bytes / 1e6);
       fmt::print("# axis {}: {}\n", axis, line);
     }
     const runtime::MemoryPlan mp = runtime::plan_memory(pg);

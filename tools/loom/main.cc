@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
   add(loom::cli::add_step);
   add(loom::cli::add_bench);
   add(loom::cli::add_inspect);
+  add(loom::cli::add_plan);
+  add(loom::cli::add_calibrate);
   add(loom::cli::add_outer_server);
   add(loom::cli::add_islands);
 #endif

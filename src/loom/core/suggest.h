@@ -1,0 +1,12 @@
+// "Did you mean": the hint an error about an unknown key or name gives.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom {
+
+// "did you mean 'x'?" for the known word within two edits of `word`; else "known keys: a, b, ...".
+std::string suggest(const std::string& word, const std::vector<std::string>& known);
+
+}  // namespace loom

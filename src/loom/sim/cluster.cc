@@ -1,0 +1,330 @@
+#include "loom/sim/cluster.h"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "loom/core/error.h"
+#include "loom/core/file.h"
+#include "loom/core/suggest.h"
+
+namespace loom::sim {
+
+namespace {
+
+// A TOML table read strictly: a key it does not know is an error naming it (with a suggestion)
+// before any other, so a misspelt key is reported as such rather than as a missing one.
+class Reader {
+ public:
+  Reader(const toml::table& t, std::string where, const std::string& source,
+         const std::vector<std::string>& known)
+      : t_(t), where_(std::move(where)), source_(source) {
+    for (const auto& [k, v] : t_) {
+      const std::string key(k.str());
+      if (std::find(known.begin(), known.end(), key) == known.end())
+        fail(key, "unknown key; " + suggest(key, known));
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
+    throw Error(
+        fmt::format("{}: {}{}: {}", source_, where_.empty() ? "" : "[" + where_ + "] ", key, why));
+  }
+  const toml::node* get(const std::string& key, bool required) {
+    const toml::node* n = t_.get(key);
+    if (!n && required) fail(key, "missing");
+    return n;
+  }
+  double number(const std::string& key, bool required, double fallback = 0, double min = 0) {
+    const toml::node* n = get(key, required);
+    if (!n) return fallback;
+    if (!n->is_number()) fail(key, "expected a number");
+    const double v = *n->value<double>();
+    if (!(v >= min)) fail(key, fmt::format("must be >= {}, got {}", min, v));
+    return v;
+  }
+  int64_t integer(const std::string& key, bool required, int64_t fallback = 0, int64_t min = 0) {
+    const toml::node* n = get(key, required);
+    if (!n) return fallback;
+    if (!n->is_integer()) fail(key, "expected an integer");
+    const int64_t v = *n->value<int64_t>();
+    if (v < min) fail(key, fmt::format("must be >= {}, got {}", min, v));
+    return v;
+  }
+  std::string string(const std::string& key, bool required, const std::string& fallback = "") {
+    const toml::node* n = get(key, required);
+    if (!n) return fallback;
+    if (!n->is_string()) fail(key, "expected a string");
+    return *n->value<std::string>();
+  }
+  const toml::table* table(const std::string& key, bool required) {
+    const toml::node* n = get(key, required);
+    if (!n) return nullptr;
+    if (!n->is_table()) fail(key, "expected a table");
+    return n->as_table();
+  }
+  const toml::array* array(const std::string& key, bool required) {
+    const toml::node* n = get(key, required);
+    if (!n) return nullptr;
+    if (!n->is_array()) fail(key, "expected an array");
+    return n->as_array();
+  }
+
+ private:
+  const toml::table& t_;
+  std::string where_;
+  const std::string& source_;
+};
+
+DType dtype_at(const toml::node& n, const std::string& source, const std::string& where) {
+  DType t;
+  if (!n.is_string() || !parse_dtype(*n.value<std::string>(), &t))
+    throw Error(fmt::format("{}: [{}]: expected a dtype (\"f32\", \"bf16\")", source, where));
+  return t;
+}
+
+// A row of a [profile] array: numbers (and one dtype string) of a fixed count.
+std::vector<const toml::node*> row(const toml::node& n, size_t count, const std::string& source,
+                                   const std::string& where) {
+  const toml::array* a = n.as_array();
+  if (!a || a->size() != count)
+    throw Error(fmt::format("{}: [{}]: each entry is an array of {} values", source, where, count));
+  std::vector<const toml::node*> r;
+  for (const auto& x : *a) r.push_back(&x);
+  return r;
+}
+
+double num_at(const toml::node* n, const std::string& source, const std::string& where) {
+  if (!n->is_number() || !(*n->value<double>() >= 0))
+    throw Error(fmt::format("{}: [{}]: expected a number >= 0", source, where));
+  return *n->value<double>();
+}
+
+Profile read_profile(const toml::table& t, const std::string& source) {
+  Profile p;
+  Reader r(t, "profile", source, {"threads", "matmul", "ops", "comm"});
+  p.threads = r.integer("threads", true, 1, 1);
+  if (const toml::array* mm = r.array("matmul", false))
+    for (const auto& e : *mm) {
+      const std::string w = "profile.matmul";
+      auto f = row(e, 8, source, w);
+      MatmulSample s;
+      s.ta = int64_t(num_at(f[0], source, w));
+      s.tb = int64_t(num_at(f[1], source, w));
+      s.batch = int64_t(num_at(f[2], source, w));
+      s.m = int64_t(num_at(f[3], source, w));
+      s.n = int64_t(num_at(f[4], source, w));
+      s.k = int64_t(num_at(f[5], source, w));
+      s.dtype = dtype_at(*f[6], source, w);
+      s.seconds = num_at(f[7], source, w);
+      p.matmul.push_back(s);
+    }
+  if (const toml::table* ops = r.table("ops", false))
+    for (const auto& [k, v] : *ops) {
+      const std::string w = "profile.ops." + std::string(k.str());
+      if (!v.is_array()) throw Error(fmt::format("{}: [{}]: expected an array", source, w));
+      auto& list = p.ops[std::string(k.str())];
+      for (const auto& e : *v.as_array()) {
+        auto f = row(e, 4, source, w);
+        list.push_back({dtype_at(*f[0], source, w), num_at(f[1], source, w),
+                        num_at(f[2], source, w), num_at(f[3], source, w)});
+      }
+    }
+  if (const toml::table* comm = r.table("comm", false))
+    for (const auto& [k, v] : *comm) {
+      const std::string w = "profile.comm." + std::string(k.str());
+      if (!v.is_array()) throw Error(fmt::format("{}: [{}]: expected an array", source, w));
+      auto& list = p.comm[std::string(k.str())];
+      for (const auto& e : *v.as_array()) {
+        auto f = row(e, 3, source, w);
+        list.push_back(
+            {int64_t(num_at(f[0], source, w)), num_at(f[1], source, w), num_at(f[2], source, w)});
+      }
+    }
+  return p;
+}
+
+}  // namespace
+
+Cluster parse_cluster(const std::string& text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << e.description() << " (line " << e.source().begin.line << ")";
+    throw Error(fmt::format("{}: not valid TOML: {}", source, os.str()));
+  }
+  Cluster c;
+  c.source = source;
+  Reader top(root, "", source,
+             {"name", "devices_per_node", "devices", "pue", "carbon_intensity", "device", "level",
+              "efficiency", "profile"});
+  c.name = top.string("name", true);
+  c.devices_per_node = top.integer("devices_per_node", true, 1, 1);
+  c.devices = top.integer("devices", false, 0, 0);
+  c.pue = top.number("pue", false, 1.0, 1.0);
+  c.carbon_intensity = top.number("carbon_intensity", false, 0);
+
+  {
+    const toml::table* dt = top.table("device", true);
+    Reader d(*dt, "device", source,
+             {"name", "peak_flops", "memory_bytes", "memory_bandwidth", "idle_watts", "peak_watts",
+              "runtime_bytes", "rank_runtime_bytes", "kernel_overhead", "cores"});
+    c.device.name = d.string("name", true);
+    const toml::table* pf = d.table("peak_flops", true);
+    Reader pr(*pf, "device.peak_flops", source, {"f32", "bf16"});
+    for (const char* t : {"f32", "bf16"}) {
+      DType dt2;
+      parse_dtype(t, &dt2);
+      const double v = pr.number(t, false, 0);
+      if (v > 0) c.device.peak_flops[dt2] = v;
+    }
+    if (c.device.peak_flops.empty()) d.fail("peak_flops", "needs f32 or bf16 > 0");
+    c.device.memory_bytes = d.number("memory_bytes", true, 0, 1);
+    c.device.memory_bandwidth = d.number("memory_bandwidth", true, 0, 1);
+    c.device.idle_watts = d.number("idle_watts", true);
+    c.device.peak_watts = d.number("peak_watts", true, 0, c.device.idle_watts);
+    c.device.runtime_bytes = d.number("runtime_bytes", false, 0);
+    c.device.rank_runtime_bytes = d.number("rank_runtime_bytes", false, c.device.runtime_bytes);
+    c.device.kernel_overhead = d.number("kernel_overhead", false, 0);
+    c.device.cores = d.integer("cores", false, 0, 0);
+  }
+  {
+    const toml::array* ls = top.array("level", true);
+    if (ls->empty()) top.fail("level", "needs at least one [[level]]");
+    for (size_t i = 0; i < ls->size(); ++i) {
+      const std::string where = fmt::format("level {}", i);
+      if (!(*ls)[i].is_table()) top.fail("level", "expected [[level]] tables");
+      Reader l(*(*ls)[i].as_table(), where, source, {"name", "size", "bandwidth", "latency"});
+      Level lv;
+      lv.name = l.string("name", true);
+      lv.size = l.integer("size", true, 0, 0);
+      lv.bandwidth = l.number("bandwidth", true, 0, 1);
+      lv.latency = l.number("latency", true);
+      if (!c.levels.empty()) {
+        const Level& prev = c.levels.back();
+        if (prev.size == 0)
+          l.fail("size", fmt::format("level \"{}\" before it already spans any number of devices",
+                                     prev.name));
+        if (lv.size != 0 && (lv.size <= prev.size || lv.size % prev.size))
+          l.fail("size", fmt::format("must be a multiple of the inner level's size {} and larger",
+                                     prev.size));
+      }
+      c.levels.push_back(lv);
+    }
+  }
+  if (const toml::table* et = top.table("efficiency", false)) {
+    Reader e(*et, "efficiency", source, {"matmul", "matmul_half_flops", "attention", "memory"});
+    c.efficiency.matmul = e.number("matmul", false, c.efficiency.matmul, 1e-3);
+    c.efficiency.matmul_half_flops =
+        e.number("matmul_half_flops", false, c.efficiency.matmul_half_flops);
+    c.efficiency.attention = e.number("attention", false, c.efficiency.attention, 1e-3);
+    c.efficiency.memory = e.number("memory", false, c.efficiency.memory, 1e-3);
+  }
+  if (const toml::table* pt = top.table("profile", false)) c.profile = read_profile(*pt, source);
+  return c;
+}
+
+Cluster load_cluster(const std::string& path) {
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const Error& e) {
+    throw Error(fmt::format("cluster file {}: {}", path, e.what()),
+                "`loom calibrate` writes clusters/local.toml; clusters/ has the shipped ones");
+  }
+  return parse_cluster(text, path);
+}
+
+void write_cluster(const Cluster& c, const std::string& path, const std::string& header) {
+  std::string s = header;
+  auto line = [&](const std::string& l) { s += l + "\n"; };
+  line(fmt::format("name = \"{}\"", c.name));
+  line(fmt::format("devices_per_node = {}", c.devices_per_node));
+  if (c.devices) line(fmt::format("devices = {}", c.devices));
+  line(fmt::format("pue = {}", c.pue));
+  line(fmt::format("carbon_intensity = {}", c.carbon_intensity));
+  line("\n[device]");
+  line(fmt::format("name = \"{}\"", c.device.name));
+  std::string pf;
+  for (const auto& [t, v] : c.device.peak_flops)
+    pf += fmt::format("{}{} = {:.4g}", pf.empty() ? "" : ", ", dtype_name(t), v);
+  line("peak_flops = { " + pf + " }");
+  line(fmt::format("memory_bytes = {:.6g}", c.device.memory_bytes));
+  line(fmt::format("memory_bandwidth = {:.4g}", c.device.memory_bandwidth));
+  line(fmt::format("idle_watts = {:.4g}", c.device.idle_watts));
+  line(fmt::format("peak_watts = {:.4g}", c.device.peak_watts));
+  line(fmt::format("runtime_bytes = {:.6g}", c.device.runtime_bytes));
+  if (c.device.rank_runtime_bytes >= 0 && c.device.rank_runtime_bytes != c.device.runtime_bytes)
+    line(fmt::format("rank_runtime_bytes = {:.6g}", c.device.rank_runtime_bytes));
+  line(fmt::format("kernel_overhead = {:.3g}", c.device.kernel_overhead));
+  if (c.device.cores) line(fmt::format("cores = {}", c.device.cores));
+  for (const Level& l : c.levels) {
+    line("\n[[level]]");
+    line(fmt::format("name = \"{}\"", l.name));
+    line(fmt::format("size = {}", l.size));
+    line(fmt::format("bandwidth = {:.4g}", l.bandwidth));
+    line(fmt::format("latency = {:.3g}", l.latency));
+  }
+  if (c.profile) {
+    const Profile& p = *c.profile;
+    line("\n[profile]");
+    line(fmt::format("threads = {}", p.threads));
+    line("# [ta, tb, batch, m, n, k, dtype, seconds]");
+    line("matmul = [");
+    for (const auto& m : p.matmul)
+      line(fmt::format("  [{}, {}, {}, {}, {}, {}, \"{}\", {:.6g}],", m.ta, m.tb, m.batch, m.m, m.n,
+                       m.k, dtype_name(m.dtype), m.seconds));
+    line("]");
+    line("\n# op = [[dtype, bytes, flops, seconds], ...]");
+    line("[profile.ops]");
+    for (const auto& [op, list] : p.ops) {
+      line(op + " = [");
+      for (const auto& o : list)
+        line(fmt::format("  [\"{}\", {:.6g}, {:.6g}, {:.6g}],", dtype_name(o.dtype), o.bytes,
+                         o.flops, o.seconds));
+      line("]");
+    }
+    line("\n# collective = [[ranks, bytes per rank, seconds], ...]");
+    line("[profile.comm]");
+    for (const auto& [op, list] : p.comm) {
+      line(op + " = [");
+      for (const auto& o : list)
+        line(fmt::format("  [{}, {:.6g}, {:.6g}],", o.ranks, o.bytes, o.seconds));
+      line("]");
+    }
+  }
+  write_file_atomic(path, s);
+}
+
+Placement place(const shard::Mesh& mesh, const Cluster& c, int64_t devices) {
+  Placement p;
+  if (devices > 0 && mesh.size() > devices)
+    throw Error(fmt::format("{}: the mesh needs {} devices, the cluster has {} (devices)", c.source,
+                            mesh.size(), devices));
+  int64_t inner = 1;
+  const auto& axes = mesh.axes();
+  for (size_t i = axes.size(); i-- > 0;) {
+    const auto& [axis, size] = axes[i];
+    const int64_t span = inner * size;
+    int level = -1;
+    for (size_t l = 0; l < c.levels.size(); ++l)
+      if (c.levels[l].size == 0 || c.levels[l].size >= span) {
+        level = int(l);
+        break;
+      }
+    if (level < 0)
+      throw Error(
+          fmt::format("{}: [[level]]: mesh axis {} spans {} devices, more than the "
+                      "outermost level \"{}\" joins ({}); add a level or set its size = 0",
+                      c.source, axis, span, c.levels.back().name, c.levels.back().size));
+    p.level[axis] = level;
+    inner = span;
+  }
+  return p;
+}
+
+}  // namespace loom::sim

@@ -1,0 +1,88 @@
+// A cluster file (clusters/*.toml): what the simulator knows about the machines a plan runs on. The
+// format is documented in docs/simulator.md; every key is checked, and an unknown or missing one is
+// an error naming the file and the key.
+//
+//   [device]   one rank's compute: peak FLOP/s per dtype, memory capacity and bandwidth, idle and
+//              peak power, the runtime's own memory (a process's or a CUDA context's)
+//   [[level]]  the network, innermost first: the group of devices a level joins (size), each
+//              device's bandwidth on it and the latency of one message (NVLink in a node, the NICs
+//              across nodes, a WAN between islands); the last level may span any number of devices
+//   [profile]  optional, written by `loom calibrate`: measured kernel times (profile.h); without
+//              it the efficiency model stands in (docs/simulator.md)
+//   pue, carbon_intensity, devices_per_node, devices: for energy and for `loom plan`'s defaults
+//
+// Units are SI throughout: FLOP/s, bytes, bytes/s, seconds, watts, kg CO2e per kWh.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/core/dtype.h"
+#include "loom/shard/sharding.h"
+#include "loom/sim/profile.h"
+
+namespace loom::sim {
+
+struct Device {
+  std::string name;
+  std::map<DType, double> peak_flops;  // dense, per dtype (f32, bf16)
+  double memory_bytes = 0;
+  double memory_bandwidth = 0;  // bytes/s
+  double idle_watts = 0, peak_watts = 0;
+  double runtime_bytes = 0;  // memory the runtime holds beside the planned tensors (one process)
+  double rank_runtime_bytes =
+      -1;                      // the same for a rank of a multi-process job (MPI); < 0: as above
+  double kernel_overhead = 0;  // seconds per kernel launch (the efficiency model's fixed cost)
+  int64_t cores = 0;  // CPU cores all ranks share (this machine); 0: each device its own (a GPU)
+};
+
+struct Level {
+  std::string name;
+  int64_t size = 0;      // devices one group of this level joins; 0: any number (outermost)
+  double bandwidth = 0;  // bytes/s per device, one direction, as a ring achieves it (bus bw)
+  double latency = 0;    // seconds per message step
+};
+
+// Achieved fractions of peak where no profile was measured (docs/simulator.md: the efficiency
+// model and its sources).
+struct Efficiency {
+  double matmul = 0.7;             // of peak FLOP/s, for a large GEMM
+  double matmul_half_flops = 2e9;  // the GEMM size (FLOPs) at which half of `matmul` is reached
+  double attention = 0.5;          // of peak FLOP/s
+  double memory = 0.8;             // of memory bandwidth, for streaming ops
+};
+
+struct Cluster {
+  std::string source;  // the file, for messages
+  std::string name;
+  Device device;
+  std::vector<Level> levels;  // innermost first
+  Efficiency efficiency;
+  std::optional<Profile> profile;
+  int64_t devices_per_node = 1;
+  int64_t devices = 0;  // the default device count of `loom plan` (0: the plan's mesh size)
+  double pue = 1.0;
+  double carbon_intensity = 0;  // kg CO2e per kWh
+};
+
+// Reads and checks a cluster file; throws loom::Error naming the file and the key.
+Cluster load_cluster(const std::string& path);
+// The same from text (`source` names it in messages).
+Cluster parse_cluster(const std::string& text, const std::string& source);
+// Writes `c` as a cluster file (`loom calibrate`), atomically.
+void write_cluster(const Cluster& c, const std::string& path, const std::string& header);
+
+// Where each mesh axis runs: the levels, innermost first, hold the mesh's axes from the last
+// (ranks are row-major: the last axis's ranks are neighbours) outwards; an axis's group spans its
+// size times the sizes of the axes inside it, and runs on the innermost level whose size holds that
+// span. Throws loom::Error naming the cluster file when the mesh needs more devices than the
+// cluster declares, or an axis spans more devices than its outermost level joins.
+struct Placement {
+  std::map<std::string, int> level;  // axis -> index into Cluster::levels
+};
+Placement place(const shard::Mesh& mesh, const Cluster& c, int64_t devices);
+
+}  // namespace loom::sim

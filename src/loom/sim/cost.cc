@@ -1,0 +1,147 @@
+#include "loom/sim/cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "loom/comm/communicator.h"
+#include "loom/core/error.h"
+#include "loom/ops/linear.h"
+#include "loom/ops/op.h"
+
+namespace loom::sim {
+
+namespace {
+
+double flops_of(const MatmulSample& s) { return 2.0 * s.batch * s.m * s.n * s.k; }
+
+// Seconds at x from samples (x_i, t_i): piecewise linear in log-log between samples, at the last
+// sample's rate (t/x) above them, and below the first at its rate (`latency_bound`: its time).
+double interpolate(std::vector<std::pair<double, double>> xs, double x, bool latency_bound) {
+  std::sort(xs.begin(), xs.end());
+  if (x <= xs.front().first)
+    return latency_bound ? xs.front().second
+                         : xs.front().second * x / std::max(xs.front().first, 1.0);
+  if (x >= xs.back().first) return xs.back().second * x / std::max(xs.back().first, 1.0);
+  for (size_t i = 1; i < xs.size(); ++i)
+    if (x <= xs[i].first) {
+      const auto [x0, t0] = xs[i - 1];
+      const auto [x1, t1] = xs[i];
+      if (x0 <= 0 || t0 <= 0 || t1 <= 0 || x1 <= x0) return t1;
+      const double f = std::log(x / x0) / std::log(x1 / x0);
+      return std::exp(std::log(t0) + f * (std::log(t1) - std::log(t0)));
+    }
+  return xs.back().second;
+}
+
+// The GEMM's seconds from the measured ones of the same transposes and dtype: the achieved FLOP/s
+// of the nearest samples in log shape (rows with the batch folded in, columns, depth), averaged in
+// log with inverse-distance weights, applied to this GEMM's FLOPs.
+double matmul_from_profile(const ops::MatmulDims& d, DType t, const Profile& p) {
+  std::vector<std::pair<double, double>> near;  // (distance, log FLOP/s)
+  for (const MatmulSample& s : p.matmul) {
+    if (s.dtype != t || s.ta != int64_t(d.ta) || s.tb != int64_t(d.tb) || s.seconds <= 0) continue;
+    const double dm = std::log(double(d.batch * d.M) / double(s.batch * s.m));
+    const double dn = std::log(double(d.N) / double(s.n)), dk = std::log(double(d.K) / double(s.k));
+    near.push_back({std::sqrt(dm * dm + dn * dn + dk * dk), std::log(flops_of(s) / s.seconds)});
+  }
+  if (near.empty()) return -1;
+  const size_t k = std::min<size_t>(4, near.size());
+  std::partial_sort(near.begin(), near.begin() + long(k), near.end());
+  double wsum = 0, lsum = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const double w = 1.0 / (near[i].first + 0.05);
+    wsum += w;
+    lsum += w * near[i].second;
+  }
+  return (2.0 * double(d.batch * d.M) * double(d.N) * double(d.K)) / std::exp(lsum / wsum);
+}
+
+bool by_flops(const std::string& op) { return op == "attention" || op == "attention_bwd"; }
+
+double op_from_profile(const std::string& op, DType t, const ops::Cost& cost, const Profile& p) {
+  auto it = p.ops.find(op);
+  if (it == p.ops.end()) return -1;
+  std::vector<std::pair<double, double>> xs, any;
+  for (const OpSample& s : it->second) {
+    const double x = by_flops(op) ? s.flops : s.bytes;
+    any.push_back({x, s.seconds});
+    if (s.dtype == t) xs.push_back({x, s.seconds});
+  }
+  if (xs.empty()) xs = any;
+  if (xs.empty()) return -1;
+  return interpolate(xs, by_flops(op) ? cost.flops : cost.bytes_read + cost.bytes_written, false);
+}
+
+DType dtype_of(const ir::Graph& g, const ir::Node& n) {
+  return n.inputs.empty() ? g.value(n.outputs[0]).type.dtype : g.value(n.inputs[0]).type.dtype;
+}
+
+double peak(const Cluster& c, DType t) {
+  auto it = c.device.peak_flops.find(t);
+  if (it != c.device.peak_flops.end()) return it->second;
+  return c.device.peak_flops.begin()->second;  // an i32 op: whatever the device has
+}
+
+}  // namespace
+
+double node_seconds(const ir::Graph& g, const ir::Node& n, const Cluster& c) {
+  if (ops::has_trait(n.op, ops::Trait::view)) return 0;
+  const ops::OpDef& def = ops::op_def(n.op);
+  const ops::Cost cost = def.cost ? def.cost(g, n) : ops::Cost{};
+  const DType t = dtype_of(g, n);
+  if (c.profile) {
+    double s = -1;
+    if (n.op == "matmul") s = matmul_from_profile(ops::matmul_dims(g, n), t, *c.profile);
+    if (s < 0) s = op_from_profile(n.op, t, cost, *c.profile);
+    if (s < 0) s = op_from_profile("add", t, cost, *c.profile);  // a streaming op's bandwidth
+    if (s >= 0) return std::max(s, c.device.kernel_overhead);
+  }
+  const Efficiency& e = c.efficiency;
+  const double bytes = cost.bytes_read + cost.bytes_written;
+  const double mem = bytes / (c.device.memory_bandwidth * e.memory);
+  double compute = cost.flops / peak(c, t);
+  if (n.op == "matmul")
+    compute =
+        cost.flops / (peak(c, t) * e.matmul * cost.flops / (cost.flops + e.matmul_half_flops));
+  else if (by_flops(n.op))
+    compute = cost.flops / (peak(c, t) * e.attention);
+  return std::max(compute, mem) + c.device.kernel_overhead;
+}
+
+double collective_wire_bytes(const std::string& op, double bytes, int64_t ranks) {
+  const double n = double(ranks);
+  if (ranks <= 1) return 0;
+  if (op == "all_gather") return (n - 1) * bytes;
+  if (op == "all_reduce") return 2 * (n - 1) / n * bytes;
+  return (n - 1) / n * bytes;  // reduce_scatter, all_to_all
+}
+
+double collective_scratch_bytes(const std::string& op, double bytes, int64_t ranks,
+                                bool mpi_polite) {
+  if (ranks <= 1) return 0;
+  const double n = double(ranks), chunk = double(comm::kDefaultChunkBytes), block = bytes / n;
+  if (op == "reduce_scatter")
+    return (block > chunk ? n * chunk : 0) + (mpi_polite ? n * std::min(block, chunk) : 0);
+  if (op == "all_to_all") return block > chunk ? 2 * n * chunk : 0;
+  return 0;
+}
+
+double collective_seconds(const std::string& op, double bytes, int64_t ranks, const Cluster& c,
+                          int level) {
+  if (ranks <= 1) return 0;
+  if (level == 0 && c.profile) {
+    auto it = c.profile->comm.find(op);
+    if (it != c.profile->comm.end()) {
+      std::vector<std::pair<double, double>> xs;
+      for (const CommSample& s : it->second)
+        if (s.ranks == ranks) xs.push_back({s.bytes, s.seconds});
+      if (!xs.empty()) return interpolate(xs, bytes, true);
+    }
+  }
+  const Level& l = c.levels.at(size_t(level));
+  const double steps = double(ranks - 1) * (op == "all_reduce" ? 2 : 1);
+  return steps * l.latency + collective_wire_bytes(op, bytes, ranks) / l.bandwidth;
+}
+
+}  // namespace loom::sim

@@ -1,0 +1,43 @@
+// The cost model: how long one node of a per-rank program takes on a cluster's device, and one
+// collective on a level. The simulator (simulate.h) adds these up along the program's two streams;
+// bucket = "auto" (passes/bucket.cc) weighs a bucket's transfer against the compute it overlaps.
+//
+// A compute node: from the cluster's calibrated profile where it has samples of the op (a GEMM from
+// the nearest measured shape of the same transposes and dtype, scaled by FLOPs; another op from its
+// samples, interpolated log-log in bytes moved, or in FLOPs for attention), else from the
+// efficiency model: a GEMM at efficiency.matmul of peak, less for small ones (half of it at
+// matmul_half_flops), attention at efficiency.attention, everything else at efficiency.memory of
+// the memory bandwidth; plus device.kernel_overhead per kernel. Views (reshape, wait) cost nothing.
+//
+// A collective over n ranks, B bytes of input per rank, on a level of bandwidth β and latency α, as
+// a ring runs it (NCCL's bus-bandwidth accounting):
+//   all_gather       (n-1) (α + B/β)               (B: each rank's block)
+//   reduce_scatter   (n-1) (α + B/(n β))           (B: the whole buffer)
+//   all_reduce       2 (n-1) (α + B/(n β))
+//   all_to_all       (n-1) (α + B/(n β))
+// or, on this machine with a profile, the measured time of the kind at n ranks, interpolated in B.
+#pragma once
+
+#include <string>
+
+#include "loom/ir/graph.h"
+#include "loom/sim/cluster.h"
+
+namespace loom::sim {
+
+// Seconds of one compute node (not a collective) on one device.
+double node_seconds(const ir::Graph& g, const ir::Node& n, const Cluster& c);
+// Seconds of one collective `op` moving `bytes` (its input, per rank) among `ranks` ranks on
+// `level` (an index into c.levels).
+double collective_seconds(const std::string& op, double bytes, int64_t ranks, const Cluster& c,
+                          int level);
+// The bytes one rank sends for that collective (the level's traffic).
+double collective_wire_bytes(const std::string& op, double bytes, int64_t ranks);
+// The communicator's own temporaries for that collective (comm/chunking.cc, comm/mpi.cc): a
+// reduce_scatter or all_to_all whose per-rank block passes the 4 MiB chunk stages (ranks x chunk)
+// pieces (twice for all_to_all), and MPI's polite reduce_scatter (a comm thread's) receives its
+// ranks' blocks of each piece in one more such buffer.
+double collective_scratch_bytes(const std::string& op, double bytes, int64_t ranks,
+                                bool mpi_polite);
+
+}  // namespace loom::sim

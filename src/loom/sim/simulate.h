@@ -1,0 +1,62 @@
+// The simulator: an event simulation of one rank's scheduled program (the same shard::Program the
+// executor runs) on a cluster, and what it predicts. No tensor is allocated: a program of any size
+// costs its node count.
+//
+// Two streams, as runtime::Executor runs them: the compute stream takes the nodes in program
+// order; a collective in a program with asynchronous collectives (passes/prefetch.cc) is queued on
+// the communication stream (FIFO: it starts when issued and when the one before it ends) and the
+// compute stream meets it at its wait (at once, for a synchronous one); in a program without, it
+// runs on the compute stream. Exposed communication is the time the compute stream waits. The
+// program is SPMD: every rank runs the same nodes on blocks of the same shapes, so rank 0's
+// program stands for all, and a collective's time is its slowest member's (symmetric on a ring).
+//
+// Memory is the program's memory plan (runtime::plan_memory: arena + bound tensors, in-flight
+// buffers included), plus the communicator's largest temporaries, plus the device's stated
+// runtime_bytes (a process's own: libraries, thread stacks, MPI's buffers).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "loom/shard/lower.h"
+#include "loom/sim/cluster.h"
+
+namespace loom::sim {
+
+// One step's collectives per mesh axis and op: how many, and the bytes of their whole buffers
+// (all_gather: what arrives; reduce_scatter, all_reduce, all_to_all: what goes in), as
+// `loom inspect --stage scheduled` prints them.
+struct AxisTraffic {
+  int64_t count = 0;
+  double bytes = 0;
+};
+std::map<std::string, std::map<std::string, AxisTraffic>> traffic(const ir::Graph& g);
+
+struct Prediction {
+  double step_seconds = 0;
+  double compute_seconds = 0;       // the compute stream's busy time
+  double comm_seconds = 0;          // collectives' summed durations
+  double exposed_comm_seconds = 0;  // the compute stream waiting for them
+  double flops = 0;                 // executed per rank (ops::Cost, recomputation included)
+  int64_t collectives = 0;
+  std::map<std::string, AxisTraffic> axis_traffic;  // per axis, all collective kinds together
+  std::map<std::string, double> level_bytes;        // per level: bytes one rank sends on it
+  int64_t planned_bytes = 0;                        // the memory plan's peak: arena + bound
+  int64_t scratch_bytes = 0;  // the communicator's largest temporaries (cost.h)
+  int64_t peak_bytes = 0;     // planned + scratch + the runtime's own (device.runtime_bytes)
+};
+
+struct SimOptions {
+  // >= 1: stretches compute (ranks sharing cores: more ranks x threads than the machine has)
+  double oversubscription = 1;
+  // ranks are processes of an MPI job (device.rank_runtime_bytes each, MPI's scratch), not
+  // threads of one process (ranks = "local") or one process alone (device.runtime_bytes)
+  bool mpi_ranks = true;
+};
+
+// Simulates one step of `rank` (compiled under `mesh`) on cluster c with the axes placed by p.
+Prediction simulate(const shard::Program& rank, const shard::Mesh& mesh, const Cluster& c,
+                    const Placement& p, const SimOptions& o = {});
+
+}  // namespace loom::sim

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""loom plan and loom calibrate (the simulator, docs/simulator.md): calibrate --quick writes a cluster
+file that loom plan reads back; loom plan prints a table, or one JSON line per plan with the keys the
+docs promise, on this machine's cluster, on the shipped GPU clusters and for --compare files; a
+paper-scale model compiles and simulates with no tensor allocated; bad input (a missing or broken
+cluster file, a mesh the devices cannot hold, an axis no level can hold, a bad --compare file) is a
+clear error naming the file and key, exit 1.
+
+    sim_cli_test.py LOOM_BINARY SOURCE_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from checks import Checks
+
+LOOM, SRC = sys.argv[1], sys.argv[2]
+checks = Checks()
+check = checks.check
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
+FSDP = ["--set", "plan.mesh={data=2}",
+        "--set", 'plan.tactics=[{kind="fsdp",axis="data"},{kind="data",axis="data"}]']
+KEYS = ["step_ms", "tokens_per_s_per_device", "mfu", "hfu", "peak_bytes", "fits", "exposed_comm_ms",
+        "bytes_per_level", "bytes_per_axis", "energy_kwh_per_step", "co2_kg_per_step"]
+
+
+def loom(*args):
+    return subprocess.run([LOOM, *args], cwd=SRC, env=ENV, capture_output=True, text=True)
+
+
+def cfg(name):
+    return os.path.join(SRC, "configs", name)
+
+
+def cluster(name):
+    return os.path.join(SRC, "clusters", name)
+
+
+def json_lines(r):
+    return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    quick = os.path.join(tmp, "quick.toml")
+    r = loom("calibrate", "--quick", "--out", quick)
+    check("calibrate --quick writes a cluster file", r.returncode == 0 and os.path.exists(quick),
+          r.stderr[-2000:])
+    text = open(quick).read() if os.path.exists(quick) else ""
+    check("it holds a measured profile", "[profile]" in text and "matmul = [" in text
+          and "[profile.comm]" in text and "rank_runtime_bytes" in text, text[:2000])
+
+    r = loom("plan", cfg("tiny-llama.toml"), "--cluster", quick, "--json", *FSDP)
+    rows = json_lines(r)
+    check("plan reads calibrate's file back: one JSON line with every key",
+          r.returncode == 0 and len(rows) == 1 and all(k in rows[0] for k in KEYS), r.stderr + r.stdout)
+    if rows:
+        p = rows[0]
+        check("its numbers are sane", p["step_ms"] > 0 and 0 < p["mfu"] < 1 and p["fits"]
+              and p["bytes_per_axis"].get("data", 0) > 0 and p["devices"] == 2, json.dumps(p))
+
+    r = loom("plan", cfg("tiny-llama.toml"), "--cluster", cluster("local.toml"))
+    check("the table on the shipped local cluster, one process",
+          r.returncode == 0 and "step ms" in r.stdout and "config" in r.stdout, r.stderr + r.stdout)
+
+    # a plan file to compare
+    plans = os.path.join(tmp, "plans.toml")
+    with open(plans, "w") as f:
+        f.write('[[plan]]\nname = "fsdp8"\nmesh = { data = 8 }\n'
+                'tactics = [{ kind = "fsdp", axis = "data" }, { kind = "data", axis = "data" }]\n'
+                '[[plan]]\nname = "tp8"\nmesh = { model = 8 }\n'
+                'tactics = [{ kind = "megatron", axis = "model" }]\n'
+                'passes = { recompute = "full" }\n')
+    r = loom("plan", cfg("bench-llama.toml"), "--cluster", cluster("h100-sxm.toml"), "--compare",
+             plans, "--json")
+    rows = json_lines(r)
+    check("--compare: one line per [[plan]] on 8 H100s",
+          r.returncode == 0 and [x["plan"] for x in rows] == ["fsdp8", "tp8"]
+          and all(x["devices"] == 8 for x in rows), r.stderr + r.stdout)
+    if len(rows) == 2:
+        check("NVLink carries the traffic", all("nvlink" in x["bytes_per_level"] for x in rows),
+              json.dumps(rows))
+
+    r = loom("plan", cfg("llama3.1-8b.toml"), "--cluster", cluster("h100-sxm.toml"), "--json",
+             "--set", "plan.mesh={data=8}",
+             "--set", 'plan.tactics=[{kind="fsdp",axis="data"},{kind="data",axis="data"}]',
+             "--set", "train.batch_size=16", "--set", "passes.recompute=selective")
+    rows = json_lines(r)
+    check("Llama 3.1 8B, FSDP on 8 H100: predicted without tensors",
+          r.returncode == 0 and len(rows) == 1 and 0 < rows[0]["mfu"] < 1
+          # f32 master weights and two moments, split 8 ways, at least
+          and rows[0]["peak_bytes"] > 8.0e9 * 12 / 8,
+          r.stderr[-2000:] + r.stdout)
+
+    # bad input
+    r = loom("plan", cfg("tiny-llama.toml"), "--cluster", os.path.join(tmp, "none.toml"))
+    check("a missing cluster file: exit 1 naming it", r.returncode == 1 and "none.toml" in r.stderr,
+          r.stderr)
+    bad = os.path.join(tmp, "bad.toml")
+    with open(bad, "w") as f:
+        f.write(open(cluster("h100-sxm.toml")).read().replace("memory_bytes", "memory_byte"))
+    r = loom("plan", cfg("tiny-llama.toml"), "--cluster", bad)
+    check("an unknown key: exit 1 naming the file and key",
+          r.returncode == 1 and "bad.toml" in r.stderr and "memory_byte" in r.stderr
+          and "did you mean" in r.stderr, r.stderr)
+    r = loom("plan", cfg("tiny-llama.toml"), "--cluster", cluster("h100-sxm.toml"), "--devices", "1",
+             *FSDP)
+    check("a mesh larger than the devices: exit 1", r.returncode == 1 and "devices" in r.stderr,
+          r.stderr)
+    one_level = os.path.join(tmp, "one_level.toml")
+    with open(one_level, "w") as f:
+        t = open(cluster("h100-sxm.toml")).read()
+        f.write(t[:t.index('[[level]]\nname = "ib"')])
+    r = loom("plan", cfg("tiny-llama.toml"), "--cluster", one_level,
+             "--set", "plan.mesh={data=16}", "--set", 'plan.tactics=[{kind="data",axis="data"}]',
+             "--set", "train.batch_size=16")
+    check("an axis no level holds: exit 1 naming the axis",
+          r.returncode == 1 and "one_level.toml" in r.stderr and "axis data spans 16" in r.stderr,
+          r.stderr)
+    with open(plans, "w") as f:
+        f.write('[[plan]]\nname = "x"\nmesh = { data = 2 }\ncolour = 1\n')
+    r = loom("plan", cfg("tiny-llama.toml"), "--compare", plans)
+    check("a --compare file with an unknown key: exit 1 naming it",
+          r.returncode == 1 and "colour" in r.stderr and "plans.toml" in r.stderr, r.stderr)
+
+checks.finish()

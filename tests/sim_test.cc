@@ -1,0 +1,250 @@
+// The simulator (src/loom/sim/): cluster files (the shipped ones parse; bad ones fail naming the
+// file and key), placing mesh axes on network levels, and properties of a prediction over real
+// compiled programs: its bytes per axis are the program's collectives as `loom inspect` counts
+// them, its memory is the memory plan, and a faster link never makes a step slower.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "loom/core/error.h"
+#include "loom/core/file.h"
+#include "loom/runtime/memory_plan.h"
+#include "loom/sim/cost.h"
+#include "loom/sim/simulate.h"
+#include "loom/train/compile.h"
+#include "loom/train/config.h"
+
+namespace loom::sim {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kClusters = fs::path(LOOM_SOURCE_DIR) / "clusters";
+
+Cluster shipped(const std::string& name) { return load_cluster((kClusters / name).string()); }
+
+TEST(Cluster, ShippedFilesParse) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(kClusters)) {
+    if (e.path().extension() != ".toml") continue;
+    SCOPED_TRACE(e.path().string());
+    const Cluster c = load_cluster(e.path().string());
+    EXPECT_FALSE(c.levels.empty());
+    EXPECT_GT(c.device.memory_bytes, 0);
+    ++n;
+  }
+  EXPECT_GE(n, 6);  // local, h100-sxm, a100-80gb, h200, b200, mi300x
+  const Cluster h = shipped("h100-sxm.toml");
+  EXPECT_EQ(h.devices_per_node, 8);
+  EXPECT_DOUBLE_EQ(h.device.peak_flops.at(DType::bf16), 989.4e12);
+  ASSERT_EQ(h.levels.size(), 2u);
+  EXPECT_EQ(h.levels[0].size, 8);
+}
+
+// A written cluster (calibrate's output) reads back as it was.
+TEST(Cluster, WriteReadsBack) {
+  Cluster c = shipped("h100-sxm.toml");
+  Profile p;
+  p.threads = 2;
+  p.matmul.push_back({0, 1, 128, 256, 512, 1, DType::bf16, 1.5e-4});
+  p.ops["rmsnorm"].push_back({DType::f32, 1e6, 2e5, 3e-5});
+  p.comm["all_reduce"].push_back({4, 65536, 2e-5});
+  c.profile = p;
+  const std::string path = (fs::temp_directory_path() / "loom_sim_test_cluster.toml").string();
+  write_cluster(c, path, "# test\n");
+  const Cluster r = load_cluster(path);
+  fs::remove(path);
+  EXPECT_EQ(r.name, c.name);
+  EXPECT_EQ(r.levels.size(), c.levels.size());
+  ASSERT_TRUE(r.profile.has_value());
+  EXPECT_EQ(r.profile->threads, 2);
+  ASSERT_EQ(r.profile->matmul.size(), 1u);
+  EXPECT_EQ(r.profile->matmul[0].n, 256);
+  EXPECT_EQ(r.profile->matmul[0].dtype, DType::bf16);
+  EXPECT_EQ(r.profile->ops.at("rmsnorm").size(), 1u);
+  EXPECT_EQ(r.profile->comm.at("all_reduce")[0].ranks, 4);
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_cluster(text, "bad.toml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kGood = R"(name = "t"
+devices_per_node = 8
+[device]
+name = "d"
+peak_flops = { bf16 = 1e15 }
+memory_bytes = 8e10
+memory_bandwidth = 3e12
+idle_watts = 90
+peak_watts = 700
+[[level]]
+name = "nvlink"
+size = 8
+bandwidth = 4e11
+latency = 1e-6
+[[level]]
+name = "ib"
+size = 0
+bandwidth = 5e10
+latency = 5e-6
+)";
+
+TEST(Cluster, BadFilesNameTheFileAndKey) {
+  EXPECT_EQ(error_of(kGood), "");
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string s = kGood;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  struct Case {
+    std::string text, expect;
+  };
+  const std::vector<Case> cases = {
+      {with("memory_bytes", "memroy_bytes"), "bad.toml: [device] memroy_bytes: unknown key"},
+      {with("memory_bytes", "memroy_bytes"), "did you mean 'memory_bytes'"},
+      {"colour = 1\n" + std::string(kGood), "bad.toml: colour: unknown key"},
+      {with("[[level]]\nname = \"nvlink\"\nsize = 8\nbandwidth = 4e11\nlatency = 1e-6\n"
+            "[[level]]\nname = \"ib\"\nsize = 0\nbandwidth = 5e10\nlatency = 5e-6\n",
+            ""),
+       "bad.toml: level: missing"},
+      {with("bandwidth = 4e11\n", ""), "bad.toml: [level 0] bandwidth: missing"},
+      {with("bandwidth = 4e11", "bandwidth = \"fast\""), "[level 0] bandwidth: expected a number"},
+      {with("size = 0", "size = 12"), "[level 1] size: must be a multiple of the inner level's"},
+      {with("peak_flops = { bf16 = 1e15 }", "peak_flops = { fp8 = 1e15 }"),
+       "[device.peak_flops] fp8: unknown key"},
+      {with("idle_watts = 90", "idle_watts = 900"), "[device] peak_watts: must be >= 900"},
+      {with("name = \"t\"", "name = "), "bad.toml: not valid TOML"},
+  };
+  for (const Case& c : cases) {
+    const std::string got = error_of(c.text);
+    EXPECT_NE(got.find(c.expect), std::string::npos)
+        << "expected \"" << c.expect << "\", got \"" << got << "\"";
+  }
+  EXPECT_THROW(load_cluster("/nonexistent/cluster.toml"), Error);
+}
+
+TEST(Placement, AxesGoInnermostFirst) {
+  const Cluster h = shipped("h100-sxm.toml");
+  const Placement p = place(shard::Mesh({{"data", 16}, {"model", 8}}), h, 128);
+  EXPECT_EQ(p.level.at("model"), 0);  // 8 neighbours: one node's NVLink
+  EXPECT_EQ(p.level.at("data"), 1);   // across 16 nodes
+  const Placement q = place(shard::Mesh({{"data", 4}, {"model", 2}}), h, 8);
+  EXPECT_EQ(q.level.at("data"), 0);  // 4 x 2 = 8: still inside the node
+  // a mesh larger than the devices, and an axis no level can hold
+  try {
+    place(shard::Mesh({{"data", 16}}), h, 8);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 16 devices"), std::string::npos) << e.what();
+  }
+  Cluster one_node = h;
+  one_node.levels.pop_back();
+  try {
+    place(shard::Mesh({{"data", 16}}), one_node, 0);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mesh axis data spans 16 devices"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Cost, CollectivesFollowTheRing) {
+  Cluster h = shipped("h100-sxm.toml");
+  const double b = 1e9, bw = h.levels[0].bandwidth, a = h.levels[0].latency;
+  EXPECT_DOUBLE_EQ(collective_seconds("all_gather", b, 8, h, 0), 7 * (a + b / bw));
+  EXPECT_DOUBLE_EQ(collective_seconds("reduce_scatter", b, 8, h, 0), 7 * a + 7.0 / 8 * b / bw);
+  EXPECT_DOUBLE_EQ(collective_seconds("all_reduce", b, 8, h, 0), 14 * a + 14.0 / 8 * b / bw);
+  EXPECT_EQ(collective_seconds("all_reduce", b, 1, h, 0), 0);
+}
+
+// A compiled program of a config under a plan, as loom plan compiles it.
+shard::Program program(const std::string& config, const std::vector<std::string>& sets,
+                       shard::Mesh* mesh) {
+  const train::Config cfg =
+      train::load_config(std::string(LOOM_SOURCE_DIR) + "/configs/" + config, sets);
+  *mesh = cfg.plan.plan.mesh;
+  return train::compile_step(cfg, passes::StepKind::train, true, mesh->size()).c.rank;
+}
+
+struct PlanCase {
+  const char* name;
+  std::vector<std::string> sets;
+};
+std::vector<PlanCase> plans() {
+  return {
+      {"fsdp",
+       {"plan.mesh={data=2}",
+        R"(plan.tactics=[{kind="fsdp",axis="data"},{kind="data",axis="data"}])"}},
+      {"fsdp_sync",
+       {"plan.mesh={data=2}",
+        R"(plan.tactics=[{kind="fsdp",axis="data"},{kind="data",axis="data"}])",
+        "passes.prefetch=false"}},
+      {"megatron_fsdp",
+       {"plan.mesh={data=2,model=2}",
+        R"(plan.tactics=[{kind="megatron",axis="model"},{kind="fsdp",axis="data"},{kind="data",axis="data"}])"}},
+  };
+}
+
+TEST(Simulate, BytesPerAxisAreTheProgramsAndMemoryIsThePlan) {
+  const Cluster h = shipped("h100-sxm.toml");
+  for (const PlanCase& pc : plans()) {
+    SCOPED_TRACE(pc.name);
+    shard::Mesh mesh;
+    const shard::Program prog = program("bench-llama.toml", pc.sets, &mesh);
+    const Prediction p = simulate(prog, mesh, h, place(mesh, h, mesh.size()));
+    const auto counted = traffic(prog.graph);
+    ASSERT_EQ(p.axis_traffic.size(), counted.size());
+    int64_t n = 0;
+    for (const auto& [axis, ops] : counted) {
+      double bytes = 0;
+      int64_t count = 0;
+      for (const auto& [op, t] : ops) bytes += t.bytes, count += t.count;
+      EXPECT_DOUBLE_EQ(p.axis_traffic.at(axis).bytes, bytes) << axis;
+      EXPECT_EQ(p.axis_traffic.at(axis).count, count) << axis;
+      n += count;
+    }
+    EXPECT_EQ(p.collectives, n);
+    const runtime::MemoryPlan mp = runtime::plan_memory(prog.graph);
+    EXPECT_EQ(p.planned_bytes, mp.arena_bytes + mp.external_bytes);
+    EXPECT_EQ(p.peak_bytes,
+              p.planned_bytes + p.scratch_bytes + int64_t(h.device.rank_runtime_bytes));
+    EXPECT_GT(p.step_seconds, 0);
+    EXPECT_LE(p.exposed_comm_seconds, p.comm_seconds + 1e-12);
+    // the compute stream's time, and at most the communication that runs on past it
+    EXPECT_GE(p.step_seconds, (p.compute_seconds + p.exposed_comm_seconds) * (1 - 1e-12));
+    EXPECT_LE(p.step_seconds, p.compute_seconds + p.exposed_comm_seconds + p.comm_seconds);
+  }
+}
+
+TEST(Simulate, AFasterLinkNeverSlowsAStep) {
+  for (const char* file : {"h100-sxm.toml", "a100-80gb.toml"})
+    for (const PlanCase& pc : plans()) {
+      SCOPED_TRACE(std::string(file) + " " + pc.name);
+      const Cluster c = shipped(file);
+      shard::Mesh mesh;
+      const shard::Program prog = program("bench-llama.toml", pc.sets, &mesh);
+      const Placement pl = place(mesh, c, mesh.size());
+      double prev = simulate(prog, mesh, c, pl).step_seconds;
+      Cluster faster = c;
+      for (int i = 0; i < 4; ++i) {
+        for (Level& l : faster.levels) l.bandwidth *= 2;
+        const double t = simulate(prog, mesh, faster, pl).step_seconds;
+        EXPECT_LE(t, prev * (1 + 1e-12)) << "bandwidth x" << (2 << i);
+        prev = t;
+      }
+      // and a slow one makes communication show
+      Cluster slow = c;
+      for (Level& l : slow.levels) l.bandwidth /= 1e4;
+      const Prediction s = simulate(prog, mesh, slow, pl);
+      EXPECT_GT(s.exposed_comm_seconds, 0.5 * s.comm_seconds - 1e-12);
+    }
+}
+
+}  // namespace
+}  // namespace loom::sim

@@ -1,0 +1,215 @@
+// loom plan: predict a config's training step on a cluster before running it (sim/). The step is
+// compiled exactly as `loom train` and `loom bench` compile it (the scheduled per-rank program
+// under the config's [plan] and [passes]; without a plan, the one-process training graph), then
+// simulated on the cluster file's device and network levels.
+//
+//   loom plan C.toml [--cluster F.toml] [--devices N] [--set k=v ...] [--compare P.toml] [--json]
+//
+// --compare names a TOML file of [[plan]] tables (each with mesh, tactics, optional name and
+// passes = { ... }) predicted one after another on the same model and batch. --json prints one JSON
+// line per plan instead of the table.
+//
+// MFU: the model's FLOPs per token (models::train_flops_per_token) x tokens per step per device,
+// over step time x peak FLOP/s of the model's dtype; HFU counts what the program executes
+// (recomputation included). Energy per step: devices x step x (idle + (peak - idle) x the compute
+// stream's busy fraction) x PUE; CO2 is that times the grid's carbon intensity.
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "loom/core/error.h"
+#include "loom/models/model.h"
+#include "loom/sim/simulate.h"
+#include "loom/train/compile.h"
+#include "loom/train/config.h"
+
+namespace loom::cli {
+
+namespace {
+
+struct PlanOpts {
+  std::string config, cluster = "clusters/local.toml", compare;
+  int64_t devices = 0;
+  std::vector<std::string> sets;
+  bool json = false;
+};
+
+nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t devices,
+                       const std::string& name) {
+  const shard::Plan& plan = cfg.plan.plan;
+  const int64_t ranks = plan.empty() ? 1 : plan.mesh.size();
+  train::CompiledStep step =
+      train::compile_step(cfg, passes::StepKind::train, !plan.empty(), plan.empty() ? 0 : ranks);
+  shard::Program prog;
+  if (step.sharded) {
+    prog = step.c.rank;
+  } else {
+    prog.graph = step.c.model.graph;
+  }
+  const int64_t n = devices > 0 ? devices : (cl.devices > 0 ? cl.devices : ranks);
+  if (ranks > n)
+    throw Error(
+        fmt::format("{}: the mesh {} needs {} devices; --devices (or the cluster's "
+                    "devices) gives {}",
+                    cfg.plan.plan.where, plan.mesh.to_string(), ranks, n));
+  // n devices run n / ranks replicas of the plan (data parallel over whole meshes is not
+  // simulated: a plan is one mesh, so n must equal the mesh size)
+  if (n != ranks)
+    throw Error(
+        fmt::format("{}: the mesh {} has {} ranks, the cluster {} devices: make the "
+                    "mesh's sizes multiply to the device count",
+                    cfg.plan.plan.where, plan.mesh.to_string(), ranks, n));
+  const sim::Placement pl = plan.empty() ? sim::Placement{} : sim::place(plan.mesh, cl, n);
+  sim::SimOptions so;
+  if (cl.device.cores > 0 && cl.profile)
+    so.oversubscription =
+        std::max(1.0, double(ranks * cl.profile->threads) / double(cl.device.cores));
+  so.mpi_ranks = !plan.empty() && cfg.plan.ranks == "mpi";
+  const sim::Prediction p = sim::simulate(prog, plan.mesh, cl, pl, so);
+
+  const int64_t T = cfg.train.seq_len;
+  const double tokens = double(cfg.train.batch_size * T * step.accum);
+  const double fpt = models::train_flops_per_token(cfg.model, T);
+  auto pk = cl.device.peak_flops.find(cfg.model.dtype);
+  const double peak =
+      pk != cl.device.peak_flops.end() ? pk->second : cl.device.peak_flops.begin()->second;
+  const double step_s = p.step_seconds * double(step.accum);
+  const double busy = p.step_seconds > 0 ? p.compute_seconds / p.step_seconds : 0;
+  const double watts =
+      cl.device.idle_watts + (cl.device.peak_watts - cl.device.idle_watts) * std::min(1.0, busy);
+  const double kwh = double(n) * step_s * watts * cl.pue / 3.6e6;
+  nlohmann::json j;
+  j["plan"] = name;
+  j["cluster"] = cl.name;
+  j["devices"] = n;
+  j["mesh"] = plan.empty() ? "{}" : plan.mesh.to_string();
+  j["step_ms"] = step_s * 1e3;
+  j["tokens_per_s"] = tokens / step_s;
+  j["tokens_per_s_per_device"] = tokens / step_s / double(n);
+  j["mfu"] = fpt * tokens / double(n) / step_s / peak;
+  j["hfu"] = p.flops * double(step.accum) / step_s / peak;
+  j["compute_ms"] = p.compute_seconds * double(step.accum) * 1e3;
+  j["exposed_comm_ms"] = p.exposed_comm_seconds * double(step.accum) * 1e3;
+  j["collectives_per_step"] = p.collectives * step.accum;
+  j["planned_bytes"] = p.planned_bytes;
+  j["peak_bytes"] = p.peak_bytes;
+  j["fits"] = double(p.peak_bytes) <= cl.device.memory_bytes;
+  nlohmann::json lb = nlohmann::json::object();
+  for (const auto& [l, b] : p.level_bytes) lb[l] = b * double(step.accum);
+  j["bytes_per_level"] = lb;
+  nlohmann::json ab = nlohmann::json::object();
+  for (const auto& [a, t] : p.axis_traffic) ab[a] = t.bytes * double(step.accum);
+  j["bytes_per_axis"] = ab;
+  j["energy_kwh_per_step"] = kwh;
+  j["co2_kg_per_step"] = kwh * cl.carbon_intensity;
+  j["energy_kwh_per_mtok"] = kwh / tokens * 1e6;
+  j["co2_kg_per_mtok"] = kwh * cl.carbon_intensity / tokens * 1e6;
+  if (cl.profile) j["profile_threads"] = cl.profile->threads;
+  return j;
+}
+
+// The [[plan]] tables of a --compare file, each as --set overrides of the config.
+std::vector<std::pair<std::string, std::vector<std::string>>> compare_plans(
+    const std::string& path) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw Error(fmt::format("{}: not valid TOML: {}", path, std::string(e.description())));
+  }
+  const toml::array* plans = root["plan"].as_array();
+  if (!plans || plans->empty()) throw Error(fmt::format("{}: needs [[plan]] tables", path));
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (size_t i = 0; i < plans->size(); ++i) {
+    const toml::table* t = (*plans)[i].as_table();
+    if (!t) throw Error(fmt::format("{}: plan {}: expected a [[plan]] table", path, i));
+    std::string name = fmt::format("plan {}", i);
+    std::vector<std::string> sets;
+    for (const auto& [k, v] : *t) {
+      const std::string key(k.str());
+      std::ostringstream os;
+      if (key == "name") {
+        if (!v.is_string())
+          throw Error(fmt::format("{}: plan {}: name: expected a string", path, i));
+        name = *v.value<std::string>();
+      } else if (key == "mesh" || key == "tactics" || key == "ranks") {
+        os << toml::toml_formatter(v, toml::format_flags::none);
+        if (v.is_string()) os.str(""), os << "\"" << *v.value<std::string>() << "\"";
+        sets.push_back("plan." + key + "=" + os.str());
+      } else if (key == "passes") {
+        if (!v.is_table())
+          throw Error(fmt::format("{}: plan {}: passes: expected a table", path, i));
+        for (const auto& [pk, pv] : *v.as_table()) {
+          std::ostringstream ps;
+          if (pv.is_string())
+            ps << "\"" << *pv.value<std::string>() << "\"";
+          else
+            ps << toml::toml_formatter(pv, toml::format_flags::none);
+          sets.push_back("passes." + std::string(pk.str()) + "=" + ps.str());
+        }
+      } else {
+        throw Error(fmt::format("{}: plan {}: unknown key {} (name, mesh, tactics, ranks, passes)",
+                                path, i, key));
+      }
+    }
+    out.push_back({name, sets});
+  }
+  return out;
+}
+
+std::string fmt_bytes(double b) {
+  if (b >= 1e9) return fmt::format("{:.3g} GB", b / 1e9);
+  return fmt::format("{:.3g} MB", b / 1e6);
+}
+
+}  // namespace
+
+std::function<int()> add_plan(CLI::App& app) {
+  auto o = std::make_shared<PlanOpts>();
+  CLI::App* s = app.add_subcommand("plan", "predict a plan's step time, memory and energy (sim)");
+  s->add_option("config", o->config, "config TOML")->required();
+  s->add_option("--cluster", o->cluster, "cluster file (default clusters/local.toml)");
+  s->add_option("--devices", o->devices, "devices (default: the cluster's, else the mesh's)")
+      ->check(CLI::PositiveNumber);
+  s->add_option("--set", o->sets, "override a config key: section.key=value");
+  s->add_option("--compare", o->compare, "a TOML file of [[plan]] tables to predict side by side");
+  s->add_flag("--json", o->json, "one JSON line per plan");
+  return [o]() {
+    const sim::Cluster cl = sim::load_cluster(o->cluster);
+    std::vector<std::pair<std::string, std::vector<std::string>>> plans{{"config", {}}};
+    if (!o->compare.empty()) plans = compare_plans(o->compare);
+    std::vector<nlohmann::json> rows;
+    for (const auto& [name, extra] : plans) {
+      std::vector<std::string> sets = o->sets;
+      sets.insert(sets.end(), extra.begin(), extra.end());
+      const train::Config cfg = train::load_config(o->config, sets);
+      rows.push_back(predict(cfg, cl, o->devices, name));
+      if (o->json) fmt::print("{}\n", rows.back().dump());
+    }
+    if (o->json) return 0;
+    fmt::print("cluster {} ({}), model {} {}\n", cl.name, cl.source, o->config,
+               rows.front()["devices"].get<int64_t>() > 1 ? "" : "(one device)");
+    fmt::print("{:<16} {:>12} {:>10} {:>14} {:>6} {:>6} {:>10} {:>10} {:>5} {:>12}\n", "plan",
+               "mesh", "step ms", "tok/s/device", "MFU", "HFU", "exposed", "peak", "fits",
+               "kWh/Mtok");
+    for (const auto& r : rows) {
+      fmt::print(
+          "{:<16} {:>12} {:>10.1f} {:>14.1f} {:>5.1f}% {:>5.1f}% {:>7.1f} ms {:>10} {:>5} "
+          "{:>12.4g}\n",
+          r["plan"].get<std::string>(), r["mesh"].get<std::string>(), r["step_ms"].get<double>(),
+          r["tokens_per_s_per_device"].get<double>(), 100 * r["mfu"].get<double>(),
+          100 * r["hfu"].get<double>(), r["exposed_comm_ms"].get<double>(),
+          fmt_bytes(r["peak_bytes"].get<double>()), r["fits"].get<bool>() ? "yes" : "NO",
+          r["energy_kwh_per_mtok"].get<double>());
+      std::string lv;
+      for (const auto& [l, b] : r["bytes_per_level"].items())
+        lv += fmt::format("{}{} {}", lv.empty() ? "" : ", ", l, fmt_bytes(b.get<double>()));
+      if (!lv.empty()) fmt::print("{:<16} sent per device per step: {}\n", "", lv);
+    }
+    return 0;
+  };
+}
+
+}  // namespace loom::cli
