@@ -86,13 +86,29 @@ check("reshard_after_forward = false: each group gathered once (<= L+2 all-gathe
       0 < once.get("all_gather", 99) <= 10 and once.get("reduce_scatter") == block.get("reduce_scatter"),
       "%s vs %s" % (once, block))
 r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
-         "--rank", "0", *FSDP, "--set", "passes.bucket=auto")
-check("unknown bucket policy: exit 1 naming the key", r.returncode == 1 and "[passes] bucket" in r.stderr,
+         "--rank", "0", *FSDP, "--set", "passes.bucket=greedy")
+check("unknown bucket policy: exit 1 naming the key and the choices",
+      r.returncode == 1 and "[passes] bucket" in r.stderr and "auto" in r.stderr,
       r.stderr)
 r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
          "--rank", "0", *FSDP, "--set", "passes.bucket_mb=0")
 check("bucket_mb <= 0: exit 1 naming the key", r.returncode == 1 and "[passes] bucket_mb" in r.stderr,
       r.stderr)
+r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
+         "--rank", "0", *FSDP, "--set", "passes.bucket=auto", "--set", 'passes.cluster="no-such.toml"')
+check("bucket = auto without its cluster file: exit 1 naming the key and the file",
+      r.returncode == 1 and "[passes] cluster" in r.stderr and "no-such.toml" in r.stderr, r.stderr)
+r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
+         "--rank", "0", *FSDP, "--set", "passes.bucket=auto",
+         "--set", 'passes.cluster="%s"' % os.path.join(SRC, "tests", "slow-link.toml"))
+check("bucket = auto on a slow link: a bucket per block", r.returncode == 0
+      and "all_gather x19 " in r.stdout and "reduce_scatter x10 " in r.stdout, r.stderr + r.stdout[:300])
+r = loom("inspect", os.path.join(SRC, "configs", "bench-llama.toml"), "--stage", "scheduled",
+         "--rank", "0", *FSDP, "--set", "passes.bucket=auto",
+         "--set", 'passes.cluster="%s"' % os.path.join(SRC, "clusters", "h100-sxm.toml"))
+m = re.search(r"all_gather x(\d+) ", r.stdout)
+check("bucket = auto on H100s (fast links, tiny blocks): fewer, larger buckets than one per block",
+      r.returncode == 0 and m is not None and int(m.group(1)) < 19, r.stderr + r.stdout[:300])
 _, r = collectives("scheduled", "--set", "passes.max_in_flight=0")
 check("max_in_flight < 1: exit 1 naming the key",
       r.returncode == 1 and "[passes] max_in_flight" in r.stderr, r.stderr)

@@ -15,7 +15,7 @@
 //   # passes: apply_tactics propagate lower   (default; passes/pipeline.h names them)
 //   # schedule: max_in_flight=1 bucket=none   ([passes] options other than the defaults:
 //                                        reshard_after_forward, recompute, bucket, bucket_mb,
-//                                        prefetch, max_in_flight)
+//                                        prefetch, max_in_flight; cluster=F: clusters/F)
 //   graph mlp.rank { ... }              (the expected program: the per-rank one once `lower` ran,
 //                                        else the global graph)
 //
@@ -116,10 +116,14 @@ TEST_P(IrText, LoweredProgramMatches) {
   for (const auto& kv : words(get("schedule"))) {
     auto f = split(kv, '=');
     ScheduleOptions& so = opts.schedule;
-    if (f[0] == "bucket")
-      so.bucket =
-          f.at(1) == "none" ? ScheduleOptions::Bucket::none : ScheduleOptions::Bucket::block;
-    else if (f[0] == "bucket_mb")
+    if (f[0] == "bucket") {
+      for (auto b : {ScheduleOptions::Bucket::none, ScheduleOptions::Bucket::block,
+                     ScheduleOptions::Bucket::automatic})
+        if (f.at(1) == bucket_name(b)) so.bucket = b;
+    } else if (f[0] == "cluster") {
+      so.cluster = std::make_shared<const sim::Cluster>(
+          sim::load_cluster((fs::path(LOOM_SOURCE_DIR) / "clusters" / f.at(1)).string()));
+    } else if (f[0] == "bucket_mb")
       so.bucket_mb = std::stod(f.at(1));
     else if (f[0] == "reshard_after_forward")
       so.reshard_after_forward = f.at(1) == "true";

@@ -154,13 +154,18 @@ inline Config single(Config c) {
 // buckets so small that every group splits into several, without prefetch (every collective
 // synchronous, on the compute thread), with one collective in flight at a time, and with each
 // parameter gathered once per step (reshard_after_forward = false); and with recompute =
-// "selective" and "full".
+// "selective" and "full"; and with bucket = "auto" on a fast and a slow cluster.
 inline std::vector<Case> cases() {
   const char* data = R"({kind="data",axis="data"})";
   const std::string fsdp_megatron =
       std::string(R"([{kind="megatron",axis="model"},{kind="fsdp",axis="data"},)") + data + "]";
   const std::string megatron_sequence =
       R"([{kind="megatron",axis="model"},{kind="sequence",axis="model"}])";
+  // bucket = "auto" decides on a cluster: a fast one, and a slow-link one (tests/slow-link.toml)
+  const std::string h100 =
+      std::string("passes.cluster=\"") + LOOM_SOURCE_DIR + "/clusters/h100-sxm.toml\"";
+  const std::string slow =
+      std::string("passes.cluster=\"") + LOOM_SOURCE_DIR + "/tests/slow-link.toml\"";
   return {
       {"data", "{data=2}", std::string("[") + data + "]"},
       {"data4", "{data=4}", std::string("[") + data + "]"},
@@ -231,6 +236,16 @@ inline std::vector<Case> cases() {
        megatron_sequence,
        "gpt2",
        {"passes.recompute=full", "passes.reshard_after_forward=false"}},
+      {"fsdp_bucket_auto",
+       "{data=2}",
+       std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
+       "tiny",
+       {"passes.bucket=auto", h100}},
+      {"mid_fsdp_megatron_bucket_auto",
+       "{data=2,model=2}",
+       fsdp_megatron,
+       "mid",
+       {"passes.bucket=auto", slow}},
       {"mid_data_unbucketed_prefetch",
        "{data=2}",
        std::string("[") + data + "]",

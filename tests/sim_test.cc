@@ -246,5 +246,29 @@ TEST(Simulate, AFasterLinkNeverSlowsAStep) {
     }
 }
 
+// [passes] bucket = "auto" keeps the candidate the simulator predicts fastest; block bucketing is
+// one of them, so on the cluster it decided for, auto is never predicted slower than block. It
+// decides differently on different links: on a slow one it keeps buckets that can start early.
+TEST(Simulate, AutoBucketsAreNeverPredictedSlowerThanBlock) {
+  const std::string slow = std::string(LOOM_SOURCE_DIR) + "/tests/slow-link.toml";
+  for (const std::string& file : {std::string(LOOM_SOURCE_DIR) + "/clusters/h100-sxm.toml", slow}) {
+    const Cluster c = load_cluster(file);
+    for (const PlanCase& pc : plans()) {
+      SCOPED_TRACE(file + " " + pc.name);
+      auto with = [&](const char* bucket) {
+        std::vector<std::string> sets = pc.sets;
+        sets.push_back(std::string("passes.bucket=") + bucket);
+        sets.push_back("passes.cluster=\"" + file + "\"");
+        shard::Mesh mesh;
+        const shard::Program prog = program("bench-llama.toml", sets, &mesh);
+        return simulate(prog, mesh, c, place(mesh, c, mesh.size()));
+      };
+      const Prediction block = with("block"), automatic = with("auto");
+      EXPECT_LE(automatic.step_seconds, block.step_seconds * (1 + 1e-9));
+      EXPECT_GT(automatic.collectives, 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom::sim

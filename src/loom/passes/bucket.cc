@@ -22,9 +22,17 @@
 //
 // Not bucketed: collectives of other values (Megatron's activations, sequence parallelism), dims
 // other than 0, dtypes other than f32 (concat and split are f32), and runs of one.
+//
+// bucket = "auto" (SimpleFSDP's automatic bucketing, decided by cost rather than by a greedy
+// rule): the candidates are the block buckets and buckets of several consecutive groups up to a
+// byte target (1 MB, 2 MB, ... up to bucket_mb); each candidate program is scheduled as prefetch
+// will schedule it and simulated on [passes] cluster (sim/: the op costs, the link's bandwidth and
+// latency, the two streams), and the fastest is kept: on a slow link, one group per bucket so the
+// next one starts early; where each collective's latency is what shows, several.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -33,6 +41,7 @@
 #include "loom/ops/op.h"
 #include "loom/passes/pipeline.h"
 #include "loom/passes/rewrite.h"
+#include "loom/sim/simulate.h"
 
 namespace loom::passes {
 
@@ -99,8 +108,15 @@ void emit_bucket(Rewriter& rw, const Bucket& b, const std::string& group) {
   }
 }
 
-void run_bucket(Compilation& c, const Options& o) {
-  if (o.schedule.bucket == ScheduleOptions::Bucket::none) return;
+// Every bucketable collective of the program, in program order, with its parameter group and
+// its kind (op, axis, dim, ranks: what may share a buffer).
+struct Member {
+  int node = -1, group = -1;
+  int64_t bytes = 0;
+  std::string kind;
+};
+
+std::vector<Member> bucketable(const Compilation& c) {
   const ir::Graph& g = c.rank.graph;
   std::map<int, int> param_group;  // rank-program param -> its group's index in roles.blocks
   const auto& blocks = c.model.roles.blocks;
@@ -111,34 +127,46 @@ void run_bucket(Compilation& c, const Options& o) {
   std::map<int, std::vector<std::pair<int, int>>> uses;  // value -> (node, input slot)
   for (const ir::Node& n : g.nodes())
     for (size_t i = 0; i < n.inputs.size(); ++i) uses[n.inputs[i]].push_back({n.id, int(i)});
+  std::vector<Member> out;
+  for (const ir::Node& n : g.nodes()) {
+    const auto grp = group_of(g, n, param_group, uses);
+    if (!grp) continue;
+    out.push_back({n.id, *grp, numel(g.value(n.inputs[0]).type.shape) * 4,
+                   fmt::format("{} {} {} {}", n.op, n.attr_str("axis"), n.attr_int("dim", -1),
+                               n.attr_int("n", -1))});
+  }
+  return out;
+}
 
-  // runs per kind, split where the group changes or the cap would be passed
-  const int64_t cap = int64_t(o.schedule.bucket_mb * 1e6);
+// Runs of members per kind, in program order, closed where `ends(bucket, next member)` says, where
+// the cap would be passed, or where a value already in the bucket comes again (the backward's
+// re-gather of a parameter the forward gathered).
+std::vector<Bucket> runs(const ir::Graph& g, const std::vector<Member>& members, int64_t cap,
+                         const std::function<bool(const Bucket&, const Member&)>& ends) {
   std::map<std::string, Bucket> open;
   std::vector<Bucket> buckets;
   auto close = [&](Bucket& b) {
     if (b.members.size() > 1) buckets.push_back(b);
     b = Bucket{};
   };
-  for (const ir::Node& n : g.nodes()) {
-    const auto grp = group_of(g, n, param_group, uses);
-    if (!grp) continue;
-    const std::string kind = fmt::format("{} {} {} {}", n.op, n.attr_str("axis"),
-                                         n.attr_int("dim", -1), n.attr_int("n", -1));
-    const int64_t bytes = numel(g.value(n.inputs[0]).type.shape) * 4;
-    Bucket& b = open[kind];
-    // a value already in the bucket starts a new one: the backward's re-gather of a parameter
-    // the forward gathered (the same block, next in line when it is the last block)
+  for (const Member& m : members) {
+    Bucket& b = open[m.kind];
+    const int in = g.node(m.node).inputs[0];
     const bool again = std::any_of(b.members.begin(), b.members.end(),
-                                   [&](int m) { return g.node(m).inputs[0] == n.inputs[0]; });
-    if (!b.members.empty() && (b.block != *grp || b.bytes + bytes > cap || again)) close(b);
-    b.block = *grp;
-    b.members.push_back(n.id);
-    b.bytes += bytes;
+                                   [&](int x) { return g.node(x).inputs[0] == in; });
+    if (!b.members.empty() && (ends(b, m) || b.bytes + m.bytes > cap || again)) close(b);
+    if (b.members.empty()) b.block = m.group;
+    b.members.push_back(m.node);
+    b.bytes += m.bytes;
   }
   for (auto& [kind, b] : open) close(b);
-  if (buckets.empty()) return;
+  return buckets;
+}
 
+// The program with `buckets` merged (each named after its first member's group).
+shard::Program merged(const Compilation& c, std::vector<Bucket> buckets) {
+  const ir::Graph& g = c.rank.graph;
+  const auto& blocks = c.model.roles.blocks;
   std::map<int, int> bucket_of;  // old member node -> bucket index
   for (size_t i = 0; i < buckets.size(); ++i) {
     Bucket& b = buckets[i];
@@ -180,7 +208,57 @@ void run_bucket(Compilation& c, const Options& o) {
     }
   }
   LOOM_CHECK(waiting.empty()) << "bucket: " << waiting.size() << " nodes never became ready";
-  c.rank = rw.finish();
+  return rw.finish();
+}
+
+// bucket = "auto": the bucketing whose schedule the simulator predicts fastest on the cluster.
+// Candidates: one bucket per parameter group (block), and buckets of whole consecutive groups that
+// close at a group boundary once they hold a byte target (1 MB to bucket_mb, doubling); each is
+// scheduled as the passes after this one will (prefetch) and simulated (sim/simulate.h) on
+// [passes] cluster with the plan's axes placed on its levels. Ties keep the earlier candidate
+// (block first, then the smaller target). Buckets finer than a group are not candidates: on this
+// machine they measured slower than block (each collective costs the communication thread CPU
+// time the shared cores give up, which the simulator does not charge; docs/benchmarks.md).
+std::vector<Bucket> choose(const Compilation& c, const Options& o,
+                           const std::vector<Member>& members, int64_t cap) {
+  const ir::Graph& g = c.rank.graph;
+  if (!o.schedule.cluster)
+    throw Error("[passes] bucket = \"auto\" needs a cluster file ([passes] cluster)");
+  const sim::Cluster& cl = *o.schedule.cluster;
+  const sim::Placement pl = sim::place(o.plan.mesh, cl, 0);
+  std::vector<std::vector<Bucket>> candidates{
+      runs(g, members, cap, [](const Bucket& b, const Member& m) { return b.block != m.group; })};
+  for (int64_t target = 1000000; target < cap * 2; target *= 2) {
+    const int64_t t = std::min(target, cap);
+    candidates.push_back(runs(g, members, cap, [t](const Bucket& b, const Member& m) {
+      return b.block != m.group && b.bytes >= t;
+    }));
+    if (t == cap) break;
+  }
+  size_t best = 0;
+  double best_s = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    Compilation t;
+    t.rank = merged(c, candidates[i]);
+    prefetch_pass().run(t, o);
+    const double s = sim::simulate(t.rank, o.plan.mesh, cl, pl).step_seconds;
+    if (i == 0 || s < best_s) best = i, best_s = s;
+  }
+  return candidates[best];
+}
+
+void run_bucket(Compilation& c, const Options& o) {
+  using B = ScheduleOptions::Bucket;
+  if (o.schedule.bucket == B::none) return;
+  const std::vector<Member> members = bucketable(c);
+  const int64_t cap = int64_t(o.schedule.bucket_mb * 1e6);
+  std::vector<Bucket> buckets =
+      o.schedule.bucket == B::automatic
+          ? choose(c, o, members, cap)
+          : runs(c.rank.graph, members, cap,
+                 [](const Bucket& b, const Member& m) { return b.block != m.group; });
+  if (buckets.empty()) return;
+  c.rank = merged(c, std::move(buckets));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "loom/autodiff/autodiff.h"
 #include "loom/models/model.h"
 #include "loom/shard/lower.h"
+#include "loom/sim/cluster.h"
 
 namespace loom::passes {
 
@@ -55,11 +57,12 @@ enum class StepKind { eval, infer, grads, train, decode };
 //   bucket     none: every collective as lowered; block: a parameter's all-gathers and a
 //              gradient's reductions merged into one collective per parameter group (roles.blocks:
 //              a transformer block, the embedding, the head) and direction, up to bucket_mb each
-//              (SimpleFSDP's manual wrapping)
+//              (SimpleFSDP's manual wrapping); auto: the bucketing the simulator predicts fastest
+//              on `cluster` (passes/bucket.cc)
 //   prefetch   collectives start early and are waited for late, on each rank's communication
 //              thread (passes/prefetch.cc); at most max_in_flight at a time
 struct ScheduleOptions {
-  enum class Bucket { none, block };
+  enum class Bucket { none, block, automatic };  // "none", "block", "auto"
   Bucket bucket = Bucket::block;
   double bucket_mb = 64;
   bool reshard_after_forward = true;
@@ -67,8 +70,12 @@ struct ScheduleOptions {
   Recompute recompute = Recompute::none;
   bool prefetch = true;
   int64_t max_in_flight = 2;
+  // bucket = "auto": the cluster whose cost model decides ([passes] cluster, loaded with the
+  // config; sim/cluster.h)
+  std::string cluster_file = "clusters/local.toml";
+  std::shared_ptr<const sim::Cluster> cluster;
 };
-const char* bucket_name(ScheduleOptions::Bucket b);        // "none", "block"
+const char* bucket_name(ScheduleOptions::Bucket b);        // "none", "block", "auto"
 const char* recompute_name(ScheduleOptions::Recompute r);  // "none", "selective", "full"
 
 struct Options {

@@ -47,7 +47,15 @@ const std::vector<Pass>& pipeline() {
 }
 
 const char* bucket_name(ScheduleOptions::Bucket b) {
-  return b == ScheduleOptions::Bucket::block ? "block" : "none";
+  switch (b) {
+    case ScheduleOptions::Bucket::block:
+      return "block";
+    case ScheduleOptions::Bucket::automatic:
+      return "auto";
+    case ScheduleOptions::Bucket::none:
+      break;
+  }
+  return "none";
 }
 
 const char* recompute_name(ScheduleOptions::Recompute r) {

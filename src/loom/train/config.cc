@@ -11,6 +11,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/suggest.h"
+#include "loom/sim/cluster.h"
 #include "loom/train/hf_dir.h"
 
 namespace loom::train {
@@ -221,9 +222,12 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
        {
            {"bucket",
             as_enum([](Config& c) -> passes::ScheduleOptions::Bucket& { return c.passes.bucket; },
-                    {passes::ScheduleOptions::Bucket::none, passes::ScheduleOptions::Bucket::block},
+                    {passes::ScheduleOptions::Bucket::none, passes::ScheduleOptions::Bucket::block,
+                     passes::ScheduleOptions::Bucket::automatic},
                     passes::bucket_name)},
            {"bucket_mb", as_float([](Config& c) -> double& { return c.passes.bucket_mb; })},
+           {"cluster",
+            as_string([](Config& c) -> std::string& { return c.passes.cluster_file; })},
            {"reshard_after_forward",
             as_bool([](Config& c) -> bool& { return c.passes.reshard_after_forward; })},
            {"recompute", as_enum(
@@ -407,6 +411,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
   if (!(c.passes.bucket_mb > 0)) bad("[passes] bucket_mb", "must be > 0");
   if (c.passes.max_in_flight < 1) bad("[passes] max_in_flight", "must be >= 1");
+  if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic) {
+    try {
+      c.passes.cluster =
+          std::make_shared<const sim::Cluster>(sim::load_cluster(c.passes.cluster_file));
+    } catch (const Error& e) {
+      bad("[passes] cluster", std::string("bucket = \"auto\" needs it: ") + e.what());
+    }
+  }
   c.plan.plan.where = fmt::format("{}: [plan]", path);
   if (c.plan.plan.empty() && !c.plan.plan.tactics.empty())
     bad("[plan] tactics", "need a mesh: add [plan] mesh = { data = 2 }");
