@@ -69,6 +69,60 @@ TEST(Recompute, ChangesNoBitInF32) {
     }
 }
 
+// One process (no [plan]) runs its training graph through the scheduled stage when [passes]
+// recompute asks for it (train/compile.h: CompiledStep::scheduled): fewer saved activations, and in
+// f32 every loss, gradient norm, parameter and moment bit of recompute = "none"; also with gradient
+// accumulation, where the optimizer is a graph of its own.
+TEST(Recompute, OneProcessChangesNoBitInF32) {
+  for (const char* model : {"tiny", "gpt2"})
+    for (int accum : {1, 2}) {
+      Case c{"one", "{data=2}", "[]", model, {"train.grad_accum=" + std::to_string(accum)}};
+      const Config none = single(config(c));
+      auto run = [&](const Config& cfg, int64_t* saved) {
+        ParamStore p(cfg.model);
+        p.init_random(11);
+        StepRunner r(cfg, p, StepRunner::Mode::train, nullptr);
+        *saved = r.activation_bytes();
+        TrainRun out;
+        for (int64_t s = 1; s <= 4; ++s) {
+          std::vector<int32_t> rows;
+          for (int i = 0; i < accum; ++i) {
+            auto b = batch(cfg, s * 10 + i);
+            rows.insert(rows.end(), b.begin(), b.end());
+          }
+          out.losses.push_back(r.step(rows.data(), lr_at(s)));
+          out.grad_norms.push_back(r.grad_norm());
+        }
+        for (const auto& info : p.infos()) {
+          const float* d = p.data(info.name);
+          out.params[info.name].assign(d, d + numel(info.shape));
+          auto& m = out.m[info.name];
+          m.resize(size_t(numel(info.shape)));
+          r.read_moment(info.name, autodiff::Moment::m, m.data());
+        }
+        return out;
+      };
+      int64_t kept_bytes = 0;
+      const TrainRun x = run(none, &kept_bytes);
+      for (auto policy : {passes::ScheduleOptions::Recompute::selective,
+                          passes::ScheduleOptions::Recompute::full}) {
+        SCOPED_TRACE(std::string(model) + ", grad_accum " + std::to_string(accum) + ", " +
+                     passes::recompute_name(policy));
+        Config again = none;
+        again.passes.recompute = policy;
+        int64_t saved = 0;
+        const TrainRun y = run(again, &saved);
+        EXPECT_LT(saved, kept_bytes);
+        EXPECT_EQ(x.losses, y.losses);
+        EXPECT_EQ(x.grad_norms, y.grad_norms);
+        for (const auto& [param, v] : x.params) {
+          EXPECT_EQ(v, y.params.at(param)) << param;
+          EXPECT_EQ(x.m.at(param), y.m.at(param)) << param;
+        }
+      }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tactics, PlanParity, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 

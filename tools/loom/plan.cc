@@ -43,7 +43,7 @@ nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t
   train::CompiledStep step =
       train::compile_step(cfg, passes::StepKind::train, !plan.empty(), plan.empty() ? 0 : ranks);
   shard::Program prog;
-  if (step.sharded) {
+  if (step.sharded || step.scheduled) {  // one process under recompute runs its scheduled graph
     prog = step.c.rank;
   } else {
     prog.graph = step.c.model.graph;

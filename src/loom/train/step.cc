@@ -28,10 +28,10 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
 
 void StepRunner::bind_program() {
   const ir::Graph& g = step_.graph();
-  exec_ = std::make_unique<runtime::Executor>(g);
-  for (const auto& p : params_.infos()) exec_->bind(g.find(p.name), params_.data(p.name));
-  exec_->bind(step_.c.model.tokens, inputs_.data());
-  exec_->bind(step_.c.model.targets, targets_.data());
+  exec_ = std::make_unique<runtime::Executor>(step_.scheduled ? step_.c.rank.graph : g);
+  for (const auto& p : params_.infos()) exec_->bind(out(g.find(p.name)), params_.data(p.name));
+  exec_->bind(out(step_.c.model.tokens), inputs_.data());
+  exec_->bind(out(step_.c.model.targets), targets_.data());
   if (mode_ != Mode::train) return;
   if (step_.separate_optimizer()) {
     opt_exec_ = std::make_unique<runtime::Executor>(step_.opt_graph);
@@ -42,10 +42,12 @@ void StepRunner::bind_program() {
       opt_exec_->bind(step_.opt_grad_input.at(p), accum_grads_.back().second.data());
     }
   }
-  // the optimizer's inputs live in the fused graph, or in the optimizer graph when accumulating
+  // the optimizer's inputs live in the fused graph (its values mapped by out()), or in the
+  // optimizer graph when accumulating
   runtime::Executor& ox = opt_exec_ ? *opt_exec_ : *exec_;
   const ir::Graph& og = ox.graph();
-  ox.bind(step_.optimizer().hyper, hyper_buf_);
+  auto in_ox = [&](int v) { return opt_exec_ ? v : out(v); };
+  ox.bind(in_ox(step_.optimizer().hyper), hyper_buf_);
   moments_.reserve(og.inputs_of_kind(ir::ValueKind::state).size());
   for (const ir::Value& v : og.values())
     if (v.kind == ir::ValueKind::state) {
@@ -53,7 +55,8 @@ void StepRunner::bind_program() {
       ox.bind(v.id, moments_.back().data());
     }
   for (auto [key, st] : step_.optimizer().moments)
-    moment_of_[{og.value(key.first).name, key.second}] = ox.ptr<float>(st);
+    moment_of_[{step_.optimizer_graph().value(key.first).name, key.second}] =
+        ox.ptr<float>(in_ox(st));
 }
 
 void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* share) {
@@ -160,7 +163,7 @@ int StepRunner::grad_of(const std::string& param) const {
 std::vector<float> StepRunner::full_grad(const std::string& param) {
   const int d = grad_of(param);
   if (!blocks_) {
-    const float* g = exec_->ptr<float>(d);
+    const float* g = exec_->ptr<float>(out(d));
     return {g, g + numel(graph().value(d).type.shape)};
   }
   return blocks_->gather(d, exec_->ptr<float>(out(d)));
@@ -194,9 +197,9 @@ float StepRunner::step(const int32_t* tokens, double lr) {
   for (int64_t i = 0; i < step_.accum; ++i) {
     load_rows(tokens + i * B * (T + 1));
     exec_->run();
-    loss += *exec_->ptr<float>(step_.loss());
+    loss += *exec_->ptr<float>(out(step_.loss()));
     for (auto& [d, sum] : accum_grads_) {
-      const float* g = exec_->ptr<float>(d);
+      const float* g = exec_->ptr<float>(out(d));
       const int64_t n = int64_t(sum.size());
       if (i == 0)
         std::memcpy(sum.data(), g, size_t(n) * 4);
@@ -213,19 +216,19 @@ float StepRunner::step(const int32_t* tokens, double lr) {
 
 const float* StepRunner::logits() const {
   LOOM_CHECK(!blocks_) << "logits of a sharded run";
-  return exec_->ptr<float>(step_.c.model.logits);
+  return exec_->ptr<float>(out(step_.c.model.logits));
 }
 
 const float* StepRunner::grad(const std::string& param) const {
   LOOM_CHECK(!blocks_) << "grad() of a sharded run: use full_grad()";
-  return exec_->ptr<float>(grad_of(param));
+  return exec_->ptr<float>(out(grad_of(param)));
 }
 
 float StepRunner::grad_norm() const {
   const int norm = step_.optimizer().grad_norm;
   LOOM_CHECK(norm >= 0);
   if (blocks_) return *exec_->ptr<float>(out(norm));
-  return *(opt_exec_ ? opt_exec_ : exec_)->ptr<float>(norm);
+  return opt_exec_ ? *opt_exec_->ptr<float>(norm) : *exec_->ptr<float>(out(norm));
 }
 
 void StepRunner::set_trace(runtime::Trace* trace) {
@@ -242,7 +245,7 @@ runtime::Executor::CommStats StepRunner::comm_stats() const {
 int64_t StepRunner::activation_bytes() const {
   std::vector<int> batch;
   for (int v : {step_.c.model.tokens, step_.c.model.targets})
-    if (v >= 0) batch.push_back(blocks_ ? step_.c.rank.local[size_t(v)] : v);
+    if (v >= 0) batch.push_back(blocks_ || step_.scheduled ? step_.c.rank.local[size_t(v)] : v);
   return runtime::saved_activation_bytes(exec_->graph(), exec_->plan(), out(step_.loss()), batch);
 }
 
