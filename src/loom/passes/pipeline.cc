@@ -41,8 +41,8 @@ Stage parse_stage(std::string_view name) {
 const std::vector<Pass>& pipeline() {
   static const std::vector<Pass> p{build_model_pass(),   differentiate_pass(), add_optimizer_pass(),
                                    apply_tactics_pass(), propagate_pass(),     lower_pass(),
-                                   reshard_pass(),       recompute_pass(),     bucket_pass(),
-                                   prefetch_pass()};
+                                   reshard_pass(),       recompute_pass(),     dce_pass(),
+                                   bucket_pass(),        prefetch_pass()};
   return p;
 }
 

@@ -35,6 +35,7 @@ Pass propagate_pass();
 Pass lower_pass();
 Pass reshard_pass();
 Pass recompute_pass();
+Pass dce_pass();
 Pass bucket_pass();
 Pass prefetch_pass();
 
