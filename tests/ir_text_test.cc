@@ -117,9 +117,11 @@ TEST_P(IrText, LoweredProgramMatches) {
     auto f = split(kv, '=');
     ScheduleOptions& so = opts.schedule;
     if (f[0] == "bucket") {
+      bool known = false;
       for (auto b : {ScheduleOptions::Bucket::none, ScheduleOptions::Bucket::block,
                      ScheduleOptions::Bucket::automatic})
-        if (f.at(1) == bucket_name(b)) so.bucket = b;
+        if (f.at(1) == bucket_name(b)) so.bucket = b, known = true;
+      if (!known) ADD_FAILURE() << GetParam() << ": unknown bucket policy " << f.at(1);
     } else if (f[0] == "cluster") {
       so.cluster = std::make_shared<const sim::Cluster>(
           sim::load_cluster((fs::path(LOOM_SOURCE_DIR) / "clusters" / f.at(1)).string()));
@@ -128,9 +130,11 @@ TEST_P(IrText, LoweredProgramMatches) {
     else if (f[0] == "reshard_after_forward")
       so.reshard_after_forward = f.at(1) == "true";
     else if (f[0] == "recompute") {
+      bool known = false;
       for (auto r : {ScheduleOptions::Recompute::none, ScheduleOptions::Recompute::selective,
                      ScheduleOptions::Recompute::full})
-        if (f.at(1) == recompute_name(r)) so.recompute = r;
+        if (f.at(1) == recompute_name(r)) so.recompute = r, known = true;
+      if (!known) ADD_FAILURE() << GetParam() << ": unknown recompute policy " << f.at(1);
     } else if (f[0] == "prefetch")
       so.prefetch = f.at(1) == "true";
     else if (f[0] == "max_in_flight")

@@ -118,8 +118,14 @@ TEST(Cluster, BadFilesNameTheFileAndKey) {
       {with("size = 0", "size = 12"), "[level 1] size: must be a multiple of the inner level's"},
       {with("peak_flops = { bf16 = 1e15 }", "peak_flops = { fp8 = 1e15 }"),
        "[device.peak_flops] fp8: unknown key"},
-      {with("idle_watts = 90", "idle_watts = 900"), "[device] peak_watts: must be >= 900"},
+      {with("idle_watts = 90", "idle_watts = 900"),
+       "[device] peak_watts: must be finite and >= 900"},
       {with("name = \"t\"", "name = "), "bad.toml: not valid TOML"},
+      {std::string(kGood) +
+           "[profile]\nthreads = 1\nmatmul = [[0, 1, 1, 0, 8, 8, \"f32\", 1e-5]]\n",
+       "bad.toml: [profile.matmul]: expected an integer in 1.."},
+      {std::string(kGood) + "[profile]\nthreads = 1\nmatmul = [[0, 1, 1, 8, 8, 8, \"f32\", 0]]\n",
+       "bad.toml: [profile.matmul]: expected a finite number >= 1e-12"},
   };
   for (const Case& c : cases) {
     const std::string got = error_of(c.text);
@@ -247,8 +253,9 @@ TEST(Simulate, AFasterLinkNeverSlowsAStep) {
 }
 
 // [passes] bucket = "auto" keeps the candidate the simulator predicts fastest; block bucketing is
-// one of them, so on the cluster it decided for, auto is never predicted slower than block. It
-// decides differently on different links: on a slow one it keeps buckets that can start early.
+// one of them, so on the cluster it decided for, auto is never predicted slower than block (this
+// checks that the program the pass emits is the one it simulated). And it decides by the link: on
+// DGX H100 figures it merges blocks, on a 1 Gbit/s link it keeps one bucket per block.
 TEST(Simulate, AutoBucketsAreNeverPredictedSlowerThanBlock) {
   const std::string slow = std::string(LOOM_SOURCE_DIR) + "/tests/slow-link.toml";
   for (const std::string& file : {std::string(LOOM_SOURCE_DIR) + "/clusters/h100-sxm.toml", slow}) {
@@ -266,6 +273,12 @@ TEST(Simulate, AutoBucketsAreNeverPredictedSlowerThanBlock) {
       const Prediction block = with("block"), automatic = with("auto");
       EXPECT_LE(automatic.step_seconds, block.step_seconds * (1 + 1e-9));
       EXPECT_GT(automatic.collectives, 0);
+      if (std::string(pc.name) == "fsdp") {
+        if (file == slow)
+          EXPECT_EQ(automatic.collectives, block.collectives);
+        else
+          EXPECT_LT(automatic.collectives, block.collectives);
+      }
     }
   }
 }

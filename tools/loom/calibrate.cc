@@ -7,10 +7,11 @@
 // threads; OMP_NUM_THREADS=1 for plans of one-thread ranks):
 //   - the f32 and bf16 arithmetic peak (kernels/cpu/peak.h);
 //   - every kernel a training step runs, by profiling training steps of a sweep of small Llama and
-//     GPT-2 shapes (1 layer; d_model 128 to 768, 256 to 2048 tokens, vocabularies 2048 and 16384;
-//     f32 and bf16): each node's median time becomes a sample of its op (matmuls by transposes
-//     and shape; the others by the bytes they move, attention by its FLOPs). The sweep avoids the
-//     bench models' exact shapes so that predicting them is a prediction;
+//     GPT-2 shapes (1 layer; d_model 128, 384, 768; 2x128, 4x256, 6x512 tokens; vocabularies 4096
+//     and 16384; f32 and bf16), with the machine's other devices busy: each node's median time
+//     becomes a sample of its op (matmuls by transposes and shape; the others by the bytes they
+//     move, attention by its FLOPs). The sweep avoids the bench models' shapes, so predicting
+//     them is a prediction;
 //   - the memory bandwidth (the fastest streaming op's bytes per second);
 //   - collectives (all_gather, reduce_scatter, all_reduce, all_to_all) on 2 and 4 ranks of this
 //     process (comm/local.h), 64 KiB to 64 MiB per rank: the [profile.comm] samples the simulator
@@ -19,14 +20,17 @@
 // an estimate documented in docs/simulator.md.
 #include <fmt/format.h>
 #include <omp.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -191,7 +195,11 @@ double process_baseline() {
 // The same for a rank of an MPI job: `loom bench` of a tiny 2-rank data-parallel plan under
 // mpirun (MPI's own buffers and shared-memory segments included); < 0 when mpirun cannot run it.
 double mpi_rank_baseline() {
-  const std::string cfg = "/tmp/loom-calibrate-" + std::to_string(getpid()) + ".toml";
+  char path[] = "/tmp/loom-calibrate-XXXXXX.toml";
+  const int fd = mkstemps(path, 5);
+  if (fd < 0) return -1;
+  close(fd);
+  const std::string cfg = path;
   {
     std::ofstream out(cfg);
     out << "[model]\narch = \"llama\"\nvocab_size = 256\nd_model = 64\nn_layers = 1\n"
@@ -199,7 +207,7 @@ double mpi_rank_baseline() {
            "[plan]\nmesh = { data = 2 }\ntactics = [{ kind = \"data\", axis = \"data\" }]\n";
   }
   const std::string cmd =
-      "mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x "
+      "timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x "
       "OMP_NUM_THREADS /proc/" +
       std::to_string(getpid()) + "/exe bench " + cfg + " --steps 1 --warmup 1 2>/dev/null";
   std::string text;
@@ -230,13 +238,18 @@ double mpi_rank_baseline() {
 
 // The other devices of this machine at work while one is measured, as they are in a plan that uses
 // them all (they share the L3 cache and the memory bandwidth): `n` forked processes running the
-// same sweep until stopped.
+// same sweep until stopped. A child dies with its parent (PR_SET_PDEATHSIG), so a calibrate that
+// is killed or aborts leaves none behind. Forked only when a device is one thread, so the children
+// start from a process whose OpenMP runtime has no worker threads.
 class Neighbours {
  public:
   Neighbours(int n, const std::vector<Shape1>& sweep) {
+    const pid_t parent = getpid();
     for (int i = 0; i < n; ++i) {
       const pid_t pid = fork();
       if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(0);  // the parent died before the line above
         try {
           for (;;)
             for (const Shape1& s : sweep) {
@@ -247,7 +260,11 @@ class Neighbours {
         }
         _exit(0);
       }
-      if (pid > 0) pids_.push_back(pid);
+      if (pid > 0)
+        pids_.push_back(pid);
+      else
+        fmt::print(stderr, "calibrate: fork failed ({}): measuring with fewer busy neighbours\n",
+                   std::strerror(errno));
     }
   }
   ~Neighbours() {
@@ -292,6 +309,9 @@ std::function<int()> add_calibrate(CLI::App& app) {
   s->add_option("--idle-watts", o->idle_watts, "a device's idle power (default: an estimate)");
   s->add_option("--peak-watts", o->peak_watts, "a device's peak power (default: an estimate)");
   return [o]() {
+    if (o->idle_watts >= 0 && o->peak_watts >= 0 && o->peak_watts < o->idle_watts)
+      throw Error(fmt::format("loom calibrate: --peak-watts {} is below --idle-watts {}",
+                              o->peak_watts, o->idle_watts));
     const int threads = omp_get_max_threads();
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     sim::Cluster c;
@@ -332,6 +352,8 @@ std::function<int()> add_calibrate(CLI::App& app) {
       }
     }
     c.device.memory_bytes = mem_total_bytes() / double(c.devices_per_node);
+    if (!(c.device.memory_bytes > 0))
+      throw Error("loom calibrate: cannot read this machine's memory size from /proc/meminfo");
     // what a rank of an MPI job holds beside its planned tensors (one process's: measured first,
     // while this process's peak RSS is still its own baseline)
     c.device.rank_runtime_bytes = mpi_rank_baseline();
@@ -345,6 +367,7 @@ std::function<int()> add_calibrate(CLI::App& app) {
     // ~4 W per busy Zen 4 core (a 280 W, 64-core EPYC at full load), a third of it idle
     c.device.peak_watts = o->peak_watts >= 0 ? o->peak_watts : 4.4 * threads;
     c.device.idle_watts = o->idle_watts >= 0 ? o->idle_watts : c.device.peak_watts / 3;
+    if (o->peak_watts < 0) c.device.peak_watts = std::max(c.device.peak_watts, c.device.idle_watts);
     c.pue = 1.2;
     c.carbon_intensity = 0.4;
     dedupe(prof);

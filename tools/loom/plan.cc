@@ -40,8 +40,12 @@ nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t
                        const std::string& name) {
   const shard::Plan& plan = cfg.plan.plan;
   const int64_t ranks = plan.empty() ? 1 : plan.mesh.size();
+  train::Config c = cfg;
+  // bucket = "auto" decides on the cluster the prediction is for
+  if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic)
+    c.passes.cluster = std::make_shared<const sim::Cluster>(cl);
   train::CompiledStep step =
-      train::compile_step(cfg, passes::StepKind::train, !plan.empty(), plan.empty() ? 0 : ranks);
+      train::compile_step(c, passes::StepKind::train, !plan.empty(), plan.empty() ? 0 : ranks);
   shard::Program prog;
   if (step.sharded || step.scheduled) {  // one process under recompute runs its scheduled graph
     prog = step.c.rank;
@@ -68,6 +72,22 @@ nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t
         std::max(1.0, double(ranks * cl.profile->threads) / double(cl.device.cores));
   so.mpi_ranks = !plan.empty() && cfg.plan.ranks == "mpi";
   const sim::Prediction p = sim::simulate(prog, plan.mesh, cl, pl, so);
+  // gradient accumulation: `accum` forward+backward programs, then the optimizer's own graph
+  // (its arena, the gradient sums and moments beside the step's memory; the parameters once)
+  const double a = double(step.accum);
+  double step_s = p.step_seconds * a, compute_s = p.compute_seconds * a, flops = p.flops * a;
+  int64_t planned = p.planned_bytes, peak_bytes = p.peak_bytes;
+  if (step.separate_optimizer()) {
+    shard::Program opt;
+    opt.graph = step.opt_graph;
+    const sim::Prediction o = sim::simulate(opt, shard::Mesh{}, cl, sim::Placement{}, so);
+    step_s += o.step_seconds;
+    compute_s += o.compute_seconds;
+    flops += o.flops;
+    const int64_t params = models::param_count(cfg.model) * 4;
+    planned += o.planned_bytes - params;
+    peak_bytes += o.planned_bytes - params;
+  }
 
   const int64_t T = cfg.train.seq_len;
   const double tokens = double(cfg.train.batch_size * T * step.accum);
@@ -75,8 +95,7 @@ nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t
   auto pk = cl.device.peak_flops.find(cfg.model.dtype);
   const double peak =
       pk != cl.device.peak_flops.end() ? pk->second : cl.device.peak_flops.begin()->second;
-  const double step_s = p.step_seconds * double(step.accum);
-  const double busy = p.step_seconds > 0 ? p.compute_seconds / p.step_seconds : 0;
+  const double busy = step_s > 0 ? compute_s / step_s : 0;
   const double watts =
       cl.device.idle_watts + (cl.device.peak_watts - cl.device.idle_watts) * std::min(1.0, busy);
   const double kwh = double(n) * step_s * watts * cl.pue / 3.6e6;
@@ -89,13 +108,13 @@ nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t
   j["tokens_per_s"] = tokens / step_s;
   j["tokens_per_s_per_device"] = tokens / step_s / double(n);
   j["mfu"] = fpt * tokens / double(n) / step_s / peak;
-  j["hfu"] = p.flops * double(step.accum) / step_s / peak;
-  j["compute_ms"] = p.compute_seconds * double(step.accum) * 1e3;
+  j["hfu"] = flops / step_s / peak;
+  j["compute_ms"] = compute_s * 1e3;
   j["exposed_comm_ms"] = p.exposed_comm_seconds * double(step.accum) * 1e3;
   j["collectives_per_step"] = p.collectives * step.accum;
-  j["planned_bytes"] = p.planned_bytes;
-  j["peak_bytes"] = p.peak_bytes;
-  j["fits"] = double(p.peak_bytes) <= cl.device.memory_bytes;
+  j["planned_bytes"] = planned;
+  j["peak_bytes"] = peak_bytes;
+  j["fits"] = double(peak_bytes) <= cl.device.memory_bytes;
   nlohmann::json lb = nlohmann::json::object();
   for (const auto& [l, b] : p.level_bytes) lb[l] = b * double(step.accum);
   j["bytes_per_level"] = lb;

@@ -251,6 +251,7 @@ void run_bucket(Compilation& c, const Options& o) {
   using B = ScheduleOptions::Bucket;
   if (o.schedule.bucket == B::none) return;
   const std::vector<Member> members = bucketable(c);
+  if (members.size() < 2) return;  // nothing to merge (one process has no collectives)
   const int64_t cap = int64_t(o.schedule.bucket_mb * 1e6);
   std::vector<Bucket> buckets =
       o.schedule.bucket == B::automatic

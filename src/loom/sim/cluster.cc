@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "loom/core/error.h"
@@ -42,7 +43,8 @@ class Reader {
     if (!n) return fallback;
     if (!n->is_number()) fail(key, "expected a number");
     const double v = *n->value<double>();
-    if (!(v >= min)) fail(key, fmt::format("must be >= {}, got {}", min, v));
+    if (!std::isfinite(v) || !(v >= min))
+      fail(key, fmt::format("must be finite and >= {}, got {}", min, v));
     return v;
   }
   int64_t integer(const std::string& key, bool required, int64_t fallback = 0, int64_t min = 0) {
@@ -96,10 +98,19 @@ std::vector<const toml::node*> row(const toml::node& n, size_t count, const std:
   return r;
 }
 
-double num_at(const toml::node* n, const std::string& source, const std::string& where) {
-  if (!n->is_number() || !(*n->value<double>() >= 0))
-    throw Error(fmt::format("{}: [{}]: expected a number >= 0", source, where));
+// A number of a [profile] row, finite and >= `min`.
+double num_at(const toml::node* n, const std::string& source, const std::string& where,
+              double min = 0) {
+  if (!n->is_number() || !std::isfinite(*n->value<double>()) || !(*n->value<double>() >= min))
+    throw Error(fmt::format("{}: [{}]: expected a finite number >= {}", source, where, min));
   return *n->value<double>();
+}
+// An integer of a [profile] row in [min, max].
+int64_t int_at(const toml::node* n, const std::string& source, const std::string& where,
+               int64_t min, int64_t max) {
+  if (!n->is_integer() || *n->value<int64_t>() < min || *n->value<int64_t>() > max)
+    throw Error(fmt::format("{}: [{}]: expected an integer in {}..{}", source, where, min, max));
+  return *n->value<int64_t>();
 }
 
 Profile read_profile(const toml::table& t, const std::string& source) {
@@ -111,14 +122,15 @@ Profile read_profile(const toml::table& t, const std::string& source) {
       const std::string w = "profile.matmul";
       auto f = row(e, 8, source, w);
       MatmulSample s;
-      s.ta = int64_t(num_at(f[0], source, w));
-      s.tb = int64_t(num_at(f[1], source, w));
-      s.batch = int64_t(num_at(f[2], source, w));
-      s.m = int64_t(num_at(f[3], source, w));
-      s.n = int64_t(num_at(f[4], source, w));
-      s.k = int64_t(num_at(f[5], source, w));
+      const int64_t big = int64_t(1) << 40;
+      s.ta = int_at(f[0], source, w, 0, 1);
+      s.tb = int_at(f[1], source, w, 0, 1);
+      s.batch = int_at(f[2], source, w, 1, big);
+      s.m = int_at(f[3], source, w, 1, big);
+      s.n = int_at(f[4], source, w, 1, big);
+      s.k = int_at(f[5], source, w, 1, big);
       s.dtype = dtype_at(*f[6], source, w);
-      s.seconds = num_at(f[7], source, w);
+      s.seconds = num_at(f[7], source, w, 1e-12);
       p.matmul.push_back(s);
     }
   if (const toml::table* ops = r.table("ops", false))
@@ -129,7 +141,7 @@ Profile read_profile(const toml::table& t, const std::string& source) {
       for (const auto& e : *v.as_array()) {
         auto f = row(e, 4, source, w);
         list.push_back({dtype_at(*f[0], source, w), num_at(f[1], source, w),
-                        num_at(f[2], source, w), num_at(f[3], source, w)});
+                        num_at(f[2], source, w), num_at(f[3], source, w, 1e-12)});
       }
     }
   if (const toml::table* comm = r.table("comm", false))
@@ -139,8 +151,8 @@ Profile read_profile(const toml::table& t, const std::string& source) {
       auto& list = p.comm[std::string(k.str())];
       for (const auto& e : *v.as_array()) {
         auto f = row(e, 3, source, w);
-        list.push_back(
-            {int64_t(num_at(f[0], source, w)), num_at(f[1], source, w), num_at(f[2], source, w)});
+        list.push_back({int_at(f[0], source, w, 2, int64_t(1) << 30), num_at(f[1], source, w),
+                        num_at(f[2], source, w, 1e-12)});
       }
     }
   return p;
@@ -269,6 +281,11 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
     line(fmt::format("bandwidth = {:.4g}", l.bandwidth));
     line(fmt::format("latency = {:.3g}", l.latency));
   }
+  line("\n[efficiency]");
+  line(fmt::format("matmul = {}", c.efficiency.matmul));
+  line(fmt::format("matmul_half_flops = {}", c.efficiency.matmul_half_flops));
+  line(fmt::format("attention = {}", c.efficiency.attention));
+  line(fmt::format("memory = {}", c.efficiency.memory));
   if (c.profile) {
     const Profile& p = *c.profile;
     line("\n[profile]");
@@ -297,6 +314,7 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
       line("]");
     }
   }
+  parse_cluster(s, path);  // what is written must read back (a bad value fails here, not later)
   write_file_atomic(path, s);
 }
 
@@ -312,14 +330,15 @@ Placement place(const shard::Mesh& mesh, const Cluster& c, int64_t devices) {
     const int64_t span = inner * size;
     int level = -1;
     for (size_t l = 0; l < c.levels.size(); ++l)
-      if (c.levels[l].size == 0 || c.levels[l].size >= span) {
+      if (c.levels[l].size == 0 || (c.levels[l].size >= span && c.levels[l].size % span == 0)) {
         level = int(l);
         break;
       }
     if (level < 0)
       throw Error(
-          fmt::format("{}: [[level]]: mesh axis {} spans {} devices, more than the "
-                      "outermost level \"{}\" joins ({}); add a level or set its size = 0",
+          fmt::format("{}: [[level]]: mesh axis {} spans {} devices, and no level joins groups "
+                      "of that many (a level's size must be a multiple of it; the outermost, "
+                      "\"{}\", joins {}); add a level or set its size = 0",
                       c.source, axis, span, c.levels.back().name, c.levels.back().size));
     p.level[axis] = level;
     inner = span;

@@ -409,7 +409,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!(c.outer.retry_s >= 0)) bad("[outer] retry_s", "must be >= 0");
   if (c.checkpoint.every < 0) bad("[checkpoint] every", "must be >= 0");
   if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
-  if (!(c.passes.bucket_mb > 0)) bad("[passes] bucket_mb", "must be > 0");
+  if (!(c.passes.bucket_mb > 0 && c.passes.bucket_mb <= 1e6))
+    bad("[passes] bucket_mb", "must be > 0 and at most 1e6 (a terabyte)");
   if (c.passes.max_in_flight < 1) bad("[passes] max_in_flight", "must be >= 1");
   if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic) {
     try {

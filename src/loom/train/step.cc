@@ -59,9 +59,44 @@ void StepRunner::bind_program() {
         ox.ptr<float>(in_ox(st));
 }
 
+namespace {
+
+// The sequence of collectives a rank program issues (op, axis, bytes, start or not), hashed: every
+// rank must issue the same, or the job deadlocks or mixes data. Ranks compile alone, so a
+// difference between them (bucket = "auto" deciding on different [passes] cluster files, a config
+// edited between hosts) is caught here, before anything runs.
+uint64_t collectives_hash(const ir::Graph& g) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const std::string& s) {
+    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  };
+  for (const ir::Node& n : g.nodes()) {
+    if (!ops::has_trait(n.op, ops::Trait::collective)) continue;
+    mix(fmt::format("{} {} {} {};", n.op, n.attr_str("axis"),
+                    runtime::value_bytes(g.value(n.inputs[0])), n.attr_int("async", 0)));
+  }
+  return h;
+}
+
+}  // namespace
+
 void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* share) {
   const ir::Graph& g = step_.graph();
   const shard::Program& prog = step_.c.rank;
+  {
+    const uint64_t mine = collectives_hash(prog.graph);
+    std::vector<uint64_t> all(size_t(comms.world().size()));
+    comms.world().all_gather(&mine, all.data(), 8);
+    for (size_t r = 0; r < all.size(); ++r)
+      if (all[r] != all[0])
+        throw Error(fmt::format(
+            "{}: rank {} compiled other collectives than rank 0 (the ranks' programs differ: "
+            "give every host the same config{})",
+            cfg_.path, r,
+            cfg_.passes.bucket == passes::ScheduleOptions::Bucket::automatic
+                ? ", and the same [passes] cluster file, which bucket = \"auto\" decides from"
+                : ""));
+  }
   blocks_ = std::make_unique<RankBlocks>(step_.c, cfg_.plan.plan.mesh, comms);
   exec_ = std::make_unique<runtime::Executor>(prog.graph);
   exec_->set_comms(&comms);
