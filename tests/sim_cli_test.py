@@ -124,4 +124,29 @@ with tempfile.TemporaryDirectory() as tmp:
     check("a --compare file with an unknown key: exit 1 naming it",
           r.returncode == 1 and "colour" in r.stderr and "plans.toml" in r.stderr, r.stderr)
 
+    # ranks that compiled different collectives (here: two configs that differ in [passes] bucket,
+    # as two hosts with different cluster files could under bucket = "auto") stop with a message
+    # naming the rank, never hang
+    plan = ("\n[plan]\nmesh = { data = 2 }\n"
+            'tactics = [{ kind = "fsdp", axis = "data" }, { kind = "data", axis = "data" }]\n')
+    base = open(cfg("tiny-llama.toml")).read()
+    a_cfg, b_cfg = os.path.join(tmp, "a.toml"), os.path.join(tmp, "b.toml")
+    with open(a_cfg, "w") as f:
+        f.write(base + plan + '[passes]\nbucket = "block"\n')
+    with open(b_cfg, "w") as f:
+        f.write(base + plan + '[passes]\nbucket = "none"\n')
+    mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-x",
+           "OMP_NUM_THREADS", "-x", "OMP_WAIT_POLICY"]
+    try:
+        r = subprocess.run(mpi + ["-np", "1", LOOM, "bench", a_cfg, "--steps", "1", "--warmup", "0",
+                                  ":", "-np", "1", LOOM, "bench", b_cfg, "--steps", "1", "--warmup",
+                                  "0"], env=ENV, capture_output=True, text=True, timeout=120)
+        out = r.stdout + r.stderr
+        check("ranks with different programs: a clear error naming the rank, no hang",
+              r.returncode != 0 and "rank 1 compiled other collectives than rank 0" in out,
+              out[-2000:])
+    except subprocess.TimeoutExpired:
+        check("ranks with different programs: a clear error naming the rank, no hang", False,
+              "mpirun hung for 120 s")
+
 checks.finish()
