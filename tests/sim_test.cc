@@ -167,6 +167,9 @@ TEST(Cost, CollectivesFollowTheRing) {
   EXPECT_DOUBLE_EQ(collective_seconds("reduce_scatter", b, 8, h, 0), 7 * a + 7.0 / 8 * b / bw);
   EXPECT_DOUBLE_EQ(collective_seconds("all_reduce", b, 8, h, 0), 14 * a + 14.0 / 8 * b / bw);
   EXPECT_EQ(collective_seconds("all_reduce", b, 1, h, 0), 0);
+  // a small all-reduce over thousands of ranks: the tree's log-depth latency, not the ring's
+  const double ib_a = h.levels[1].latency, ib_bw = h.levels[1].bandwidth;
+  EXPECT_DOUBLE_EQ(collective_seconds("all_reduce", 4, 4096, h, 1), 2 * 12 * ib_a + 2 * 4 / ib_bw);
 }
 
 // A compiled program of a config under a plan, as loom plan compiles it.

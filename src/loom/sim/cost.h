@@ -13,7 +13,8 @@
 // a ring runs it (NCCL's bus-bandwidth accounting):
 //   all_gather       (n-1) (α + B/β)               (B: each rank's block)
 //   reduce_scatter   (n-1) (α + B/(n β))           (B: the whole buffer)
-//   all_reduce       2 (n-1) (α + B/(n β))
+//   all_reduce       2 (n-1) (α + B/(n β)), or as a double binary tree 2 ⌈log2 n⌉ α + 2 B/β
+//                    where that is faster (small buffers on many ranks)
 //   all_to_all       (n-1) (α + B/(n β))
 // or, on this machine with a profile, the measured time of the kind at n ranks, interpolated in B.
 #pragma once
