@@ -58,6 +58,14 @@ with tempfile.TemporaryDirectory() as d:
 
     bench = ["bench", "--steps", "1", "--warmup", "0"]
     run("malformed toml", bench + [cfg("bad.toml", "[model\narch = 1\n")], must_contain=["bad.toml:1"])
+    # special files: refused before anything waits on them (a FIFO's open would block forever)
+    fifo = os.path.join(d, "fifo")
+    os.mkfifo(fifo)
+    run("config is a FIFO", bench + [fifo], must_contain=["fifo", "not a regular file (a FIFO)"])
+    run("config is a directory", bench + [d], must_contain=["not a regular file (a directory)"])
+    run("cluster file is a FIFO", ["plan", good, "--cluster", fifo],
+        must_contain=["not a regular file (a FIFO)"])
+
     run("unknown key", bench + [cfg("typo.toml", text.replace("d_model", "dmodel"))],
         must_contain=["typo.toml", "dmodel", "did you mean 'd_model'"])
     run("unknown section", bench + [cfg("sec.toml", text + "\n[modle]\nx = 1\n")],
@@ -138,6 +146,7 @@ with tempfile.TemporaryDirectory() as d:
     run("weights: 5-byte file", step + ["--weights", trunc], must_contain=["trunc.safetensors"])
     run("weights: missing file", step + ["--weights", os.path.join(d, "none.safetensors")],
         must_contain=["none.safetensors"])
+    run("weights: a FIFO", step + ["--weights", fifo], must_contain=["fifo: not a regular file"])
     bad_toks = os.path.join(d, "oov.safetensors")
     write_st(bad_toks, {"tokens": ("I32", [2, 9], [5] * 17 + [256])})
     run("tokens: out of vocabulary",

@@ -20,6 +20,7 @@
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/models/model.h"
 #include "loom/sim/simulate.h"
 #include "loom/train/compile.h"
@@ -134,7 +135,7 @@ std::vector<std::pair<std::string, std::vector<std::string>>> compare_plans(
     const std::string& path) {
   toml::table root;
   try {
-    root = toml::parse_file(path);
+    root = toml::parse(read_file(path), path);
   } catch (const toml::parse_error& e) {
     throw Error(fmt::format("{}: not valid TOML: {}", path, std::string(e.description())));
   }

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,10 +53,15 @@ std::string os_error_hint(int err, const std::string& path) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw_os("read", path, errno);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw_os("read", path, errno);
+  Fd fd = open_regular(path);
+  std::string s;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (check_sys(n, "read", path) == 0) break;
+    s.append(buf, size_t(n));
+  }
   return s;
 }
 
@@ -91,6 +97,23 @@ Fd open_checked(const std::string& path, int flags, mode_t mode, const char* op)
   do fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
   while (fd < 0 && errno == EINTR);
   return Fd(check_sys(fd, op, path));
+}
+
+Fd open_regular(const std::string& path) {
+  Fd fd = open_checked(path, O_RDONLY | O_NONBLOCK, 0, "read");
+  struct stat st {};
+  check_sys(::fstat(fd.get(), &st), "stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISDIR(st.st_mode)                          ? "a directory"
+                       : S_ISFIFO(st.st_mode)                       ? "a FIFO"
+                       : S_ISSOCK(st.st_mode)                       ? "a socket"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                    : "not a file";
+    throw Error(fmt::format("cannot read '{}': not a regular file ({})", path, kind));
+  }
+  const int flags = check_sys(::fcntl(fd.get(), F_GETFL), "fcntl", path);
+  check_sys(::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK), "fcntl", path);
+  return fd;
 }
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {

@@ -50,6 +50,7 @@ class Fd {
   explicit Fd(int fd) : fd_(fd) {}
   ~Fd();
   Fd(const Fd&) = delete;
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
   void close(const std::string& path);
@@ -59,6 +60,11 @@ class Fd {
 };
 
 Fd open_checked(const std::string& path, int flags, mode_t mode, const char* op);
+// Opens a regular file for reading, and nothing else: a FIFO, device, socket or directory is
+// refused with "cannot read '<path>': not a regular file (a FIFO)" before anything waits on it
+// (the open itself does not block: O_NONBLOCK, dropped once the file is known to be regular).
+// Every reader of user-named files goes through it (read_file, safetensors, token shards).
+Fd open_regular(const std::string& path);
 void write_all(int fd, const void* data, size_t n, const std::string& path);
 
 }  // namespace loom

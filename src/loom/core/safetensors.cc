@@ -250,7 +250,7 @@ SafetensorsFile::AlignedBytes SafetensorsFile::alloc_aligned(size_t n) {
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  Fd fd = open_checked(path, O_RDONLY, 0, "open safetensors file");
+  Fd fd = open_regular(path);
   struct stat st;
   check_sys(::fstat(fd.get(), &st), "stat safetensors file", path);
   if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");

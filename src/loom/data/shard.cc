@@ -54,9 +54,7 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
 Shard Shard::open(const std::string& path) {
   Shard s;
   s.path_ = path;
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.get() < 0)
-    throw Error(fmt::format("token shard {}: cannot open: {}", path, std::strerror(errno)));
+  Fd f = open_regular(path);
   struct stat st {};
   if (::fstat(f.get(), &st) != 0)
     throw Error(fmt::format("token shard {}: cannot stat: {}", path, std::strerror(errno)));

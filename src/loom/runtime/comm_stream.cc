@@ -23,7 +23,10 @@ int64_t CommStream::submit(std::function<void()> task) {
   {
     std::lock_guard<std::mutex> l(mu_);
     ticket = ++submitted_;
-    queue_.emplace_back(ticket, std::move(task));
+    if (error_)  // after a failure: dropped at once (its peers are failing too), never queued
+      done_ = submitted_;
+    else
+      queue_.emplace_back(ticket, std::move(task));
   }
   cv_.notify_all();
   return ticket;

@@ -35,11 +35,12 @@ class CommStream {
   // Queues `task`; returns its ticket (1, 2, ... in submission order).
   int64_t submit(std::function<void()> task);
   // Blocks until the task of `ticket` (and every earlier one) has run. Once a task has thrown, the
-  // tasks queued behind it are dropped and every wait() rethrows that exception.
+  // tasks queued behind it, and any submitted later, are dropped and every wait() rethrows that
+  // exception.
   void wait(int64_t ticket);
   // wait() for everything submitted; the stream is idle after.
   void drain() { wait(submitted_); }
-  // Whether everything submitted has run.
+  // Whether everything submitted has run (or been dropped after a failure).
   bool idle();
 
  private:

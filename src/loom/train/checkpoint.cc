@@ -145,8 +145,12 @@ std::string run_weights(const std::string& run_dir, const std::string& choice) {
 
 nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner) {
   const std::string state_path = path + "/state.json";
-  std::ifstream in(state_path);
-  if (!in) throw Error(fmt::format("checkpoint {}: cannot read state.json", path));
+  std::string in;
+  try {
+    in = read_file(state_path);
+  } catch (const Error& e) {
+    throw Error(fmt::format("checkpoint {}: cannot read state.json: {}", path, e.what()));
+  }
   nlohmann::json st;
   try {
     st = nlohmann::json::parse(in);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/core/suggest.h"
 #include "loom/sim/cluster.h"
 #include "loom/train/hf_dir.h"
@@ -337,7 +338,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
                    ConfigUse use) {
   toml::table root;
   try {
-    root = toml::parse_file(path);
+    root = toml::parse(read_file(path), path);
   } catch (const toml::parse_error& e) {
     const auto& src = e.source();
     std::string desc(e.description());

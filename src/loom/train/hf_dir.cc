@@ -43,7 +43,9 @@ Weights Weights::open(const std::string& path) {
     return w;
   }
   if (!fs::is_directory(path, ec))
-    throw Error(fmt::format("weights {}: no such file or directory", path),
+    throw Error(fmt::format("weights {}: {}", path,
+                            fs::exists(path, ec) ? "not a regular file (nor a directory)"
+                                                 : "no such file or directory"),
                 "point it at a .safetensors file, or a directory holding model.safetensors or "
                 "model.safetensors.index.json (loom export --hf, transformers' save_pretrained)");
   const fs::path single = fs::path(path) / "model.safetensors";
