@@ -61,6 +61,9 @@ with tempfile.TemporaryDirectory() as d:
     # special files: refused before anything waits on them (a FIFO's open would block forever)
     fifo = os.path.join(d, "fifo")
     os.mkfifo(fifo)
+    for key in ["model.norm_eps=inf", "model.rope_theta=nan", "optim.eps=inf", "optim.lr=-inf"]:
+        run("non-finite " + key.split("=")[0], bench + [good, "--set", key],
+            must_contain=[key.split("=")[0].split(".")[1], "must be a finite number"])
     run("config is a FIFO", bench + [fifo], must_contain=["fifo", "not a regular file (a FIFO)"])
     run("config is a directory", bench + [d], must_contain=["not a regular file (a directory)"])
     run("cluster file is a FIFO", ["plan", good, "--cluster", fifo],

@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <set>
@@ -34,7 +35,11 @@ template <class F>
 Setter as_float(F field) {
   return [field](Config& c, const toml::node& n, const std::string& where) {
     if (!n.is_number()) throw Error(where + ": expected a number");
-    field(c) = *n.value<double>();
+    const double v = *n.value<double>();
+    // no key means anything by inf or nan (norm_eps = inf trains a model that learns nothing)
+    if (!std::isfinite(v))
+      throw Error(fmt::format("{}: must be a finite number, got {}", where, v));
+    field(c) = v;
   };
 }
 template <class F>

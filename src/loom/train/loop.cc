@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "loom/core/error.h"
@@ -25,8 +26,9 @@ namespace {
 // Keeps the metrics lines of steps <= `upto` (a resumed run rewrites what came after its
 // checkpoint).
 void truncate_metrics(const std::string& path, int64_t upto) {
-  std::ifstream in(path);
-  if (!in) return;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  std::istringstream in(read_file(path));  // a regular file only (a FIFO would block)
   std::string line, kept;
   while (std::getline(in, line)) {
     try {
@@ -36,7 +38,6 @@ void truncate_metrics(const std::string& path, int64_t upto) {
       break;  // a torn last line from a crash
     }
   }
-  in.close();
   write_file_atomic(path, kept);
 }
 
