@@ -373,6 +373,15 @@ def bad_config(d, data):
     check(rc not in (0, None) and m is not None,
           "another model: exit %s naming tensor %s: %s" % (rc, m and m.group(1), one_line(text)))
     check("joined" not in srv.text(), "the server let neither join")
+    # a second server on the port the first holds: refused (gRPC's SO_REUSEPORT would let both
+    # serve, each with its own state, splitting the islands between them)
+    r = subprocess.run([LOOM, "outer-server", CONFIG, "--listen", "127.0.0.1:%d" % port,
+                        "--state-dir", os.path.join(d, "state_second"), "--port-file",
+                        os.path.join(d, "second.port")] + common, env=env(), capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 1 and "cannot listen on 127.0.0.1:%d" % port in r.stderr
+          and not os.path.exists(os.path.join(d, "second.port")),
+          "a second server on a port in use: exit %s: %s" % (r.returncode, one_line(r.stderr)))
     stop_server(srv)
     t0 = time.time()
     none = Proc([LOOM, "outer-server", CONFIG, "--listen", "127.0.0.1:0", "--state-dir",

@@ -265,6 +265,9 @@ int OuterServer::start(const std::string& addr) {
   }
   int port = 0;
   grpc::ServerBuilder b;
+  // gRPC binds with SO_REUSEPORT by default, so a second server on a port in use would start and
+  // split the islands' calls with the first: refuse the port instead
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   b.AddListeningPort(addr, creds, &port);
   b.RegisterService(impl_.get());
   b.SetMaxReceiveMessageSize(int(kChunkBytes) + (1 << 16));
