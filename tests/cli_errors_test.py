@@ -64,6 +64,10 @@ with tempfile.TemporaryDirectory() as d:
     for key in ["model.norm_eps=inf", "model.rope_theta=nan", "optim.eps=inf", "optim.lr=-inf"]:
         run("non-finite " + key.split("=")[0], bench + [good, "--set", key],
             must_contain=[key.split("=")[0].split(".")[1], "must be a finite number"])
+    run("min_lr above lr", bench + [good, "--set", "train.min_lr=1.0"],
+        must_contain=["min_lr", "at most [optim] lr"])
+    run("negative grad_clip", bench + [good, "--set", "optim.grad_clip=-1.0"],
+        must_contain=["grad_clip", "must be >= 0"])
     run("config is a FIFO", bench + [fifo], must_contain=["fifo", "not a regular file (a FIFO)"])
     run("config is a directory", bench + [d], must_contain=["not a regular file (a directory)"])
     run("cluster file is a FIFO", ["plan", good, "--cluster", fifo],

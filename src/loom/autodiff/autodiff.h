@@ -30,7 +30,7 @@ std::string moment_state_name(Moment which, const std::string& param);  // "adam
 
 struct AdamWConfig {
   double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
-  double grad_clip = 1.0;  // <= 0: no clipping
+  double grad_clip = 1.0;  // 0: no clipping ([optim] grad_clip: < 0 is refused)
 };
 
 // Turns a forward graph (params, inputs, a scalar loss) into one training step: forward, loss,

@@ -402,6 +402,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (c.train.steps <= 0) bad("[train] steps", "must be > 0");
   if (c.train.warmup_steps < 0) bad("[train] warmup_steps", "must be >= 0");
   if (!(c.train.min_lr >= 0)) bad("[train] min_lr", "must be >= 0");
+  if (c.train.min_lr > c.optim.lr)
+    bad("[train] min_lr",
+        fmt::format("must be at most [optim] lr = {} (the schedule decays to it), "
+                    "got {}",
+                    c.optim.lr, c.train.min_lr));
+  if (!(c.optim.grad_clip >= 0))
+    bad("[optim] grad_clip",
+        fmt::format("must be >= 0 (0: no clipping), got {}", c.optim.grad_clip));
   if (c.train.eval_every < 0) bad("[train] eval_every", "must be >= 0");
   if (c.train.eval_batches <= 0) bad("[train] eval_batches", "must be > 0");
   if (c.train.grad_accum <= 0) bad("[train] grad_accum", "must be > 0");
