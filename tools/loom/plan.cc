@@ -93,9 +93,7 @@ nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t
   const int64_t T = cfg.train.seq_len;
   const double tokens = double(cfg.train.batch_size * T * step.accum);
   const double fpt = models::train_flops_per_token(cfg.model, T);
-  auto pk = cl.device.peak_flops.find(cfg.model.dtype);
-  const double peak =
-      pk != cl.device.peak_flops.end() ? pk->second : cl.device.peak_flops.begin()->second;
+  const double peak = sim::peak_flops(cl, cfg.model.dtype);
   const double busy = step_s > 0 ? compute_s / step_s : 0;
   const double watts =
       cl.device.idle_watts + (cl.device.peak_watts - cl.device.idle_watts) * std::min(1.0, busy);

@@ -36,6 +36,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <set>
 
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
@@ -56,15 +57,14 @@ struct Bucket {
 
 // Which parameter group a bucketable collective belongs to; nullopt: not bucketable.
 std::optional<int> group_of(const ir::Graph& g, const ir::Node& n,
-                            const std::map<int, int>& param_group,
+                            const std::vector<int>& param_group,
                             const std::map<int, std::vector<std::pair<int, int>>>& uses) {
   if (n.op != "all_gather" && n.op != "reduce_scatter" && n.op != "all_reduce") return {};
   if (n.op != "all_reduce" && n.attr_int("dim") != 0) return {};
   if (g.value(n.inputs[0]).type.dtype != DType::f32) return {};
   if (n.op == "all_gather") {  // a parameter's block
-    auto it = param_group.find(n.inputs[0]);
-    if (it == param_group.end()) return {};
-    return it->second;
+    if (param_group[size_t(n.inputs[0])] < 0) return {};
+    return param_group[size_t(n.inputs[0])];
   }
   // a gradient: its reduced value is an optimizer's gradient input (input 1; input 0 the param)
   auto u = uses.find(n.outputs[0]);
@@ -72,8 +72,7 @@ std::optional<int> group_of(const ir::Graph& g, const ir::Node& n,
   for (auto [node, slot] : u->second) {
     const ir::Node& c = g.node(node);
     if (slot != 1 || !ops::has_trait(c.op, ops::Trait::optimizer)) continue;
-    auto it = param_group.find(c.inputs[0]);
-    if (it != param_group.end()) return it->second;
+    if (param_group[size_t(c.inputs[0])] >= 0) return param_group[size_t(c.inputs[0])];
   }
   return {};
 }
@@ -118,12 +117,7 @@ struct Member {
 
 std::vector<Member> bucketable(const Compilation& c) {
   const ir::Graph& g = c.rank.graph;
-  std::map<int, int> param_group;  // rank-program param -> its group's index in roles.blocks
-  const auto& blocks = c.model.roles.blocks;
-  for (size_t b = 0; b < blocks.size(); ++b)
-    for (int p : blocks[b].params)
-      if (size_t(p) < c.rank.local.size() && c.rank.local[size_t(p)] >= 0)
-        param_group[c.rank.local[size_t(p)]] = int(b);
+  const std::vector<int> param_group = param_groups(c);
   std::map<int, std::vector<std::pair<int, int>>> uses;  // value -> (node, input slot)
   for (const ir::Node& n : g.nodes())
     for (size_t i = 0; i < n.inputs.size(); ++i) uses[n.inputs[i]].push_back({n.id, int(i)});
@@ -216,11 +210,12 @@ shard::Program merged(const Compilation& c, std::vector<Bucket> buckets) {
 // close at a group boundary once they hold a byte target (1 MB to bucket_mb, doubling); each is
 // scheduled as the passes after this one will (prefetch) and simulated (sim/simulate.h) on
 // [passes] cluster with the plan's axes placed on its levels. Ties keep the earlier candidate
-// (block first, then the smaller target). Buckets finer than a group are not candidates: on this
+// (block first, then the smaller target); a candidate equal to an earlier one is not simulated
+// again. Returns the winner's program. Buckets finer than a group are not candidates: on this
 // machine they measured slower than block (each collective costs the communication thread CPU
 // time the shared cores give up, which the simulator does not charge; docs/benchmarks.md).
-std::vector<Bucket> choose(const Compilation& c, const Options& o,
-                           const std::vector<Member>& members, int64_t cap) {
+shard::Program choose(const Compilation& c, const Options& o, const std::vector<Member>& members,
+                      int64_t cap) {
   const ir::Graph& g = c.rank.graph;
   if (!o.schedule.cluster)
     throw Error("[passes] bucket = \"auto\" needs a cluster file ([passes] cluster)");
@@ -235,16 +230,24 @@ std::vector<Bucket> choose(const Compilation& c, const Options& o,
     }));
     if (t == cap) break;
   }
-  size_t best = 0;
+  auto members_of = [](const std::vector<Bucket>& bs) {
+    std::vector<std::vector<int>> m;
+    for (const Bucket& b : bs) m.push_back(b.members);
+    return m;
+  };
+  std::set<std::vector<std::vector<int>>> seen;
+  shard::Program best;
   double best_s = 0;
   for (size_t i = 0; i < candidates.size(); ++i) {
+    if (!seen.insert(members_of(candidates[i])).second) continue;
     Compilation t;
     t.rank = merged(c, candidates[i]);
+    const shard::Program unscheduled = t.rank;
     prefetch_pass().run(t, o);
     const double s = sim::simulate(t.rank, o.plan.mesh, cl, pl).step_seconds;
-    if (i == 0 || s < best_s) best = i, best_s = s;
+    if (i == 0 || s < best_s) best = unscheduled, best_s = s;
   }
-  return candidates[best];
+  return best;
 }
 
 void run_bucket(Compilation& c, const Options& o) {
@@ -253,11 +256,13 @@ void run_bucket(Compilation& c, const Options& o) {
   const std::vector<Member> members = bucketable(c);
   if (members.size() < 2) return;  // nothing to merge (one process has no collectives)
   const int64_t cap = int64_t(o.schedule.bucket_mb * 1e6);
+  if (o.schedule.bucket == B::automatic) {
+    c.rank = choose(c, o, members, cap);
+    return;
+  }
   std::vector<Bucket> buckets =
-      o.schedule.bucket == B::automatic
-          ? choose(c, o, members, cap)
-          : runs(c.rank.graph, members, cap,
-                 [](const Bucket& b, const Member& m) { return b.block != m.group; });
+      runs(c.rank.graph, members, cap,
+           [](const Bucket& b, const Member& m) { return b.block != m.group; });
   if (buckets.empty()) return;
   c.rank = merged(c, std::move(buckets));
 }

@@ -66,12 +66,7 @@ int loss_node(const Compilation& c) {
 // of the forward (params, inputs, and nodes before `boundary`).
 std::vector<int> forward_groups(const Compilation& c, int boundary) {
   const ir::Graph& g = c.rank.graph;
-  std::vector<int> group(g.values().size(), -1);
-  const auto& blocks = c.model.roles.blocks;
-  for (size_t b = 0; b < blocks.size(); ++b)
-    for (int p : blocks[b].params)
-      if (size_t(p) < c.rank.local.size() && c.rank.local[size_t(p)] >= 0)
-        group[size_t(c.rank.local[size_t(p)])] = int(b);
+  std::vector<int> group = param_groups(c);
   for (const ir::Node& n : g.nodes()) {
     if (n.id >= boundary) break;
     int k = -1;

@@ -62,4 +62,14 @@ shard::Program Rewriter::finish() {
   return std::move(next_);
 }
 
+std::vector<int> param_groups(const Compilation& c) {
+  std::vector<int> group(c.rank.graph.values().size(), -1);
+  const auto& blocks = c.model.roles.blocks;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (int p : blocks[b].params)
+      if (size_t(p) < c.rank.local.size() && c.rank.local[size_t(p)] >= 0)
+        group[size_t(c.rank.local[size_t(p)])] = int(b);
+  return group;
+}
+
 }  // namespace loom::passes

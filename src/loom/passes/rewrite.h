@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "loom/ops/builder.h"
+#include "loom/passes/pass.h"
 #include "loom/shard/lower.h"
 
 namespace loom::passes {
@@ -51,5 +52,10 @@ class Rewriter {
   ops::Builder b_{next_.graph};
   std::vector<int> map_;
 };
+
+// Per value of c.rank.graph: the parameter group (an index into c.model.roles.blocks) of the
+// parameter it is, or -1 (not a parameter, or one no group names). What bucket and recompute
+// select by.
+std::vector<int> param_groups(const Compilation& c);
 
 }  // namespace loom::passes

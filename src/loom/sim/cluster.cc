@@ -240,6 +240,11 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
   return c;
 }
 
+double peak_flops(const Cluster& c, DType t) {
+  auto it = c.device.peak_flops.find(t);
+  return it != c.device.peak_flops.end() ? it->second : c.device.peak_flops.begin()->second;
+}
+
 Cluster load_cluster(const std::string& path) {
   std::string text;
   try {

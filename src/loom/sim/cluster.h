@@ -68,6 +68,9 @@ struct Cluster {
   double carbon_intensity = 0;  // kg CO2e per kWh
 };
 
+// The device's peak FLOP/s for dtype t (an op of another dtype, i32: the first the device lists).
+double peak_flops(const Cluster& c, DType t);
+
 // Reads and checks a cluster file; throws loom::Error naming the file and the key.
 Cluster load_cluster(const std::string& path);
 // The same from text (`source` names it in messages).

@@ -77,12 +77,6 @@ DType dtype_of(const ir::Graph& g, const ir::Node& n) {
   return n.inputs.empty() ? g.value(n.outputs[0]).type.dtype : g.value(n.inputs[0]).type.dtype;
 }
 
-double peak(const Cluster& c, DType t) {
-  auto it = c.device.peak_flops.find(t);
-  if (it != c.device.peak_flops.end()) return it->second;
-  return c.device.peak_flops.begin()->second;  // an i32 op: whatever the device has
-}
-
 }  // namespace
 
 double node_seconds(const ir::Graph& g, const ir::Node& n, const Cluster& c) {
@@ -100,12 +94,12 @@ double node_seconds(const ir::Graph& g, const ir::Node& n, const Cluster& c) {
   const Efficiency& e = c.efficiency;
   const double bytes = cost.bytes_read + cost.bytes_written;
   const double mem = bytes / (c.device.memory_bandwidth * e.memory);
-  double compute = cost.flops / peak(c, t);
+  double compute = cost.flops / peak_flops(c, t);
   if (n.op == "matmul")
-    compute =
-        cost.flops / (peak(c, t) * e.matmul * cost.flops / (cost.flops + e.matmul_half_flops));
+    compute = cost.flops /
+              (peak_flops(c, t) * e.matmul * cost.flops / (cost.flops + e.matmul_half_flops));
   else if (by_flops(n.op))
-    compute = cost.flops / (peak(c, t) * e.attention);
+    compute = cost.flops / (peak_flops(c, t) * e.attention);
   return std::max(compute, mem) + c.device.kernel_overhead;
 }
 

@@ -10,10 +10,7 @@ namespace loom::sim {
 
 namespace {
 
-double buffer_bytes(const ir::Graph& g, int v) {
-  const auto& t = g.value(v).type;
-  return double(numel(t.shape)) * double(dtype_size(t.dtype));
-}
+double buffer_bytes(const ir::Graph& g, int v) { return double(runtime::value_bytes(g.value(v))); }
 
 }  // namespace
 

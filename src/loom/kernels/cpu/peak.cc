@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 namespace loom::kernels {
 
@@ -15,32 +16,27 @@ constexpr int kLanes = 16;
 using Vec = __m512;
 inline Vec splat(float x) { return _mm512_set1_ps(x); }
 inline Vec fma(Vec a, Vec m, Vec c) { return _mm512_fmadd_ps(a, m, c); }
-inline float sum(Vec v) {
-  alignas(64) float lanes[16];  // stored and summed by hand: GCC 12 warns in _mm512_reduce_add_ps
-  _mm512_store_ps(lanes, v);
-  float s = 0;
-  for (float l : lanes) s += l;
-  return s;
-}
 #elif defined(__FMA__)
 constexpr int kLanes = 8;
 using Vec = __m256;
 inline Vec splat(float x) { return _mm256_set1_ps(x); }
 inline Vec fma(Vec a, Vec m, Vec c) { return _mm256_fmadd_ps(a, m, c); }
-inline float sum(Vec v) {
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, v);
-  float s = 0;
-  for (float l : lanes) s += l;
-  return s;
-}
 #else
 constexpr int kLanes = 1;
 using Vec = float;
 inline Vec splat(float x) { return x; }
 inline Vec fma(Vec a, Vec m, Vec c) { return a * m + c; }
-inline float sum(Vec v) { return v; }
 #endif
+
+// The sum of a vector's lanes (copied out: GCC 12 warns in _mm512_reduce_add_ps); its value only
+// keeps the loop from being optimised away.
+float sum(Vec v) {
+  float lanes[kLanes];
+  std::memcpy(lanes, &v, sizeof v);
+  float s = 0;
+  for (float l : lanes) s += l;
+  return s;
+}
 
 }  // namespace
 
