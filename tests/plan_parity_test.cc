@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "loom/comm/local.h"
+#include "loom/train/compile.h"
 
 namespace loom::train::parity {
 namespace {
@@ -121,6 +122,48 @@ TEST(Recompute, OneProcessChangesNoBitInF32) {
         }
       }
     }
+}
+
+// [passes] cast_before_gather (passes/gather_cast.cc) casts each rank's block before the
+// all-gather instead of the gathered copy after it: in bf16 the parameters' all-gathers carry half
+// the bytes, and every loss, gradient norm and parameter bit is that of the gathered-then-cast run.
+TEST(GatherCast, HalvesGatheredBytesAndChangesNoBit) {
+  for (const char* name : {"fsdp", "gpt2_fsdp", "mid_fsdp_megatron_2x2", "fsdp_gathered_once"}) {
+    SCOPED_TRACE(name);
+    Case on;
+    for (const Case& c : cases())
+      if (c.name == name) on = c;
+    on.sets.push_back("model.dtype=bf16");
+    Case off = on;
+    off.sets.push_back("passes.cast_before_gather=false");
+    const Config a = config(on), b = config(off);
+    auto gathered = [](const Config& cfg) {
+      const int64_t ranks = cfg.plan.plan.mesh.size();
+      const CompiledStep s = compile_step(cfg, passes::StepKind::train, true, ranks);
+      double f32 = 0, bf16 = 0;
+      const ir::Graph& g = s.c.rank.graph;
+      for (const ir::Node& n : g.nodes())
+        if (n.op == "all_gather") {
+          const ir::TensorType& t = g.value(n.outputs[0]).type;
+          (t.dtype == DType::bf16 ? bf16 : f32) += double(numel(t.shape) * dtype_size(t.dtype));
+        }
+      return std::pair{f32, bf16};
+    };
+    const auto [on_f32, on_bf16] = gathered(a);
+    const auto [off_f32, off_bf16] = gathered(b);
+    EXPECT_EQ(off_bf16, 0);
+    EXPECT_GT(on_bf16, 0);
+    // the matmul weights move in bf16 (half), what is read in f32 (norms, the embedding) as before
+    EXPECT_LT(on_f32 + on_bf16, 0.6 * off_f32);
+    auto run = [](const Config& cfg) {
+      return on_ranks<TrainRun>(cfg,
+                                [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+    };
+    const TrainRun x = run(a), y = run(b);
+    EXPECT_EQ(x.losses, y.losses);
+    EXPECT_EQ(x.grad_norms, y.grad_norms);
+    for (const auto& [param, v] : x.params) EXPECT_EQ(v, y.params.at(param)) << param;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tactics, PlanParity, ::testing::ValuesIn(cases()),

@@ -120,6 +120,7 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
     j["passes"] = {{"bucket", passes::bucket_name(cfg.passes.bucket)},
                    {"bucket_mb", cfg.passes.bucket_mb},
                    {"reshard_after_forward", cfg.passes.reshard_after_forward},
+                   {"cast_before_gather", cfg.passes.cast_before_gather},
                    {"recompute", passes::recompute_name(cfg.passes.recompute)},
                    {"prefetch", cfg.passes.prefetch},
                    {"max_in_flight", cfg.passes.max_in_flight}};

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -77,6 +78,8 @@ nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t
   // (its arena, the gradient sums and moments beside the step's memory; the parameters once)
   const double a = double(step.accum);
   double step_s = p.step_seconds * a, compute_s = p.compute_seconds * a, flops = p.flops * a;
+  std::map<std::string, double> by_op;
+  for (const auto& [op, t] : p.compute_by_op) by_op[op] += t * a;
   int64_t planned = p.planned_bytes, peak_bytes = p.peak_bytes;
   if (step.separate_optimizer()) {
     shard::Program opt;
@@ -85,6 +88,7 @@ nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t
     step_s += o.step_seconds;
     compute_s += o.compute_seconds;
     flops += o.flops;
+    for (const auto& [op, t] : o.compute_by_op) by_op[op] += t;
     const int64_t params = models::param_count(cfg.model) * 4;
     planned += o.planned_bytes - params;
     peak_bytes += o.planned_bytes - params;
@@ -109,6 +113,9 @@ nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t
   j["mfu"] = fpt * tokens / double(n) / step_s / peak;
   j["hfu"] = flops / step_s / peak;
   j["compute_ms"] = compute_s * 1e3;
+  nlohmann::json bo = nlohmann::json::object();
+  for (const auto& [op, t] : by_op) bo[op] = t * 1e3;
+  j["compute_ms_by_op"] = bo;
   j["exposed_comm_ms"] = p.exposed_comm_seconds * double(step.accum) * 1e3;
   j["collectives_per_step"] = p.collectives * step.accum;
   j["planned_bytes"] = planned;
@@ -225,6 +232,17 @@ std::function<int()> add_plan(CLI::App& app) {
       for (const auto& [l, b] : r["bytes_per_level"].items())
         lv += fmt::format("{}{} {}", lv.empty() ? "" : ", ", l, fmt_bytes(b.get<double>()));
       if (!lv.empty()) fmt::print("{:<16} sent per device per step: {}\n", "", lv);
+      // where the compute stream's time goes: the ops above 2% of it, largest first
+      std::vector<std::pair<double, std::string>> ops;
+      for (const auto& [op, t] : r["compute_ms_by_op"].items())
+        ops.push_back({t.get<double>(), op});
+      std::sort(ops.rbegin(), ops.rend());
+      const double all = r["compute_ms"].get<double>();
+      std::string line;
+      for (const auto& [t, op] : ops)
+        if (all > 0 && t >= 0.02 * all)
+          line += fmt::format("{}{} {:.0f}%", line.empty() ? "" : ", ", op, 100 * t / all);
+      if (!line.empty()) fmt::print("{:<16} compute: {}\n", "", line);
     }
     return 0;
   };

@@ -169,8 +169,8 @@ void register_layout_ops() {
            [](const Types& in, const Attrs& a) {
              expect_inputs("split", in, 1);
              const auto& sizes = ints("split", a, "sizes", in);
-             if (in[0].shape.empty() || in[0].dtype != DType::f32)
-               type_error("split", in, "expects f32 of rank >= 1");
+             if (in[0].shape.empty() || (in[0].dtype != DType::f32 && in[0].dtype != DType::bf16))
+               type_error("split", in, "expects f32 or bf16 of rank >= 1");
              if (std::accumulate(sizes.begin(), sizes.end(), int64_t(0)) != in[0].shape.back())
                type_error("split", in, "sizes must add up to the last dim");
              Types out;
@@ -202,8 +202,8 @@ void register_layout_ops() {
                    [](const Types& in, const Attrs&) {
                      if (in.empty()) type_error("concat", in, "needs at least one input");
                      Shape s = in[0].shape;
-                     if (s.empty() || in[0].dtype != DType::f32)
-                       type_error("concat", in, "expects f32 of rank >= 1");
+                     if (s.empty() || (in[0].dtype != DType::f32 && in[0].dtype != DType::bf16))
+                       type_error("concat", in, "expects f32 or bf16 of rank >= 1");
                      s.back() = 0;
                      for (const auto& t : in) {
                        Shape a = t.shape, b = in[0].shape;

@@ -20,8 +20,11 @@
 // other nodes keep their order but wait for their inputs: a consumer of an early member's output
 // moves after the bucket (list scheduling in program order).
 //
+// A parameter gathered in bf16 (passes/gather_cast.cc: its all-gather reads cast(parameter)) is a
+// member too, of a bf16 bucket: the casts move to the bucket and pack into it.
+//
 // Not bucketed: collectives of other values (Megatron's activations, sequence parallelism), dims
-// other than 0, dtypes other than f32 (concat and split are f32), and runs of one.
+// other than 0, dtypes other than f32 and bf16, and runs of one.
 //
 // bucket = "auto" (SimpleFSDP's automatic bucketing, decided by cost rather than by a greedy
 // rule): the candidates are the block buckets and buckets of several consecutive groups up to a
@@ -55,17 +58,36 @@ struct Bucket {
   int block = -1;
 };
 
+// The cast node an all-gather's input comes from when it gathers cast(parameter) (gather_cast.cc);
+// -1 otherwise.
+int cast_of_param(const ir::Graph& g, const ir::Node& n) {
+  const ir::Value& in = g.value(n.inputs[0]);
+  if (n.op != "all_gather" || in.kind != ir::ValueKind::node) return -1;
+  const ir::Node& p = g.node(in.producer);
+  if (p.op != "cast" || g.value(p.inputs[0]).kind == ir::ValueKind::node) return -1;
+  return p.id;
+}
+
+// The value an all-gather gathers, seen through a cast of it: the parameter.
+int gathered_source(const ir::Graph& g, const ir::Node& n) {
+  const int c = cast_of_param(g, n);
+  return c >= 0 ? g.node(c).inputs[0] : n.inputs[0];
+}
+
 // Which parameter group a bucketable collective belongs to; nullopt: not bucketable.
 std::optional<int> group_of(const ir::Graph& g, const ir::Node& n,
                             const std::vector<int>& param_group,
                             const std::map<int, std::vector<std::pair<int, int>>>& uses) {
   if (n.op != "all_gather" && n.op != "reduce_scatter" && n.op != "all_reduce") return {};
   if (n.op != "all_reduce" && n.attr_int("dim") != 0) return {};
-  if (g.value(n.inputs[0]).type.dtype != DType::f32) return {};
-  if (n.op == "all_gather") {  // a parameter's block
-    if (param_group[size_t(n.inputs[0])] < 0) return {};
-    return param_group[size_t(n.inputs[0])];
+  const DType t = g.value(n.inputs[0]).type.dtype;
+  if (t != DType::f32 && t != DType::bf16) return {};
+  if (n.op == "all_gather") {  // a parameter's block, or its cast
+    const int p = gathered_source(g, n);
+    if (g.value(p).kind == ir::ValueKind::node || param_group[size_t(p)] < 0) return {};
+    return param_group[size_t(p)];
   }
+  if (t != DType::f32) return {};
   // a gradient: its reduced value is an optimizer's gradient input (input 1; input 0 the param)
   auto u = uses.find(n.outputs[0]);
   if (u == uses.end()) return {};
@@ -125,9 +147,10 @@ std::vector<Member> bucketable(const Compilation& c) {
   for (const ir::Node& n : g.nodes()) {
     const auto grp = group_of(g, n, param_group, uses);
     if (!grp) continue;
-    out.push_back({n.id, *grp, numel(g.value(n.inputs[0]).type.shape) * 4,
-                   fmt::format("{} {} {} {}", n.op, n.attr_str("axis"), n.attr_int("dim", -1),
-                               n.attr_int("n", -1))});
+    const ir::TensorType& t = g.value(n.inputs[0]).type;
+    out.push_back({n.id, *grp, numel(t.shape) * int64_t(dtype_size(t.dtype)),
+                   fmt::format("{} {} {} {} {}", n.op, n.attr_str("axis"), n.attr_int("dim", -1),
+                               n.attr_int("n", -1), dtype_name(t.dtype))});
   }
   return out;
 }
@@ -145,9 +168,9 @@ std::vector<Bucket> runs(const ir::Graph& g, const std::vector<Member>& members,
   };
   for (const Member& m : members) {
     Bucket& b = open[m.kind];
-    const int in = g.node(m.node).inputs[0];
+    const int in = gathered_source(g, g.node(m.node));
     const bool again = std::any_of(b.members.begin(), b.members.end(),
-                                   [&](int x) { return g.node(x).inputs[0] == in; });
+                                   [&](int x) { return gathered_source(g, g.node(x)) == in; });
     if (!b.members.empty() && (ends(b, m) || b.bytes + m.bytes > cap || again)) close(b);
     if (b.members.empty()) b.block = m.group;
     b.members.push_back(m.node);
@@ -162,10 +185,14 @@ shard::Program merged(const Compilation& c, std::vector<Bucket> buckets) {
   const ir::Graph& g = c.rank.graph;
   const auto& blocks = c.model.roles.blocks;
   std::map<int, int> bucket_of;  // old member node -> bucket index
+  std::set<int> moved;           // members' casts of parameters: emitted with their bucket
   for (size_t i = 0; i < buckets.size(); ++i) {
     Bucket& b = buckets[i];
     b.anchor = g.node(b.members[0]).op == "all_gather" ? b.members.front() : b.members.back();
-    for (int m : b.members) bucket_of[m] = int(i);
+    for (int m : b.members) {
+      bucket_of[m] = int(i);
+      if (const int c = cast_of_param(g, g.node(m)); c >= 0) moved.insert(c);
+    }
   }
   // List scheduling in program order: an item (a node, or a bucket at its anchor) is emitted once
   // its inputs exist; what cannot be yet waits, in order, and is retried after each emission.
@@ -173,20 +200,26 @@ shard::Program merged(const Compilation& c, std::vector<Bucket> buckets) {
   auto ready = [&](int item) {
     auto it = bucket_of.find(item);
     if (it == bucket_of.end()) return rw.ready(g.node(item));
-    for (int m : buckets[size_t(it->second)].members)
-      if (!rw.ready(g.node(m))) return false;
+    for (int m : buckets[size_t(it->second)].members) {
+      const int c = cast_of_param(g, g.node(m));
+      if (!rw.ready(g.node(c >= 0 ? c : m))) return false;
+    }
     return true;
   };
   auto emit = [&](int item) {
     auto it = bucket_of.find(item);
-    if (it == bucket_of.end())
+    if (it == bucket_of.end()) {
       rw.copy(g.node(item));
-    else
-      emit_bucket(rw, buckets[size_t(it->second)],
-                  blocks[size_t(buckets[size_t(it->second)].block)].name);
+      return;
+    }
+    const Bucket& b = buckets[size_t(it->second)];
+    for (int m : b.members)
+      if (const int c = cast_of_param(g, g.node(m)); c >= 0) rw.copy(g.node(c));
+    emit_bucket(rw, b, blocks[size_t(b.block)].name);
   };
   std::vector<int> waiting;
   for (const ir::Node& n : g.nodes()) {
+    if (moved.count(n.id)) continue;
     auto it = bucket_of.find(n.id);
     if (it != bucket_of.end() && buckets[size_t(it->second)].anchor != n.id) continue;
     waiting.push_back(n.id);

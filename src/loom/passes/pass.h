@@ -51,6 +51,9 @@ enum class StepKind { eval, infer, grads, train, decode };
 // [passes]: what the scheduled stage does to a per-rank program, in the order its passes run.
 //   reshard_after_forward   true: a split parameter is gathered again for the backward (as
 //              lowered); false: gathered once per step and kept to its last use (passes/reshard.cc)
+//   cast_before_gather   true: a parameter whose gathered copy is only cast (bf16 compute) is
+//              cast before its all-gather and gathered in the narrower dtype
+//              (passes/gather_cast.cc)
 //   recompute  none; selective: norms, activations, rope and casts made again in the backward
 //              instead of kept across the loss; full: only each layer's inputs kept, the rest of
 //              the layer made again (passes/recompute.cc)
@@ -66,6 +69,7 @@ struct ScheduleOptions {
   Bucket bucket = Bucket::block;
   double bucket_mb = 64;
   bool reshard_after_forward = true;
+  bool cast_before_gather = true;
   enum class Recompute { none, selective, full };
   Recompute recompute = Recompute::none;
   bool prefetch = true;

@@ -42,7 +42,7 @@ const std::vector<Pass>& pipeline() {
   static const std::vector<Pass> p{build_model_pass(),   differentiate_pass(), add_optimizer_pass(),
                                    apply_tactics_pass(), propagate_pass(),     lower_pass(),
                                    reshard_pass(),       recompute_pass(),     dce_pass(),
-                                   bucket_pass(),        prefetch_pass()};
+                                   gather_cast_pass(),   bucket_pass(),        prefetch_pass()};
   return p;
 }
 

@@ -36,6 +36,7 @@ Pass lower_pass();
 Pass reshard_pass();
 Pass recompute_pass();
 Pass dce_pass();
+Pass gather_cast_pass();
 Pass bucket_pass();
 Pass prefetch_pass();
 

@@ -8,12 +8,12 @@
 //   - every other node keeps its place in program order ("the skeleton");
 //   - a wait, and the reshapes and splits that only unpack its output (a bucket's), are emitted
 //     when the first skeleton node needs them: as late as possible;
-//   - a start, and the reshapes and concats that only pack its input, are emitted as soon as its
-//     input exists, with two limits. Parameter all-gathers (their input is a parameter, there from
-//     the start) form a chain: one starts when the previous one's wait is emitted, so while block
-//     k computes, block k+1's parameters arrive (FSDP's prefetch of one bucket; in the backward,
-//     the next re-gather). And at most max_in_flight collectives are in flight: a start beyond that
-//     first emits the oldest one's wait.
+//   - a start, and the reshapes, concats and casts that only pack its input, are emitted as soon as
+//     its input exists, with two limits. Parameter all-gathers (their input is a parameter, there
+//     from the start) form a chain: one starts when the previous one's wait is emitted, so while
+//     block k computes, block k+1's parameters arrive (FSDP's prefetch of one bucket; in the
+//     backward, the next re-gather). And at most max_in_flight collectives are in flight: a start
+//     beyond that first emits the oldest one's wait.
 // Worked example (fsdp, two blocks, bucketed): start(gather l0), start(gather l1) at the top;
 // wait(l0) before l0's first matmul; l0 computes while l1's gather runs; wait(l1) before l1's ...;
 // in the backward, the reduce-scatter of l1's gradients starts as soon as they exist and runs
@@ -95,7 +95,9 @@ class Scheduler {
   }
 
   static bool unpacks(const std::string& op) { return op == "reshape" || op == "split"; }
-  static bool packs(const std::string& op) { return op == "reshape" || op == "concat"; }
+  static bool packs(const std::string& op) {
+    return op == "reshape" || op == "concat" || op == "cast";  // cast: gather_cast.cc's blocks
+  }
 
   void classify() {
     std::map<int, std::vector<int>> users;  // item -> items that read it

@@ -249,20 +249,20 @@ std::unordered_map<std::string, Fn> make_table() {
     const auto& sizes = n.attr_ints("sizes");
     const Shape& s = in_t(g, n, 0).shape;
     int64_t rows = s.back() ? numel(s) / s.back() : 0;
-    std::vector<float*> ys;
-    for (size_t i = 0; i < sizes.size(); ++i) ys.push_back(F(out[i]));
-    k::split_last(CF(in[0]), ys.data(), sizes.data(), int(sizes.size()), rows);
+    k::split_last(in[0], out, sizes.data(), int(sizes.size()), rows,
+                  int(dtype_size(in_t(g, n, 0).dtype)));
   };
   t["concat"] = [](auto& g, auto& n, auto in, auto out) {
     std::vector<int64_t> sizes;
-    std::vector<const float*> xs;
+    std::vector<const void*> xs;
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       sizes.push_back(in_t(g, n, int(i)).shape.back());
-      xs.push_back(CF(in[i]));
+      xs.push_back(in[i]);
     }
     const Shape& s = out_t(g, n, 0).shape;
     int64_t rows = s.back() ? numel(s) / s.back() : 0;
-    k::concat_last(xs.data(), F(out[0]), sizes.data(), int(sizes.size()), rows);
+    k::concat_last(xs.data(), out[0], sizes.data(), int(sizes.size()), rows,
+                   int(dtype_size(out_t(g, n, 0).dtype)));
   };
   t["adamw"] = [](auto& g, auto& n, auto in, auto out) {
     LOOM_CHECK(out[0] == in[0] && out[1] == in[2] && out[2] == in[3]) << "adamw must run in place";

@@ -73,6 +73,7 @@ Prediction simulate(const shard::Program& rank, const shard::Mesh& mesh, const C
     const ops::OpDef& def = ops::op_def(n.op);
     if (def.cost) r.flops += def.cost(g, n).flops;
     r.compute_seconds += s;
+    r.compute_by_op[n.op] += s;
     now += s;
   }
   r.step_seconds = std::max(now, comm_free);

@@ -39,6 +39,7 @@ struct Prediction {
   double comm_seconds = 0;          // collectives' summed durations
   double exposed_comm_seconds = 0;  // the compute stream waiting for them
   double flops = 0;                 // executed per rank (ops::Cost, recomputation included)
+  std::map<std::string, double> compute_by_op;  // the compute stream's seconds per op name
   int64_t collectives = 0;
   std::map<std::string, AxisTraffic> axis_traffic;  // per axis, all collective kinds together
   std::map<std::string, double> level_bytes;        // per level: bytes one rank sends on it

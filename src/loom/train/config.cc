@@ -236,6 +236,8 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
             as_string([](Config& c) -> std::string& { return c.passes.cluster_file; })},
            {"reshard_after_forward",
             as_bool([](Config& c) -> bool& { return c.passes.reshard_after_forward; })},
+           {"cast_before_gather",
+            as_bool([](Config& c) -> bool& { return c.passes.cast_before_gather; })},
            {"recompute", as_enum(
                              [](Config& c) -> passes::ScheduleOptions::Recompute& {
                                return c.passes.recompute;

@@ -89,8 +89,9 @@ void sum_rows(const float* x, float* y, int64_t N, int64_t C);  // (N,C) -> (C),
 // x with shape dims[0..rank) permuted by perm: y.shape[i] = x.shape[perm[i]]. elem = element bytes.
 void transpose(const void* x, void* y, const int64_t* dims, const int* perm, int rank, int elem);
 // x (N, sum(sizes)) split along the last dim into k outputs (N, sizes[i]); concat is the inverse.
-void split_last(const float* x, float* const* ys, const int64_t* sizes, int k, int64_t N);
-void concat_last(const float* const* xs, float* y, const int64_t* sizes, int k, int64_t N);
+// elem = element bytes (4: f32, 2: bf16).
+void split_last(const void* x, void* const* ys, const int64_t* sizes, int k, int64_t N, int elem);
+void concat_last(const void* const* xs, void* y, const int64_t* sizes, int k, int64_t N, int elem);
 
 // ---- AdamW (decoupled weight decay), in place ----
 // hyper = {lr, 1 - beta1^t, 1 - beta2^t}; g is multiplied by gscale[0] (gradient clipping) first.

@@ -546,12 +546,39 @@ TEST(Kernels, SplitConcat) {
     ptrs.push_back(parts.back().data());
     want_ptrs.push_back(want_parts.back().data());
   }
-  split_last(x.data(), ptrs.data(), sizes.data(), int(sizes.size()), N);
+  std::vector<void*> vptrs(ptrs.begin(), ptrs.end());
+  split_last(x.data(), vptrs.data(), sizes.data(), int(sizes.size()), N, 4);
   ref::split_last(x.data(), want_ptrs.data(), sizes.data(), int(sizes.size()), N);
   for (size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(parts[i], want_parts[i]) << "part " << i;
-  std::vector<const float*> cptrs(ptrs.begin(), ptrs.end());
+  std::vector<const void*> cptrs(ptrs.begin(), ptrs.end());
   std::vector<float> y(N * W);
-  concat_last(cptrs.data(), y.data(), sizes.data(), int(sizes.size()), N);
+  concat_last(cptrs.data(), y.data(), sizes.data(), int(sizes.size()), N, 4);
+  EXPECT_EQ(y, x);
+}
+
+// The same on 2-byte elements (bf16 buckets: passes/gather_cast.cc): every element lands where
+// the reference puts it.
+TEST(Kernels, SplitConcatTwoBytes) {
+  const int64_t N = 67;
+  const std::vector<int64_t> sizes = {3, 128, 1, 17};
+  const int64_t W = std::accumulate(sizes.begin(), sizes.end(), int64_t(0));
+  std::vector<uint16_t> x(size_t(N * W));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = uint16_t(i * 2654435761u >> 7);
+  std::vector<std::vector<uint16_t>> parts, want_parts;
+  std::vector<void*> ptrs;
+  std::vector<uint16_t*> want_ptrs;
+  for (int64_t s : sizes) {
+    parts.emplace_back(size_t(N * s));
+    want_parts.emplace_back(size_t(N * s));
+    ptrs.push_back(parts.back().data());
+    want_ptrs.push_back(want_parts.back().data());
+  }
+  split_last(x.data(), ptrs.data(), sizes.data(), int(sizes.size()), N, 2);
+  ref::split_last(x.data(), want_ptrs.data(), sizes.data(), int(sizes.size()), N);
+  for (size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(parts[i], want_parts[i]) << "part " << i;
+  std::vector<const void*> cptrs(ptrs.begin(), ptrs.end());
+  std::vector<uint16_t> y(size_t(N * W));
+  concat_last(cptrs.data(), y.data(), sizes.data(), int(sizes.size()), N, 2);
   EXPECT_EQ(y, x);
 }
 

@@ -168,31 +168,34 @@ void transpose(const void* x, void* y, const int64_t* dims, const int* perm, int
   LOOM_CHECK(false) << "transpose: element size " << elem << " not in {1,2,4,8}";
 }
 
-// x (N, W), W = sum sizes -> ys[i] (N, sizes[i])
-void split_last(const float* x, float* const* ys, const int64_t* sizes, int k, int64_t N) {
+// x (N, W), W = sum sizes -> ys[i] (N, sizes[i]); elements of `elem` bytes
+void split_last(const void* x, void* const* ys, const int64_t* sizes, int k, int64_t N, int elem) {
   int64_t W = 0;
   for (int i = 0; i < k; ++i) W += sizes[i];
-  for_blocks(N, detail::rows_per_block(W), [&](int64_t r0, int64_t r1) {
+  const size_t e = size_t(elem);
+  for_blocks(N, detail::rows_per_block(W * elem / 4), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * W;
+      const char* xr = static_cast<const char*>(x) + size_t(r * W) * e;
       for (int i = 0; i < k; ++i) {
-        std::memcpy(ys[i] + r * sizes[i], xr, size_t(sizes[i]) * sizeof(float));
-        xr += sizes[i];
+        std::memcpy(static_cast<char*>(ys[i]) + size_t(r * sizes[i]) * e, xr, size_t(sizes[i]) * e);
+        xr += size_t(sizes[i]) * e;
       }
     }
   });
 }
 
-// xs[i] (N, sizes[i]) -> y (N, W), W = sum sizes
-void concat_last(const float* const* xs, float* y, const int64_t* sizes, int k, int64_t N) {
+// xs[i] (N, sizes[i]) -> y (N, W), W = sum sizes; elements of `elem` bytes
+void concat_last(const void* const* xs, void* y, const int64_t* sizes, int k, int64_t N, int elem) {
   int64_t W = 0;
   for (int i = 0; i < k; ++i) W += sizes[i];
-  for_blocks(N, detail::rows_per_block(W), [&](int64_t r0, int64_t r1) {
+  const size_t e = size_t(elem);
+  for_blocks(N, detail::rows_per_block(W * elem / 4), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      float* yr = y + r * W;
+      char* yr = static_cast<char*>(y) + size_t(r * W) * e;
       for (int i = 0; i < k; ++i) {
-        std::memcpy(yr, xs[i] + r * sizes[i], size_t(sizes[i]) * sizeof(float));
-        yr += sizes[i];
+        std::memcpy(yr, static_cast<const char*>(xs[i]) + size_t(r * sizes[i]) * e,
+                    size_t(sizes[i]) * e);
+        yr += size_t(sizes[i]) * e;
       }
     }
   });
