@@ -34,7 +34,7 @@ void run_gather_cast(Compilation& c, const Options& o) {
     for (int v : n.inputs) readers[size_t(v)].push_back(n.id);
   std::map<int, std::vector<int>> casts;  // all_gather node -> the casts of its output
   for (const ir::Node& n : g.nodes()) {
-    if (n.op != "all_gather" || g.value(n.inputs[0]).kind == ir::ValueKind::node) continue;
+    if (n.op != "all_gather") continue;
     const auto& rs = readers[size_t(n.outputs[0])];
     if (rs.empty()) continue;
     const std::string to = g.node(rs[0]).op == "cast" ? g.node(rs[0]).attr_str("to") : "";

@@ -9,10 +9,11 @@
 //   - a wait, and the reshapes and splits that only unpack its output (a bucket's), are emitted
 //     when the first skeleton node needs them: as late as possible;
 //   - a start, and the reshapes, concats and casts that only pack its input, are emitted as soon as
-//     its input exists, with two limits. Parameter all-gathers (their input is a parameter, there
-//     from the start) form a chain: one starts when the previous one's wait is emitted, so while
-//     block k computes, block k+1's parameters arrive (FSDP's prefetch of one bucket; in the
-//     backward, the next re-gather). And at most max_in_flight collectives are in flight: a start
+//     its input exists, with two limits. Parameter all-gathers (their input is a parameter, or a
+//     cast of one: gather_cast.cc) form a chain, in runs of one parameter group (roles.blocks;
+//     under bf16 a block gathers a bf16 bucket and an f32 one): a run starts when the first wait
+//     of the run before it is emitted, so while block k computes, block k+1's parameters arrive
+//     (FSDP's prefetch of the next module; in the backward, the next re-gather). And at most max_in_flight collectives are in flight: a start
 //     beyond that first emits the oldest one's wait.
 // Worked example (fsdp, two blocks, bucketed): start(gather l0), start(gather l1) at the top;
 // wait(l0) before l0's first matmul; l0 computes while l1's gather runs; wait(l1) before l1's ...;
@@ -23,9 +24,11 @@
 // overwrites a collective's input before its wait, and every value is made before it is used.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
@@ -46,6 +49,7 @@ struct Item {
   bool lazy = false;      // emitted on demand (waits and their unpacking)
   bool eager = false;     // emitted as early as allowed (starts and their packing)
   bool chain = false;     // a start of a parameter all-gather (the prefetch chain)
+  int run = -1;           // a chain start's run: consecutive chain starts of one group
   bool done = false;
 };
 
@@ -53,8 +57,8 @@ bool is_collective(const ir::Node& n) { return ops::has_trait(n.op, ops::Trait::
 
 class Scheduler {
  public:
-  Scheduler(const shard::Program& prog, int64_t max_in_flight)
-      : g_(prog.graph), rw_(prog), max_(max_in_flight) {}
+  Scheduler(const shard::Program& prog, int64_t max_in_flight, std::vector<int> param_group)
+      : g_(prog.graph), rw_(prog), max_(max_in_flight), param_group_(std::move(param_group)) {}
 
   shard::Program run() {
     build_items();
@@ -77,6 +81,7 @@ class Scheduler {
   std::map<int, int> inflight_value_;  // started old collective node -> its in-flight new value
   std::deque<int> inflight_;           // started, not waited (their start items)
   std::vector<int> starts_, chain_;    // start items, and the chain's among them, in order
+  std::vector<int> param_group_;       // old value -> its parameter group, or -1
 
   void build_items() {
     std::vector<int> item_of_value(g_.values().size(), -1);  // old value -> the item making it
@@ -119,12 +124,43 @@ class Scheduler {
       it.eager = !u.empty() &&
                  std::all_of(u.begin(), u.end(), [&](int x) { return items_[size_t(x)].eager; });
     }
+    int run_group = -1;
+    std::set<int> run_params;
     for (int s : starts_) {
       Item& it = items_[size_t(s)];
       if (g_.node(it.node).op != "all_gather") continue;
       it.chain = only_params(s);
-      if (it.chain) chain_.push_back(s);
+      if (!it.chain) continue;
+      // a new run at another group, or at a parameter the run already gathers (the backward's
+      // re-gather of the group the forward ended with)
+      std::set<int> params;
+      const int grp = group_read(it.node, params);
+      const bool again = std::any_of(params.begin(), params.end(),
+                                     [&](int p) { return run_params.count(p) > 0; });
+      if (chain_.empty() || grp < 0 || grp != run_group || again) {
+        it.run = chain_.empty() ? 0 : items_[size_t(chain_.back())].run + 1;
+        run_group = grp;
+        run_params.clear();
+      } else {
+        it.run = items_[size_t(chain_.back())].run;
+      }
+      run_params.insert(params.begin(), params.end());
+      chain_.push_back(s);
     }
+  }
+
+  // The graph inputs old node n reads (into `params`), through the nodes that make its inputs (a
+  // bucket's reshapes, concat and casts); returns the parameter group of the first with one, or -1.
+  int group_read(int node, std::set<int>& params) const {
+    int grp = -1;
+    for (int v : g_.node(node).inputs) {
+      const ir::Value& val = g_.value(v);
+      const int gv = val.kind == ir::ValueKind::node ? group_read(val.producer, params)
+                                                     : param_group_[size_t(v)];
+      if (val.kind != ir::ValueKind::node) params.insert(v);
+      if (grp < 0) grp = gv;
+    }
+    return grp;
   }
 
   // Whether an item's inputs come from graph inputs through packing alone.
@@ -144,13 +180,21 @@ class Scheduler {
     return true;
   }
 
+  // Whether a run of the chain may start: the first, or one whose previous run has a wait emitted.
+  bool run_may_start(int run) const {
+    if (run == 0) return true;
+    for (int c : chain_)
+      if (items_[size_t(c)].run == run - 1 && items_[size_t(c + 1)].done) return true;
+    return false;
+  }
+
   void try_starts() {
     for (bool progress = true; progress;) {
       progress = false;
       for (size_t c = 0; c < chain_.size(); ++c) {  // the prefetch chain: one ahead
         const int s = chain_[c];
         if (items_[size_t(s)].done) continue;
-        if (c > 0 && !items_[size_t(chain_[c - 1] + 1)].done) break;  // its wait
+        if (!run_may_start(items_[size_t(s)].run)) break;
         if (!ready(s)) break;
         emit(s);
         progress = true;
@@ -196,7 +240,7 @@ void run_prefetch(Compilation& c, const Options& o) {
   bool any = false;
   for (const ir::Node& n : c.rank.graph.nodes()) any = any || is_collective(n);
   if (!any) return;
-  c.rank = Scheduler(c.rank, o.schedule.max_in_flight).run();
+  c.rank = Scheduler(c.rank, o.schedule.max_in_flight, param_groups(c)).run();
 }
 
 }  // namespace

@@ -210,11 +210,12 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
     for (size_t i = 0; i < ls->size(); ++i) {
       const std::string where = fmt::format("level {}", i);
       if (!(*ls)[i].is_table()) top.fail("level", "expected [[level]] tables");
-      Reader l(*(*ls)[i].as_table(), where, source, {"name", "size", "bandwidth", "latency"});
+      Reader l(*(*ls)[i].as_table(), where, source, {"name", "size", "bandwidth", "all_reduce_bandwidth", "latency"});
       Level lv;
       lv.name = l.string("name", true);
       lv.size = l.integer("size", true, 0, 0);
       lv.bandwidth = l.number("bandwidth", true, 0, 1);
+      lv.all_reduce_bandwidth = l.number("all_reduce_bandwidth", false, 0, 1);
       lv.latency = l.number("latency", true);
       if (!c.levels.empty()) {
         const Level& prev = c.levels.back();
@@ -284,6 +285,8 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
     line(fmt::format("name = \"{}\"", l.name));
     line(fmt::format("size = {}", l.size));
     line(fmt::format("bandwidth = {:.4g}", l.bandwidth));
+    if (l.all_reduce_bandwidth > 0)
+      line(fmt::format("all_reduce_bandwidth = {:.4g}", l.all_reduce_bandwidth));
     line(fmt::format("latency = {:.3g}", l.latency));
   }
   line("\n[efficiency]");

@@ -44,6 +44,9 @@ struct Level {
   int64_t size = 0;      // devices one group of this level joins; 0: any number (outermost)
   double bandwidth = 0;  // bytes/s per device, one direction, as a ring achieves it (bus bw)
   double latency = 0;    // seconds per message step
+  // all-reduce's bus bandwidth where it differs (NVLink SHARP reduces in the switch: 480 GB/s on
+  // 8 H100 against 370 for all-gather and reduce-scatter); 0: `bandwidth`
+  double all_reduce_bandwidth = 0;
 };
 
 // Achieved fractions of peak where no profile was measured (docs/simulator.md: the efficiency

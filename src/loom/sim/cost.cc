@@ -135,10 +135,12 @@ double collective_seconds(const std::string& op, double bytes, int64_t ranks, co
   }
   const Level& l = c.levels.at(size_t(level));
   const double steps = double(ranks - 1) * (op == "all_reduce" ? 2 : 1);
-  const double ring = steps * l.latency + collective_wire_bytes(op, bytes, ranks) / l.bandwidth;
+  const double bw =
+      op == "all_reduce" && l.all_reduce_bandwidth > 0 ? l.all_reduce_bandwidth : l.bandwidth;
+  const double ring = steps * l.latency + collective_wire_bytes(op, bytes, ranks) / bw;
   if (op != "all_reduce") return ring;
   // a double binary tree (NCCL's other all-reduce): log-depth latency, the whole buffer up and down
-  const double tree = 2 * std::ceil(std::log2(double(ranks))) * l.latency + 2 * bytes / l.bandwidth;
+  const double tree = 2 * std::ceil(std::log2(double(ranks))) * l.latency + 2 * bytes / bw;
   return std::min(ring, tree);
 }
 
