@@ -59,6 +59,11 @@ with tempfile.TemporaryDirectory() as tmp:
         p = rows[0]
         check("its numbers are sane", p["step_ms"] > 0 and 0 < p["mfu"] < 1 and p["fits"]
               and p["bytes_per_axis"].get("data", 0) > 0 and p["devices"] == 2, json.dumps(p))
+        by_op = p.get("compute_ms_by_op", {})
+        check("compute time per op adds up to compute_ms, matmul among it",
+              by_op.get("matmul", 0) > 0
+              and abs(sum(by_op.values()) - p["compute_ms"]) <= 1e-6 * p["compute_ms"],
+              json.dumps(by_op))
 
     r = loom("plan", cfg("tiny-llama.toml"), "--cluster", cluster("local.toml"))
     check("the table on the shipped local cluster, one process",
