@@ -13,8 +13,9 @@
 //     cast of one: gather_cast.cc) form a chain, in runs of one parameter group (roles.blocks;
 //     under bf16 a block gathers a bf16 bucket and an f32 one): a run starts when the first wait
 //     of the run before it is emitted, so while block k computes, block k+1's parameters arrive
-//     (FSDP's prefetch of the next module; in the backward, the next re-gather). And at most max_in_flight collectives are in flight: a start
-//     beyond that first emits the oldest one's wait.
+//     (FSDP's prefetch of the next module; in the backward, the next re-gather). And at most
+//     max_in_flight collectives are in flight: a start beyond that first emits the oldest one's
+//     wait.
 // Worked example (fsdp, two blocks, bucketed): start(gather l0), start(gather l1) at the top;
 // wait(l0) before l0's first matmul; l0 computes while l1's gather runs; wait(l1) before l1's ...;
 // in the backward, the reduce-scatter of l1's gradients starts as soon as they exist and runs
@@ -135,8 +136,8 @@ class Scheduler {
       // re-gather of the group the forward ended with)
       std::set<int> params;
       const int grp = group_read(it.node, params);
-      const bool again = std::any_of(params.begin(), params.end(),
-                                     [&](int p) { return run_params.count(p) > 0; });
+      const bool again =
+          std::any_of(params.begin(), params.end(), [&](int p) { return run_params.count(p) > 0; });
       if (chain_.empty() || grp < 0 || grp != run_group || again) {
         it.run = chain_.empty() ? 0 : items_[size_t(chain_.back())].run + 1;
         run_group = grp;

@@ -210,7 +210,8 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
     for (size_t i = 0; i < ls->size(); ++i) {
       const std::string where = fmt::format("level {}", i);
       if (!(*ls)[i].is_table()) top.fail("level", "expected [[level]] tables");
-      Reader l(*(*ls)[i].as_table(), where, source, {"name", "size", "bandwidth", "all_reduce_bandwidth", "latency"});
+      Reader l(*(*ls)[i].as_table(), where, source,
+               {"name", "size", "bandwidth", "all_reduce_bandwidth", "latency"});
       Level lv;
       lv.name = l.string("name", true);
       lv.size = l.integer("size", true, 0, 0);
