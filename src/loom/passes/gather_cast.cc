@@ -1,10 +1,11 @@
 // gather_cast (stage scheduled, after dce, before bucket): gather parameters in the dtype they are
 // computed in. Under `dtype = "bf16"` the model casts each f32 master weight to bf16 right before
 // its matmul (models/), so the lowered program gathers the f32 block and casts the whole gathered
-// copy: twice the bytes on the network and in the gathered buffer. Where every reader of a
-// parameter's all-gather is a cast to one dtype, this pass casts the rank's block first and
-// gathers the cast block instead (FSDP2's MixedPrecisionPolicy(param_dtype) and SimpleFSDP do the
-// same); each cast's output now reads the gathered value.
+// copy: twice the bytes on the network and in the gathered buffer. Where every reader of an
+// all-gather's output (a parameter's, or an activation's under sequence parallelism) is a cast to
+// one narrower dtype, this pass casts the rank's block first and gathers the cast block instead
+// (FSDP2's MixedPrecisionPolicy(param_dtype) does the same for parameters); each cast's output now
+// reads the gathered value.
 //
 //   %w.all_gather = all_gather(%w) {axis, dim, n}          (f32, n x the block)
 //   %w.bf16 = cast(%w.all_gather) {to = "bf16"}
@@ -13,7 +14,7 @@
 //   %w.bf16 = all_gather(%w.all_gather.cast) {axis, dim, n}
 //
 // A cast is elementwise, so casting the blocks and gathering them is bit for bit the gathered
-// cast: no loss bit changes (tests/plan_parity_test.cc: GatherCast.ChangesNoBit). Gathers whose
+// cast: no loss bit changes (tests/plan_parity_test.cc: GatherCast.*). Gathers whose
 // copy is read by anything but such casts (a norm's f32 weight, the f32 weight a gradient op
 // reads) are kept as they are. [passes] cast_before_gather = false turns the pass off.
 #include <map>
