@@ -274,6 +274,7 @@ shard::Program choose(const Compilation& c, const Options& o, const std::vector<
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (!seen.insert(members_of(candidates[i])).second) continue;
     Compilation t;
+    t.model.roles = c.model.roles;  // prefetch chains parameter gathers by group (param_groups)
     t.rank = merged(c, candidates[i]);
     const shard::Program unscheduled = t.rank;
     prefetch_pass().run(t, o);
