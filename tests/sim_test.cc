@@ -209,7 +209,7 @@ TEST(Simulate, BytesPerAxisAreTheProgramsAndMemoryIsThePlan) {
     SCOPED_TRACE(pc.name);
     shard::Mesh mesh;
     const shard::Program prog = program("bench-llama.toml", pc.sets, &mesh);
-    const Prediction p = simulate(prog, mesh, h, place(mesh, h, mesh.size()));
+    const Prediction p = simulate(prog.graph, mesh, h, place(mesh, h, mesh.size()));
     const auto counted = traffic(prog.graph);
     ASSERT_EQ(p.axis_traffic.size(), counted.size());
     int64_t n = 0;
@@ -242,18 +242,18 @@ TEST(Simulate, AFasterLinkNeverSlowsAStep) {
       shard::Mesh mesh;
       const shard::Program prog = program("bench-llama.toml", pc.sets, &mesh);
       const Placement pl = place(mesh, c, mesh.size());
-      double prev = simulate(prog, mesh, c, pl).step_seconds;
+      double prev = simulate(prog.graph, mesh, c, pl).step_seconds;
       Cluster faster = c;
       for (int i = 0; i < 4; ++i) {
         for (Level& l : faster.levels) l.bandwidth *= 2;
-        const double t = simulate(prog, mesh, faster, pl).step_seconds;
+        const double t = simulate(prog.graph, mesh, faster, pl).step_seconds;
         EXPECT_LE(t, prev * (1 + 1e-12)) << "bandwidth x" << (2 << i);
         prev = t;
       }
       // and a slow one makes communication show
       Cluster slow = c;
       for (Level& l : slow.levels) l.bandwidth /= 1e4;
-      const Prediction s = simulate(prog, mesh, slow, pl);
+      const Prediction s = simulate(prog.graph, mesh, slow, pl);
       EXPECT_GT(s.exposed_comm_seconds, 0.5 * s.comm_seconds - 1e-12);
     }
 }
@@ -274,7 +274,7 @@ TEST(Simulate, AutoBucketsAreNeverPredictedSlowerThanBlock) {
         sets.push_back("passes.cluster=\"" + file + "\"");
         shard::Mesh mesh;
         const shard::Program prog = program("bench-llama.toml", sets, &mesh);
-        return simulate(prog, mesh, c, place(mesh, c, mesh.size()));
+        return simulate(prog.graph, mesh, c, place(mesh, c, mesh.size()));
       };
       const Prediction block = with("block"), automatic = with("auto");
       EXPECT_LE(automatic.step_seconds, block.step_seconds * (1 + 1e-9));

@@ -106,8 +106,7 @@ void profile_model(const Shape1& s, int reps, sim::Profile& prof) {
   for (const ir::Node& n : g.nodes()) {
     if (ops::has_trait(n.op, ops::Trait::view)) continue;
     const double t = median(times[size_t(n.id)]);
-    const DType dt =
-        n.inputs.empty() ? g.value(n.outputs[0]).type.dtype : g.value(n.inputs[0]).type.dtype;
+    const DType dt = sim::node_dtype(g, n);
     if (n.op == "matmul") {
       const ops::MatmulDims d = ops::matmul_dims(g, n);
       prof.matmul.push_back({int64_t(d.ta), int64_t(d.tb), d.M, d.N, d.K, d.batch, dt, t});

@@ -17,6 +17,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -38,22 +39,18 @@ struct PlanOpts {
   bool json = false;
 };
 
-nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t devices,
-                       const std::string& name) {
+nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim::Cluster>& cluster,
+                       int64_t devices, const std::string& name) {
+  const sim::Cluster& cl = *cluster;
   const shard::Plan& plan = cfg.plan.plan;
   const int64_t ranks = plan.empty() ? 1 : plan.mesh.size();
   train::Config c = cfg;
   // bucket = "auto" decides on the cluster the prediction is for
-  if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic)
-    c.passes.cluster = std::make_shared<const sim::Cluster>(cl);
+  if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic) c.passes.cluster = cluster;
   train::CompiledStep step =
       train::compile_step(c, passes::StepKind::train, !plan.empty(), plan.empty() ? 0 : ranks);
-  shard::Program prog;
-  if (step.sharded || step.scheduled) {  // one process under recompute runs its scheduled graph
-    prog = step.c.rank;
-  } else {
-    prog.graph = step.c.model.graph;
-  }
+  // one process under recompute runs its scheduled graph too
+  const ir::Graph& prog = step.sharded || step.scheduled ? step.c.rank.graph : step.c.model.graph;
   const int64_t n = devices > 0 ? devices : (cl.devices > 0 ? cl.devices : ranks);
   if (ranks > n)
     throw Error(
@@ -82,9 +79,8 @@ nlohmann::json predict(const train::Config& cfg, const sim::Cluster& cl, int64_t
   for (const auto& [op, t] : p.compute_by_op) by_op[op] += t * a;
   int64_t planned = p.planned_bytes, peak_bytes = p.peak_bytes;
   if (step.separate_optimizer()) {
-    shard::Program opt;
-    opt.graph = step.opt_graph;
-    const sim::Prediction o = sim::simulate(opt, shard::Mesh{}, cl, sim::Placement{}, so);
+    const sim::Prediction o =
+        sim::simulate(step.opt_graph, shard::Mesh{}, cl, sim::Placement{}, so);
     step_s += o.step_seconds;
     compute_s += o.compute_seconds;
     flops += o.flops;
@@ -152,28 +148,26 @@ std::vector<std::pair<std::string, std::vector<std::string>>> compare_plans(
     if (!t) throw Error(fmt::format("{}: plan {}: expected a [[plan]] table", path, i));
     std::string name = fmt::format("plan {}", i);
     std::vector<std::string> sets;
+    // a TOML value as --set's right-hand side (a string quoted, anything else as TOML writes it)
+    auto text = [](const toml::node& v) {
+      if (v.is_string()) return "\"" + *v.value<std::string>() + "\"";
+      std::ostringstream os;
+      os << toml::toml_formatter(v, toml::format_flags::none);
+      return os.str();
+    };
     for (const auto& [k, v] : *t) {
       const std::string key(k.str());
-      std::ostringstream os;
       if (key == "name") {
         if (!v.is_string())
           throw Error(fmt::format("{}: plan {}: name: expected a string", path, i));
         name = *v.value<std::string>();
       } else if (key == "mesh" || key == "tactics" || key == "ranks") {
-        os << toml::toml_formatter(v, toml::format_flags::none);
-        if (v.is_string()) os.str(""), os << "\"" << *v.value<std::string>() << "\"";
-        sets.push_back("plan." + key + "=" + os.str());
+        sets.push_back("plan." + key + "=" + text(v));
       } else if (key == "passes") {
         if (!v.is_table())
           throw Error(fmt::format("{}: plan {}: passes: expected a table", path, i));
-        for (const auto& [pk, pv] : *v.as_table()) {
-          std::ostringstream ps;
-          if (pv.is_string())
-            ps << "\"" << *pv.value<std::string>() << "\"";
-          else
-            ps << toml::toml_formatter(pv, toml::format_flags::none);
-          sets.push_back("passes." + std::string(pk.str()) + "=" + ps.str());
-        }
+        for (const auto& [pk, pv] : *v.as_table())
+          sets.push_back("passes." + std::string(pk.str()) + "=" + text(pv));
       } else {
         throw Error(fmt::format("{}: plan {}: unknown key {} (name, mesh, tactics, ranks, passes)",
                                 path, i, key));
@@ -202,7 +196,7 @@ std::function<int()> add_plan(CLI::App& app) {
   s->add_option("--compare", o->compare, "a TOML file of [[plan]] tables to predict side by side");
   s->add_flag("--json", o->json, "one JSON line per plan");
   return [o]() {
-    const sim::Cluster cl = sim::load_cluster(o->cluster);
+    const auto cl = std::make_shared<const sim::Cluster>(sim::load_cluster(o->cluster));
     std::vector<std::pair<std::string, std::vector<std::string>>> plans{{"config", {}}};
     if (!o->compare.empty()) plans = compare_plans(o->compare);
     std::vector<nlohmann::json> rows;
@@ -214,7 +208,7 @@ std::function<int()> add_plan(CLI::App& app) {
       if (o->json) fmt::print("{}\n", rows.back().dump());
     }
     if (o->json) return 0;
-    fmt::print("cluster {} ({}), model {} {}\n", cl.name, cl.source, o->config,
+    fmt::print("cluster {} ({}), model {} {}\n", cl->name, cl->source, o->config,
                rows.front()["devices"].get<int64_t>() > 1 ? "" : "(one device)");
     fmt::print("{:<16} {:>12} {:>10} {:>14} {:>6} {:>6} {:>10} {:>10} {:>5} {:>12}\n", "plan",
                "mesh", "step ms", "tok/s/device", "MFU", "HFU", "exposed", "peak", "fits",

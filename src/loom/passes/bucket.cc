@@ -278,7 +278,8 @@ shard::Program choose(const Compilation& c, const Options& o, const std::vector<
     t.rank = merged(c, candidates[i]);
     const shard::Program unscheduled = t.rank;
     prefetch_pass().run(t, o);
-    const double s = sim::simulate(t.rank, o.plan.mesh, cl, pl).step_seconds;
+    const double s =
+        sim::simulate(t.rank.graph, o.plan.mesh, cl, pl, {.memory = false}).step_seconds;
     if (i == 0 || s < best_s) best = unscheduled, best_s = s;
   }
   return best;

@@ -73,17 +73,16 @@ double op_from_profile(const std::string& op, DType t, const ops::Cost& cost, co
   return interpolate(xs, by_flops(op) ? cost.flops : cost.bytes_read + cost.bytes_written, false);
 }
 
-DType dtype_of(const ir::Graph& g, const ir::Node& n) {
+}  // namespace
+
+DType node_dtype(const ir::Graph& g, const ir::Node& n) {
   return n.inputs.empty() ? g.value(n.outputs[0]).type.dtype : g.value(n.inputs[0]).type.dtype;
 }
 
-}  // namespace
-
-double node_seconds(const ir::Graph& g, const ir::Node& n, const Cluster& c) {
+double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost,
+                    const Cluster& c) {
   if (ops::has_trait(n.op, ops::Trait::view)) return 0;
-  const ops::OpDef& def = ops::op_def(n.op);
-  const ops::Cost cost = def.cost ? def.cost(g, n) : ops::Cost{};
-  const DType t = dtype_of(g, n);
+  const DType t = node_dtype(g, n);
   if (c.profile) {
     double s = -1;
     if (n.op == "matmul") s = matmul_from_profile(ops::matmul_dims(g, n), t, *c.profile);

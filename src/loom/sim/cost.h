@@ -22,12 +22,17 @@
 #include <string>
 
 #include "loom/ir/graph.h"
+#include "loom/ops/op.h"
 #include "loom/sim/cluster.h"
 
 namespace loom::sim {
 
-// Seconds of one compute node (not a collective) on one device.
-double node_seconds(const ir::Graph& g, const ir::Node& n, const Cluster& c);
+// Seconds of one compute node (not a collective) on one device; `cost` is its op's ops::Cost (the
+// caller has it: the simulator counts its FLOPs too).
+double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost, const Cluster& c);
+// The dtype a node computes in: its first input's (its first output's when it has none), as the
+// profile's samples are keyed.
+DType node_dtype(const ir::Graph& g, const ir::Node& n);
 // Seconds of one collective `op` moving `bytes` (its input, per rank) among `ranks` ranks on
 // `level` (an index into c.levels).
 double collective_seconds(const std::string& op, double bytes, int64_t ranks, const Cluster& c,

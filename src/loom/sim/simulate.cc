@@ -12,6 +12,11 @@ namespace {
 
 double buffer_bytes(const ir::Graph& g, int v) { return double(runtime::value_bytes(g.value(v))); }
 
+// The bytes a collective counts as moved: an all_gather's whole output, another's whole input.
+double moved_bytes(const ir::Graph& g, const ir::Node& n) {
+  return buffer_bytes(g, n.op == "all_gather" ? n.outputs[0] : n.inputs[0]);
+}
+
 }  // namespace
 
 std::map<std::string, std::map<std::string, AxisTraffic>> traffic(const ir::Graph& g) {
@@ -20,14 +25,13 @@ std::map<std::string, std::map<std::string, AxisTraffic>> traffic(const ir::Grap
     if (!ops::has_trait(n.op, ops::Trait::collective)) continue;  // shard_slice moves nothing
     AxisTraffic& e = moved[n.attr_str("axis")][n.op];
     e.count++;
-    e.bytes += buffer_bytes(g, n.op == "all_gather" ? n.outputs[0] : n.inputs[0]);
+    e.bytes += moved_bytes(g, n);
   }
   return moved;
 }
 
-Prediction simulate(const shard::Program& rank, const shard::Mesh& mesh, const Cluster& c,
+Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& c,
                     const Placement& p, const SimOptions& o) {
-  const ir::Graph& g = rank.graph;
   Prediction r;
   bool stream = false;
   for (const ir::Node& n : g.nodes()) stream = stream || n.attr_int("async", 0) == 1;
@@ -44,7 +48,7 @@ Prediction simulate(const shard::Program& rank, const shard::Mesh& mesh, const C
       r.comm_seconds += dur;
       AxisTraffic& t = r.axis_traffic[axis];
       t.count++;
-      t.bytes += buffer_bytes(g, n.op == "all_gather" ? n.outputs[0] : n.inputs[0]);
+      t.bytes += moved_bytes(g, n);
       r.level_bytes[c.levels[size_t(level)].name] += collective_wire_bytes(n.op, in, ranks);
       r.scratch_bytes =
           std::max(r.scratch_bytes,
@@ -69,14 +73,16 @@ Prediction simulate(const shard::Program& rank, const shard::Mesh& mesh, const C
       if (end > now) r.exposed_comm_seconds += end - now, now = end;
       continue;
     }
-    const double s = node_seconds(g, n, c) * o.oversubscription;
     const ops::OpDef& def = ops::op_def(n.op);
-    if (def.cost) r.flops += def.cost(g, n).flops;
+    const ops::Cost cost = def.cost ? def.cost(g, n) : ops::Cost{};
+    const double s = node_seconds(g, n, cost, c) * o.oversubscription;
+    r.flops += cost.flops;
     r.compute_seconds += s;
     r.compute_by_op[n.op] += s;
     now += s;
   }
   r.step_seconds = std::max(now, comm_free);
+  if (!o.memory) return r;
   const runtime::MemoryPlan mp = runtime::plan_memory(g);
   r.planned_bytes = mp.arena_bytes + mp.external_bytes;
   const bool processes = o.mpi_ranks && mesh.size() > 1;

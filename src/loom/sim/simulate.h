@@ -54,10 +54,14 @@ struct SimOptions {
   // ranks are processes of an MPI job (device.rank_runtime_bytes each, MPI's scratch), not
   // threads of one process (ranks = "local") or one process alone (device.runtime_bytes)
   bool mpi_ranks = true;
+  // false: time only (planned_bytes and peak_bytes stay 0); the memory plan is the
+  // costly part of a large program, and bucket = "auto" compares candidates by time
+  bool memory = true;
 };
 
-// Simulates one step of `rank` (compiled under `mesh`) on cluster c with the axes placed by p.
-Prediction simulate(const shard::Program& rank, const shard::Mesh& mesh, const Cluster& c,
+// Simulates one step of a rank's program `g` (compiled under `mesh`) on cluster c with the axes
+// placed by p.
+Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& c,
                     const Placement& p, const SimOptions& o = {});
 
 }  // namespace loom::sim
