@@ -67,8 +67,8 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Profiles `reps` training steps of one small model; appends a sample per node.
-void profile_model(const Shape1& s, int reps, sim::Profile& prof) {
+// A one-layer model of shape s (heads of 64), for one process.
+train::Config small_config(const Shape1& s) {
   train::Config cfg;
   cfg.path = "loom calibrate";
   cfg.model.arch = s.arch;
@@ -83,6 +83,12 @@ void profile_model(const Shape1& s, int reps, sim::Profile& prof) {
   cfg.model.validate(cfg.path);
   cfg.train.batch_size = s.batch;
   cfg.train.seq_len = s.seq;
+  return cfg;
+}
+
+// Profiles `reps` training steps of one small model; appends a sample per node.
+void profile_model(const Shape1& s, int reps, sim::Profile& prof) {
+  const train::Config cfg = small_config(s);
   train::ParamStore params(cfg.model);
   params.init_random(1);
   train::StepRunner runner(cfg, params, train::StepRunner::Mode::train, nullptr);
@@ -170,17 +176,7 @@ void dedupe(sim::Profile& p) {
 // A process's own memory: its peak RSS after a tiny training step less what the step's memory plan
 // holds (libraries, oneDNN's and OpenMP's state, thread stacks).
 double process_baseline() {
-  train::Config cfg;
-  cfg.path = "loom calibrate";
-  cfg.model.arch = "llama";
-  cfg.model.vocab_size = 256;
-  cfg.model.d_model = 64;
-  cfg.model.n_layers = 1;
-  cfg.model.n_heads = 1;
-  cfg.model.n_kv_heads = 1;
-  cfg.model.max_seq_len = 32;
-  cfg.train.batch_size = 2;
-  cfg.train.seq_len = 32;
+  const train::Config cfg = small_config({"llama", 64, 256, 2, 32, DType::f32});
   train::ParamStore params(cfg.model);
   params.init_random(1);
   train::StepRunner runner(cfg, params, train::StepRunner::Mode::train, nullptr);
@@ -315,12 +311,13 @@ std::function<int()> add_calibrate(CLI::App& app) {
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     sim::Cluster c;
     c.name = "local";
-    c.device.name = fmt::format("{} ({} thread{})", cpu_model(), threads, threads > 1 ? "s" : "");
+    const std::string cpu = cpu_model();
+    c.device.name = fmt::format("{} ({} thread{})", cpu, threads, threads > 1 ? "s" : "");
     c.device.cores = cores;
     c.devices_per_node = std::max<int64_t>(1, cores / threads);
     c.device.runtime_bytes = process_baseline();
     // kernels are measured with every other device of the machine busy too
-    const bool bf16_ok = kernels::fma_peak_gflops(1, 1000, true) > 0;
+    const bool bf16_ok = kernels::has_bf16_peak();
     std::vector<Shape1> sweep;
     for (DType dt : {DType::f32, DType::bf16}) {
       if (dt == DType::bf16 && !bf16_ok) continue;
@@ -394,14 +391,12 @@ std::function<int()> add_calibrate(CLI::App& app) {
         }
     c.levels.push_back({"shm", 0, level_bw, level_lat});
     c.profile = prof;
-    char host[256] = {0};
-    gethostname(host, sizeof host - 1);
     const std::string header = fmt::format(
         "# This machine as `loom calibrate{}` measured it (OMP_NUM_THREADS={}; {}).\n"
         "# Peak FLOP/s: kernels/cpu/peak.h; [profile]: kernel and collective times "
         "(sim/profile.h);\n"
         "# power: an estimate, not measured (docs/simulator.md). Units: SI.\n",
-        o->quick ? " --quick" : "", threads, cpu_model());
+        o->quick ? " --quick" : "", threads, cpu);
     sim::write_cluster(c, o->out, header);
     fmt::print(
         "wrote {} ({} matmul samples, {} ops, f32 peak {:.1f} GFLOP/s, memory {:.1f} GB/s, "

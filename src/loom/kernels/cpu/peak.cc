@@ -40,10 +40,16 @@ float sum(Vec v) {
 
 }  // namespace
 
-double fma_peak_gflops(int threads, long iters, bool bf16) {
-#if !defined(__AVX512BF16__)
-  if (bf16) return 0;
+bool has_bf16_peak() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
 #endif
+}
+
+double fma_peak_gflops(int threads, long iters, bool bf16) {
+  if (bf16 && !has_bf16_peak()) return 0;
   double best = 0;
   volatile float keep = 0;
   for (int rep = 0; rep < 5; ++rep) {

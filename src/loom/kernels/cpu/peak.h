@@ -8,5 +8,7 @@ namespace loom::kernels {
 // GFLOP/s (a multiply-add counts 2) on `threads` OpenMP threads, `iters` loop trips each. bf16:
 // 0 where the build has no AVX512-BF16.
 double fma_peak_gflops(int threads, long iters, bool bf16);
+// Whether this build has the AVX512-BF16 loop (fma_peak_gflops(..., true) measures something).
+bool has_bf16_peak();
 
 }  // namespace loom::kernels
