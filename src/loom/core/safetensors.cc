@@ -253,7 +253,6 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   Fd fd = open_regular(path);
   struct stat st;
   check_sys(::fstat(fd.get(), &st), "stat safetensors file", path);
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
   const uint64_t file_bytes = uint64_t(st.st_size);
   const char* kNotSt = "the file is truncated or not a safetensors file";
   if (file_bytes < 8) {

@@ -50,7 +50,6 @@ struct Item {
   bool lazy = false;      // emitted on demand (waits and their unpacking)
   bool eager = false;     // emitted as early as allowed (starts and their packing)
   bool chain = false;     // a start of a parameter all-gather (the prefetch chain)
-  int run = -1;           // a chain start's run: consecutive chain starts of one group
   bool done = false;
 };
 
@@ -79,10 +78,12 @@ class Scheduler {
   Rewriter rw_;
   int64_t max_;
   std::vector<Item> items_;
-  std::map<int, int> inflight_value_;  // started old collective node -> its in-flight new value
-  std::deque<int> inflight_;           // started, not waited (their start items)
-  std::vector<int> starts_, chain_;    // start items, and the chain's among them, in order
-  std::vector<int> param_group_;       // old value -> its parameter group, or -1
+  std::map<int, int> inflight_value_;   // started old collective node -> its in-flight new value
+  std::deque<int> inflight_;            // started, not waited (their start items)
+  std::vector<int> starts_;             // start items, in order
+  std::vector<std::vector<int>> runs_;  // the chain: its runs in order, each its start items
+  size_t next_run_ = 0;                 // the runs before it are all started
+  std::vector<int> param_group_;        // old value -> its parameter group, or -1
 
   void build_items() {
     std::vector<int> item_of_value(g_.values().size(), -1);  // old value -> the item making it
@@ -138,15 +139,13 @@ class Scheduler {
       const int grp = group_read(it.node, params);
       const bool again =
           std::any_of(params.begin(), params.end(), [&](int p) { return run_params.count(p) > 0; });
-      if (chain_.empty() || grp < 0 || grp != run_group || again) {
-        it.run = chain_.empty() ? 0 : items_[size_t(chain_.back())].run + 1;
+      if (runs_.empty() || grp < 0 || grp != run_group || again) {
+        runs_.emplace_back();
         run_group = grp;
         run_params.clear();
-      } else {
-        it.run = items_[size_t(chain_.back())].run;
       }
       run_params.insert(params.begin(), params.end());
-      chain_.push_back(s);
+      runs_.back().push_back(s);
     }
   }
 
@@ -181,26 +180,29 @@ class Scheduler {
     return true;
   }
 
-  // Whether a run of the chain may start: the first, or one whose previous run has a wait emitted.
-  bool run_may_start(int run) const {
-    if (run == 0) return true;
-    for (int c : chain_)
-      if (items_[size_t(c)].run == run - 1 && items_[size_t(c + 1)].done) return true;
+  // Whether run r of the chain may start: the first, or one whose previous run has a wait emitted.
+  bool run_may_start(size_t r) const {
+    if (r == 0) return true;
+    for (int s : runs_[r - 1])
+      if (items_[size_t(s + 1)].done) return true;  // its wait
     return false;
   }
 
   void try_starts() {
     for (bool progress = true; progress;) {
       progress = false;
-      for (size_t c = 0; c < chain_.size(); ++c) {  // the prefetch chain: one ahead
-        const int s = chain_[c];
-        if (items_[size_t(s)].done) continue;
-        if (!run_may_start(items_[size_t(s)].run)) break;
-        if (!ready(s)) break;
-        emit(s);
-        progress = true;
-        break;
-      }
+      // the prefetch chain, one run ahead: its first start not emitted yet (a wait demanded
+      // early emits its start out of turn), once its run may start
+      auto started = [&](int s) { return items_[size_t(s)].done; };
+      while (next_run_ < runs_.size() &&
+             std::all_of(runs_[next_run_].begin(), runs_[next_run_].end(), started))
+        ++next_run_;
+      if (next_run_ < runs_.size() && run_may_start(next_run_))
+        for (int s : runs_[next_run_]) {
+          if (started(s)) continue;
+          if (ready(s)) emit(s), progress = true;
+          break;
+        }
       for (int s : starts_) {  // every other start, as soon as it can
         const Item& it = items_[size_t(s)];
         if (it.done || it.chain || !ready(s)) continue;

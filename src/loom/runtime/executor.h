@@ -98,8 +98,8 @@ class Executor {
   Trace* trace_ = nullptr;
   CommStats comm_stats_;
   void launch(const ir::Node& n, void* const* ins, void* const* outs);
-  double wait_for(
-      int64_t ticket);  // blocks on the stream; returns the microseconds, counted as exposed
+  // Blocks on the stream; returns the microseconds waited, which count as exposed.
+  double wait_for(int64_t ticket);
 };
 
 }  // namespace loom::runtime
