@@ -14,6 +14,8 @@
 //   PyTorch round
 //         to bf16 at the same points (matmul and attention operands) but PyTorch also rounds every
 //         bf16 matmul's output, so they agree only to bf16 precision (2^-8 relative).
+//   bf16 Mixture-of-Experts: logits and gradients by relative L2 error <= 0.12 (compare_norm: a
+//         rounding can flip a near-tied token's experts).
 // Prints the worst element of every tensor; exits 1 on any mismatch.
 #include <fmt/format.h>
 
@@ -55,6 +57,25 @@ bool compare(const std::string& what, const float* a, const TensorView& ref, Tol
   return ok;
 }
 
+// The relative L2 error |loom - torch| / |torch| <= rtol: for bf16 Mixture-of-Experts models,
+// where a rounding can flip the experts of a token whose router logits nearly tie, so a few
+// elements differ by O(1) while the tensor as a whole agrees.
+bool compare_norm(const std::string& what, const float* a, const TensorView& ref, double rtol) {
+  const float* r = static_cast<const float*>(ref.data);
+  size_t n = ref.nbytes / 4;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = double(a[i]) - double(r[i]);
+    diff += d * d;
+    norm += double(r[i]) * double(r[i]);
+  }
+  const double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  const bool ok = rel <= rtol;  // NaN fails
+  std::printf("%-4s %-52s relative L2 error %.3g (bound %.3g)\n", ok ? "ok" : "FAIL", what.c_str(),
+              rel, rtol);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -78,6 +99,14 @@ int main(int argc, char** argv) {
     Tol t_logits = bf ? Tol{2e-2, 2e-2} : Tol{1e-5, 1e-5};
     Tol t_grad = bf ? Tol{5e-2, 5e-2} : Tol{1e-4, 1e-4};
     Tol t_curve = bf ? Tol{1e-2, 0} : Tol{1e-4, 0};
+    // bf16 MoE: tensors by their relative L2 error (compare_norm). Measured on tiny-moe: at most
+    // 1.1% in every tensor where no token's experts flip; 8.3% in the one layer where a token
+    // whose 2nd and 3rd router logits lie 4e-4 apart took another expert (and moved the capacity
+    // queues behind it). The f32 goldens hold MoE to the usual elementwise bounds.
+    const bool by_norm = bf && cfg.model.moe.enabled();
+    auto check = [&](const std::string& what, const float* a, const TensorView& ref, Tol tol) {
+      return by_norm ? compare_norm(what, a, ref, 0.12) : compare(what, a, ref, tol);
+    };
     const auto* ids = static_cast<const int32_t*>(tv.data);
     bool ok = true;
     if (argc == 5) {
@@ -87,8 +116,8 @@ int main(int argc, char** argv) {
                     t_loss);
       train::ParamStore params(cfg.model);
       for (const auto& p : params.infos())
-        ok &= compare("grad." + p.name, static_cast<const float*>(out.get(p.name).data),
-                      expected.get("grad." + p.name), t_grad);
+        ok &= check("grad." + p.name, static_cast<const float*>(out.get(p.name).data),
+                    expected.get("grad." + p.name), t_grad);
       std::printf("%s\n", ok ? "golden: all tensors match" : "golden: MISMATCH");
       return ok ? 0 : 1;
     }
@@ -98,9 +127,9 @@ int main(int argc, char** argv) {
       train::StepRunner r(cfg, params, train::StepRunner::Mode::grads);
       float loss = r.step(ids);
       ok &= compare("loss", &loss, expected.get("loss"), t_loss);
-      ok &= compare("logits", r.logits(), expected.get("logits"), t_logits);
+      ok &= check("logits", r.logits(), expected.get("logits"), t_logits);
       for (const auto& p : params.infos())
-        ok &= compare("grad." + p.name, r.grad(p.name), expected.get("grad." + p.name), t_grad);
+        ok &= check("grad." + p.name, r.grad(p.name), expected.get("grad." + p.name), t_grad);
     }
     {
       train::ParamStore params(cfg.model);

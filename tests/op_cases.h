@@ -145,6 +145,30 @@ inline std::vector<OpCase> cases() {
                      b.emit1("embedding", {Ids(g, "ids", {2, 9}), P(g, "table", {7, 5})})};
                },
                2e-3, 2e-4, 7});
+  // Mixture-of-Experts: 2 sequences of 5 tokens, 4 experts, top 2, 3 slots per expert and
+  // sequence (some choices drop). The routing comes from a router over param logits, so the
+  // logits' gradient checks moe_router_bwd through the gates.
+  auto routed = [](ir::Graph& g, ops::Builder& b, int64_t cap) {
+    return b.emit("moe_router", {P(g, "logits", {2, 5, 4})},
+                  {{"top_k", int64_t(2)}, {"capacity", cap}});
+  };
+  v.push_back({"moe_router", [routed](ir::Graph& g, ops::Builder& b) {
+                 auto r = routed(g, b, 3);
+                 return std::vector<int>{r[0], r[3], r[4]};  // gates, prob_sum, z_sum
+               }});
+  v.push_back({"moe_dispatch", [routed](ir::Graph& g, ops::Builder& b) {
+                 auto r = routed(g, b, 3);
+                 int x = P(g, "x", {2, 5, 3});
+                 ir::Attrs a{{"num_experts", int64_t(4)}, {"capacity", int64_t(3)}};
+                 return std::vector<int>{b.emit1("moe_dispatch", {x, r[1], r[2], r[0]}, a),
+                                         b.emit1("moe_dispatch", {x, r[1], r[2]}, a)};
+               }});
+  v.push_back({"moe_combine", [routed](ir::Graph& g, ops::Builder& b) {
+                 auto r = routed(g, b, 3);
+                 int ye = P(g, "ye", {4, 2, 3, 3});
+                 return std::vector<int>{b.emit1("moe_combine", {ye, r[1], r[2], r[0]}),
+                                         b.emit1("moe_combine", {ye, r[1], r[2]})};
+               }});
   v.push_back({"rmsnorm", [](ir::Graph& g, ops::Builder& b) {
                  return std::vector<int>{b.emit("rmsnorm", {P(g, "x", {2, 3, 33}), P(g, "w", {33})},
                                                 {{"eps", 1e-5}})[0]};

@@ -56,6 +56,28 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
       std::fill(out(0).begin(), out(0).end(), in(0)[0]);
     else if (op == "broadcast_rows") {
       for (size_t i = 0; i < out(0).size(); ++i) out(0)[i] = in(0)[i % in(0).size()];
+    } else if (op == "moe_router") {
+      const Shape& s = shape(0);
+      const int64_t K = n.attr_int("top_k"), N = s[0] * s[1] * K;
+      std::vector<int32_t> ex(static_cast<size_t>(N)), sl(static_cast<size_t>(N));
+      ref::moe_router(in(0).data(), out(0).data(), ex.data(), sl.data(), out(3).data(),
+                      out(4).data(), out(5).data(), out(6).data(), s[0], s[1], s[2], K,
+                      n.attr_int("capacity"));
+      out(1).assign(ex.begin(), ex.end());
+      out(2).assign(sl.begin(), sl.end());
+    } else if (op == "moe_dispatch" || op == "moe_combine") {
+      const bool dispatch = op == "moe_dispatch";
+      const Shape& ex = g.value(n.outputs[0]).type.shape;  // (E,B,S,C) or (B,T,C)
+      const Shape& e = dispatch ? ex : shape(0);
+      const Shape& r = shape(1);
+      auto experts = ids(n.inputs[1]), slots = ids(n.inputs[2]);
+      const double* gates = n.inputs.size() == 4 ? in(3).data() : nullptr;
+      if (dispatch)
+        ref::moe_dispatch(in(0).data(), experts.data(), slots.data(), gates, out(0).data(), r[0],
+                          r[1], e[3], e[0], r[2], e[2]);
+      else
+        ref::moe_combine(in(0).data(), experts.data(), slots.data(), gates, out(0).data(), r[0],
+                         r[1], e[3], e[0], r[2], e[2]);
     } else if (op == "embedding") {
       auto id = ids(n.inputs[0]);
       ref::embedding_fwd(id.data(), in(1).data(), out(0).data(), int64_t(id.size()), shape(1)[1]);

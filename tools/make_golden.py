@@ -155,7 +155,7 @@ def reference_run(cfg, dtype, seed, f64):
     for i in range(kSteps):
         opt.zero_grad(set_to_none=True)
         logits = model(inputs)  # (B,T,V)
-        loss = torch_lm.lm_loss(logits, targets)
+        loss = torch_lm.train_loss(model, logits, targets)
         loss.backward()
         if i == 0:
             expected["loss"] = loss.detach().float().reshape(())

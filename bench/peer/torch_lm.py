@@ -97,10 +97,32 @@ class ModelConfig:
     rope_theta: float
     dtype: str
     tie_embeddings: bool = False  # Llama: the head is embed_tokens (GPT-2: always)
+    moe: "MoeConfig | None" = None  # Mixture-of-Experts MLPs ([model] moe), None: dense
+
+    def moe_layer(self, layer):
+        return self.moe is not None and self.moe.experts > 0 and (layer + 1) % self.moe.every == 0
 
     @property
     def head_size(self):
         return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """[model] moe = { ... }: Loom's keys and defaults (models/model.h MoeConfig)."""
+    experts: int = 0
+    top_k: int = 2
+    every: int = 1
+    capacity_factor: float = 1.25
+    dropless: bool = False
+    aux_loss: float = 0.01
+    z_loss: float = 0.001
+
+    def capacity(self, T):
+        """Slots per expert in each sequence of T tokens."""
+        if self.dropless:
+            return T
+        return min(T, max(1, math.ceil(self.capacity_factor * T * self.top_k / self.experts)))
 
 
 @dataclass(frozen=True)
@@ -135,7 +157,11 @@ _MODEL_KEYS = {
     "n_layers": (int, _REQUIRED), "n_heads": (int, _REQUIRED), "n_kv_heads": (int, _SAME_AS_N_HEADS),
     "ffn_hidden": (int, _REQUIRED), "max_seq_len": (int, _REQUIRED), "norm_eps": (float, 1e-5),
     "rope_theta": (float, 10000.0), "dtype": (str, "f32"), "tie_embeddings": (bool, False),
+    "moe": (dict, None),
 }
+_MOE_KEYS = {"experts": (int, 0), "top_k": (int, 2), "every": (int, 1),
+             "capacity_factor": (float, 1.25), "dropless": (bool, False),
+             "aux_loss": (float, 0.01), "z_loss": (float, 0.001)}
 _TRAIN_KEYS = {"batch_size": (int, _REQUIRED), "seq_len": (int, _REQUIRED)}
 # Loom keys of these tables that describe its training run, not the model or one step: accepted, unused.
 _LOOM_ONLY = {
@@ -187,7 +213,10 @@ def load_config(path):
         raise ConfigError(f"{path}: cannot open ({e.strerror})\nhint: pass e.g. configs/tiny-llama.toml")
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})\nhint: check quoting and table headers")
-    m = ModelConfig(**_read_table(path, doc, "model", _MODEL_KEYS))
+    fields = _read_table(path, doc, "model", _MODEL_KEYS)
+    if fields["moe"] is not None:
+        fields["moe"] = MoeConfig(**_read_table(path, doc["model"], "moe", _MOE_KEYS))
+    m = ModelConfig(**fields)
     t = TrainConfig(**_read_table(path, doc, "train", _TRAIN_KEYS))
     o = OptimConfig(**_read_table(path, doc, "optim", _OPTIM_KEYS))
     if m.arch not in ("llama", "gpt2"):
@@ -376,24 +405,98 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class Stacked(nn.Module):
+    """Every expert's weight of one kind, stacked: (E, ...), under the leaf name `weight`."""
+
+    def __init__(self, *shape):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(*shape))
+
+
+class MoeRouting:
+    """Mixtral's router with capacity, written densely: for logits (B,T,E) the top-k experts,
+    their gates (the softmax over the chosen logits, i.e. the chosen probabilities renormalised),
+    and which choices fit: each sequence has `capacity` slots per expert, filled choice-major (all
+    first choices in token order, then the second choices, ...)."""
+
+    def __init__(self, logits, top_k, capacity):
+        B, T, E = logits.shape
+        self.logits = logits
+        top, self.experts = torch.topk(logits, top_k, dim=-1)  # (B,T,K)
+        self.gates = top.softmax(dim=-1)
+        onehot = F.one_hot(self.experts, E)  # (B,T,K,E)
+        queue = onehot.transpose(1, 2).reshape(B, top_k * T, E)  # choice-major
+        position = (queue.cumsum(dim=1) - 1) * queue  # each choice's place in its expert's queue
+        position = position.sum(-1).reshape(B, top_k, T).transpose(1, 2)  # (B,T,K)
+        self.kept = position < capacity
+
+    def combine(self, expert_outputs):
+        """expert_outputs[e]: (B,T,C), expert e applied to every token -> (B,T,C) f32."""
+        stacked = torch.stack(expert_outputs, dim=2)  # (B,T,E,C)
+        C = stacked.shape[-1]
+        picked = stacked.gather(2, self.experts.unsqueeze(-1).expand(*self.experts.shape, C))
+        weight = (self.gates * self.kept).unsqueeze(-1)  # dropped choices add nothing
+        return (picked * weight).sum(dim=2)
+
+
+def moe_losses(model, routings):
+    """(load-balancing loss, z-loss) over every MoE layer's routing, as transformers' Mixtral
+    computes the former (its layers' router logits concatenated) and ST-MoE the latter."""
+    E = model.cfg.moe.experts
+    logits = torch.cat([r.logits.reshape(-1, E) for r in routings])  # (L*N, E)
+    experts = torch.cat([r.experts.reshape(-1, r.experts.shape[-1]) for r in routings])
+    tokens_per_expert = F.one_hot(experts, E).float().mean(dim=0)  # (K, E)
+    router_prob = logits.softmax(dim=-1).mean(dim=0)  # (E)
+    balance = E * (tokens_per_expert * router_prob.unsqueeze(0)).sum()
+    z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+    return balance, z
+
+
+class LlamaMoe(nn.Module):
+    """Mixtral's block_sparse_moe: gate (E,C); experts w1 (gate) and w3 (up) (E,F,C), w2 (E,C,F)."""
+
+    def __init__(self, m, bf16):
+        super().__init__()
+        E, C, F_ = m.moe.experts, m.d_model, m.ffn_hidden
+        self.gate = Linear(C, E, bf16)
+        self.experts = nn.Module()
+        self.experts.w1, self.experts.w2, self.experts.w3 = Stacked(E, F_, C), Stacked(E, C, F_), \
+            Stacked(E, F_, C)
+        self.m, self.bf16, self.routing = m, bf16, None
+
+    def forward(self, x):  # (B,T,C) -> (B,T,C)
+        # the router in f32 whatever the dtype (Switch Transformer's selective precision)
+        self.routing = MoeRouting(linear(x, self.gate.weight, False), self.m.moe.top_k,
+                                  self.m.moe.capacity(x.shape[1]))
+        w1, w2, w3 = (self.experts.w1.weight, self.experts.w2.weight, self.experts.w3.weight)
+        outs = [linear(F.silu(linear(x, w1[e], self.bf16)) * linear(x, w3[e], self.bf16), w2[e],
+                       self.bf16) for e in range(w1.shape[0])]
+        return self.routing.combine(outs)
+
+
 class LlamaLayer(nn.Module):
-    def __init__(self, m, bf16, sdpa):
+    def __init__(self, m, bf16, sdpa, moe=False):
         super().__init__()
         self.input_layernorm = RMSNorm(m.d_model, m.norm_eps)
         self.self_attn = LlamaAttention(m, bf16, sdpa)
         self.post_attention_layernorm = RMSNorm(m.d_model, m.norm_eps)
-        self.mlp = LlamaMLP(m, bf16)
+        if moe:
+            self.block_sparse_moe = LlamaMoe(m, bf16)
+        else:
+            self.mlp = LlamaMLP(m, bf16)
 
     def forward(self, x, cos, sin):  # (B,T,C) -> (B,T,C)
         h = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        mlp = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        return h + mlp(self.post_attention_layernorm(h))
 
 
 class LlamaBody(nn.Module):
     def __init__(self, m, bf16, sdpa):
         super().__init__()
         self.embed_tokens = Embedding(m.vocab_size, m.d_model)
-        self.layers = nn.ModuleList(LlamaLayer(m, bf16, sdpa) for _ in range(m.n_layers))
+        self.layers = nn.ModuleList(LlamaLayer(m, bf16, sdpa, m.moe_layer(l))
+                                    for l in range(m.n_layers))
         self.norm = RMSNorm(m.d_model, m.norm_eps)
 
 
@@ -447,13 +550,35 @@ class GPT2MLP(nn.Module):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
+class GPT2Moe(nn.Module):
+    """Loom's GPT-2 MoE MLP, Conv1D layout: gate (C,E); experts c_fc (E,C,F), c_proj (E,F,C), GELU
+    (tanh), no biases."""
+
+    def __init__(self, m, bf16):
+        super().__init__()
+        E, C, F_ = m.moe.experts, m.d_model, m.ffn_hidden
+        self.gate = Stacked(C, E)
+        self.experts = nn.Module()
+        self.experts.c_fc, self.experts.c_proj = Stacked(E, C, F_), Stacked(E, F_, C)
+        self.m, self.bf16, self.routing = m, bf16, None
+
+    def forward(self, x):  # (B,T,C) -> (B,T,C)
+        mm = (lambda a, w: (a.to(torch.bfloat16) @ w.to(torch.bfloat16)).float()) if self.bf16 \
+            else (lambda a, w: a @ w)
+        self.routing = MoeRouting(x @ self.gate.weight, self.m.moe.top_k,  # f32 router
+                                  self.m.moe.capacity(x.shape[1]))
+        fc, proj = self.experts.c_fc.weight, self.experts.c_proj.weight
+        outs = [mm(F.gelu(mm(x, fc[e]), approximate="tanh"), proj[e]) for e in range(fc.shape[0])]
+        return self.routing.combine(outs)
+
+
 class GPT2Block(nn.Module):
-    def __init__(self, m, bf16, sdpa):
+    def __init__(self, m, bf16, sdpa, moe=False):
         super().__init__()
         self.ln_1 = LayerNorm(m.d_model, m.norm_eps)
         self.attn = GPT2Attention(m, bf16, sdpa)
         self.ln_2 = LayerNorm(m.d_model, m.norm_eps)
-        self.mlp = GPT2MLP(m, bf16)
+        self.mlp = GPT2Moe(m, bf16) if moe else GPT2MLP(m, bf16)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -466,7 +591,7 @@ class GPT2(nn.Module):
         self.cfg, self.bf16 = m, bf16
         self.wte = Embedding(m.vocab_size, m.d_model)
         self.wpe = Embedding(m.max_seq_len, m.d_model)
-        self.h = nn.ModuleList(GPT2Block(m, bf16, sdpa) for _ in range(m.n_layers))
+        self.h = nn.ModuleList(GPT2Block(m, bf16, sdpa, m.moe_layer(l)) for l in range(m.n_layers))
         self.ln_f = LayerNorm(m.d_model, m.norm_eps)
 
     def forward(self, tokens):  # int (B,T) -> logits (B,T,V) f32
@@ -518,6 +643,17 @@ def init_for_bench(model, generator=None):
 def lm_loss(logits, targets):
     """Mean cross-entropy over all B*T targets.  logits (B,T,V), targets int (B,T) -> scalar."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def train_loss(model, logits, targets):
+    """The training objective of the forward that made `logits`: the cross-entropy, plus for an
+    MoE model aux_loss x the load-balancing loss and z_loss x the router z-loss (Loom's `loss`)."""
+    loss = lm_loss(logits, targets)
+    routings = [mod.routing for mod in model.modules() if isinstance(mod, (LlamaMoe, GPT2Moe))]
+    if routings:
+        balance, z = moe_losses(model, routings)
+        loss = loss + model.cfg.moe.aux_loss * balance + model.cfg.moe.z_loss * z
+    return loss
 
 
 def make_adamw(model, o, foreach=None, fused=None):

@@ -27,11 +27,18 @@ namespace loom::models {
 // What an architecture's build reads besides its params: B sequences of T tokens and, when
 // decoding incrementally (model.h: build_decode), the position of the first of them and the length
 // of the key/value caches the attention keeps.
+// What a Mixture-of-Experts layer's router reports, for the auxiliary losses and the load metrics
+// (ops/moe.cc: moe_router's outputs 3..6).
+struct MoeLayerStats {
+  int prob_sum = -1, z_sum = -1, routed = -1, kept = -1;
+};
+
 struct ForwardInputs {
   int tokens = -1;  // i32 (B,T)
   int64_t B = 0, T = 0;
   int start = -1;  // decoding: i32[], the first token's position; -1: a full forward from 0
   int64_t cache_len = 0;
+  std::vector<MoeLayerStats>* moe = nullptr;  // where MoE layers report (null: not collected)
   bool decoding() const { return start >= 0; }
 };
 
@@ -78,5 +85,7 @@ void register_gpt2();
 // PaLM's appendix-B count shared by the decoder-only models: 6 FLOPs per matmul weight per token
 // (forward 2, backward 4) plus 12 * L * T * d_model for attention scores and values (full T*T).
 double palm_train_flops(double matmul_params, const ModelConfig& c, int64_t T);
+// The expert weights a token passes through: top_k / E of every stacked expert weight.
+double active_expert_params(const ModelConfig& c, const std::vector<ParamInfo>& params);
 
 }  // namespace loom::models

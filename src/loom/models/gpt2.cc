@@ -35,6 +35,16 @@ std::vector<ParamInfo> gpt2_params(const ModelConfig& c) {
     p.push_back({s + "attn.c_proj.bias", {C}, I::zeros, blk});
     p.push_back({s + "ln_2.weight", {C}, I::ones, blk});
     p.push_back({s + "ln_2.bias", {C}, I::zeros, blk});
+    if (c.moe.layer(l)) {
+      // Conv1D layout like the rest of GPT-2: the router (C,E), each expert's (in, out) stacked;
+      // the experts have no biases (a bias would make the empty slots nonzero)
+      const int64_t E = c.moe.experts;
+      p.push_back({s + "mlp.gate.weight", {C, E}, I::normal, blk});
+      p.push_back({s + "mlp.experts.c_fc.weight", {E, C, F}, I::normal, blk, P::none, -1, true});
+      p.push_back(
+          {s + "mlp.experts.c_proj.weight", {E, F, C}, I::scaled_normal, blk, P::none, -1, true});
+      continue;
+    }
     p.push_back({s + "mlp.c_fc.weight", {C, F}, I::normal, blk, P::column, 1});
     p.push_back({s + "mlp.c_fc.bias", {F}, I::zeros, blk, P::column, 0});
     p.push_back({s + "mlp.c_proj.weight", {F, C}, I::scaled_normal, blk, P::row, 0});
@@ -67,6 +77,17 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
         b.emit("split", {qkv}, {{"sizes", std::vector<int64_t>{C, C, C}}}, {"q", "k", "v"});
     int a = x.attention(parts[0], parts[1], parts[2], /*rope=*/false);
     h = b.add(h, affine(a, p + "attn.c_proj", "attn_out"), "resid_attn");
+    if (c.moe.layer(l)) {
+      int n2 = ln(h, p + "ln_2", "ln_2");
+      int logits = b.matmul(n2, x.param(p + "mlp.gate.weight"), false, false, "router_logits");
+      int y = x.moe(n2, logits, [&](int xe) {
+        int f = b.emit1("gelu", {x.bmm(xe, p + "mlp.experts.c_fc.weight", false, "expert_fc")}, {},
+                        "expert_gelu");
+        return x.bmm(f, p + "mlp.experts.c_proj.weight", false, "expert_proj");
+      });
+      h = b.add(h, y, "resid_mlp");
+      continue;
+    }
     int f = b.emit1("gelu", {affine(ln(h, p + "ln_2", "ln_2"), p + "mlp.c_fc", "fc")}, {}, "gelu");
     h = b.add(h, affine(f, p + "mlp.c_proj", "mlp_out"), "resid_mlp");
   }
@@ -139,6 +160,7 @@ void register_gpt2() {
                                for (const auto& p : gpt2_params(c))
                                  if (p.shape.size() == 2 && p.block != "embed")
                                    matmul += double(numel(p.shape));
+                               matmul += active_expert_params(c, gpt2_params(c));
                                return palm_train_flops(matmul, c, T);
                              },
                          .hf_config = gpt2_hf_config,

@@ -33,6 +33,16 @@ std::vector<ParamInfo> llama_params(const ModelConfig& c) {
     p.push_back(
         {s + "self_attn.o_proj.weight", {C, c.n_heads * HS}, I::scaled_normal, blk, P::row, 1});
     p.push_back({s + "post_attention_layernorm.weight", {C}, I::ones, blk});
+    if (c.moe.layer(l)) {
+      // Mixtral's block_sparse_moe: w1 gate, w3 up, w2 down; each expert's (out, in) stacked
+      const int64_t E = c.moe.experts;
+      const std::string m = s + "block_sparse_moe.";
+      p.push_back({m + "gate.weight", {E, C}, I::normal, blk});
+      p.push_back({m + "experts.w1.weight", {E, F, C}, I::normal, blk, P::none, -1, true});
+      p.push_back({m + "experts.w2.weight", {E, C, F}, I::scaled_normal, blk, P::none, -1, true});
+      p.push_back({m + "experts.w3.weight", {E, F, C}, I::normal, blk, P::none, -1, true});
+      continue;
+    }
     p.push_back({s + "mlp.gate_proj.weight", {F, C}, I::normal, blk, P::column, 0});
     p.push_back({s + "mlp.up_proj.weight", {F, C}, I::normal, blk, P::column, 0});
     p.push_back({s + "mlp.down_proj.weight", {C, F}, I::scaled_normal, blk, P::row, 1});
@@ -59,6 +69,19 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
     h = b.add(h, x.linear(a, p + "self_attn.o_proj.weight", "attn_out"), "resid_attn");
     int n2 = b.emit("rmsnorm", {h, x.param(p + "post_attention_layernorm.weight")}, {{"eps", eps}},
                     {"mlp_norm", "mlp_rstd"})[0];
+    if (c.moe.layer(l)) {
+      const std::string m = p + "block_sparse_moe.experts.";
+      int logits =
+          b.matmul(n2, x.param(p + "block_sparse_moe.gate.weight"), false, true, "router_logits");
+      int y = x.moe(n2, logits, [&](int xe) {
+        int gate = x.bmm(xe, m + "w1.weight", true, "expert_gate", x.cd);
+        int up = x.bmm(xe, m + "w3.weight", true, "expert_up", x.cd);
+        int s = b.emit1("swiglu", {gate, up}, {}, "expert_swiglu");
+        return x.bmm(s, m + "w2.weight", true, "expert_down");
+      });
+      h = b.add(h, y, "resid_mlp");
+      continue;
+    }
     n2 = b.cast(n2, x.cd, "mlp_norm_c");
     // in bf16 the MLP's wide activations are stored in bf16 (half the memory of the saved gate/up)
     int gate = x.linear(n2, p + "mlp.gate_proj.weight", "gate", x.cd);
@@ -148,6 +171,7 @@ void register_llama() {
              double matmul = 0;  // every 2-d weight but the embedding (a lookup) ...
              for (const auto& p : llama_params(c))
                if (p.shape.size() == 2 && p.block != "embed") matmul += double(numel(p.shape));
+             matmul += active_expert_params(c, llama_params(c));
              // ... unless it is also the head
              if (c.tie_embeddings) matmul += double(c.vocab_size * c.d_model);
              return palm_train_flops(matmul, c, T);

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 
@@ -91,6 +93,19 @@ double palm_train_flops(double matmul_params, const ModelConfig& c, int64_t T) {
   return 6.0 * matmul_params + 12.0 * double(c.n_layers) * double(T) * double(c.d_model);
 }
 
+double active_expert_params(const ModelConfig& c, const std::vector<ParamInfo>& params) {
+  double n = 0;
+  for (const auto& p : params)
+    if (p.expert) n += double(numel(p.shape)) * double(c.moe.top_k) / double(c.moe.experts);
+  return n;
+}
+
+int64_t MoeConfig::capacity(int64_t T) const {
+  if (dropless) return T;
+  const double slots = std::ceil(capacity_factor * double(T) * double(top_k) / double(experts));
+  return std::clamp<int64_t>(int64_t(slots), 1, T);
+}
+
 int64_t ModelConfig::ffn() const {
   if (ffn_hidden > 0) return ffn_hidden;
   return architecture(arch).default_ffn(*this);
@@ -113,6 +128,19 @@ void ModelConfig::validate(const std::string& src) const {
   if (max_seq_len <= 0) bad("max_seq_len", "must be > 0");
   if (!(norm_eps > 0)) bad("norm_eps", "must be > 0");
   if (!(rope_theta > 0)) bad("rope_theta", "must be > 0");
+  if (moe.experts < 0) bad("moe.experts", "must be >= 0 (0: a dense model)");
+  if (moe.enabled()) {
+    if (moe.top_k < 1 || moe.top_k > moe.experts)
+      bad("moe.top_k", fmt::format("must be in [1, experts = {}], got {}", moe.experts, moe.top_k));
+    if (moe.every < 1 || moe.every > n_layers)
+      bad("moe.every", fmt::format("must be in [1, n_layers = {}], got {}", n_layers, moe.every));
+    if (!(moe.capacity_factor > 0) || !std::isfinite(moe.capacity_factor))
+      bad("moe.capacity_factor", "must be a finite number > 0");
+    if (!(moe.aux_loss >= 0) || !std::isfinite(moe.aux_loss))
+      bad("moe.aux_loss", "must be a finite number >= 0");
+    if (!(moe.z_loss >= 0) || !std::isfinite(moe.z_loss))
+      bad("moe.z_loss", "must be a finite number >= 0");
+  }
   architecture(arch).validate(*this, bad);
 }
 
@@ -143,11 +171,41 @@ ModelGraph declare_params(const Architecture& arch, const ModelConfig& c) {
     if (p.parallel == ParamInfo::Parallel::column)
       m.roles.column_parallel.push_back({v, p.parallel_dim});
     if (p.parallel == ParamInfo::Parallel::row) m.roles.row_parallel.push_back({v, p.parallel_dim});
+    if (p.expert) m.roles.experts.push_back(v);
   }
   return m;
 }
 
 }  // namespace
+
+// The MoE objective and load outputs, from every MoE layer's router sums over its N tokens:
+//   loss = ce + aux_loss * E * sum_e f_e P_e + z_loss * mean over tokens of logsumexp^2,
+// with f_e the fraction of all layers' token choices that went to expert e and P_e the mean
+// router probability of e over all layers' tokens: transformers' Mixtral load_balancing_loss_func
+// (its layers' router logits concatenated; top_k choices per token, so sum_e f_e = top_k).
+void add_moe_losses(ops::Builder& b, const ModelConfig& c, const std::vector<MoeLayerStats>& moe,
+                    int64_t N, ModelGraph& m) {
+  auto total = [&](int MoeLayerStats::*field) {
+    int t = moe[0].*field;
+    for (size_t i = 1; i < moe.size(); ++i) t = b.add(t, moe[i].*field);
+    return t;
+  };
+  const double tokens = double(N) * double(moe.size());
+  int balance =
+      b.emit1("sum", {b.mul(total(&MoeLayerStats::routed), total(&MoeLayerStats::prob_sum))});
+  int aux = b.scale(balance, double(c.moe.experts) / (tokens * tokens), "aux_loss");
+  int z = b.scale(total(&MoeLayerStats::z_sum), 1.0 / tokens, "z_loss");
+  int objective = b.add(b.scale(aux, c.moe.aux_loss), b.scale(z, c.moe.z_loss));
+  m.loss = b.add(m.ce_loss, objective, "loss");
+  std::vector<int> kept, routed_each;
+  for (const auto& l : moe) kept.push_back(l.kept), routed_each.push_back(l.routed);
+  auto concat = [&](const std::vector<int>& vs, const std::string& name) {
+    if (vs.size() == 1) return vs[0];
+    return b.emit1("concat", vs, {}, name);
+  };
+  m.moe_kept = concat(kept, "moe_kept");
+  m.moe_routed = concat(routed_each, "moe_routed");
+}
 
 ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T) {
   c.validate("<model>");
@@ -161,9 +219,12 @@ ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T) {
   m.targets = g.add_input("targets", {DType::i32, {B, T}}, ir::ValueKind::input);
   m.roles.batch_inputs = {m.tokens, m.targets};
   ops::Builder b(g);
-  m.logits = arch.build(b, c, {.tokens = m.tokens, .B = B, .T = T});
-  auto ce = b.emit("cross_entropy", {m.logits, m.targets}, {}, {"loss", "dlogits"});
-  m.loss = ce[0];
+  std::vector<MoeLayerStats> moe;
+  m.logits = arch.build(b, c, {.tokens = m.tokens, .B = B, .T = T, .moe = &moe});
+  auto ce = b.emit("cross_entropy", {m.logits, m.targets}, {},
+                   {moe.empty() ? "loss" : "ce_loss", "dlogits"});
+  m.loss = m.ce_loss = ce[0];
+  if (!moe.empty()) add_moe_losses(b, c, moe, B * T, m);
   return m;
 }
 

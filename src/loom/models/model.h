@@ -19,6 +19,23 @@
 
 namespace loom::models {
 
+// [model] moe: Mixture-of-Experts MLPs ("Efficient Large Scale Language Modeling with Mixtures of
+// Experts"; Mixtral's router). experts = 0: a dense model.
+struct MoeConfig {
+  int64_t experts = 0;            // E; 0: no MoE layers
+  int64_t top_k = 2;              // experts per token
+  int64_t every = 1;              // every `every`-th layer is MoE (layers every-1, 2*every-1, ...)
+  double capacity_factor = 1.25;  // slots per expert and sequence: ceil(factor * T * top_k / E)
+  bool dropless = false;          // capacity T: no token is ever dropped
+  double aux_loss = 0.01;         // weight of the load-balancing loss (Mixtral's)
+  double z_loss = 0.001;          // weight of the router z-loss (ST-MoE)
+
+  bool enabled() const { return experts > 0; }
+  bool layer(int64_t l) const { return enabled() && (l + 1) % every == 0; }
+  // Slots per expert in each sequence of T tokens.
+  int64_t capacity(int64_t T) const;
+};
+
 struct ModelConfig {
   std::string arch = "llama";  // a registered architecture: "llama" | "gpt2"
   int64_t vocab_size = 256;
@@ -34,6 +51,10 @@ struct ModelConfig {
   // does. Llama's choice; GPT-2's head is always tied and ignores it.
   bool tie_embeddings = false;
   DType dtype = DType::f32;
+  MoeConfig moe;
+  // NormFormer (Shleifer et al.): a norm after self-attention, a learned scale per attention head,
+  // and a norm after the MLP's activation.
+  bool normformer = false;
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_size() const { return d_model / n_heads; }
@@ -54,6 +75,7 @@ struct ParamInfo {
                       // and "head" is a repeated layer: ir::ParamGroup::layer)
   Parallel parallel = Parallel::none;
   int64_t parallel_dim = -1;  // column: the output features' dim; row: the input's
+  bool expert = false;        // stacked per-expert weights (E, ...): ir::Roles::experts
 };
 // Every parameter of the model, in a fixed order.
 std::vector<ParamInfo> param_infos(const ModelConfig& c);
@@ -64,8 +86,12 @@ struct ModelGraph {
   int tokens = -1;   // input i32[B,T]
   int targets = -1;  // input i32[B,T]
   int logits = -1;   // f32[B,T,V]
-  int loss = -1;     // f32[]
-  ir::Roles roles;   // batch inputs, tensor-parallel weights, parameter groups
+  int loss = -1;     // f32[]: the training objective (ce_loss plus the MoE auxiliary losses)
+  int ce_loss = -1;  // f32[]: the cross-entropy alone (= loss for a dense model)
+  // MoE models: each MoE layer's tokens per expert after capacity drops (kept) and the choices
+  // before them (routed), f32 (L_moe * E), layer-major; -1 when dense.
+  int moe_kept = -1, moe_routed = -1;
+  ir::Roles roles;  // batch inputs, tensor-parallel weights, parameter groups
   // Incremental decoding (build_decode) only:
   int start = -1;           // input i32[]: the position of the first token
   std::vector<int> caches;  // state: each layer's key cache then value cache, (B,S,NKV,HS)

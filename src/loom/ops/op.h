@@ -101,6 +101,7 @@ void register_loss_ops();
 void register_layout_ops();
 void register_optim_ops();
 void register_collective_ops();
+void register_moe_ops();
 
 // Helpers for infer functions.
 void expect_inputs(std::string_view op, const std::vector<ir::TensorType>& in, size_t n);

@@ -25,6 +25,7 @@ void ensure_registered() {
     register_layout_ops();
     register_optim_ops();
     register_collective_ops();
+    register_moe_ops();
   });
 }
 }  // namespace

@@ -42,6 +42,20 @@ void check_ids(const ir::Graph& g, const ir::Node& n, int i, const int32_t* ids,
                               g.value(n.inputs[i]).name, ids[j], j, V));
 }
 
+// A Mixture-of-Experts routing pair (experts, slots) from anywhere but moe_router (an IR file):
+// experts in [0,E), slots in [-1,S). `slots` may be null (only the experts are read).
+void check_routing(const ir::Graph& g, const ir::Node& n, int ei, int si, const int32_t* experts,
+                   const int32_t* slots, int64_t count, int64_t E, int64_t S) {
+  for (int64_t j = 0; j < count; ++j) {
+    if (experts[j] < 0 || experts[j] >= E)
+      throw Error(fmt::format("%{}: expert {} at position {} is outside [0, {})",
+                              g.value(n.inputs[size_t(ei)]).name, experts[j], j, E));
+    if (slots && (slots[j] < -1 || slots[j] >= S))
+      throw Error(fmt::format("%{}: slot {} at position {} is outside [-1, {})",
+                              g.value(n.inputs[size_t(si)]).name, slots[j], j, S));
+  }
+}
+
 std::unordered_map<std::string, Fn> make_table() {
   std::unordered_map<std::string, Fn> t;
   t["add"] = [](auto& g, auto& n, auto in, auto out) {
@@ -230,6 +244,54 @@ std::unordered_map<std::string, Fn> make_table() {
     int64_t V = in_t(g, n, 0).shape.back(), N = in_n(g, n, 1);
     check_ids(g, n, 1, I(in[1]), N, V);
     k::cross_entropy(CF(in[0]), I(in[1]), F(out[0]), F(out[1]), N, V, n.attr_int("rows", N));
+  };
+  t["moe_router"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape& s = in_t(g, n, 0).shape;
+    k::moe_router(CF(in[0]), F(out[0]), static_cast<int32_t*>(out[1]),
+                  static_cast<int32_t*>(out[2]), F(out[3]), F(out[4]), F(out[5]), F(out[6]), s[0],
+                  s[1], s[2], n.attr_int("top_k"), n.attr_int("capacity"));
+  };
+  t["moe_router_bwd"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape& s = in_t(g, n, 0).shape;
+    const int64_t K = in_t(g, n, 1).shape[2];
+    check_routing(g, n, 2, -1, I(in[2]), nullptr, s[0] * s[1] * K, s[2], 1);
+    k::moe_router_bwd(CF(in[0]), CF(in[1]), I(in[2]), CF(in[3]), CF(in[4]), *CF(in[5]), F(out[0]),
+                      s[0], s[1], s[2], K);
+  };
+  t["moe_dispatch"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape &x = in_t(g, n, 0).shape, &e = out_t(g, n, 0).shape;
+    const int64_t K = in_t(g, n, 1).shape[2];
+    check_routing(g, n, 1, 2, I(in[1]), I(in[2]), x[0] * x[1] * K, e[0], e[2]);
+    const float* gates = n.inputs.size() == 4 ? CF(in[3]) : nullptr;
+    if (in_t(g, n, 0).dtype == DType::f32)
+      k::moe_dispatch<float>(CF(in[0]), I(in[1]), I(in[2]), gates, F(out[0]), x[0], x[1], x[2],
+                             e[0], K, e[2]);
+    else
+      k::moe_dispatch<bf16>(BF(in[0]), I(in[1]), I(in[2]), gates, static_cast<bf16*>(out[0]), x[0],
+                            x[1], x[2], e[0], K, e[2]);
+  };
+  t["moe_combine"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape &e = in_t(g, n, 0).shape, &r = in_t(g, n, 1).shape;
+    check_routing(g, n, 1, 2, I(in[1]), I(in[2]), r[0] * r[1] * r[2], e[0], e[2]);
+    const float* gates = n.inputs.size() == 4 ? CF(in[3]) : nullptr;
+    if (in_t(g, n, 0).dtype == DType::f32)
+      k::moe_combine<float>(CF(in[0]), I(in[1]), I(in[2]), gates, F(out[0]), r[0], r[1], e[3], e[0],
+                            r[2], e[2]);
+    else
+      k::moe_combine<bf16>(BF(in[0]), I(in[1]), I(in[2]), gates, F(out[0]), r[0], r[1], e[3], e[0],
+                           r[2], e[2]);
+  };
+  t["moe_gate_grad"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape &e = in_t(g, n, 0).shape, &r = in_t(g, n, 2).shape;
+    check_routing(g, n, 2, 3, I(in[2]), I(in[3]), r[0] * r[1] * r[2], e[0], e[2]);
+    const bool xf = in_t(g, n, 0).dtype == DType::f32, yf = in_t(g, n, 1).dtype == DType::f32;
+    auto run = [&](auto* ye, auto* y) {
+      k::moe_gate_grad(ye, y, I(in[2]), I(in[3]), F(out[0]), r[0], r[1], e[3], e[0], r[2], e[2]);
+    };
+    if (xf && yf) run(CF(in[0]), CF(in[1]));
+    if (xf && !yf) run(CF(in[0]), BF(in[1]));
+    if (!xf && yf) run(BF(in[0]), CF(in[1]));
+    if (!xf && !yf) run(BF(in[0]), BF(in[1]));
   };
   t["reshape"] = [](auto& g, auto& n, auto in, auto out) {
     if (in[0] != out[0])

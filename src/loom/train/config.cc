@@ -92,6 +92,40 @@ Setter as_enum(F field, std::vector<E> values, const char* (*name)(E)) {
   };
 }
 
+std::vector<std::string> keys_of(const auto& m) {
+  std::vector<std::string> r;
+  for (const auto& [k, v] : m) r.push_back(k);
+  return r;
+}
+
+// [model] moe = { experts = 8, top_k = 2, ... }: an inline table of models::MoeConfig's keys.
+Setter moe_setter() {
+  using M = models::MoeConfig;
+  static const std::map<std::string, Setter> keys = {
+      {"experts", as_int([](Config& c) -> int64_t& { return c.model.moe.experts; })},
+      {"top_k", as_int([](Config& c) -> int64_t& { return c.model.moe.top_k; })},
+      {"every", as_int([](Config& c) -> int64_t& { return c.model.moe.every; })},
+      {"capacity_factor",
+       as_float([](Config& c) -> double& { return c.model.moe.capacity_factor; })},
+      {"dropless", as_bool([](Config& c) -> bool& { return c.model.moe.dropless; })},
+      {"aux_loss", as_float([](Config& c) -> double& { return c.model.moe.aux_loss; })},
+      {"z_loss", as_float([](Config& c) -> double& { return c.model.moe.z_loss; })},
+  };
+  return [](Config& c, const toml::node& n, const std::string& where) {
+    const toml::table* t = n.as_table();
+    if (!t) throw Error(where + ": expected a table { experts = ..., top_k = ..., ... }");
+    c.model.moe = M{};
+    for (const auto& [k, v] : *t) {
+      const std::string key(k.str());
+      auto it = keys.find(key);
+      if (it == keys.end()) {
+        throw Error(fmt::format("{}: unknown key '{}'", where, key), suggest(key, keys_of(keys)));
+      }
+      it->second(c, v, where + "." + key);
+    }
+  };
+}
+
 const std::map<std::string, std::map<std::string, Setter>>& schema() {
   static const std::map<std::string, std::map<std::string, Setter>> s = {
       {"model",
@@ -108,6 +142,8 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
            {"rope_theta", as_float([](Config& c) -> double& { return c.model.rope_theta; })},
            {"tie_embeddings",
             as_bool([](Config& c) -> bool& { return c.model.tie_embeddings; })},
+           {"normformer", as_bool([](Config& c) -> bool& { return c.model.normformer; })},
+           {"moe", moe_setter()},
            // not a ModelConfig field: where the starting weights come from (loom export, init)
            {"init", as_string([](Config& c) -> std::string& { return c.init_weights; })},
            {"dtype",
@@ -261,12 +297,6 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
        }},
   };
   return s;
-}
-
-std::vector<std::string> keys_of(const auto& m) {
-  std::vector<std::string> r;
-  for (const auto& [k, v] : m) r.push_back(k);
-  return r;
 }
 
 void apply_override(toml::table& root, const std::string& path, const std::string& ov) {

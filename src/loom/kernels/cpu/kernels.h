@@ -93,6 +93,28 @@ void transpose(const void* x, void* y, const int64_t* dims, const int* perm, int
 void split_last(const void* x, void* const* ys, const int64_t* sizes, int k, int64_t N, int elem);
 void concat_last(const void* const* xs, void* y, const int64_t* sizes, int k, int64_t N, int elem);
 
+// ---- Mixture-of-Experts (moe.cc; ops/moe.cc defines each) ----
+// Shapes: logits (B,T,E); gates, experts, slots (B,T,K); the expert layout (E,B,S,C) with S
+// slots per expert and sequence; the token layout (B,T,C).
+// -> gates, experts, slots, prob_sum (E), z_sum (1), routed (E), kept (E), all overwritten
+void moe_router(const float* logits, float* gates, int32_t* experts, int32_t* slots,
+                float* prob_sum, float* z_sum, float* routed, float* kept, int64_t B, int64_t T,
+                int64_t E, int64_t K, int64_t S);
+// -> dlogits (B,T,E), overwritten
+void moe_router_bwd(const float* logits, const float* gates, const int32_t* experts,
+                    const float* dgates, const float* dprob_sum, float dz_sum, float* dlogits,
+                    int64_t B, int64_t T, int64_t E, int64_t K);
+// X is float or bf16; gates may be null (weight 1). Outputs overwritten.
+template <class X>  // x (B,T,C) -> xe (E,B,S,C)
+void moe_dispatch(const X* x, const int32_t* experts, const int32_t* slots, const float* gates,
+                  X* xe, int64_t B, int64_t T, int64_t C, int64_t E, int64_t K, int64_t S);
+template <class X>  // ye (E,B,S,C) -> y (B,T,C)
+void moe_combine(const X* ye, const int32_t* experts, const int32_t* slots, const float* gates,
+                 float* y, int64_t B, int64_t T, int64_t C, int64_t E, int64_t K, int64_t S);
+template <class X, class Y>  // ye (E,B,S,C), y (B,T,C) -> dg (B,T,K)
+void moe_gate_grad(const X* ye, const Y* y, const int32_t* experts, const int32_t* slots, float* dg,
+                   int64_t B, int64_t T, int64_t C, int64_t E, int64_t K, int64_t S);
+
 // ---- AdamW (decoupled weight decay), in place ----
 // hyper = {lr, 1 - beta1^t, 1 - beta2^t}; g is multiplied by gscale[0] (gradient clipping) first.
 //   g' = g*gscale; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2

@@ -343,4 +343,125 @@ void clip_coef(const S* total, S* coef, S* norm, S max_norm) {
   coef[0] = max_norm > S(0) ? std::min(S(1), max_norm / (norm[0] + S(1e-6))) : S(1);
 }
 
+// ---- Mixture-of-Experts (ops/moe.cc defines each) ----
+
+// logits (B,T,E) -> gates (B,T,K), experts, slots (B,T,K), prob_sum (E), z_sum (1), routed, kept
+// (E)
+template <class S>
+void moe_router(const S* logits, S* gates, int32_t* experts, int32_t* slots, S* prob_sum, S* z_sum,
+                S* routed, S* kept, int64_t B, int64_t T, int64_t E, int64_t K, int64_t cap) {
+  for (int64_t e = 0; e < E; ++e) prob_sum[e] = routed[e] = kept[e] = S(0);
+  z_sum[0] = S(0);
+  std::vector<bool> taken(static_cast<size_t>(E));
+  for (int64_t n = 0; n < B * T; ++n) {
+    const S* l = logits + n * E;
+    S m = l[0];
+    for (int64_t e = 1; e < E; ++e) m = std::max(m, l[e]);
+    S z = 0;
+    for (int64_t e = 0; e < E; ++e) z += std::exp(l[e] - m);
+    for (int64_t e = 0; e < E; ++e) prob_sum[e] += std::exp(l[e] - m) / z;
+    const S lse = m + std::log(z);
+    z_sum[0] += lse * lse;
+    std::fill(taken.begin(), taken.end(), false);
+    for (int64_t k = 0; k < K; ++k) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e)
+        if (!taken[size_t(e)] && (best < 0 || l[e] > l[best])) best = e;
+      taken[size_t(best)] = true;
+      experts[n * K + k] = int32_t(best);
+      routed[best] += S(1);
+    }
+    S gz = 0;
+    for (int64_t k = 0; k < K; ++k) gz += std::exp(l[experts[n * K + k]] - l[experts[n * K]]);
+    for (int64_t k = 0; k < K; ++k)
+      gates[n * K + k] = std::exp(l[experts[n * K + k]] - l[experts[n * K]]) / gz;
+  }
+  std::vector<int64_t> fill(static_cast<size_t>(E));
+  for (int64_t b = 0; b < B; ++b) {
+    std::fill(fill.begin(), fill.end(), 0);
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t i = (b * T + t) * K + k, e = experts[i];
+        slots[i] = fill[size_t(e)] < cap ? int32_t(fill[size_t(e)]++) : -1;
+        if (slots[i] >= 0) kept[e] += S(1);
+      }
+  }
+}
+
+// -> dlogits (B,T,E), overwritten
+template <class S>
+void moe_router_bwd(const S* logits, const S* gates, const int32_t* experts, const S* dgates,
+                    const S* dprob_sum, S dz_sum, S* dlogits, int64_t B, int64_t T, int64_t E,
+                    int64_t K) {
+  for (int64_t n = 0; n < B * T; ++n) {
+    const S* l = logits + n * E;
+    S* dl = dlogits + n * E;
+    S m = l[0];
+    for (int64_t e = 1; e < E; ++e) m = std::max(m, l[e]);
+    S z = 0;
+    for (int64_t e = 0; e < E; ++e) z += std::exp(l[e] - m);
+    const S lse = m + std::log(z);
+    S pd = 0;
+    for (int64_t e = 0; e < E; ++e) pd += std::exp(l[e] - lse) * dprob_sum[e];
+    for (int64_t e = 0; e < E; ++e) {
+      const S p = std::exp(l[e] - lse);
+      dl[e] = p * (dprob_sum[e] - pd) + dz_sum * S(2) * lse * p;
+    }
+    S gd = 0;
+    for (int64_t k = 0; k < K; ++k) gd += gates[n * K + k] * dgates[n * K + k];
+    for (int64_t k = 0; k < K; ++k)
+      dl[experts[n * K + k]] += gates[n * K + k] * (dgates[n * K + k] - gd);
+  }
+}
+
+// x (B,T,C) -> xe (E,B,S,C), overwritten; gates may be null (weight 1)
+template <class S>
+void moe_dispatch(const S* x, const int32_t* experts, const int32_t* slots, const S* gates, S* xe,
+                  int64_t B, int64_t T, int64_t C, int64_t E, int64_t K, int64_t cap) {
+  for (int64_t i = 0; i < E * B * cap * C; ++i) xe[i] = S(0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t i = (b * T + t) * K + k;
+        if (slots[i] < 0) continue;
+        const S g = gates ? gates[i] : S(1);
+        for (int64_t c = 0; c < C; ++c)
+          xe[((experts[i] * B + b) * cap + slots[i]) * C + c] = g * x[(b * T + t) * C + c];
+      }
+}
+
+// ye (E,B,S,C) -> y (B,T,C), overwritten; gates may be null
+template <class S>
+void moe_combine(const S* ye, const int32_t* experts, const int32_t* slots, const S* gates, S* y,
+                 int64_t B, int64_t T, int64_t C, int64_t E, int64_t K, int64_t cap) {
+  (void)E;
+  for (int64_t i = 0; i < B * T * C; ++i) y[i] = S(0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t i = (b * T + t) * K + k;
+        if (slots[i] < 0) continue;
+        const S g = gates ? gates[i] : S(1);
+        for (int64_t c = 0; c < C; ++c)
+          y[(b * T + t) * C + c] += g * ye[((experts[i] * B + b) * cap + slots[i]) * C + c];
+      }
+}
+
+// ye (E,B,S,C), y (B,T,C) -> dg (B,T,K), overwritten
+template <class S>
+void moe_gate_grad(const S* ye, const S* y, const int32_t* experts, const int32_t* slots, S* dg,
+                   int64_t B, int64_t T, int64_t C, int64_t E, int64_t K, int64_t cap) {
+  (void)E;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t i = (b * T + t) * K + k;
+        S s = 0;
+        if (slots[i] >= 0)
+          for (int64_t c = 0; c < C; ++c)
+            s += ye[((experts[i] * B + b) * cap + slots[i]) * C + c] * y[(b * T + t) * C + c];
+        dg[i] = s;
+      }
+}
+
 }  // namespace loom::kernels::cpu::ref
