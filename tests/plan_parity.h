@@ -20,7 +20,9 @@ namespace loom::train::parity {
 
 struct Case {
   std::string name, mesh, tactics;
-  std::string model = "tiny";          // tiny | mid (Llama) | gpt2 (the tiny GPT-2)
+  // tiny | mid (Llama) | gpt2 (the tiny GPT-2) | moe (tiny-moe: top 2, some tokens dropped) |
+  // moe_gpt2 (tiny-moe-gpt2: top 1, every second layer)
+  std::string model = "tiny";
   std::vector<std::string> sets = {};  // more --set overrides ([passes])
 };
 
@@ -36,7 +38,11 @@ inline Config config(const Case& c) {
                           "model.ffn_hidden=352", "model.n_layers=3", "model.vocab_size=512"})
       sets.push_back(s);
   sets.insert(sets.end(), c.sets.begin(), c.sets.end());
-  const char* file = c.model == "gpt2" ? "/configs/tiny-gpt2.toml" : "/configs/tiny-llama.toml";
+  const std::map<std::string, const char*> files = {
+      {"tiny", "/configs/tiny-llama.toml"},   {"mid", "/configs/tiny-llama.toml"},
+      {"gpt2", "/configs/tiny-gpt2.toml"},    {"moe", "/configs/tiny-moe.toml"},
+      {"moe_gpt2", "/configs/tiny-moe-gpt2.toml"}};
+  const char* file = files.at(c.model);
   return load_config(std::string(LOOM_SOURCE_DIR) + file, sets);
 }
 
@@ -181,6 +187,15 @@ inline std::vector<Case> cases() {
       {"mid_megatron_sequence", "{model=2}", megatron_sequence, "mid"},
       {"gpt2_megatron", "{model=2}", R"([{kind="megatron",axis="model"}])", "gpt2"},
       {"gpt2_fsdp", "{data=2}", std::string(R"([{kind="fsdp",axis="data"},)") + data + "]", "gpt2"},
+      // Mixture-of-Experts: capacity is per sequence and sequences stay whole on a rank, so the
+      // same tokens drop as in one process
+      {"moe_data", "{data=2}", std::string("[") + data + "]", "moe"},
+      {"moe_expert", "{expert=2}", R"([{kind="expert",axis="expert"}])", "moe"},
+      {"moe_expert4", "{expert=4}", R"([{kind="expert",axis="expert"}])", "moe"},
+      {"moe_expert_fsdp_2x2", "{expert=2,data=2}",
+       std::string(R"([{kind="expert",axis="expert"},{kind="fsdp",axis="data"},)") + data + "]",
+       "moe"},
+      {"moe_gpt2_expert", "{expert=2}", R"([{kind="expert",axis="expert"}])", "moe_gpt2"},
       {"fsdp_unbucketed",
        "{data=2}",
        std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",

@@ -21,6 +21,11 @@
 //                                 (ir/roles.h); their gradients and moments alike
 //   sequence {axis}               Megatron sequence parallel: the residual stream and the norms'
 //                                 outputs split on the time dim (dim 1)
+//   expert   {axis}               expert parallelism (GShard): the stacked expert weights of MoE
+//                                 layers (ir::Roles::experts) split by expert (dim 0), with their
+//                                 gradients and moments; the batch split too unless an earlier
+//                                 tactic put this axis there; tokens reach their experts and come
+//                                 back through all-to-alls
 //   shard    {axis, pattern, dim} split dim `dim` of every graph input whose name matches the glob
 //                                 `pattern` (`*` any run of characters)
 //
@@ -40,7 +45,7 @@
 namespace loom::shard {
 
 struct Tactic {
-  std::string kind;  // data | fsdp | zero1 | zero2 | megatron | sequence | shard
+  std::string kind;  // data | fsdp | zero1 | zero2 | megatron | sequence | expert | shard
   std::string axis;
   std::string pattern;  // shard only
   int64_t dim = -1;     // shard only

@@ -109,24 +109,31 @@ class Propagator {
     struct Cand {
       int prio, order, factor;
       const std::vector<std::string>* axes;
+      bool reduces = false;  // the factor is summed over in a result (a contraction dim)
     };
     std::vector<Cand> cands;
     auto collect = [&](const Sharding& s, const std::vector<std::vector<int>>& dims, int prio,
                        int order) {
       for (size_t d = 0; d < dims.size() && d < s.dims.size(); ++d)
         if (!s.dims[d].empty() && !dims[d].empty())
-          cands.push_back({prio, order, dims[d][0], &s.dims[d]});
+          cands.push_back({prio, order, dims[d][0], &s.dims[d],
+                           !n.outputs.empty() && r.kind(dims[d][0], 0) == ops::FactorKind::reduce});
     };
     for (size_t i = 0; i < n.inputs.size(); ++i)
       collect(*view[i], r.operands[i], priority(n.inputs[i]), int(i));
     for (size_t j = 0; j < n.outputs.size(); ++j)
       collect(p_.value[size_t(n.outputs[j])], r.results[j], priority(n.outputs[j]), 1000 + int(j));
     // operands before results: a result's sharding (a tactic's choice of how to keep it, or a
-    // consumer's wish) only fills factors its operands leave free; it is met by a reshard otherwise
+    // consumer's wish) only fills factors its operands leave free; it is met by a reshard otherwise.
+    // Among equals, a split that passes to the result before one that leaves it a partial sum: the
+    // experts' weight gradient dW = dY^T X with dY split by sequence and X by expert runs split by
+    // expert (no reduction of whole expert weights, no reshard of X).
     std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
       bool ra = a.order >= 1000, rb = b.order >= 1000;
       if (ra != rb) return rb;
-      return a.prio != b.prio ? a.prio < b.prio : a.order < b.order;
+      if (a.prio != b.prio) return a.prio < b.prio;
+      if (a.reduces != b.reduces) return b.reduces;
+      return a.order < b.order;
     });
 
     NodeSharding ns;

@@ -96,8 +96,8 @@ class Applier {
 }  // namespace
 
 const std::vector<std::string>& tactic_kinds() {
-  static const std::vector<std::string> k{"data",     "fsdp",     "zero1", "zero2",
-                                          "megatron", "sequence", "shard"};
+  static const std::vector<std::string> k{"data",     "fsdp",     "zero1", "zero2", "megatron",
+                                          "sequence", "expert",   "shard"};
   return k;
 }
 
@@ -150,6 +150,26 @@ Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles&
             fmt::format("{}: this model declares no column- or row-parallel weight", ap.by_),
             "megatron splits the weights a model declares tensor-parallel: Llama's "
             "q/k/v/o and gate/up/down projections, GPT-2's MLP");
+    } else if (t.kind == "expert") {
+      // Expert parallelism (GShard): each rank of the axis holds E/n of every MoE layer's experts
+      // (the stacked expert weights split on dim 0, their gradients and moments alike) and its own
+      // sequences of the batch, as data parallelism would. Propagation then meets the two splits
+      // at the experts' batched matmuls: the tokens' slots (E,B*S,C), split by sequence, reach the
+      // weights' expert split through an all-to-all, and come back through another before
+      // combine.
+      if (roles.experts.empty())
+        throw Error(fmt::format("{}: this model has no experts", ap.by_),
+                    "expert splits the experts of Mixture-of-Experts layers: set [model] moe = { "
+                    "experts = ... }");
+      for (int v : roles.batch_inputs)
+        if (!ap.current(v).uses(ap.axis_)) ap.split(v, 0);  // unless `data` split it already
+      for (int p : roles.experts) {
+        ap.split(p, 0);
+        if (ann[p].has_use) ann[p].use = ap.with_axis(p, ann[p].use, 0);
+        auto e = edges.find(p);
+        if (e == edges.end()) continue;
+        for (int x : {e->second.grad, e->second.m, e->second.v}) ap.split(x, 0);
+      }
     } else if (t.kind == "sequence") {
       std::vector<int> stream;
       for (const ir::Node& n : g.nodes())
@@ -176,7 +196,7 @@ Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles&
                     "`loom inspect CONFIG --stage train` lists the value names");
     } else {
       throw Error(fmt::format("{}: unknown tactic kind '{}'", ap.by_, t.kind),
-                  "one of: data, fsdp, zero1, zero2, megatron, sequence, shard");
+                  "one of: data, fsdp, zero1, zero2, megatron, sequence, expert, shard");
     }
   }
   // every other graph input is whole on every rank
