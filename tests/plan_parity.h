@@ -38,10 +38,11 @@ inline Config config(const Case& c) {
                           "model.ffn_hidden=352", "model.n_layers=3", "model.vocab_size=512"})
       sets.push_back(s);
   sets.insert(sets.end(), c.sets.begin(), c.sets.end());
-  const std::map<std::string, const char*> files = {
-      {"tiny", "/configs/tiny-llama.toml"},   {"mid", "/configs/tiny-llama.toml"},
-      {"gpt2", "/configs/tiny-gpt2.toml"},    {"moe", "/configs/tiny-moe.toml"},
-      {"moe_gpt2", "/configs/tiny-moe-gpt2.toml"}};
+  const std::map<std::string, const char*> files = {{"tiny", "/configs/tiny-llama.toml"},
+                                                    {"mid", "/configs/tiny-llama.toml"},
+                                                    {"gpt2", "/configs/tiny-gpt2.toml"},
+                                                    {"moe", "/configs/tiny-moe.toml"},
+                                                    {"moe_gpt2", "/configs/tiny-moe-gpt2.toml"}};
   const char* file = files.at(c.model);
   return load_config(std::string(LOOM_SOURCE_DIR) + file, sets);
 }

@@ -27,6 +27,8 @@ namespace {
 struct Row {
   int64_t step = 0;
   double loss = NAN, lr = NAN, grad_norm = NAN, tokens_per_s = NAN, val_loss = NAN;
+  // MoE models (loop.cc): the cross-entropy alone and the router's load
+  double ce_loss = NAN, moe_tokens_max = NAN, moe_tokens_mean = NAN, moe_dropped = NAN;
 };
 
 // Parses metrics.jsonl, sorted by step (a duplicated step keeps its last line). Blank lines are
@@ -80,7 +82,11 @@ std::vector<Row> read_metrics(const std::string& path) {
                        .lr = number("lr", false),
                        .grad_norm = number("grad_norm", false),
                        .tokens_per_s = number("tokens_per_s", false),
-                       .val_loss = number("val_loss", false)});
+                       .val_loss = number("val_loss", false),
+                       .ce_loss = number("ce_loss", false),
+                       .moe_tokens_max = number("moe_tokens_max", false),
+                       .moe_tokens_mean = number("moe_tokens_mean", false),
+                       .moe_dropped = number("moe_dropped", false)});
   }
   std::stable_sort(rows.begin(), rows.end(),
                    [](const Row& a, const Row& b) { return a.step < b.step; });
@@ -318,7 +324,7 @@ pre { background: #f6f6f6; border: 1px solid #ddd; padding: 12px; overflow-x: au
 
 // One run's series against step, and its validation summary.
 struct Curves {
-  Points loss, val, lr, tps, gn;
+  Points loss, val, lr, tps, gn, ce, load_max, load_mean, dropped;
   std::vector<double> tps_all;
   const Row* last_val = nullptr;
   const Row* best_val = nullptr;
@@ -331,6 +337,10 @@ Curves curves(const std::vector<Row>& rows) {
     if (std::isfinite(r.loss)) c.loss.push_back({x, r.loss});
     if (std::isfinite(r.lr)) c.lr.push_back({x, r.lr});
     if (std::isfinite(r.grad_norm)) c.gn.push_back({x, r.grad_norm});
+    if (std::isfinite(r.ce_loss)) c.ce.push_back({x, r.ce_loss});
+    if (std::isfinite(r.moe_tokens_max)) c.load_max.push_back({x, r.moe_tokens_max});
+    if (std::isfinite(r.moe_tokens_mean)) c.load_mean.push_back({x, r.moe_tokens_mean});
+    if (std::isfinite(r.moe_dropped)) c.dropped.push_back({x, r.moe_dropped});
     if (std::isfinite(r.tokens_per_s))
       c.tps.push_back({x, r.tokens_per_s}), c.tps_all.push_back(r.tokens_per_s);
     if (std::isfinite(r.val_loss)) {
@@ -369,16 +379,27 @@ std::string render(const std::string& run_dir, const std::vector<Row>& rows,
         fmt::format("{} (step {})", fixed(c.best_val->val_loss, 4), c.best_val->step));
   row("median tokens/s", fixed(median(c.tps_all), 0));
   o += "</table>\n<div class=\"plots\">\n";
-  o += svg_plot("loss", "loss",
-                {{.name = "train", .color = "#1f77b4", .pts = std::move(c.loss)},
-                 {.name = "val", .color = "#ff7f0e", .pts = std::move(c.val), .markers = true}},
-                false);
+  std::vector<Series> losses{
+      {.name = "train", .color = "#1f77b4", .pts = std::move(c.loss)},
+      {.name = "val", .color = "#ff7f0e", .pts = std::move(c.val), .markers = true}};
+  // an MoE model's loss includes its auxiliary losses; the cross-entropy is what val compares to
+  if (!c.ce.empty())
+    losses.insert(losses.begin() + 1,
+                  {.name = "train cross-entropy", .color = "#17becf", .pts = std::move(c.ce)});
+  o += svg_plot("loss", "loss", std::move(losses), false);
   o += svg_plot("learning rate", "lr", {{.name = "lr", .color = "#2ca02c", .pts = std::move(c.lr)}},
                 true);
   o += svg_plot("throughput", "tokens/s",
                 {{.name = "tokens/s", .color = "#9467bd", .pts = std::move(c.tps)}}, true);
   o += svg_plot("gradient norm", "grad norm (before clipping)",
                 {{.name = "grad norm", .color = "#d62728", .pts = std::move(c.gn)}}, true);
+  if (!c.load_max.empty())
+    o +=
+        svg_plot("router load (tokens per expert, all MoE layers)", "tokens",
+                 {{.name = "busiest expert", .color = "#d62728", .pts = std::move(c.load_max)},
+                  {.name = "mean expert", .color = "#1f77b4", .pts = std::move(c.load_mean)},
+                  {.name = "dropped at capacity", .color = "#7f7f7f", .pts = std::move(c.dropped)}},
+                 false);
   o += "</div>\n";
   if (config) o += "<h2>config.toml</h2>\n<pre>" + esc(*config) + "</pre>\n";
   return o + "</body>\n</html>\n";

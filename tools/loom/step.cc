@@ -53,6 +53,8 @@ std::function<int()> add_step(CLI::App& app) {
     float loss = runner.step(ids);
     std::vector<TensorToWrite> out;
     out.push_back({"loss", DType::f32, {}, &loss});
+    float ce_loss = runner.ce_loss();  // = loss unless an MoE model adds its auxiliary losses
+    out.push_back({"ce_loss", DType::f32, {}, &ce_loss});
     for (const auto& p : params.infos())
       out.push_back({p.name, DType::f32, p.shape, runner.grad(p.name)});
     if (o->logits)

@@ -91,6 +91,14 @@ struct ModelGraph {
   // MoE models: each MoE layer's tokens per expert after capacity drops (kept) and the choices
   // before them (routed), f32 (L_moe * E), layer-major; -1 when dense.
   int moe_kept = -1, moe_routed = -1;
+  // What every step returns whatever else it does: the loss and, for an MoE model, the
+  // cross-entropy and the router load.
+  std::vector<int> loss_outputs() const {
+    std::vector<int> r{loss};
+    for (int v : {ce_loss, moe_kept, moe_routed})
+      if (v >= 0 && v != loss) r.push_back(v);
+    return r;
+  }
   ir::Roles roles;  // batch inputs, tensor-parallel weights, parameter groups
   // Incremental decoding (build_decode) only:
   int start = -1;           // input i32[]: the position of the first token

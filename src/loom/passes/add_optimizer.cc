@@ -1,7 +1,7 @@
 // add_optimizer (stage train): global-norm gradient clipping and AdamW over every parameter, in the
 // same graph as the forward and backward (autodiff::add_optimizer). The step's outputs become the
-// loss and the gradient norm. Skipped unless the step trains in one graph (StepKind::train without
-// gradient accumulation).
+// loss, the gradient norm and (MoE) the cross-entropy and router load. Skipped unless the step
+// trains in one graph (StepKind::train without gradient accumulation).
 #include "loom/passes/pipeline.h"
 
 namespace loom::passes {
@@ -13,7 +13,9 @@ Pass add_optimizer_pass() {
             ir::Graph& g = c.model.graph;
             c.optimizer = autodiff::add_optimizer(g, c.grads, o.optim);
             c.optimizer.loss = c.model.loss;
-            g.set_outputs({c.model.loss, c.optimizer.grad_norm});
+            std::vector<int> outs = c.model.loss_outputs();
+            outs.insert(outs.begin() + 1, c.optimizer.grad_norm);
+            g.set_outputs(outs);
           }};
 }
 

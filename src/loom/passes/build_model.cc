@@ -1,6 +1,7 @@
 // build_model (stage forward): the model's forward graph from [model] (models/), with the outputs
 // the forward stage promises: the loss, and the logits for a step that samples (StepKind::infer);
-// for a decode step (StepKind::decode) the decode graph and its logits (no loss).
+// an MoE model's cross-entropy and router load (models/model.h) besides; for a decode step
+// (StepKind::decode) the decode graph and its logits (no loss).
 #include <fmt/format.h>
 
 #include "loom/core/error.h"
@@ -20,7 +21,7 @@ Pass build_model_pass() {
               return;
             }
             c.model = models::build_model(o.model, o.batch, o.seq_len);
-            c.model.graph.add_output(c.model.loss);
+            for (int v : c.model.loss_outputs()) c.model.graph.add_output(v);
             if (o.kind == StepKind::infer) c.model.graph.add_output(c.model.logits);
           }};
 }

@@ -14,7 +14,7 @@ Pass differentiate_pass() {
             ops::Builder b(g);
             c.grads = autodiff::gradients(b, c.model.loss, g.inputs_of_kind(ir::ValueKind::param));
             if (o.kind == StepKind::train && !o.accumulate) return;
-            std::vector<int> outs{c.model.loss};
+            std::vector<int> outs = c.model.loss_outputs();
             if (o.kind == StepKind::grads) outs.push_back(c.model.logits);
             for (auto [p, d] : c.grads) outs.push_back(d);
             g.set_outputs(outs);

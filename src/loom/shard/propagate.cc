@@ -124,10 +124,10 @@ class Propagator {
     for (size_t j = 0; j < n.outputs.size(); ++j)
       collect(p_.value[size_t(n.outputs[j])], r.results[j], priority(n.outputs[j]), 1000 + int(j));
     // operands before results: a result's sharding (a tactic's choice of how to keep it, or a
-    // consumer's wish) only fills factors its operands leave free; it is met by a reshard otherwise.
-    // Among equals, a split that passes to the result before one that leaves it a partial sum: the
-    // experts' weight gradient dW = dY^T X with dY split by sequence and X by expert runs split by
-    // expert (no reduction of whole expert weights, no reshard of X).
+    // consumer's wish) only fills factors its operands leave free; it is met by a reshard
+    // otherwise. Among equals, a split that passes to the result before one that leaves it a
+    // partial sum: the experts' weight gradient dW = dY^T X with dY split by sequence and X by
+    // expert runs split by expert (no reduction of whole expert weights, no reshard of X).
     std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
       bool ra = a.order >= 1000, rb = b.order >= 1000;
       if (ra != rb) return rb;

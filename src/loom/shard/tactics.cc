@@ -96,8 +96,8 @@ class Applier {
 }  // namespace
 
 const std::vector<std::string>& tactic_kinds() {
-  static const std::vector<std::string> k{"data",     "fsdp",     "zero1", "zero2", "megatron",
-                                          "sequence", "expert",   "shard"};
+  static const std::vector<std::string> k{"data",     "fsdp",     "zero1",  "zero2",
+                                          "megatron", "sequence", "expert", "shard"};
   return k;
 }
 

@@ -11,7 +11,8 @@ double validation_loss(const Config& cfg, const data::TextCorpus& corpus, StepRu
   for (int64_t i = 0; i < cfg.train.eval_batches; ++i) {
     corpus.sample(data::TextCorpus::Split::val, uint64_t(cfg.train.seed) + 7777, i, 0, B, T,
                   tokens.data());
-    sum += evaluator.step(tokens.data());
+    evaluator.step(tokens.data());
+    sum += evaluator.ce_loss();
   }
   return sum / double(cfg.train.eval_batches);
 }

@@ -1,4 +1,5 @@
-// Validation loss as loom train reports it: the mean loss over [train] eval_batches batches of
+// Validation loss as loom train reports it: the mean cross-entropy (an MoE model's auxiliary losses
+// left out, so models compare by perplexity) over [train] eval_batches batches of
 // batch_size rows from the validation split, sampled with seed + 7777 (the same batches every time,
 // in every run of the config).
 #pragma once

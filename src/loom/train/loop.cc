@@ -23,6 +23,21 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// An MoE model's step metrics: the cross-entropy alone (`loss` holds the objective with the
+// auxiliary losses) and the router's load over every MoE layer: the most and the mean tokens an
+// expert kept, and the choices dropped at capacity.
+void add_router_metrics(const StepRunner& runner, nlohmann::json& m) {
+  const auto& load = runner.router_load();
+  if (load.kept.empty()) return;
+  m["ce_loss"] = runner.ce_loss();
+  double max = 0, kept = 0, routed = 0;
+  for (float k : load.kept) max = std::max(max, double(k)), kept += k;
+  for (float r : load.routed) routed += r;
+  m["moe_tokens_max"] = max;
+  m["moe_tokens_mean"] = kept / double(load.kept.size());
+  m["moe_dropped"] = routed - kept;
+}
+
 // Keeps the metrics lines of steps <= `upto` (a resumed run rewrites what came after its
 // checkpoint).
 void truncate_metrics(const std::string& path, int64_t upto) {
@@ -184,6 +199,7 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
                      {"lr", lr},
                      {"grad_norm", runner.grad_norm()},
                      {"tokens_per_s", double(rows * T) / dt}};
+    add_router_metrics(runner, m);
     bool last = step == max_steps;
     if (island) {
       ++round_steps;

@@ -225,6 +225,7 @@ float StepRunner::step(const int32_t* tokens, double lr) {
       blocks_->take_block(step_.c.model.targets, targets_.data(), targets_block_.data());
     }
     exec_->run();
+    collect_forward_outputs(0);
     return *exec_->ptr<float>(out(step_.loss()));
   }
   // Gradient accumulation: sum micro-batch gradients, then one optimizer step on their mean.
@@ -232,6 +233,7 @@ float StepRunner::step(const int32_t* tokens, double lr) {
   for (int64_t i = 0; i < step_.accum; ++i) {
     load_rows(tokens + i * B * (T + 1));
     exec_->run();
+    collect_forward_outputs(i);
     loss += *exec_->ptr<float>(out(step_.loss()));
     for (auto& [d, sum] : accum_grads_) {
       const float* g = exec_->ptr<float>(out(d));
@@ -246,7 +248,26 @@ float StepRunner::step(const int32_t* tokens, double lr) {
     kernels::cpu::scale(sum.data(), float(1.0 / double(step_.accum)), sum.data(),
                         int64_t(sum.size()));
   opt_exec_->run();
+  ce_loss_ = float(ce_loss_ / double(step_.accum));
   return float(loss / double(step_.accum));
+}
+
+void StepRunner::collect_forward_outputs(int64_t i) {
+  const models::ModelGraph& m = step_.c.model;
+  if (m.ce_loss < 0) return;  // a decode graph: no loss
+  const float ce = *exec_->ptr<float>(out(m.ce_loss));
+  ce_loss_ = i == 0 ? ce : ce_loss_ + ce;
+  if (m.moe_kept < 0) return;
+  auto add = [&](int v, std::vector<float>& sum) {
+    const float* x = exec_->ptr<float>(out(v));
+    const size_t n = size_t(numel(graph().value(v).type.shape));
+    if (i == 0)
+      sum.assign(x, x + n);
+    else
+      for (size_t j = 0; j < n; ++j) sum[j] += x[j];
+  };
+  add(m.moe_kept, load_.kept);
+  add(m.moe_routed, load_.routed);
 }
 
 const float* StepRunner::logits() const {

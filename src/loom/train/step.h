@@ -62,6 +62,15 @@ class StepRunner {
   // Communication the step's executors saw, summed over steps (runtime::Executor::comm_stats).
   runtime::Executor::CommStats comm_stats() const;
   const float* logits() const;
+  // The last step's cross-entropy alone (the loss less an MoE model's auxiliary losses; = the
+  // loss for a dense model), averaged over micro-batches like the loss.
+  float ce_loss() const { return ce_loss_; }
+  // MoE models: the last step's tokens per expert, summed over micro-batches, each MoE layer's E
+  // in turn (models/model.h: ModelGraph::moe_kept, moe_routed); empty for a dense model.
+  struct RouterLoad {
+    std::vector<float> kept, routed;
+  };
+  const RouterLoad& router_load() const { return load_; }
   const float* grad(const std::string& param) const;  // Mode::grads, unsharded only
   // Mode::grads: the whole gradient of a parameter (collective when sharded).
   std::vector<float> full_grad(const std::string& param);
@@ -109,6 +118,11 @@ class StepRunner {
   std::map<int, int> out_local_;           // sharded: global output value -> the executor's value
   std::vector<std::pair<int, std::vector<float>>> accum_grads_;  // global grad id, its sum
   float hyper_buf_[3] = {0, 0, 0};
+  float ce_loss_ = 0;
+  RouterLoad load_;
+  // After the step graph ran on micro-batch i: adds its cross-entropy and router load to the
+  // step's (i == 0 starts them).
+  void collect_forward_outputs(int64_t i);
   int64_t t_ = 0;
   // Binds this rank's program: parameters (own or `share`'s blocks, or the store's whole copies),
   // the batch blocks, the hyper-parameters and the moments.
