@@ -21,7 +21,8 @@ namespace loom::train::parity {
 struct Case {
   std::string name, mesh, tactics;
   // tiny | mid (Llama) | gpt2 (the tiny GPT-2) | moe (tiny-moe: top 2, some tokens dropped) |
-  // moe_gpt2 (tiny-moe-gpt2: top 1, every second layer)
+  // moe_gpt2 (tiny-moe-gpt2: top 1, every second layer) | normformer (tiny-normformer) |
+  // normformer_gpt2 (tiny-normformer-gpt2: with MoE layers)
   std::string model = "tiny";
   std::vector<std::string> sets = {};  // more --set overrides ([passes])
 };
@@ -38,11 +39,14 @@ inline Config config(const Case& c) {
                           "model.ffn_hidden=352", "model.n_layers=3", "model.vocab_size=512"})
       sets.push_back(s);
   sets.insert(sets.end(), c.sets.begin(), c.sets.end());
-  const std::map<std::string, const char*> files = {{"tiny", "/configs/tiny-llama.toml"},
-                                                    {"mid", "/configs/tiny-llama.toml"},
-                                                    {"gpt2", "/configs/tiny-gpt2.toml"},
-                                                    {"moe", "/configs/tiny-moe.toml"},
-                                                    {"moe_gpt2", "/configs/tiny-moe-gpt2.toml"}};
+  const std::map<std::string, const char*> files = {
+      {"tiny", "/configs/tiny-llama.toml"},
+      {"mid", "/configs/tiny-llama.toml"},
+      {"gpt2", "/configs/tiny-gpt2.toml"},
+      {"moe", "/configs/tiny-moe.toml"},
+      {"moe_gpt2", "/configs/tiny-moe-gpt2.toml"},
+      {"normformer", "/configs/tiny-normformer.toml"},
+      {"normformer_gpt2", "/configs/tiny-normformer-gpt2.toml"}};
   const char* file = files.at(c.model);
   return load_config(std::string(LOOM_SOURCE_DIR) + file, sets);
 }
@@ -197,6 +201,10 @@ inline std::vector<Case> cases() {
        std::string(R"([{kind="expert",axis="expert"},{kind="fsdp",axis="data"},)") + data + "]",
        "moe"},
       {"moe_gpt2_expert", "{expert=2}", R"([{kind="expert",axis="expert"}])", "moe_gpt2"},
+      // NormFormer: the head scales fold into the row-parallel output projection
+      {"normformer_megatron", "{model=2}", R"([{kind="megatron",axis="model"}])", "normformer"},
+      {"normformer_gpt2_expert_megatron_2x2", "{expert=2,model=2}",
+       R"([{kind="expert",axis="expert"},{kind="megatron",axis="model"}])", "normformer_gpt2"},
       {"fsdp_unbucketed",
        "{data=2}",
        std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",

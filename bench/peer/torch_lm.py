@@ -98,6 +98,7 @@ class ModelConfig:
     dtype: str
     tie_embeddings: bool = False  # Llama: the head is embed_tokens (GPT-2: always)
     moe: "MoeConfig | None" = None  # Mixture-of-Experts MLPs ([model] moe), None: dense
+    normformer: bool = False  # NormFormer's extra norms and head scales ([model] normformer)
 
     def moe_layer(self, layer):
         return self.moe is not None and self.moe.experts > 0 and (layer + 1) % self.moe.every == 0
@@ -157,7 +158,7 @@ _MODEL_KEYS = {
     "n_layers": (int, _REQUIRED), "n_heads": (int, _REQUIRED), "n_kv_heads": (int, _SAME_AS_N_HEADS),
     "ffn_hidden": (int, _REQUIRED), "max_seq_len": (int, _REQUIRED), "norm_eps": (float, 1e-5),
     "rope_theta": (float, 10000.0), "dtype": (str, "f32"), "tie_embeddings": (bool, False),
-    "moe": (dict, None),
+    "moe": (dict, None), "normformer": (bool, False),
 }
 _MOE_KEYS = {"experts": (int, 0), "top_k": (int, 2), "every": (int, 1),
              "capacity_factor": (float, 1.25), "dropless": (bool, False),
@@ -383,6 +384,8 @@ class LlamaAttention(nn.Module):
         self.k_proj = Linear(C, NKV * HS, bf16)
         self.v_proj = Linear(C, NKV * HS, bf16)
         self.o_proj = Linear(NH * HS, C, bf16)
+        if m.normformer:
+            self.head_scale = nn.Parameter(torch.empty(NH))
         self.NH, self.NKV, self.HS, self.bf16, self.sdpa = NH, NKV, HS, bf16, sdpa
 
     def forward(self, x, cos, sin):  # x (B,T,C) -> (B,T,C)
@@ -391,7 +394,16 @@ class LlamaAttention(nn.Module):
         k = apply_rope(self.k_proj(x).view(B, T, self.NKV, self.HS), cos, sin)
         v = self.v_proj(x).view(B, T, self.NKV, self.HS)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B,H,T,HS)
-        return self.o_proj(causal_attention(q, k, v, self.bf16, self.sdpa))
+        return self.o_proj(head_scaled(self, causal_attention(q, k, v, self.bf16, self.sdpa)))
+
+
+def head_scaled(attn, y):
+    """NormFormer: each head's attention output (B,T,NH*HS) times its learned scale (identity
+    without one)."""
+    if not hasattr(attn, "head_scale"):
+        return y
+    B, T, _ = y.shape
+    return (y.float().view(B, T, attn.NH, attn.HS) * attn.head_scale.view(attn.NH, 1)).view(B, T, -1)
 
 
 class LlamaMLP(nn.Module):
@@ -400,9 +412,14 @@ class LlamaMLP(nn.Module):
         self.gate_proj = Linear(m.d_model, m.ffn_hidden, bf16)
         self.up_proj = Linear(m.d_model, m.ffn_hidden, bf16)
         self.down_proj = Linear(m.ffn_hidden, m.d_model, bf16)
+        if m.normformer:
+            self.ffn_layernorm = RMSNorm(m.ffn_hidden, m.norm_eps)
 
     def forward(self, x):  # (B,T,C) -> (B,T,C); SwiGLU in f32
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        h = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        if hasattr(self, "ffn_layernorm"):  # NormFormer
+            h = self.ffn_layernorm(h)
+        return self.down_proj(h)
 
 
 class Stacked(nn.Module):
@@ -462,6 +479,8 @@ class LlamaMoe(nn.Module):
         self.experts = nn.Module()
         self.experts.w1, self.experts.w2, self.experts.w3 = Stacked(E, F_, C), Stacked(E, C, F_), \
             Stacked(E, F_, C)
+        if m.normformer:  # one norm after SwiGLU, shared by the experts
+            self.experts.ffn_layernorm = RMSNorm(F_, m.norm_eps)
         self.m, self.bf16, self.routing = m, bf16, None
 
     def forward(self, x):  # (B,T,C) -> (B,T,C)
@@ -469,8 +488,9 @@ class LlamaMoe(nn.Module):
         self.routing = MoeRouting(linear(x, self.gate.weight, False), self.m.moe.top_k,
                                   self.m.moe.capacity(x.shape[1]))
         w1, w2, w3 = (self.experts.w1.weight, self.experts.w2.weight, self.experts.w3.weight)
-        outs = [linear(F.silu(linear(x, w1[e], self.bf16)) * linear(x, w3[e], self.bf16), w2[e],
-                       self.bf16) for e in range(w1.shape[0])]
+        norm = getattr(self.experts, "ffn_layernorm", lambda h: h)
+        outs = [linear(norm(F.silu(linear(x, w1[e], self.bf16)) * linear(x, w3[e], self.bf16)),
+                       w2[e], self.bf16) for e in range(w1.shape[0])]
         return self.routing.combine(outs)
 
 
@@ -480,13 +500,18 @@ class LlamaLayer(nn.Module):
         self.input_layernorm = RMSNorm(m.d_model, m.norm_eps)
         self.self_attn = LlamaAttention(m, bf16, sdpa)
         self.post_attention_layernorm = RMSNorm(m.d_model, m.norm_eps)
+        if m.normformer:
+            self.attn_out_layernorm = RMSNorm(m.d_model, m.norm_eps)
         if moe:
             self.block_sparse_moe = LlamaMoe(m, bf16)
         else:
             self.mlp = LlamaMLP(m, bf16)
 
     def forward(self, x, cos, sin):  # (B,T,C) -> (B,T,C)
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        a = self.self_attn(self.input_layernorm(x), cos, sin)
+        if hasattr(self, "attn_out_layernorm"):  # NormFormer
+            a = self.attn_out_layernorm(a)
+        h = x + a
         mlp = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
         return h + mlp(self.post_attention_layernorm(h))
 
@@ -531,13 +556,15 @@ class GPT2Attention(nn.Module):
         super().__init__()
         self.c_attn = Conv1D(m.d_model, 3 * m.d_model, bf16)
         self.c_proj = Conv1D(m.d_model, m.d_model, bf16)
+        if m.normformer:
+            self.head_scale = nn.Parameter(torch.empty(m.n_heads))
         self.NH, self.HS, self.bf16, self.sdpa = m.n_heads, m.head_size, bf16, sdpa
 
     def forward(self, x):  # (B,T,C) -> (B,T,C)
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=-1)  # each (B,T,C)
         q, k, v = (t.view(B, T, self.NH, self.HS).transpose(1, 2) for t in (q, k, v))
-        return self.c_proj(causal_attention(q, k, v, self.bf16, self.sdpa))
+        return self.c_proj(head_scaled(self, causal_attention(q, k, v, self.bf16, self.sdpa)))
 
 
 class GPT2MLP(nn.Module):
@@ -545,9 +572,14 @@ class GPT2MLP(nn.Module):
         super().__init__()
         self.c_fc = Conv1D(m.d_model, m.ffn_hidden, bf16)
         self.c_proj = Conv1D(m.ffn_hidden, m.d_model, bf16)
+        if m.normformer:
+            self.ln_fc = LayerNorm(m.ffn_hidden, m.norm_eps)
 
     def forward(self, x):  # (B,T,C) -> (B,T,C); GELU (tanh) in f32
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        h = F.gelu(self.c_fc(x), approximate="tanh")
+        if hasattr(self, "ln_fc"):  # NormFormer
+            h = self.ln_fc(h)
+        return self.c_proj(h)
 
 
 class GPT2Moe(nn.Module):
@@ -560,6 +592,8 @@ class GPT2Moe(nn.Module):
         self.gate = Stacked(C, E)
         self.experts = nn.Module()
         self.experts.c_fc, self.experts.c_proj = Stacked(E, C, F_), Stacked(E, F_, C)
+        if m.normformer:  # one LayerNorm after GELU, shared by the experts
+            self.experts.ln_fc = LayerNorm(F_, m.norm_eps)
         self.m, self.bf16, self.routing = m, bf16, None
 
     def forward(self, x):  # (B,T,C) -> (B,T,C)
@@ -568,7 +602,9 @@ class GPT2Moe(nn.Module):
         self.routing = MoeRouting(x @ self.gate.weight, self.m.moe.top_k,  # f32 router
                                   self.m.moe.capacity(x.shape[1]))
         fc, proj = self.experts.c_fc.weight, self.experts.c_proj.weight
-        outs = [mm(F.gelu(mm(x, fc[e]), approximate="tanh"), proj[e]) for e in range(fc.shape[0])]
+        norm = getattr(self.experts, "ln_fc", lambda h: h)
+        outs = [mm(norm(F.gelu(mm(x, fc[e]), approximate="tanh")), proj[e])
+                for e in range(fc.shape[0])]
         return self.routing.combine(outs)
 
 
@@ -577,11 +613,16 @@ class GPT2Block(nn.Module):
         super().__init__()
         self.ln_1 = LayerNorm(m.d_model, m.norm_eps)
         self.attn = GPT2Attention(m, bf16, sdpa)
+        if m.normformer:
+            self.ln_attn = LayerNorm(m.d_model, m.norm_eps)
         self.ln_2 = LayerNorm(m.d_model, m.norm_eps)
         self.mlp = GPT2Moe(m, bf16) if moe else GPT2MLP(m, bf16)
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+        a = self.attn(self.ln_1(x))
+        if hasattr(self, "ln_attn"):  # NormFormer
+            a = self.ln_attn(a)
+        x = x + a
         return x + self.mlp(self.ln_2(x))
 
 

@@ -1,5 +1,7 @@
 // GPT-2: learned positions, LayerNorm with bias, fused qkv projection, GELU (tanh) MLP, output head
-// tied to the token embedding. Weights in Conv1D layout (in, out): y = x W + b.
+// tied to the token embedding. Weights in Conv1D layout (in, out): y = x W + b. Optionally MoE MLPs
+// ([model] moe) and NormFormer ([model] normformer: LayerNorm after the attention's output
+// projection, a scale per attention head, LayerNorm after GELU).
 //   x = wte(tokens) + wpe(positions)                    (B,T,C)
 //   per layer: x = x + c_proj(attn(split(c_attn(ln_1(x)))))
 //              x = x + mlp.c_proj(gelu(mlp.c_fc(ln_2(x))))
@@ -33,6 +35,11 @@ std::vector<ParamInfo> gpt2_params(const ModelConfig& c) {
     p.push_back({s + "attn.c_attn.bias", {3 * C}, I::zeros, blk});
     p.push_back({s + "attn.c_proj.weight", {C, C}, I::scaled_normal, blk, P::row, 0});
     p.push_back({s + "attn.c_proj.bias", {C}, I::zeros, blk});
+    if (c.normformer) {
+      p.push_back({s + "attn.head_scale", {c.n_heads}, I::ones, blk});
+      p.push_back({s + "ln_attn.weight", {C}, I::ones, blk});
+      p.push_back({s + "ln_attn.bias", {C}, I::zeros, blk});
+    }
     p.push_back({s + "ln_2.weight", {C}, I::ones, blk});
     p.push_back({s + "ln_2.bias", {C}, I::zeros, blk});
     if (c.moe.layer(l)) {
@@ -43,10 +50,18 @@ std::vector<ParamInfo> gpt2_params(const ModelConfig& c) {
       p.push_back({s + "mlp.experts.c_fc.weight", {E, C, F}, I::normal, blk, P::none, -1, true});
       p.push_back(
           {s + "mlp.experts.c_proj.weight", {E, F, C}, I::scaled_normal, blk, P::none, -1, true});
+      if (c.normformer) {
+        p.push_back({s + "mlp.experts.ln_fc.weight", {F}, I::ones, blk});
+        p.push_back({s + "mlp.experts.ln_fc.bias", {F}, I::zeros, blk});
+      }
       continue;
     }
     p.push_back({s + "mlp.c_fc.weight", {C, F}, I::normal, blk, P::column, 1});
     p.push_back({s + "mlp.c_fc.bias", {F}, I::zeros, blk, P::column, 0});
+    if (c.normformer) {
+      p.push_back({s + "mlp.ln_fc.weight", {F}, I::ones, blk});
+      p.push_back({s + "mlp.ln_fc.bias", {F}, I::zeros, blk});
+    }
     p.push_back({s + "mlp.c_proj.weight", {F, C}, I::scaled_normal, blk, P::row, 0});
     p.push_back({s + "mlp.c_proj.bias", {C}, I::zeros, blk});
   }
@@ -76,19 +91,28 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
     auto parts =
         b.emit("split", {qkv}, {{"sizes", std::vector<int64_t>{C, C, C}}}, {"q", "k", "v"});
     int a = x.attention(parts[0], parts[1], parts[2], /*rope=*/false);
-    h = b.add(h, affine(a, p + "attn.c_proj", "attn_out"), "resid_attn");
+    if (c.normformer) {
+      int w = x.head_scaled(p + "attn.c_proj.weight", p + "attn.head_scale", true);
+      int o = b.add(b.matmul(b.cast(a, x.cd), b.cast(w, x.cd), false, false, "attn_out_mm"),
+                    x.param(p + "attn.c_proj.bias"), "attn_out");
+      h = b.add(h, ln(o, p + "ln_attn", "ln_attn"), "resid_attn");
+    } else {
+      h = b.add(h, affine(a, p + "attn.c_proj", "attn_out"), "resid_attn");
+    }
     if (c.moe.layer(l)) {
       int n2 = ln(h, p + "ln_2", "ln_2");
       int logits = b.matmul(n2, x.param(p + "mlp.gate.weight"), false, false, "router_logits");
       int y = x.moe(n2, logits, [&](int xe) {
         int f = b.emit1("gelu", {x.bmm(xe, p + "mlp.experts.c_fc.weight", false, "expert_fc")}, {},
                         "expert_gelu");
+        if (c.normformer) f = ln(f, p + "mlp.experts.ln_fc", "expert_ln_fc");
         return x.bmm(f, p + "mlp.experts.c_proj.weight", false, "expert_proj");
       });
       h = b.add(h, y, "resid_mlp");
       continue;
     }
     int f = b.emit1("gelu", {affine(ln(h, p + "ln_2", "ln_2"), p + "mlp.c_fc", "fc")}, {}, "gelu");
+    if (c.normformer) f = ln(f, p + "mlp.ln_fc", "ln_fc");
     h = b.add(h, affine(f, p + "mlp.c_proj", "mlp_out"), "resid_mlp");
   }
   b.set_scope("");

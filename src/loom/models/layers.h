@@ -25,11 +25,35 @@ struct Ctx {
   }
   // y = x W^T with W stored (out, in) (Llama, nn.Linear); x may already be in the compute dtype.
   int linear(int x, const std::string& w, const std::string& name, DType out = DType::f32) {
-    return b.matmul(b.cast(x, cd), b.cast(param(w), cd), false, true, name, out);
+    return linear(x, param(w), name, out);
+  }
+  int linear(int x, int w, const std::string& name, DType out = DType::f32) {
+    return b.matmul(b.cast(x, cd), b.cast(w, cd), false, true, name, out);
   }
   // y = x W with W stored (in, out) (GPT-2 Conv1D).
   int conv1d(int x, const std::string& w, const std::string& name) {
     return b.matmul(b.cast(x, cd), b.cast(param(w), cd), false, false, name);
+  }
+  // NormFormer's head-wise scaling of the attention output, folded into the output projection:
+  // o_proj(a * s per head) = a (W * s per input feature), so the scale touches the (C, NH*HS)
+  // weight instead of every token's activation. `heads_on_rows`: W is stored (NH*HS, C) (GPT-2's
+  // Conv1D), else (C, NH*HS) (nn.Linear). Returns the scaled weight, f32.
+  int head_scaled(const std::string& w, const std::string& scale, bool heads_on_rows) {
+    const int64_t NH = c.n_heads, HS = c.head_size(), C = c.d_model;
+    const Shape& ws = b.shape(param(w));
+    // s (NH) -> (NH, HS): every head's scale repeated over its features
+    int rep = b.matmul(b.reshape(param(scale), {NH, 1}),
+                       b.emit1("fill", {}, {{"shape", Shape{1, HS}}, {"value", 1.0}}, "ones_hs"),
+                       false, false, "head_scale_rep");
+    int grid;
+    if (heads_on_rows)  // (NH*HS, 1) x (1, C)
+      grid = b.matmul(b.reshape(rep, {NH * HS, 1}),
+                      b.emit1("fill", {}, {{"shape", Shape{1, C}}, {"value", 1.0}}, "ones_c"),
+                      false, false, "head_scale_grid");
+    else
+      grid = b.emit1("broadcast_rows", {b.reshape(rep, {NH * HS})}, {{"shape", ws}},
+                     "head_scale_grid");
+    return b.mul(param(w), grid, "head_scaled_proj");
   }
   // Batched y[e] = x[e] W[e]^T (tb) or x[e] W[e] over the stacked experts' weights W (E,out,in) or
   // (E,in,out); x (E,rows,in).

@@ -1,5 +1,7 @@
 // Llama: RMSNorm, RoPE (rotate-half), grouped-query attention, SwiGLU MLP, an output head of its
-// own or (tie_embeddings) the token embedding.
+// own or (tie_embeddings) the token embedding. Optionally Mixtral's MoE MLPs ([model] moe) and
+// NormFormer's norms ([model] normformer: RMSNorm after the attention's output projection, a scale
+// per attention head, RMSNorm after SwiGLU).
 //   x = embed(tokens)                                   (B,T,C)
 //   per layer: h = x + o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x)
 //              x = h + down_proj(silu(gate_proj(n)) * up_proj(n)),  n = rmsnorm(h)
@@ -32,6 +34,10 @@ std::vector<ParamInfo> llama_params(const ModelConfig& c) {
         {s + "self_attn.v_proj.weight", {c.kv_heads() * HS, C}, I::normal, blk, P::column, 0});
     p.push_back(
         {s + "self_attn.o_proj.weight", {C, c.n_heads * HS}, I::scaled_normal, blk, P::row, 1});
+    if (c.normformer) {
+      p.push_back({s + "self_attn.head_scale", {c.n_heads}, I::ones, blk});
+      p.push_back({s + "attn_out_layernorm.weight", {C}, I::ones, blk});
+    }
     p.push_back({s + "post_attention_layernorm.weight", {C}, I::ones, blk});
     if (c.moe.layer(l)) {
       // Mixtral's block_sparse_moe: w1 gate, w3 up, w2 down; each expert's (out, in) stacked
@@ -41,10 +47,12 @@ std::vector<ParamInfo> llama_params(const ModelConfig& c) {
       p.push_back({m + "experts.w1.weight", {E, F, C}, I::normal, blk, P::none, -1, true});
       p.push_back({m + "experts.w2.weight", {E, C, F}, I::scaled_normal, blk, P::none, -1, true});
       p.push_back({m + "experts.w3.weight", {E, F, C}, I::normal, blk, P::none, -1, true});
+      if (c.normformer) p.push_back({m + "experts.ffn_layernorm.weight", {F}, I::ones, blk});
       continue;
     }
     p.push_back({s + "mlp.gate_proj.weight", {F, C}, I::normal, blk, P::column, 0});
     p.push_back({s + "mlp.up_proj.weight", {F, C}, I::normal, blk, P::column, 0});
+    if (c.normformer) p.push_back({s + "mlp.ffn_layernorm.weight", {F}, I::ones, blk});
     p.push_back({s + "mlp.down_proj.weight", {C, F}, I::scaled_normal, blk, P::row, 1});
   }
   p.push_back({"model.norm.weight", {C}, I::ones, "head"});
@@ -55,6 +63,11 @@ std::vector<ParamInfo> llama_params(const ModelConfig& c) {
 int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
   detail::Ctx x{b, c, in};
   const double eps = x.c.norm_eps;
+  // NormFormer's extra norms, RMSNorm in Llama's flavour; on f32 (a bf16 input is widened)
+  auto norm = [&](int v, const std::string& w, const std::string& name) {
+    return b.emit("rmsnorm", {b.cast(v, DType::f32), x.param(w)}, {{"eps", eps}},
+                  {name, name + "_rstd"})[0];
+  };
   int h = b.emit1("embedding", {in.tokens, x.param("model.embed_tokens.weight")}, {}, "embed");
   for (int64_t l = 0; l < x.c.n_layers; ++l) {
     std::string p = fmt::format("model.layers.{}.", l);
@@ -66,7 +79,13 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
     int k = x.linear(n1, p + "self_attn.k_proj.weight", "k");
     int v = x.linear(n1, p + "self_attn.v_proj.weight", "v");
     int a = x.attention(q, k, v, /*rope=*/true);
-    h = b.add(h, x.linear(a, p + "self_attn.o_proj.weight", "attn_out"), "resid_attn");
+    if (c.normformer) {
+      int wo = x.head_scaled(p + "self_attn.o_proj.weight", p + "self_attn.head_scale", false);
+      int o = norm(x.linear(a, wo, "attn_out"), p + "attn_out_layernorm.weight", "attn_out_norm");
+      h = b.add(h, o, "resid_attn");
+    } else {
+      h = b.add(h, x.linear(a, p + "self_attn.o_proj.weight", "attn_out"), "resid_attn");
+    }
     int n2 = b.emit("rmsnorm", {h, x.param(p + "post_attention_layernorm.weight")}, {{"eps", eps}},
                     {"mlp_norm", "mlp_rstd"})[0];
     if (c.moe.layer(l)) {
@@ -77,6 +96,7 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
         int gate = x.bmm(xe, m + "w1.weight", true, "expert_gate", x.cd);
         int up = x.bmm(xe, m + "w3.weight", true, "expert_up", x.cd);
         int s = b.emit1("swiglu", {gate, up}, {}, "expert_swiglu");
+        if (c.normformer) s = norm(s, m + "ffn_layernorm.weight", "expert_ffn_norm");
         return x.bmm(s, m + "w2.weight", true, "expert_down");
       });
       h = b.add(h, y, "resid_mlp");
@@ -87,6 +107,7 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
     int gate = x.linear(n2, p + "mlp.gate_proj.weight", "gate", x.cd);
     int up = x.linear(n2, p + "mlp.up_proj.weight", "up", x.cd);
     int s = b.emit1("swiglu", {gate, up}, {}, "swiglu");
+    if (c.normformer) s = norm(s, p + "mlp.ffn_layernorm.weight", "ffn_norm");
     h = b.add(h, x.linear(s, p + "mlp.down_proj.weight", "mlp_out"), "resid_mlp");
   }
   b.set_scope("");
