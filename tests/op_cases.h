@@ -152,6 +152,20 @@ inline std::vector<OpCase> cases() {
     return b.emit("moe_router", {P(g, "logits", {2, 5, 4})},
                   {{"top_k", int64_t(2)}, {"capacity", cap}});
   };
+  // the experts' GEMMs over dispatched slots (empty ones zero, skipped by the kernel), both
+  // weight layouts; 3 experts, 2 sequences of 20 slots (more than the 16-row rounding)
+  v.push_back({"grouped_matmul", [](ir::Graph& g, ops::Builder& b) {
+                 // the logits as a state: only the slots are read, which carry no gradient
+                 int logits = g.add_input("logits", {DType::f32, {2, 9, 3}}, ValueKind::state);
+                 auto r = b.emit("moe_router", {logits},
+                                 {{"top_k", int64_t(2)}, {"capacity", int64_t(20)}});
+                 int xe = b.emit1("moe_dispatch", {P(g, "x", {2, 9, 5}), r[1], r[2]},
+                                  {{"num_experts", int64_t(3)}, {"capacity", int64_t(20)}});
+                 int h = b.emit1("grouped_matmul", {xe, P(g, "w1", {3, 4, 5})},
+                                 {{"ta", int64_t(0)}, {"tb", int64_t(1)}});
+                 return std::vector<int>{b.emit1("grouped_matmul", {h, P(g, "w2", {3, 4, 6})},
+                                                 {{"ta", int64_t(0)}, {"tb", int64_t(0)}})};
+               }});
   v.push_back({"moe_router", [routed](ir::Graph& g, ops::Builder& b) {
                  auto r = routed(g, b, 3);
                  return std::vector<int>{r[0], r[3], r[4]};  // gates, prob_sum, z_sum

@@ -56,6 +56,34 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
       std::fill(out(0).begin(), out(0).end(), in(0)[0]);
     else if (op == "broadcast_rows") {
       for (size_t i = 0; i < out(0).size(); ++i) out(0)[i] = in(0)[i % in(0).size()];
+    } else if (op == "grouped_matmul") {
+      // the batched matmul it equals: per expert, rows (B*S) of a
+      const Shape &a = shape(0), &w = shape(1);
+      const bool ta = n.attr_int("ta", 0), tb = n.attr_int("tb", 0);
+      const int64_t E = a[0], R = a[1] * a[2];
+      const auto &A = in(0), &W = in(1);
+      auto& Y = out(0);
+      if (!ta) {
+        const int64_t K = a[3], N = tb ? w[1] : w[2];
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t j = 0; j < N; ++j) {
+              double s = 0;
+              for (int64_t k = 0; k < K; ++k)
+                s +=
+                    A[(e * R + r) * K + k] * (tb ? W[(e * N + j) * K + k] : W[(e * K + k) * N + j]);
+              Y[(e * R + r) * N + j] = s;
+            }
+      } else {
+        const int64_t M = a[3], N = w[3];
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double s = 0;
+              for (int64_t r = 0; r < R; ++r) s += A[(e * R + r) * M + i] * W[(e * R + r) * N + j];
+              Y[(e * M + i) * N + j] = s;
+            }
+      }
     } else if (op == "moe_router") {
       const Shape& s = shape(0);
       const int64_t K = n.attr_int("top_k"), N = s[0] * s[1] * K;

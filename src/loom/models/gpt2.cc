@@ -103,10 +103,11 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
       int n2 = ln(h, p + "ln_2", "ln_2");
       int logits = b.matmul(n2, x.param(p + "mlp.gate.weight"), false, false, "router_logits");
       int y = x.moe(n2, logits, [&](int xe) {
-        int f = b.emit1("gelu", {x.bmm(xe, p + "mlp.experts.c_fc.weight", false, "expert_fc")}, {},
-                        "expert_gelu");
+        int f =
+            b.emit1("gelu", {x.experts_mm(xe, p + "mlp.experts.c_fc.weight", false, "expert_fc")},
+                    {}, "expert_gelu");
         if (c.normformer) f = ln(f, p + "mlp.experts.ln_fc", "expert_ln_fc");
-        return x.bmm(f, p + "mlp.experts.c_proj.weight", false, "expert_proj");
+        return x.experts_mm(f, p + "mlp.experts.c_proj.weight", false, "expert_proj");
       });
       h = b.add(h, y, "resid_mlp");
       continue;

@@ -55,33 +55,32 @@ struct Ctx {
                      "head_scale_grid");
     return b.mul(param(w), grid, "head_scaled_proj");
   }
-  // Batched y[e] = x[e] W[e]^T (tb) or x[e] W[e] over the stacked experts' weights W (E,out,in) or
-  // (E,in,out); x (E,rows,in).
-  int bmm(int x, const std::string& w, bool tb, const std::string& name, DType out = DType::f32) {
-    ir::Attrs a{{"ta", int64_t(0)}, {"tb", int64_t(tb)}, {"batch", int64_t(1)}};
+  // Every expert's y[e] = x[e] W[e]^T (tb) or x[e] W[e] over its slots (grouped_matmul), with the
+  // stacked experts' weights W (E,out,in) or (E,in,out); x (E,B,S,in).
+  int experts_mm(int x, const std::string& w, bool tb, const std::string& name,
+                 DType out = DType::f32) {
+    ir::Attrs a{{"ta", int64_t(0)}, {"tb", int64_t(tb)}};
     if (out != DType::f32) a["out"] = std::string(dtype_name(out));
-    return b.emit1("matmul", {b.cast(x, cd), b.cast(param(w), cd)}, std::move(a), name);
+    return b.emit1("grouped_matmul", {b.cast(x, cd), b.cast(param(w), cd)}, std::move(a), name);
   }
   // A Mixture-of-Experts MLP over n (B,T,C) f32 (ops/moe.cc): the router's logits (B,T,E) f32 (a
   // linear map of n, in f32 even under bf16: Switch Transformer's selective precision, since a
   // rounding can flip a token's experts) pick each token's experts, dispatch moves the tokens into
-  // the experts' slots (E,B,S,C), `experts` maps them, flattened to (E,B*S,C) in cd, through every
-  // expert's MLP at once (batched matmuls over the stacked weights) to (E,B*S,C) f32, and combine
+  // the experts' slots (E,B,S,C) in cd, `experts` maps them through every expert's MLP at once
+  // (grouped_matmul over the stacked weights, skipping empty slots) to (E,B,S,C) f32, and combine
   // adds each token's experts' outputs weighted by its gates. Returns (B,T,C) f32; the router's
   // sums go to in.moe. A decode step routes without drops (capacity T): inference never drops a
   // token.
   template <class Experts>
   int moe(int n, int logits, Experts&& experts) {
-    const int64_t B = in.B, T = in.T, C = b.shape(n).back(), E = c.moe.experts;
+    const int64_t T = in.T, E = c.moe.experts;
     const int64_t S = in.decoding() ? T : c.moe.capacity(T);
     auto r = b.emit("moe_router", {logits}, {{"top_k", c.moe.top_k}, {"capacity", S}},
                     {"gates", "experts", "slots", "prob_sum", "z_sum", "routed", "kept"});
     if (in.moe) in.moe->push_back({r[3], r[4], r[5], r[6]});
     int xe = b.emit1("moe_dispatch", {b.cast(n, cd), r[1], r[2]},
                      {{"num_experts", E}, {"capacity", S}}, "expert_in");
-    int ye = experts(b.reshape(xe, {E, B * S, C}, "expert_in_flat"));
-    ye = b.reshape(ye, {E, B, S, C}, "expert_out");
-    return b.emit1("moe_combine", {ye, r[1], r[2], r[0]}, {}, "moe_out");
+    return b.emit1("moe_combine", {experts(xe), r[1], r[2], r[0]}, {}, "moe_out");
   }
   // The tokens' positions, i32 (B,T): 0..T-1, or start..start+T-1 when decoding.
   int positions() {

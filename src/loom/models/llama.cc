@@ -93,11 +93,11 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
       int logits =
           b.matmul(n2, x.param(p + "block_sparse_moe.gate.weight"), false, true, "router_logits");
       int y = x.moe(n2, logits, [&](int xe) {
-        int gate = x.bmm(xe, m + "w1.weight", true, "expert_gate", x.cd);
-        int up = x.bmm(xe, m + "w3.weight", true, "expert_up", x.cd);
+        int gate = x.experts_mm(xe, m + "w1.weight", true, "expert_gate", x.cd);
+        int up = x.experts_mm(xe, m + "w3.weight", true, "expert_up", x.cd);
         int s = b.emit1("swiglu", {gate, up}, {}, "expert_swiglu");
         if (c.normformer) s = norm(s, m + "ffn_layernorm.weight", "expert_ffn_norm");
-        return x.bmm(s, m + "w2.weight", true, "expert_down");
+        return x.experts_mm(s, m + "w2.weight", true, "expert_down");
       });
       h = b.add(h, y, "resid_mlp");
       continue;

@@ -24,6 +24,16 @@
 //   the gates of a dispatch or a combine.
 // Dispatch and combine are each other's VJP (with the same gates).
 //
+// grouped_matmul(a, b) {ta, tb, out}: the experts' GEMMs over their slots, a batched matmul per
+// expert e whose rows are the (B,S) slots:
+//   ta = 0: a (E,B,S,K), b (E,N,K) (tb) or (E,K,N) -> (E,B,S,N) = a[e] op(b[e])
+//   ta = 1: a (E,B,S,M), b (E,B,S,N), tb = 0 -> (E,M,N) = a[e]^T b[e], summed over the slots
+// Inputs both f32 or both bf16; `out` as matmul's. Its value is exactly the batched matmul's; the
+// kernel skips each sequence's empty slots (rows of `a` that are zero contribute zero: an empty
+// slot's input is zero, and stays zero through SwiGLU, GELU and RMSNorm), so a capacity factor, or
+// dropless routing, costs memory but no FLOPs. Worked VJP (ta = 0, tb = 1): y = a b^T,
+// da = dy b (ta = 0, tb = 0), db = dy^T a (ta = 1); with tb = 0, da = dy b^T, db = a^T dy.
+//
 // Sharding: sequences (b) split freely; a sequence's tokens, its experts' slots and the expert
 // dim are whole in these ops (capacity is per sequence, so a rank holding some sequences routes
 // them exactly as one process would). The expert dim of xe/ye splits only after a reshard (the
@@ -32,6 +42,7 @@
 
 #include "loom/core/error.h"
 #include "loom/ops/builder.h"
+#include "loom/ops/linear.h"
 #include "loom/ops/op.h"
 
 namespace loom::ops {
@@ -71,7 +82,66 @@ Cost moving_cost(const ir::Graph& g, const ir::Node& n, double flops_per_elem) {
   return c;
 }
 
+struct GroupedDims {
+  int64_t E = 0, rows = 0, M = 0, N = 0, K = 0;  // per expert: (M,K) x (K,N); rows = B*S
+};
+
+GroupedDims grouped_dims(const Types& in, const Attrs& a) {
+  expect_inputs("grouped_matmul", in, 2);
+  auto flag = [&](const char* k) {
+    auto it = a.find(k);
+    return it != a.end() && std::holds_alternative<int64_t>(it->second) &&
+           std::get<int64_t>(it->second) != 0;
+  };
+  const bool ta = flag("ta"), tb = flag("tb");
+  const Shape &x = in[0].shape, &w = in[1].shape;
+  if (in[0].dtype != in[1].dtype || !is_float(in[0].dtype))
+    type_error("grouped_matmul", in, "inputs must both be f32 or both bf16");
+  if (x.size() != 4) type_error("grouped_matmul", in, "a must be (E,B,S,K)");
+  GroupedDims d;
+  d.E = x[0];
+  d.rows = x[1] * x[2];
+  if (!ta) {
+    if (w.size() != 3 || w[0] != d.E)
+      type_error("grouped_matmul", in, "b must be (E,N,K) (tb) or (E,K,N)");
+    d.M = d.rows;
+    d.K = x[3];
+    d.N = tb ? w[1] : w[2];
+    if ((tb ? w[2] : w[1]) != d.K) type_error("grouped_matmul", in, "contraction dims differ");
+  } else {
+    if (tb || w.size() != 4 || Shape(w.begin(), w.end() - 1) != Shape(x.begin(), x.end() - 1))
+      type_error("grouped_matmul", in, "ta = 1 needs a (E,B,S,M), b (E,B,S,N) and tb = 0");
+    d.M = x[3];
+    d.N = w[3];
+    d.K = d.rows;
+  }
+  return d;
+}
+
+DType grouped_out(const Types& in, const Attrs& a) {
+  auto it = a.find("out");
+  if (it == a.end()) return DType::f32;
+  DType t;
+  if (!std::holds_alternative<std::string>(it->second) ||
+      !parse_dtype(std::get<std::string>(it->second), &t) || t == DType::i32 ||
+      (t == DType::bf16 && in[0].dtype != DType::bf16))
+    type_error("grouped_matmul", in, "out must be \"f32\", or \"bf16\" with bf16 inputs");
+  return t;
+}
+
 }  // namespace
+
+MatmulDims grouped_matmul_dims(const ir::Graph& g, const ir::Node& n) {
+  GroupedDims d = grouped_dims({g.value(n.inputs[0]).type, g.value(n.inputs[1]).type}, n.attrs);
+  MatmulDims m;
+  m.batch = d.E;
+  m.M = d.M;
+  m.N = d.N;
+  m.K = d.K;
+  m.ta = n.attr_int("ta", 0);
+  m.tb = n.attr_int("tb", 0);
+  return m;
+}
 
 void register_moe_ops() {
   register_op(
@@ -197,6 +267,58 @@ void register_moe_ops() {
            },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return moving_cost(g, n, 2); },
        .sharding = routing_rule("EbSC,bTK,bTK->bTC", "EbSC,bTK,bTK,bTK->bTC")});
+  register_op(
+      {.name = "grouped_matmul",
+       .num_inputs = 2,
+       .infer =
+           [](const Types& in, const Attrs& a) {
+             GroupedDims d = grouped_dims(in, a);
+             const DType t = grouped_out(in, a);
+             if (in[1].shape.size() == 4) return Types{{t, {d.E, d.M, d.N}}};
+             Shape s = in[0].shape;
+             s.back() = d.N;
+             return Types{{t, s}};
+           },
+       .vjp =
+           [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
+             if (n.attr_int("ta", 0)) throw Error("grouped_matmul: ta = 1 is not differentiable");
+             const int A = n.inputs[0], W = n.inputs[1];
+             const bool tb = n.attr_int("tb", 0);
+             // an operand cast from f32 (the weights) takes its gradient in f32 (as matmul)
+             auto grad_dtype = [&](int v) {
+               const ir::Value& val = b.graph().value(v);
+               if (val.type.dtype == DType::bf16 && val.kind == ir::ValueKind::node) {
+                 const ir::Node& p = b.graph().node(val.producer);
+                 if (p.op == "cast" && b.type(p.inputs[0]).dtype == DType::f32) return DType::f32;
+               }
+               return val.type.dtype;
+             };
+             auto gm = [&](int x, int y, bool ta, bool tb2, DType out, const std::string& name) {
+               ir::Attrs at{{"ta", int64_t(ta)}, {"tb", int64_t(tb2)}};
+               if (out != DType::f32) at["out"] = std::string(dtype_name(out));
+               return b.emit1("grouped_matmul", {x, y}, std::move(at), name);
+             };
+             const int dy = b.cast(d[0], b.type(A).dtype);
+             const int da = gm(dy, W, false, !tb, grad_dtype(A), "grad.grouped_a");
+             const int dw = tb ? gm(dy, A, true, false, grad_dtype(W), "grad.grouped_b")
+                               : gm(A, dy, true, false, grad_dtype(W), "grad.grouped_b");
+             return std::vector<int>{da, dw};
+           },
+       .cost =
+           [](const ir::Graph& g, const ir::Node& n) {
+             // every slot counted: the fill is known only when the step runs
+             GroupedDims d =
+                 grouped_dims({g.value(n.inputs[0]).type, g.value(n.inputs[1]).type}, n.attrs);
+             Cost c = streaming_cost(g, n, 0);
+             c.flops = 2.0 * double(d.E) * double(d.M) * double(d.N) * double(d.K);
+             return c;
+           },
+       .sharding = {.rule = [](const Types& in, const Types& out, const Attrs& a) {
+         if (in[1].shape.size() == 4) return einsum_rule("ebsm,ebsn->emn", in, out);
+         auto it = a.find("tb");
+         const bool tb = it != a.end() && std::get<int64_t>(it->second) != 0;
+         return einsum_rule(tb ? "ebsk,enk->ebsn" : "ebsk,ekn->ebsn", in, out);
+       }}});
   register_op({.name = "moe_gate_grad",
                .num_inputs = 4,
                .infer =

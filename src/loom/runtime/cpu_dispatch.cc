@@ -245,6 +245,25 @@ std::unordered_map<std::string, Fn> make_table() {
     check_ids(g, n, 1, I(in[1]), N, V);
     k::cross_entropy(CF(in[0]), I(in[1]), F(out[0]), F(out[1]), N, V, n.attr_int("rows", N));
   };
+  t["grouped_matmul"] = [](auto& g, auto& n, auto in, auto out) {
+    const Shape &a = in_t(g, n, 0).shape, &b = in_t(g, n, 1).shape;
+    k::GroupedGemm d;
+    d.E = a[0];
+    d.G = a[1];
+    d.S = a[2];
+    d.ta = n.attr_int("ta", 0);
+    d.tb = n.attr_int("tb", 0);
+    if (d.ta) {
+      d.M = a[3];
+      d.N = b[3];
+    } else {
+      d.K = a[3];
+      d.N = d.tb ? b[1] : b[2];
+    }
+    d.ab_dtype = in_t(g, n, 0).dtype;
+    d.c_dtype = out_t(g, n, 0).dtype;
+    k::grouped_gemm(d, in[0], in[1], out[0]);
+  };
   t["moe_router"] = [](auto& g, auto& n, auto in, auto out) {
     const Shape& s = in_t(g, n, 0).shape;
     k::moe_router(CF(in[0]), F(out[0]), static_cast<int32_t*>(out[1]),

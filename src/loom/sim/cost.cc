@@ -86,6 +86,8 @@ double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost
   if (c.profile) {
     double s = -1;
     if (n.op == "matmul") s = matmul_from_profile(ops::matmul_dims(g, n), t, *c.profile);
+    if (n.op == "grouped_matmul")
+      s = matmul_from_profile(ops::grouped_matmul_dims(g, n), t, *c.profile);
     if (s < 0) s = op_from_profile(n.op, t, cost, *c.profile);
     if (s < 0) s = op_from_profile("add", t, cost, *c.profile);  // a streaming op's bandwidth
     if (s >= 0) return std::max(s, c.device.kernel_overhead);
@@ -94,7 +96,7 @@ double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost
   const double bytes = cost.bytes_read + cost.bytes_written;
   const double mem = bytes / (c.device.memory_bandwidth * e.memory);
   double compute = cost.flops / peak_flops(c, t);
-  if (n.op == "matmul")
+  if (n.op == "matmul" || n.op == "grouped_matmul")
     compute = cost.flops /
               (peak_flops(c, t) * e.matmul * cost.flops / (cost.flops + e.matmul_half_flops));
   else if (by_flops(n.op))

@@ -115,6 +115,19 @@ template <class X, class Y>  // ye (E,B,S,C), y (B,T,C) -> dg (B,T,K)
 void moe_gate_grad(const X* ye, const Y* y, const int32_t* experts, const int32_t* slots, float* dg,
                    int64_t B, int64_t T, int64_t C, int64_t E, int64_t K, int64_t S);
 
+// grouped_matmul (ops/moe.cc): per expert e, over the expert layout's G*S slot rows.
+//   ta = 0: c (E,G,S,N) = a (E,G,S,K) op(b[e]), b (E,N,K) (tb) or (E,K,N)
+//   ta = 1: c (E,M,N) = a (E,G,S,M)^T b (E,G,S,N)
+// a and b both f32 or both bf16, c f32 or (bf16 inputs) bf16, overwritten. Rows of `a` past the
+// last nonzero one of each (e,g) block of S rows (rounded up to 16) are skipped: their products are
+// 0.
+struct GroupedGemm {
+  int64_t E = 0, G = 0, S = 0, M = 0, N = 0, K = 0;  // ta = 0: M unused; ta = 1: K unused
+  bool ta = false, tb = false;
+  DType ab_dtype = DType::f32, c_dtype = DType::f32;
+};
+void grouped_gemm(const GroupedGemm& d, const void* a, const void* b, void* c);
+
 // ---- AdamW (decoupled weight decay), in place ----
 // hyper = {lr, 1 - beta1^t, 1 - beta2^t}; g is multiplied by gscale[0] (gradient clipping) first.
 //   g' = g*gscale; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "loom/kernels/cpu/gemm.h"
 #include "loom/kernels/cpu/kernel_util.h"
 #include "loom/kernels/cpu/kernels.h"
 
@@ -191,6 +192,75 @@ void moe_gate_grad(const X* ye, const Y* y, const int32_t* experts, const int32_
       }
     }
   });
+}
+
+namespace {
+
+// Rows [0, n) of `rows` (S rows of `width` elements) hold every nonzero row: the last nonzero
+// one's index + 1, rounded up to a multiple of 16 (so GEMM shapes repeat and stay cached), <= S.
+int64_t live_rows(const void* rows, int64_t S, int64_t width, size_t elem) {
+  int64_t last = -1;
+  for (int64_t r = S - 1; r >= 0 && last < 0; --r) {
+    bool zero = true;
+    if (elem == 4) {
+      const uint32_t* p = static_cast<const uint32_t*>(rows) + r * width;
+      for (int64_t i = 0; i < width && zero; ++i) zero = (p[i] & 0x7fffffffu) == 0;
+    } else {
+      const uint16_t* p = static_cast<const uint16_t*>(rows) + r * width;
+      for (int64_t i = 0; i < width && zero; ++i) zero = (p[i] & 0x7fffu) == 0;
+    }
+    if (!zero) last = r;
+  }
+  return std::min(S, (last + 1 + 15) / 16 * 16);
+}
+
+}  // namespace
+
+void grouped_gemm(const GroupedGemm& d, const void* a, const void* b, void* c) {
+  const size_t ea = dtype_size(d.ab_dtype), ec = dtype_size(d.c_dtype);
+  auto A = static_cast<const char*>(a);
+  auto Bp = static_cast<const char*>(b);
+  auto Cp = static_cast<char*>(c);
+  GemmDesc g;
+  g.ab_dtype = d.ab_dtype;
+  g.c_dtype = d.c_dtype;
+  if (!d.ta) {
+    g.N = d.N;
+    g.K = d.K;
+    g.tb = d.tb;
+    for (int64_t e = 0; e < d.E; ++e)
+      for (int64_t j = 0; j < d.G; ++j) {
+        const int64_t block = e * d.G + j;
+        const char* ab = A + size_t(block * d.S * d.K) * ea;
+        char* cb = Cp + size_t(block * d.S * d.N) * ec;
+        const int64_t r = live_rows(ab, d.S, d.K, ea);
+        if (r > 0) {
+          g.M = r;
+          gemm(g, ab, Bp + size_t(e * d.N * d.K) * ea, cb);
+        }
+        std::memset(cb + size_t(r * d.N) * ec, 0, size_t((d.S - r) * d.N) * ec);
+      }
+    return;
+  }
+  // ta: c[e] = sum over blocks of a_block^T b_block, over each block's live rows
+  g.M = d.M;
+  g.N = d.N;
+  g.ta = true;
+  for (int64_t e = 0; e < d.E; ++e) {
+    char* ce = Cp + size_t(e * d.M * d.N) * ec;
+    bool first = true;
+    for (int64_t j = 0; j < d.G; ++j) {
+      const int64_t block = e * d.G + j;
+      const char* ab = A + size_t(block * d.S * d.M) * ea;
+      const int64_t r = live_rows(ab, d.S, d.M, ea);
+      if (r == 0) continue;
+      g.K = r;
+      g.accumulate = !first;
+      gemm(g, ab, Bp + size_t(block * d.S * d.N) * ea, ce);
+      first = false;
+    }
+    if (first) std::memset(ce, 0, size_t(d.M * d.N) * ec);
+  }
 }
 
 template void moe_dispatch<float>(const float*, const int32_t*, const int32_t*, const float*,
