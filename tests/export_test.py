@@ -4,8 +4,10 @@ that `[model] init` starts a new run from.
 
     export_test.py LOOM_BINARY SOURCE_DIR
 
-Per config (tiny-llama, tiny-gpt2): train 20 steps on generated text, `loom export RUN --hf OUT`, then
-  1. OUT/model.safetensors holds exactly the checkpoint's tensors (same names, shapes, bytes);
+Per config (tiny-llama, tiny-gpt2, tiny-moe dropless as Mixtral): train 20 steps on generated text,
+`loom export RUN --hf OUT`, then
+  1. OUT/model.safetensors holds exactly the checkpoint's tensors (same names, shapes, bytes; a
+     stacked expert weight as Mixtral's one tensor per expert);
   2. OUT/config.json builds bench/peer/torch_lm.py's model (so its keys and the weights agree:
      load_state_dict is strict), and PyTorch's loss on a fixed token batch equals `loom step`'s on
      the same weights and tokens within 1e-4 relative;
@@ -44,8 +46,12 @@ def torch_loss(out_dir, tokens_path, src):
 
     with open(os.path.join(out_dir, "config.json")) as f:
         hf = json.load(f)
-    if hf["model_type"] == "llama":
-        m = torch_lm.ModelConfig(
+    if hf["model_type"] in ("llama", "mixtral"):
+        moe = None
+        if hf["model_type"] == "mixtral":  # Mixtral routes without capacity
+            moe = torch_lm.MoeConfig(experts=hf["num_local_experts"],
+                                     top_k=hf["num_experts_per_tok"], dropless=True)
+        m = torch_lm.ModelConfig(moe=moe,
             arch="llama", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
             n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
             n_kv_heads=hf["num_key_value_heads"], ffn_hidden=hf["intermediate_size"],
@@ -60,6 +66,16 @@ def torch_loss(out_dir, tokens_path, src):
             dtype="f32")
     model = torch_lm.build_model(m)
     weights = make_golden.read_safetensors(os.path.join(out_dir, "model.safetensors"))
+    # Mixtral's one tensor per expert -> the reference's stacked (E, ...) weights
+    stacked = {}
+    for name in list(weights):
+        parts = name.split(".")
+        if "experts" in parts and parts[parts.index("experts") + 1].isdigit():
+            i = parts.index("experts")
+            key = ".".join(parts[:i + 1] + parts[i + 2:])
+            stacked.setdefault(key, {})[int(parts[i + 1])] = weights.pop(name)
+    for key, per in stacked.items():
+        weights[key] = torch.stack([per[e] for e in range(len(per))])
     model.load_state_dict(weights, strict=True)  # every name and shape, nothing extra
     tokens = make_golden.read_safetensors(tokens_path)["tokens"].long()
     with torch.no_grad():
@@ -122,6 +138,8 @@ def expect_error(args, what, *needles):
 EXPECTED_HF = {
     "llama": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
               "tie_word_embeddings": False, "torch_dtype": "float32"},
+    "mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "hidden_act": "silu", "num_local_experts": 4, "num_experts_per_tok": 2},
     "gpt2": {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
              "activation_function": "gelu_new", "tie_word_embeddings": True},
 }
@@ -136,16 +154,25 @@ with tempfile.TemporaryDirectory() as d:
     write_tokens(tokens, [list(text[o:o + 49]) for o in (0, 1000, 20000)])
 
     outs = {}
-    for name in ["tiny-llama", "tiny-gpt2"]:
+    # tiny-moe dropless: Mixtral routes without capacity, so the two losses agree only then
+    moe_sets = ["--set", "model.moe={experts=4,top_k=2,dropless=true}"]
+    for name in ["tiny-llama", "tiny-gpt2", "tiny-moe"]:
         config = os.path.join(SRC, "configs", name + ".toml")
         run_dir, out = os.path.join(d, "run-" + name), os.path.join(d, "hf-" + name)
-        run_ok(train_args(config, run_dir, data, 20))
+        sets = moe_sets if name == "tiny-moe" else []
+        run_ok(train_args(config, run_dir, data, 20, *sets))
         r = run_ok([LOOM, "export", run_dir, "--hf", out])
         outs[name] = out
 
         # 1. the exported tensors are the checkpoint's
         ckpt = os.path.join(run_dir, "checkpoints", "step_00000020", "model.safetensors")
         got, want = read_safetensors(os.path.join(out, "model.safetensors")), read_safetensors(ckpt)
+        for key in [k for k in want if ".experts." in k]:  # stacked -> one tensor per expert
+            dt, shape, raw = want.pop(key)
+            size = len(raw) // shape[0]
+            for e in range(shape[0]):
+                want[key.replace(".experts.", ".experts.%d." % e)] = (
+                    dt, shape[1:], raw[e * size:(e + 1) * size])
         check(got == want and all(v[0] == "F32" for v in got.values()),
               "%s: exported %d tensors, f32, equal to step 20's checkpoint" % (name, len(got)))
         check(sorted(os.listdir(out)) == ["config.json", "model.safetensors"],
@@ -163,7 +190,7 @@ with tempfile.TemporaryDirectory() as d:
         run_ok([LOOM, "step", "--config", os.path.join(run_dir, "config.toml"),
                 "--weights", os.path.join(out, "model.safetensors"), "--tokens", tokens,
                 "--out", step_out])
-        dt, shape, raw = read_safetensors(step_out)["loss"]
+        dt, shape, raw = read_safetensors(step_out)["ce_loss"]  # = loss unless MoE
         loom_loss = struct.unpack("<f", raw)[0]
         r = subprocess.run([TORCH_PYTHON, os.path.abspath(__file__), "--torch-loss", out, tokens, SRC],
                            capture_output=True, text=True)
@@ -177,9 +204,10 @@ with tempfile.TemporaryDirectory() as d:
 
         # 3. a new run from the exported weights starts where the old one ended, not at random init
         first = losses(run_dir)[0]
+        # (Mixtral's config.json is not read back: the weights file, its tensors stacked again)
         init_from = out if name == "tiny-llama" else os.path.join(out, "model.safetensors")
         run2 = os.path.join(d, "init-" + name)
-        run_ok(train_args(config, run2, data, 3, "--set", "model.init=" + init_from))
+        run_ok(train_args(config, run2, data, 3, "--set", "model.init=" + init_from, *sets))
         again = losses(run2)[0]
         check(again < first, "%s: run from [model] init = %s: step-1 loss %.4f < %.4f (random init)"
               % (name, os.path.basename(init_from), again, first))
@@ -193,6 +221,12 @@ with tempfile.TemporaryDirectory() as d:
         g.write(f.read())
     expect_error([LOOM, "export", bare, "--hf", os.path.join(d, "x")],
                  "export of a run dir without checkpoints", bare, "no checkpoints")
+    check(not os.path.exists(os.path.join(d, "x")), "  ... and no output directory was created")
+    # a model transformers has no class for is refused before anything is written
+    moe_gpt2 = os.path.join(d, "run-moe-gpt2")
+    run_ok(train_args(os.path.join(SRC, "configs", "tiny-moe-gpt2.toml"), moe_gpt2, data, 2))
+    expect_error([LOOM, "export", moe_gpt2, "--hf", os.path.join(d, "x")],
+                 "export of a GPT-2 with MoE layers", "no Hugging Face equivalent", "MoE layers")
     check(not os.path.exists(os.path.join(d, "x")), "  ... and no output directory was created")
     expect_error([LOOM, "export", os.path.join(d, "nowhere"), "--hf", os.path.join(d, "x")],
                  "export of a missing run dir", os.path.join(d, "nowhere"))

@@ -5,9 +5,11 @@
 // RUN_DIR is what `loom train` wrote (config.toml, checkpoints/step_XXXXXXXX/). OUT_DIR receives
 //   model.safetensors  every parameter under its Hugging Face name, f32 (Loom's names already are
 //                      Hugging Face's, GPT-2's without the "transformer." prefix, as HF's own gpt2
-//                      checkpoints store them)
-//   config.json        LlamaForCausalLM or GPT2LMHeadModel, from the run's [model] (each
-//                      architecture's hf_config, models/architecture.h)
+//                      checkpoints store them; an MoE Llama's stacked expert weights become
+//                      Mixtral's one tensor per expert)
+//   config.json        LlamaForCausalLM, MixtralForCausalLM (an MoE Llama) or GPT2LMHeadModel, from
+//                      the run's [model] (each architecture's hf_config, models/architecture.h); a
+//                      model transformers has no class for (GPT-2 with MoE, NormFormer) is refused
 //   tokenizer.json     the run's, when it trained on a pretrained model's tokenizer (loom data
 //                      prepare --tokenizer), so the directory is a whole model again
 // so that `LlamaForCausalLM.from_pretrained(OUT_DIR)` (or GPT2LMHeadModel) loads it unchanged, and
@@ -28,6 +30,7 @@
 #include "commands.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/core/safetensors.h"
 #include "loom/models/architecture.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/config.h"
@@ -54,6 +57,8 @@ std::function<int()> add_export(CLI::App& app) {
     train::ParamStore params(cfg.model);
     params.load(weights);  // every name, dtype and shape checked against the run's [model]
 
+    const models::Architecture& arch = models::architecture(cfg.model.arch);
+    const nlohmann::ordered_json hf = arch.hf_config(cfg.model);  // refuses what HF cannot hold
     std::error_code ec;
     fs::create_directories(o->hf, ec);
     if (ec || !fs::is_directory(o->hf))
@@ -61,13 +66,26 @@ std::function<int()> add_export(CLI::App& app) {
                               ec ? ec.message() : "a file is in the way"),
                   "choose a writable output directory");
     const std::string model_out = o->hf + "/model.safetensors";
-    params.save(model_out);  // atomic: MODEL.tmp.<pid>, fsynced, renamed
-    const models::Architecture& arch = models::architecture(cfg.model.arch);
-    write_file_atomic(o->hf + "/config.json", arch.hf_config(cfg.model).dump(2) + "\n");
+    // every parameter under its Hugging Face name; a stacked expert weight as one tensor per
+    // expert (Mixtral's layout)
+    std::vector<TensorToWrite> tensors;
+    for (const auto& p : params.infos()) {
+      const float* d = params.data(p.name);
+      if (!p.expert) {
+        tensors.push_back({p.name, DType::f32, p.shape, d});
+        continue;
+      }
+      const Shape one(p.shape.begin() + 1, p.shape.end());
+      for (int64_t e = 0; e < p.shape[0]; ++e)
+        tensors.push_back(
+            {models::expert_tensor_name(p.name, e), DType::f32, one, d + e * numel(one)});
+    }
+    write_safetensors(model_out, tensors);  // atomic: MODEL.tmp.<pid>, fsynced, renamed
+    write_file_atomic(o->hf + "/config.json", hf.dump(2) + "\n");
     if (fs::is_regular_file(o->run_dir + "/tokenizer.json", ec))
       write_file_atomic(o->hf + "/tokenizer.json", read_file(o->run_dir + "/tokenizer.json"));
-    fmt::print("exported {} ({} {}, {} parameters) to {}\n", weights, cfg.model.arch, arch.hf_class,
-               params.total_elements(), o->hf);
+    fmt::print("exported {} ({} {}, {} parameters) to {}\n", weights, cfg.model.arch,
+               hf["architectures"][0].get<std::string>(), params.total_elements(), o->hf);
     return 0;
   };
 }

@@ -13,6 +13,7 @@
 // of k.
 #include <fmt/format.h>
 
+#include "loom/core/error.h"
 #include "loom/models/architecture.h"
 #include "loom/models/layers.h"
 
@@ -124,6 +125,10 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
 // transformers' GPT2Config. What is left out takes HF's default, which matches Loom (attention
 // scaled by 1/sqrt(head size)); dropout defaults are irrelevant at inference.
 nlohmann::ordered_json gpt2_hf_config(const ModelConfig& m) {
+  if (m.moe.enabled() || m.normformer)
+    throw Error("this model has no Hugging Face equivalent: GPT-2 with " +
+                    std::string(m.moe.enabled() ? "MoE layers" : "NormFormer"),
+                "transformers' GPT2LMHeadModel is dense and has no NormFormer norms");
   return {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
           {"vocab_size", m.vocab_size},

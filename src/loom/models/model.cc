@@ -146,6 +146,12 @@ void ModelConfig::validate(const std::string& src) const {
 
 std::vector<ParamInfo> param_infos(const ModelConfig& c) { return architecture(c.arch).params(c); }
 
+std::string expert_tensor_name(const std::string& stacked, int64_t e) {
+  const size_t at = stacked.rfind("experts.");
+  LOOM_CHECK(at != std::string::npos) << stacked << " is not an expert weight";
+  return stacked.substr(0, at + 8) + std::to_string(e) + "." + stacked.substr(at + 8);
+}
+
 int64_t param_count(const ModelConfig& c) {
   int64_t n = 0;
   for (const auto& p : param_infos(c)) n += numel(p.shape);

@@ -80,6 +80,9 @@ struct ParamInfo {
 // Every parameter of the model, in a fixed order.
 std::vector<ParamInfo> param_infos(const ModelConfig& c);
 int64_t param_count(const ModelConfig& c);
+// A stacked expert weight's Hugging Face name for expert e: Mixtral stores each expert's tensors
+// apart ("...experts.w1.weight" -> "...experts.3.w1.weight").
+std::string expert_tensor_name(const std::string& stacked, int64_t e);
 
 struct ModelGraph {
   ir::Graph graph;

@@ -77,7 +77,37 @@ void ParamStore::init_random(uint64_t seed) {
 void ParamStore::load(const std::string& path) {
   Weights f = Weights::open(path);
   std::set<std::string> expected;
+  // Copies tensor t (f32, or bf16 widened exactly) into dst.
+  auto take = [](const TensorView& t, float* dst, int64_t n) {
+    if (t.dtype == DType::f32)
+      std::memcpy(dst, t.data, size_t(n) * sizeof(float));
+    else
+      kernels::cpu::cast_bf16_f32(static_cast<const bf16*>(t.data), dst, n);
+  };
   for (const auto& p : infos_) {
+    // a stacked expert weight may come as Mixtral's one tensor per expert (loom export writes it
+    // so)
+    if (p.expert && !f.contains(p.name) && f.contains(models::expert_tensor_name(p.name, 0))) {
+      const Shape one(p.shape.begin() + 1, p.shape.end());
+      restore(p.name);
+      for (int64_t e = 0; e < p.shape[0]; ++e) {
+        const std::string name = models::expert_tensor_name(p.name, e);
+        expected.insert(name);
+        if (!f.contains(name))
+          throw Error(
+              fmt::format("weights {}: missing tensor '{}' for a {} model", path, name, cfg_.arch),
+              "the file must hold every expert's tensors");
+        const TensorView& t = f.get(name);
+        if ((t.dtype != DType::f32 && t.dtype != DType::bf16) || t.shape != one)
+          throw Error(fmt::format("weights {}: tensor '{}' is {}{}, the model expects f32{} (or "
+                                  "bf16)",
+                                  f.file_of(name), name, dtype_name(t.dtype), shape_str(t.shape),
+                                  shape_str(one)),
+                      "check [model] against the weights: d_model, ffn_hidden, moe");
+        take(t, buf_[p.name].data() + e * numel(one), numel(one));
+      }
+      continue;
+    }
     expected.insert(p.name);
     if (!f.contains(p.name))
       throw Error(
@@ -91,12 +121,7 @@ void ParamStore::load(const std::string& path) {
                   "check [model] against the weights: d_model, n_heads, n_kv_heads, ffn_hidden, "
                   "vocab_size, max_seq_len");
     restore(p.name);
-    float* dst = buf_[p.name].data();
-    if (t.dtype == DType::f32) {
-      std::memcpy(dst, t.data, t.nbytes);
-    } else {  // bf16 widens to f32 exactly
-      kernels::cpu::cast_bf16_f32(static_cast<const bf16*>(t.data), dst, numel(p.shape));
-    }
+    take(t, buf_[p.name].data(), numel(p.shape));
   }
   for (const auto& n : f.names()) {
     if (expected.count(n)) continue;
