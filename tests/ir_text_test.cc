@@ -8,6 +8,7 @@
 //   # batch: x                          (roles: inputs whose dim 0 is the batch)
 //   # column: w1:0 w2:0                 (roles: column-parallel weights, value:dim)
 //   # row: w3:1                         (roles: row-parallel weights, value:dim)
+//   # experts: e.w1 e.w2                (roles: stacked expert weights, split by `expert`)
 //   # blocks: l0=w1,w2 l1=w3,w4         (roles: parameter groups, in forward order; all layers
 //                                        but those named embed and head)
 //   # loss: loss                        (the model's loss value: recompute's forward/backward
@@ -107,6 +108,7 @@ TEST_P(IrText, LoweredProgramMatches) {
       auto f = split(w, ':');
       list->push_back({value(f[0]), std::stoll(f.at(1))});
     }
+  for (const auto& e : words(get("experts"))) roles.experts.push_back(value(e));
   for (const auto& grp : words(get("blocks"))) {
     auto f = split(grp, '=');
     roles.blocks.push_back({f[0], {}});
@@ -155,8 +157,8 @@ TEST_P(IrText, LoweredProgramMatches) {
   EXPECT_EQ(ir::print(ir::parse(actual, GetParam())), actual);
   if (std::getenv("LOOM_UPDATE_IR_TEXT")) {
     std::string head;
-    for (const auto& key : {"graph", "mesh", "tactics", "batch", "column", "row", "blocks", "loss",
-                            "passes", "schedule"})
+    for (const auto& key : {"graph", "mesh", "tactics", "batch", "column", "row", "experts",
+                            "blocks", "loss", "passes", "schedule"})
       if (header.count(key)) head += std::string("# ") + key + ": " + header[key] + "\n";
     write_file_atomic(file.string(), head + actual);
     return;

@@ -1,5 +1,5 @@
 // Incremental decoding against the full forward: for Llama (grouped-query, own and tied head),
-// GPT-2 (learned positions) and bf16, the logits after feeding tokens 0..k through the key/value
+// GPT-2 (learned positions), bf16, and dropless MoE with NormFormer, the logits after feeding tokens 0..k through the key/value
 // cache equal the full forward's at position k, for every k, whether the tokens came one at a time
 // or in chunks; a reset cache decodes the same again; tokens past the cache and ids outside the
 // vocabulary are errors that say so.
@@ -119,6 +119,19 @@ TEST(Decode, Gpt2MatchesFullForward) { expect_decode_matches(tiny("gpt2"), 1e-5)
 // bf16: q, k, v and the attention output are rounded to bf16 on both sides; a different f32
 // summation order can move an attention output by one bf16 ulp (2^-8 relative)
 TEST(Decode, Bf16MatchesFullForward) { expect_decode_matches(tiny("llama", DType::bf16), 2e-2); }
+
+// MoE (dropless, so the full forward drops no token either, as decoding never does) with NormFormer:
+// routing depends only on each token's own activations
+TEST(Decode, DroplessMoeNormFormerMatchesFullForward) {
+  for (const char* arch : {"llama", "gpt2"}) {
+    models::ModelConfig m = tiny(arch);
+    m.moe.experts = 4;
+    m.moe.top_k = 2;
+    m.moe.dropless = true;
+    m.normformer = true;
+    expect_decode_matches(m, 1e-5);
+  }
+}
 
 TEST(Decode, BadInputsAreErrors) {
   const models::ModelConfig m = tiny("llama");
