@@ -61,6 +61,9 @@ struct Ctx {
                  DType out = DType::f32) {
     ir::Attrs a{{"ta", int64_t(0)}, {"tb", int64_t(tb)}};
     if (out != DType::f32) a["out"] = std::string(dtype_name(out));
+    // the slots balanced routing fills (the cost counts those; the kernel skips the empty ones)
+    const int64_t S = b.shape(x)[2];
+    a["fill"] = std::min(1.0, double(in.T * c.moe.top_k) / double(c.moe.experts * S));
     return b.emit1("grouped_matmul", {b.cast(x, cd), b.cast(param(w), cd)}, std::move(a), name);
   }
   // A Mixture-of-Experts MLP over n (B,T,C) f32 (ops/moe.cc): the router's logits (B,T,E) f32 (a

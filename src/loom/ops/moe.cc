@@ -24,14 +24,16 @@
 //   the gates of a dispatch or a combine.
 // Dispatch and combine are each other's VJP (with the same gates).
 //
-// grouped_matmul(a, b) {ta, tb, out}: the experts' GEMMs over their slots, a batched matmul per
-// expert e whose rows are the (B,S) slots:
+// grouped_matmul(a, b) {ta, tb, out, fill}: the experts' GEMMs over their slots, a batched matmul
+// per expert e whose rows are the (B,S) slots:
 //   ta = 0: a (E,B,S,K), b (E,N,K) (tb) or (E,K,N) -> (E,B,S,N) = a[e] op(b[e])
 //   ta = 1: a (E,B,S,M), b (E,B,S,N), tb = 0 -> (E,M,N) = a[e]^T b[e], summed over the slots
 // Inputs both f32 or both bf16; `out` as matmul's. Its value is exactly the batched matmul's; the
 // kernel skips each sequence's empty slots (rows of `a` that are zero contribute zero: an empty
 // slot's input is zero, and stays zero through SwiGLU, GELU and RMSNorm), so a capacity factor, or
-// dropless routing, costs memory but no FLOPs. Worked VJP (ta = 0, tb = 1): y = a b^T,
+// dropless routing, costs memory but no FLOPs. `fill` (optional, in [0,1]) is the fraction of slots
+// the model expects filled (balanced routing: T k / (E S)); the cost, and so the simulator, counts
+// only those. Worked VJP (ta = 0, tb = 1): y = a b^T,
 // da = dy b (ta = 0, tb = 0), db = dy^T a (ta = 1); with tb = 0, da = dy b^T, db = a^T dy.
 //
 // Sharding: sequences (b) split freely; a sequence's tokens, its experts' slots and the expert
@@ -39,6 +41,9 @@
 // them exactly as one process would). The expert dim of xe/ye splits only after a reshard (the
 // `expert` tactic's all-to-all).
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "loom/core/error.h"
 #include "loom/ops/builder.h"
@@ -140,6 +145,10 @@ MatmulDims grouped_matmul_dims(const ir::Graph& g, const ir::Node& n) {
   m.K = d.K;
   m.ta = n.attr_int("ta", 0);
   m.tb = n.attr_int("tb", 0);
+  // the slot rows expected filled: the rows (ta = 0) or the contraction (ta = 1)
+  const double fill = std::clamp(n.attr_float("fill", 1.0), 0.0, 1.0);
+  int64_t& rows = m.ta ? m.K : m.M;
+  rows = std::max<int64_t>(1, int64_t(std::llround(double(rows) * fill)));
   return m;
 }
 
@@ -267,58 +276,61 @@ void register_moe_ops() {
            },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return moving_cost(g, n, 2); },
        .sharding = routing_rule("EbSC,bTK,bTK->bTC", "EbSC,bTK,bTK,bTK->bTC")});
-  register_op(
-      {.name = "grouped_matmul",
-       .num_inputs = 2,
-       .infer =
-           [](const Types& in, const Attrs& a) {
-             GroupedDims d = grouped_dims(in, a);
-             const DType t = grouped_out(in, a);
-             if (in[1].shape.size() == 4) return Types{{t, {d.E, d.M, d.N}}};
-             Shape s = in[0].shape;
-             s.back() = d.N;
-             return Types{{t, s}};
-           },
-       .vjp =
-           [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
-             if (n.attr_int("ta", 0)) throw Error("grouped_matmul: ta = 1 is not differentiable");
-             const int A = n.inputs[0], W = n.inputs[1];
-             const bool tb = n.attr_int("tb", 0);
-             // an operand cast from f32 (the weights) takes its gradient in f32 (as matmul)
-             auto grad_dtype = [&](int v) {
-               const ir::Value& val = b.graph().value(v);
-               if (val.type.dtype == DType::bf16 && val.kind == ir::ValueKind::node) {
-                 const ir::Node& p = b.graph().node(val.producer);
-                 if (p.op == "cast" && b.type(p.inputs[0]).dtype == DType::f32) return DType::f32;
-               }
-               return val.type.dtype;
-             };
-             auto gm = [&](int x, int y, bool ta, bool tb2, DType out, const std::string& name) {
-               ir::Attrs at{{"ta", int64_t(ta)}, {"tb", int64_t(tb2)}};
-               if (out != DType::f32) at["out"] = std::string(dtype_name(out));
-               return b.emit1("grouped_matmul", {x, y}, std::move(at), name);
-             };
-             const int dy = b.cast(d[0], b.type(A).dtype);
-             const int da = gm(dy, W, false, !tb, grad_dtype(A), "grad.grouped_a");
-             const int dw = tb ? gm(dy, A, true, false, grad_dtype(W), "grad.grouped_b")
-                               : gm(A, dy, true, false, grad_dtype(W), "grad.grouped_b");
-             return std::vector<int>{da, dw};
-           },
-       .cost =
-           [](const ir::Graph& g, const ir::Node& n) {
-             // every slot counted: the fill is known only when the step runs
-             GroupedDims d =
-                 grouped_dims({g.value(n.inputs[0]).type, g.value(n.inputs[1]).type}, n.attrs);
-             Cost c = streaming_cost(g, n, 0);
-             c.flops = 2.0 * double(d.E) * double(d.M) * double(d.N) * double(d.K);
-             return c;
-           },
-       .sharding = {.rule = [](const Types& in, const Types& out, const Attrs& a) {
-         if (in[1].shape.size() == 4) return einsum_rule("ebsm,ebsn->emn", in, out);
-         auto it = a.find("tb");
-         const bool tb = it != a.end() && std::get<int64_t>(it->second) != 0;
-         return einsum_rule(tb ? "ebsk,enk->ebsn" : "ebsk,ekn->ebsn", in, out);
-       }}});
+  register_op({.name = "grouped_matmul",
+               .num_inputs = 2,
+               .infer =
+                   [](const Types& in, const Attrs& a) {
+                     GroupedDims d = grouped_dims(in, a);
+                     const DType t = grouped_out(in, a);
+                     if (in[1].shape.size() == 4) return Types{{t, {d.E, d.M, d.N}}};
+                     Shape s = in[0].shape;
+                     s.back() = d.N;
+                     return Types{{t, s}};
+                   },
+               .vjp =
+                   [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
+                     if (n.attr_int("ta", 0))
+                       throw Error("grouped_matmul: ta = 1 is not differentiable");
+                     const int A = n.inputs[0], W = n.inputs[1];
+                     const bool tb = n.attr_int("tb", 0);
+                     // an operand cast from f32 (the weights) takes its gradient in f32 (as matmul)
+                     auto grad_dtype = [&](int v) {
+                       const ir::Value& val = b.graph().value(v);
+                       if (val.type.dtype == DType::bf16 && val.kind == ir::ValueKind::node) {
+                         const ir::Node& p = b.graph().node(val.producer);
+                         if (p.op == "cast" && b.type(p.inputs[0]).dtype == DType::f32)
+                           return DType::f32;
+                       }
+                       return val.type.dtype;
+                     };
+                     auto gm = [&](int x, int y, bool ta, bool tb2, DType out,
+                                   const std::string& name) {
+                       ir::Attrs at{{"ta", int64_t(ta)}, {"tb", int64_t(tb2)}};
+                       if (out != DType::f32) at["out"] = std::string(dtype_name(out));
+                       if (n.attrs.count("fill")) at["fill"] = n.attr_float("fill");
+                       return b.emit1("grouped_matmul", {x, y}, std::move(at), name);
+                     };
+                     const int dy = b.cast(d[0], b.type(A).dtype);
+                     const int da = gm(dy, W, false, !tb, grad_dtype(A), "grad.grouped_a");
+                     const int dw = tb ? gm(dy, A, true, false, grad_dtype(W), "grad.grouped_b")
+                                       : gm(A, dy, true, false, grad_dtype(W), "grad.grouped_b");
+                     return std::vector<int>{da, dw};
+                   },
+               .cost =
+                   [](const ir::Graph& g, const ir::Node& n) {
+                     // the slots expected filled (attribute fill; 1: every slot): the kernel skips
+                     // the empty ones, how many is known only when the step runs
+                     const MatmulDims d = grouped_matmul_dims(g, n);
+                     Cost c = streaming_cost(g, n, 0);
+                     c.flops = 2.0 * double(d.batch) * double(d.M) * double(d.N) * double(d.K);
+                     return c;
+                   },
+               .sharding = {.rule = [](const Types& in, const Types& out, const Attrs& a) {
+                 if (in[1].shape.size() == 4) return einsum_rule("ebsm,ebsn->emn", in, out);
+                 auto it = a.find("tb");
+                 const bool tb = it != a.end() && std::get<int64_t>(it->second) != 0;
+                 return einsum_rule(tb ? "ebsk,enk->ebsn" : "ebsk,ekn->ebsn", in, out);
+               }}});
   register_op({.name = "moe_gate_grad",
                .num_inputs = 4,
                .infer =

@@ -1,8 +1,8 @@
 // Incremental decoding against the full forward: for Llama (grouped-query, own and tied head),
-// GPT-2 (learned positions), bf16, and dropless MoE with NormFormer, the logits after feeding tokens 0..k through the key/value
-// cache equal the full forward's at position k, for every k, whether the tokens came one at a time
-// or in chunks; a reset cache decodes the same again; tokens past the cache and ids outside the
-// vocabulary are errors that say so.
+// GPT-2 (learned positions), bf16, and dropless MoE with NormFormer, the logits after feeding
+// tokens 0..k through the key/value cache equal the full forward's at position k, for every k,
+// whether the tokens came one at a time or in chunks; a reset cache decodes the same again; tokens
+// past the cache and ids outside the vocabulary are errors that say so.
 #include "loom/train/decode.h"
 
 #include <gtest/gtest.h>
@@ -120,8 +120,8 @@ TEST(Decode, Gpt2MatchesFullForward) { expect_decode_matches(tiny("gpt2"), 1e-5)
 // summation order can move an attention output by one bf16 ulp (2^-8 relative)
 TEST(Decode, Bf16MatchesFullForward) { expect_decode_matches(tiny("llama", DType::bf16), 2e-2); }
 
-// MoE (dropless, so the full forward drops no token either, as decoding never does) with NormFormer:
-// routing depends only on each token's own activations
+// MoE (dropless, so the full forward drops no token either, as decoding never does) with
+// NormFormer: routing depends only on each token's own activations
 TEST(Decode, DroplessMoeNormFormerMatchesFullForward) {
   for (const char* arch : {"llama", "gpt2"}) {
     models::ModelConfig m = tiny(arch);
