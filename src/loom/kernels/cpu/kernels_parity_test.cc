@@ -64,6 +64,36 @@ TEST(KernelsParity, EmbeddingBwd) {
                        [&] { embedding_bwd(ids.data(), dout.data(), dtable.data(), N, V, C); });
 }
 
+// Mixture-of-Experts: the router's sums over tokens, its slots, and dispatch/combine/gate_grad
+// (integer outputs compared through their float bits as well).
+TEST(KernelsParity, MoeRouting) {
+  const int64_t B = 6, T = 700, E = 8, K = 2, S = 150, C = 40;  // many token blocks, some drops
+  auto logits = randn(B * T * E, kSeed), x = randn(B * T * C, kSeed + 1);
+  auto dgates = randn(B * T * K, kSeed + 2), dps = randn(E, kSeed + 3);
+  std::vector<float> gates(B * T * K), ps(E), z(1), routed(E), kept(E), dl(B * T * E);
+  std::vector<float> experts_bits(B * T * K), slots_bits(B * T * K);
+  std::vector<float> xe(E * B * S * C), y(B * T * C), dg(B * T * K);
+  std::vector<int32_t> experts(B * T * K), slots(B * T * K);
+  expect_thread_parity(
+      "moe", {&gates, &ps, &z, &routed, &kept, &dl, &experts_bits, &slots_bits, &xe, &y, &dg}, [&] {
+        moe_router(logits.data(), gates.data(), experts.data(), slots.data(), ps.data(), z.data(),
+                   routed.data(), kept.data(), B, T, E, K, S);
+        std::memcpy(experts_bits.data(), experts.data(), experts.size() * 4);
+        std::memcpy(slots_bits.data(), slots.data(), slots.size() * 4);
+        moe_router_bwd(logits.data(), gates.data(), experts.data(), dgates.data(), dps.data(),
+                       0.5f, dl.data(), B, T, E, K);
+        moe_dispatch<float>(x.data(), experts.data(), slots.data(), gates.data(), xe.data(), B, T,
+                            C, E, K, S);
+        moe_combine<float>(xe.data(), experts.data(), slots.data(), gates.data(), y.data(), B, T,
+                           C, E, K, S);
+        moe_gate_grad<float, float>(xe.data(), y.data(), experts.data(), slots.data(), dg.data(),
+                                    B, T, C, E, K, S);
+      });
+  EXPECT_LT(kept[0] + kept[1] + kept[2] + kept[3] + kept[4] + kept[5] + kept[6] + kept[7],
+            float(B * T * K))
+      << "the case should drop some choices";
+}
+
 TEST(KernelsParity, RmsNormBwd) {
   const int64_t N = 1000, C = 77;  // 16 row blocks
   auto x = randn(N * C, kSeed), w = randn(C, kSeed + 1), dy = randn(N * C, kSeed + 2);
