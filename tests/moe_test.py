@@ -77,6 +77,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for moe, want in [("{experts=-1}", "moe.experts"), ("{experts=4,top_k=5}", "moe.top_k"),
                       ("{experts=4,capacity_factor=0.0}", "moe.capacity_factor"),
                       ("{experts=4,every=3}", "moe.every"),
+                      ('{experts=4,balance="token"}', "moe.balance"),
                       ("{experts=4,bogus=1}", "unknown key 'bogus'"), ("4", "expected a table")]:
         r = subprocess.run([LOOM, "train", CFG, "--set", "model.moe=" + moe, "--run-dir",
                             os.path.join(tmp, "bad")] + common, capture_output=True, text=True,

@@ -118,6 +118,7 @@ class MoeConfig:
     dropless: bool = False
     aux_loss: float = 0.01
     z_loss: float = 0.001
+    balance: str = "model"  # "model": Mixtral's over all layers; "layer": each layer's, averaged
 
     def capacity(self, T):
         """Slots per expert in each sequence of T tokens."""
@@ -162,7 +163,7 @@ _MODEL_KEYS = {
 }
 _MOE_KEYS = {"experts": (int, 0), "top_k": (int, 2), "every": (int, 1),
              "capacity_factor": (float, 1.25), "dropless": (bool, False),
-             "aux_loss": (float, 0.01), "z_loss": (float, 0.001)}
+             "aux_loss": (float, 0.01), "z_loss": (float, 0.001), "balance": (str, "model")}
 _TRAIN_KEYS = {"batch_size": (int, _REQUIRED), "seq_len": (int, _REQUIRED)}
 # Loom keys of these tables that describe its training run, not the model or one step: accepted, unused.
 _LOOM_ONLY = {
@@ -460,11 +461,19 @@ def moe_losses(model, routings):
     """(load-balancing loss, z-loss) over every MoE layer's routing, as transformers' Mixtral
     computes the former (its layers' router logits concatenated) and ST-MoE the latter."""
     E = model.cfg.moe.experts
-    logits = torch.cat([r.logits.reshape(-1, E) for r in routings])  # (L*N, E)
-    experts = torch.cat([r.experts.reshape(-1, r.experts.shape[-1]) for r in routings])
-    tokens_per_expert = F.one_hot(experts, E).float().mean(dim=0)  # (K, E)
-    router_prob = logits.softmax(dim=-1).mean(dim=0)  # (E)
-    balance = E * (tokens_per_expert * router_prob.unsqueeze(0)).sum()
+
+    def balance_of(group):
+        logits = torch.cat([r.logits.reshape(-1, E) for r in group])  # (L*N, E)
+        experts = torch.cat([r.experts.reshape(-1, r.experts.shape[-1]) for r in group])
+        tokens_per_expert = F.one_hot(experts, E).float().mean(dim=0)  # (K, E)
+        router_prob = logits.softmax(dim=-1).mean(dim=0)  # (E)
+        return E * (tokens_per_expert * router_prob.unsqueeze(0)).sum()
+
+    if model.cfg.moe.balance == "layer":  # each layer's own, averaged (GShard, Switch)
+        balance = torch.stack([balance_of([r]) for r in routings]).mean()
+    else:
+        balance = balance_of(routings)
+    logits = torch.cat([r.logits.reshape(-1, E) for r in routings])
     z = torch.logsumexp(logits, dim=-1).pow(2).mean()
     return balance, z
 

@@ -138,6 +138,8 @@ void ModelConfig::validate(const std::string& src) const {
       bad("moe.capacity_factor", "must be a finite number > 0");
     if (!(moe.aux_loss >= 0) || !std::isfinite(moe.aux_loss))
       bad("moe.aux_loss", "must be a finite number >= 0");
+    if (moe.balance != "model" && moe.balance != "layer")
+      bad("moe.balance", "must be \"model\" or \"layer\", got \"" + moe.balance + "\"");
     if (!(moe.z_loss >= 0) || !std::isfinite(moe.z_loss))
       bad("moe.z_loss", "must be a finite number >= 0");
   }
@@ -188,7 +190,8 @@ ModelGraph declare_params(const Architecture& arch, const ModelConfig& c) {
 //   loss = ce + aux_loss * E * sum_e f_e P_e + z_loss * mean over tokens of logsumexp^2,
 // with f_e the fraction of all layers' token choices that went to expert e and P_e the mean
 // router probability of e over all layers' tokens: transformers' Mixtral load_balancing_loss_func
-// (its layers' router logits concatenated; top_k choices per token, so sum_e f_e = top_k).
+// (its layers' router logits concatenated; top_k choices per token, so sum_e f_e = top_k). With
+// moe.balance = "layer", E sum_e f_e P_e is each layer's own, averaged over the layers.
 void add_moe_losses(ops::Builder& b, const ModelConfig& c, const std::vector<MoeLayerStats>& moe,
                     int64_t N, ModelGraph& m) {
   auto total = [&](int MoeLayerStats::*field) {
@@ -197,9 +200,20 @@ void add_moe_losses(ops::Builder& b, const ModelConfig& c, const std::vector<Moe
     return t;
   };
   const double tokens = double(N) * double(moe.size());
-  int balance =
-      b.emit1("sum", {b.mul(total(&MoeLayerStats::routed), total(&MoeLayerStats::prob_sum))});
-  int aux = b.scale(balance, double(c.moe.experts) / (tokens * tokens), "aux_loss");
+  int aux;
+  if (c.moe.balance == "layer") {  // the mean over layers of E sum_e f_e P_e, each layer's own
+    int sum = -1;
+    for (const auto& l : moe) {
+      int one = b.emit1("sum", {b.mul(l.routed, l.prob_sum)});
+      sum = sum < 0 ? one : b.add(sum, one);
+    }
+    aux = b.scale(sum, double(c.moe.experts) / (double(N) * double(N) * double(moe.size())),
+                  "aux_loss");
+  } else {
+    int balance =
+        b.emit1("sum", {b.mul(total(&MoeLayerStats::routed), total(&MoeLayerStats::prob_sum))});
+    aux = b.scale(balance, double(c.moe.experts) / (tokens * tokens), "aux_loss");
+  }
   int z = b.scale(total(&MoeLayerStats::z_sum), 1.0 / tokens, "z_loss");
   int objective = b.add(b.scale(aux, c.moe.aux_loss), b.scale(z, c.moe.z_loss));
   m.loss = b.add(m.ce_loss, objective, "loss");

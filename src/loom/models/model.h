@@ -27,8 +27,12 @@ struct MoeConfig {
   int64_t every = 1;              // every `every`-th layer is MoE (layers every-1, 2*every-1, ...)
   double capacity_factor = 1.25;  // slots per expert and sequence: ceil(factor * T * top_k / E)
   bool dropless = false;          // capacity T: no token is ever dropped
-  double aux_loss = 0.01;         // weight of the load-balancing loss (Mixtral's)
-  double z_loss = 0.001;          // weight of the router z-loss (ST-MoE)
+  double aux_loss = 0.01;         // weight of the load-balancing loss
+  // Over what the load-balancing loss counts: "model" (transformers' Mixtral: every MoE layer's
+  // tokens together, so one layer's imbalance can hide behind the others') or "layer" (GShard,
+  // Switch, fairseq: each layer's own loss, averaged over the layers).
+  std::string balance = "model";
+  double z_loss = 0.001;  // weight of the router z-loss (ST-MoE)
 
   bool enabled() const { return experts > 0; }
   bool layer(int64_t l) const { return enabled() && (l + 1) % every == 0; }

@@ -110,6 +110,8 @@ Setter moe_setter() {
       {"dropless", as_bool([](Config& c) -> bool& { return c.model.moe.dropless; })},
       {"aux_loss", as_float([](Config& c) -> double& { return c.model.moe.aux_loss; })},
       {"z_loss", as_float([](Config& c) -> double& { return c.model.moe.z_loss; })},
+      {"balance", as_choice([](Config& c) -> std::string& { return c.model.moe.balance; },
+                            {"model", "layer"})},
   };
   return [](Config& c, const toml::node& n, const std::string& where) {
     const toml::table* t = n.as_table();

@@ -80,14 +80,14 @@ TEST(KernelsParity, MoeRouting) {
                    routed.data(), kept.data(), B, T, E, K, S);
         std::memcpy(experts_bits.data(), experts.data(), experts.size() * 4);
         std::memcpy(slots_bits.data(), slots.data(), slots.size() * 4);
-        moe_router_bwd(logits.data(), gates.data(), experts.data(), dgates.data(), dps.data(),
-                       0.5f, dl.data(), B, T, E, K);
+        moe_router_bwd(logits.data(), gates.data(), experts.data(), dgates.data(), dps.data(), 0.5f,
+                       dl.data(), B, T, E, K);
         moe_dispatch<float>(x.data(), experts.data(), slots.data(), gates.data(), xe.data(), B, T,
                             C, E, K, S);
-        moe_combine<float>(xe.data(), experts.data(), slots.data(), gates.data(), y.data(), B, T,
-                           C, E, K, S);
-        moe_gate_grad<float, float>(xe.data(), y.data(), experts.data(), slots.data(), dg.data(),
-                                    B, T, C, E, K, S);
+        moe_combine<float>(xe.data(), experts.data(), slots.data(), gates.data(), y.data(), B, T, C,
+                           E, K, S);
+        moe_gate_grad<float, float>(xe.data(), y.data(), experts.data(), slots.data(), dg.data(), B,
+                                    T, C, E, K, S);
       });
   EXPECT_LT(kept[0] + kept[1] + kept[2] + kept[3] + kept[4] + kept[5] + kept[6] + kept[7],
             float(B * T * K))
