@@ -201,6 +201,8 @@ inline std::vector<Case> cases() {
        std::string(R"([{kind="expert",axis="expert"},{kind="fsdp",axis="data"},)") + data + "]",
        "moe"},
       {"moe_gpt2_expert", "{expert=2}", R"([{kind="expert",axis="expert"}])", "moe_gpt2"},
+      {"moe_data_expert_2x2", "{data=2,expert=2}",
+       std::string("[") + data + R"(,{kind="expert",axis="expert"}])", "moe"},
       // NormFormer: the head scales fold into the row-parallel output projection
       {"normformer_megatron", "{model=2}", R"([{kind="megatron",axis="model"}])", "normformer"},
       {"normformer_gpt2_expert_megatron_2x2", "{expert=2,model=2}",
