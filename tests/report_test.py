@@ -113,6 +113,22 @@ with tempfile.TemporaryDirectory() as d:
     p = loom(torn)
     check("torn last line tolerated", p.returncode == 0, p.stderr)
 
+    # extreme finite values (overflowing spans, denormals, flat series at the limits, a huge step)
+    # render: every plot drawn, exit 0
+    for i, vals in enumerate([[1e308, 5e-324, -1e308, 1.7976931348623157e308, 1e-300, 3.0],
+                              [5e-324] * 3, [1e308] * 2, [1e-310, 2e-310, 3e-310], [0.0] * 3,
+                              [1e-15, 1.0000000000001e-15]]):
+        ext = os.path.join(d, "extreme%d" % i)
+        os.makedirs(ext)
+        with open(os.path.join(ext, "metrics.jsonl"), "w") as f:
+            for j, v in enumerate(vals):
+                f.write(json.dumps({"step": j + 1 if i else 2**62 + j, "loss": v, "lr": v,
+                                    "grad_norm": v, "tokens_per_s": v, "val_loss": v}) + "\n")
+        p = loom(ext)
+        page = open(os.path.join(ext, "report.html")).read() if p.returncode == 0 else ""
+        check("extreme values %s render" % vals[:3], p.returncode == 0 and page.count("<svg") == 4,
+              p.stderr[-300:])
+
     # errors: exit 1 with the path (and line) in the message
     missing = os.path.join(d, "nope")
     p = loom(missing)

@@ -139,9 +139,11 @@ double nice(double x, bool round) {
   return n * std::pow(10.0, e);
 }
 
+// lo and hi are finite and within +-kMaxAbs (svg_plot clamps them), so hi - lo cannot overflow.
 Axis nice_axis(double lo, double hi, int ticks, double min_step = 0) {
   if (hi - lo <= std::abs(hi) * 1e-12) {  // a flat series: give it some room
-    double pad = lo == 0 ? 1 : std::abs(lo) * 0.1;
+    // (at least 1e-300: a tenth of a denormal would be no room at all)
+    double pad = lo == 0 ? 1 : std::max(std::abs(lo) * 0.1, 1e-300);
     lo -= pad;
     hi += pad;
   }
@@ -153,8 +155,9 @@ Axis nice_axis(double lo, double hi, int ticks, double min_step = 0) {
 std::string tick_label(double v, const Axis& a) {
   if (std::abs(v) < a.step * 1e-6) return "0";
   const double big = std::max(std::abs(a.lo), std::abs(a.hi));
-  auto decimals = [](double step) {
-    return std::max(0, -int(std::floor(std::log10(step) + 1e-9)));
+  auto decimals = [](double step) {  // 0..17: enough for any double's step, never negative
+    const double d = -std::floor(std::log10(step) + 1e-9);
+    return std::isfinite(d) ? int(std::clamp(d, 0.0, 17.0)) : 0;
   };
   if (big >= 1e4) {
     double div = big >= 1e7 ? 1e6 : 1e3;
@@ -198,6 +201,7 @@ std::string esc(std::string_view s) {
 }
 
 constexpr size_t kMaxPoints = 2000;  // per polyline
+constexpr double kMaxAbs = 1e300;    // the largest magnitude a plot's axis spans
 constexpr double kW = 600, kH = 260, kLeft = 64, kRight = 16, kTop = 30, kBottom = 42;
 
 // One plot as an inline <svg>: frame, grid, round-number ticks, axis titles, a legend when there is
@@ -207,6 +211,8 @@ std::string svg_plot(const std::string& title, const std::string& ytitle,
   double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
   for (Series& s : series) {
     s.pts = downsample(s.pts, kMaxPoints);
+    // values beyond +-1e300 are drawn at the edge (an axis spanning +-1.7e308 overflows)
+    for (auto& [x, y] : s.pts) y = std::clamp(y, -kMaxAbs, kMaxAbs);
     for (auto [x, y] : s.pts) {
       xmin = std::min(xmin, x), xmax = std::max(xmax, x);
       ymin = std::min(ymin, y), ymax = std::max(ymax, y);
