@@ -119,8 +119,8 @@ void moe_gate_grad(const X* ye, const Y* y, const int32_t* experts, const int32_
 //   ta = 0: c (E,G,S,N) = a (E,G,S,K) op(b[e]), b (E,N,K) (tb) or (E,K,N)
 //   ta = 1: c (E,M,N) = a (E,G,S,M)^T b (E,G,S,N)
 // a and b both f32 or both bf16, c f32 or (bf16 inputs) bf16, overwritten. Rows of `a` past the
-// last nonzero one of each (e,g) block of S rows (rounded up to 16) are skipped: their products are
-// 0.
+// last nonzero one of each (e,g) block of S rows are skipped (their products are 0); each expert's
+// other rows are packed into one matrix, rounded up to 16 rows, for one GEMM.
 struct GroupedGemm {
   int64_t E = 0, G = 0, S = 0, M = 0, N = 0, K = 0;  // ta = 0: M unused; ta = 1: K unused
   bool ta = false, tb = false;
