@@ -154,9 +154,9 @@ Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles&
       // Expert parallelism (GShard): each rank of the axis holds E/n of every MoE layer's experts
       // (the stacked expert weights split on dim 0, their gradients and moments alike) and its own
       // sequences of the batch, as data parallelism would. Propagation then meets the two splits
-      // at the experts' batched matmuls: the tokens' slots (E,B*S,C), split by sequence, reach the
+      // at the experts' grouped GEMMs: the tokens' slots (E,B,S,C), split by sequence, reach the
       // weights' expert split through an all-to-all, and come back through another before
-      // combine.
+      // combine (tests/ir_text/expert.ir).
       if (roles.experts.empty())
         throw Error(fmt::format("{}: this model has no experts", ap.by_),
                     "expert splits the experts of Mixture-of-Experts layers: set [model] moe = { "
