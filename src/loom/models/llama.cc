@@ -120,57 +120,43 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
   return x.linear(nf, "model.embed_tokens.weight", "logits");
 }
 
-// transformers' MixtralConfig, for a Llama whose every layer is MoE: Mixtral is Llama's attention
-// with block_sparse_moe MLPs (softmax router, top-k gates renormalised, SwiGLU experts w1/w3/w2).
-// Mixtral routes without capacity: a model trained with drops runs dropless there (as Loom's own
-// decoding does).
-nlohmann::ordered_json mixtral_hf_config(const ModelConfig& m) {
+// transformers' LlamaConfig. What is left out takes HF's default, which matches Loom (no attention
+// or MLP biases).
+nlohmann::ordered_json llama_hf_config(const ModelConfig& m) {
+  nlohmann::ordered_json j = {{"architectures", {"LlamaForCausalLM"}},
+                              {"model_type", "llama"},
+                              {"vocab_size", m.vocab_size},
+                              {"hidden_size", m.d_model},
+                              {"intermediate_size", m.ffn()},
+                              {"num_hidden_layers", m.n_layers},
+                              {"num_attention_heads", m.n_heads},
+                              {"num_key_value_heads", m.kv_heads()},
+                              {"max_position_embeddings", m.max_seq_len},
+                              {"rms_norm_eps", m.norm_eps},
+                              {"rope_theta", m.rope_theta},
+                              {"hidden_act", "silu"},
+                              {"tie_word_embeddings", m.tie_embeddings},
+                              {"torch_dtype", "float32"}};
+  if (!m.moe.enabled()) return j;
+  // An MoE Llama is transformers' MixtralConfig when every layer is MoE: Mixtral is Llama's
+  // attention with block_sparse_moe MLPs (softmax router, top-k gates renormalised, SwiGLU experts
+  // w1/w3/w2), intermediate_size each expert's width. Mixtral routes without capacity: a model
+  // trained with drops runs dropless there (as Loom's own decoding does).
   auto refuse = [](const std::string& why) {
     throw Error("this model has no Mixtral equivalent: " + why,
                 "transformers' MixtralForCausalLM has an MoE MLP in every layer and no NormFormer");
   };
   if (m.moe.every != 1) refuse(fmt::format("[model] moe every = {} (Mixtral: 1)", m.moe.every));
   if (m.normformer) refuse("[model] normformer = true");
-  return {{"architectures", {"MixtralForCausalLM"}},
-          {"model_type", "mixtral"},
-          {"vocab_size", m.vocab_size},
-          {"hidden_size", m.d_model},
-          {"intermediate_size", m.ffn()},
-          {"num_hidden_layers", m.n_layers},
-          {"num_attention_heads", m.n_heads},
-          {"num_key_value_heads", m.kv_heads()},
-          {"max_position_embeddings", m.max_seq_len},
-          {"rms_norm_eps", m.norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"hidden_act", "silu"},
-          {"num_local_experts", m.moe.experts},
-          {"num_experts_per_tok", m.moe.top_k},
-          {"router_aux_loss_coef", m.moe.aux_loss},
-          {"output_router_logits", false},
-          {"sliding_window", nullptr},
-          {"attention_dropout", 0.0},
-          {"tie_word_embeddings", m.tie_embeddings},
-          {"torch_dtype", "float32"}};
-}
-
-// transformers' LlamaConfig. What is left out takes HF's default, which matches Loom (no attention
-// or MLP biases). An MoE Llama is Mixtral's.
-nlohmann::ordered_json llama_hf_config(const ModelConfig& m) {
-  if (m.moe.enabled()) return mixtral_hf_config(m);
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"vocab_size", m.vocab_size},
-          {"hidden_size", m.d_model},
-          {"intermediate_size", m.ffn()},
-          {"num_hidden_layers", m.n_layers},
-          {"num_attention_heads", m.n_heads},
-          {"num_key_value_heads", m.kv_heads()},
-          {"max_position_embeddings", m.max_seq_len},
-          {"rms_norm_eps", m.norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"hidden_act", "silu"},
-          {"tie_word_embeddings", m.tie_embeddings},
-          {"torch_dtype", "float32"}};
+  j["architectures"] = {"MixtralForCausalLM"};
+  j["model_type"] = "mixtral";
+  j["num_local_experts"] = m.moe.experts;
+  j["num_experts_per_tok"] = m.moe.top_k;
+  j["router_aux_loss_coef"] = m.moe.aux_loss;
+  j["output_router_logits"] = false;
+  j["sliding_window"] = nullptr;
+  j["attention_dropout"] = 0.0;
+  return j;
 }
 
 // transformers' LlamaConfig -> [model]. Defaults are LlamaConfig's where a field is absent.

@@ -51,6 +51,7 @@
 #endif
 
 #include "loom/core/error.h"
+#include "loom/kernels/cpu/kernel_util.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -63,18 +64,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-inline float to_f32(float x) { return x; }
-inline float to_f32(bf16 x) { return bf16_to_f32(x); }
-template <class Elem>
-inline Elem from_f32(float x);
-template <>
-inline float from_f32<float>(float x) {
-  return x;
-}
-template <>
-inline bf16 from_f32<bf16>(float x) {
-  return f32_to_bf16(x);
-}
+using detail::from_f32;
+using detail::to_f32;
 
 // ---- 16-lane f32 vector: AVX-512 where available, plain loops elsewhere ----
 // vload_n / vstore_n move the first n lanes (0 <= n <= 16) from or to f32 or bf16 memory (bf16 by

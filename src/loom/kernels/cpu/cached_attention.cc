@@ -16,14 +16,13 @@
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/attention.h"
+#include "loom/kernels/cpu/kernel_util.h"
 
 namespace loom::kernels::cpu {
 namespace {
 
-inline float to_f32(float x) { return x; }
-inline float to_f32(bf16 x) { return bf16_to_f32(x); }
-inline void store(float* p, float x) { *p = x; }
-inline void store(bf16* p, float x) { *p = f32_to_bf16(x); }
+using detail::from_f32;
+using detail::to_f32;
 
 // One query row qi (HS) at absolute position p against keys/values kc, vc rows 0..p (stride ld):
 // oi (HS) = softmax(scale * qi . k_j) . v_j. s: scratch of p+1 floats, acc: of HS floats.
@@ -49,7 +48,7 @@ void attend_row(const Elem* qi, const Elem* kc, const Elem* vc, int64_t ld, int6
     for (int64_t d = 0; d < HS; ++d) acc[d] += w * to_f32(vj[d]);
   }
   const float inv = 1.0f / sum;
-  for (int64_t d = 0; d < HS; ++d) store(oi + d, acc[d] * inv);
+  for (int64_t d = 0; d < HS; ++d) oi[d] = from_f32<Elem>(acc[d] * inv);
 }
 
 }  // namespace

@@ -20,6 +20,21 @@
 
 namespace loom::kernels::cpu::detail {
 
+// An element of an f32 or bf16 tensor as f32, and back (bf16 rounds to nearest even): the one
+// pair kernels templated on the element type read and write through.
+inline float to_f32(float x) { return x; }
+inline float to_f32(bf16 x) { return bf16_to_f32(x); }
+template <class Elem>
+inline Elem from_f32(float x);
+template <>
+inline float from_f32<float>(float x) {
+  return x;
+}
+template <>
+inline bf16 from_f32<bf16>(float x) {
+  return f32_to_bf16(x);
+}
+
 // Elements per block for elementwise kernels and sum/sumsq (64 KiB of f32: large enough that the
 // OpenMP fork is amortised, small enough that 2 cores get many blocks).
 constexpr int64_t kElemBlock = int64_t(1) << 14;

@@ -17,21 +17,10 @@
 namespace loom::kernels::cpu {
 
 using detail::for_blocks;
+using detail::from_f32;
+using detail::to_f32;
 
 namespace {
-
-inline float load(float v) { return v; }
-inline float load(bf16 v) { return bf16_to_f32(v); }
-template <class X>
-X store(float v);
-template <>
-inline float store<float>(float v) {
-  return v;
-}
-template <>
-inline bf16 store<bf16>(float v) {
-  return f32_to_bf16(v);
-}
 
 // One token's softmax statistics and top-k: probs (E) written, returns logsumexp.
 float route_token(const float* l, int64_t E, int64_t K, float* probs, float* gates,
@@ -147,7 +136,7 @@ void moe_dispatch(const X* x, const int32_t* experts, const int32_t* slots, cons
             continue;
           }
           const float g = gates[i];
-          for (int64_t c = 0; c < C; ++c) dst[c] = store<X>(g * load(src[c]));
+          for (int64_t c = 0; c < C; ++c) dst[c] = from_f32<X>(g * to_f32(src[c]));
         }
     }
   });
@@ -167,7 +156,7 @@ void moe_combine(const X* ye, const int32_t* experts, const int32_t* slots, cons
         if (slots[i] < 0) continue;
         const float g = gates ? gates[i] : 1.0f;
         const X* src = ye + ((experts[i] * B + b) * S + slots[i]) * C;
-        for (int64_t c = 0; c < C; ++c) dst[c] += g * load(src[c]);
+        for (int64_t c = 0; c < C; ++c) dst[c] += g * to_f32(src[c]);
       }
     }
   });
@@ -186,7 +175,7 @@ void moe_gate_grad(const X* ye, const Y* y, const int32_t* experts, const int32_
         if (slots[i] >= 0) {
           const X* a = ye + ((experts[i] * B + b) * S + slots[i]) * C;
           const Y* v = y + n * C;
-          for (int64_t c = 0; c < C; ++c) s += load(a[c]) * load(v[c]);
+          for (int64_t c = 0; c < C; ++c) s += to_f32(a[c]) * to_f32(v[c]);
         }
         dg[i] = s;
       }
@@ -234,13 +223,13 @@ void grouped_gemm(const GroupedGemm& d, const void* a, const void* b, void* c) {
     int64_t total = 0;
     for (int64_t j = 0; j < d.G; ++j) {
       const char* ab = A + size_t((e * d.G + j) * d.S * width_a) * ea;
-      rows[size_t(j)] = std::min(live_rows(ab, d.S, width_a, ea), d.S);
+      rows[size_t(j)] = live_rows(ab, d.S, width_a, ea);
       total += rows[size_t(j)];
     }
     const int64_t packed = (total + 15) / 16 * 16;
     // pack a's filled rows (and, for ta, b's) into pa (pb), zero-padded to `packed` rows
     auto pack = [&](const char* src, int64_t width, std::vector<char>& dst) {
-      dst.assign(size_t(packed * width) * ea, 0);
+      dst.resize(size_t(packed * width) * ea);
       int64_t at = 0;
       for (int64_t j = 0; j < d.G; ++j) {
         const size_t n = size_t(rows[size_t(j)] * width) * ea;
@@ -248,6 +237,7 @@ void grouped_gemm(const GroupedGemm& d, const void* a, const void* b, void* c) {
                     src + size_t((e * d.G + j) * d.S * width) * ea, n);
         at += rows[size_t(j)];
       }
+      std::memset(dst.data() + size_t(at * width) * ea, 0, size_t((packed - at) * width) * ea);
     };
     if (!d.ta) {
       char* ce = Cp + size_t(e * d.G * d.S * d.N) * ec;
