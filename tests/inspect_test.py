@@ -127,6 +127,14 @@ kept, again = planned_peak(), planned_peak("--set", "passes.recompute=selective"
 check("recompute = selective lowers the planned peak", again < kept, "%s vs %s MB" % (again, kept))
 full = planned_peak("--set", "passes.recompute=full")
 check("recompute = full lowers it further", full < again, "%s vs %s MB" % (full, again))
+op = planned_peak("--set", "passes.recompute=selective_op")
+check("recompute = selective_op (every second matmul too) lies between selective and full",
+      full < op < again, "%s < %s < %s MB" % (full, op, again))
+again_mm = {policy: len(re.findall(r"\.recompute[.\w]* : \S+ = matmul\(",
+                                   collectives("scheduled", "--set", "passes.recompute=" + policy)[1].stdout))
+            for policy in ("selective", "selective_op")}
+check("selective_op makes matmuls again, selective none",
+      again_mm["selective"] == 0 and again_mm["selective_op"] > 0, str(again_mm))
 
 # prefetch: every collective a start (async = 1) and a wait; off, none of either
 _, r = collectives("scheduled")

@@ -134,7 +134,7 @@ TEST_P(IrText, LoweredProgramMatches) {
     else if (f[0] == "recompute") {
       bool known = false;
       for (auto r : {ScheduleOptions::Recompute::none, ScheduleOptions::Recompute::selective,
-                     ScheduleOptions::Recompute::full})
+                     ScheduleOptions::Recompute::selective_op, ScheduleOptions::Recompute::full})
         if (f.at(1) == recompute_name(r)) so.recompute = r, known = true;
       if (!known) ADD_FAILURE() << GetParam() << ": unknown recompute policy " << f.at(1);
     } else if (f[0] == "prefetch")

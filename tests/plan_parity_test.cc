@@ -44,12 +44,12 @@ TEST_P(PlanParity, GradientsMatchOneRank) {
   for (const auto& e : compare_grads(got, ref)) ADD_FAILURE() << e;
 }
 
-// [passes] recompute = "selective" and "full" make the same ops again on the same inputs: in f32
-// the same plan's losses, gradient norms and parameters are bit for bit those of recompute =
-// "none".
+// [passes] recompute = "selective", "selective_op" and "full" make the same ops again on the same
+// inputs: in f32 the same plan's losses, gradient norms and parameters are bit for bit those of
+// recompute = "none".
 TEST(Recompute, ChangesNoBitInF32) {
   for (const char* name : {"fsdp", "gpt2_fsdp", "mid_fsdp_megatron_2x2"})
-    for (const char* policy : {"selective", "full"}) {
+    for (const char* policy : {"selective", "selective_op", "full"}) {
       SCOPED_TRACE(std::string(name) + ", recompute = " + policy);
       Case kept;
       for (const Case& c : cases())
@@ -106,6 +106,7 @@ TEST(Recompute, OneProcessChangesNoBitInF32) {
       int64_t kept_bytes = 0;
       const TrainRun x = run(none, &kept_bytes);
       for (auto policy : {passes::ScheduleOptions::Recompute::selective,
+                          passes::ScheduleOptions::Recompute::selective_op,
                           passes::ScheduleOptions::Recompute::full}) {
         SCOPED_TRACE(std::string(model) + ", grad_accum " + std::to_string(accum) + ", " +
                      passes::recompute_name(policy));

@@ -4,7 +4,11 @@ file that loom plan reads back; loom plan prints a table, or one JSON line per p
 docs promise, on this machine's cluster, on the shipped GPU clusters and for --compare files; a
 paper-scale model compiles and simulates with no tensor allocated; bad input (a missing or broken
 cluster file, a mesh the devices cannot hold, an axis no level can hold, a bad --compare file) is a
-clear error naming the file and key, exit 1.
+clear error naming the file and key, exit 1. GPU timings' round trip: loom plan --kernels lists
+the program's kernels (their predicted times add up to the compute stream's), kernels timed at twice
+those times and brought back by calibrate --import predict twice the compute time, the timing
+scripts of bench/gpu run on the CPU under Debian's PyTorch, and a broken timings file is an error
+naming the file and entry.
 
     sim_cli_test.py LOOM_BINARY SOURCE_DIR
 """
@@ -153,5 +157,79 @@ with tempfile.TemporaryDirectory() as tmp:
     except subprocess.TimeoutExpired:
         check("ranks with different programs: a clear error naming the rank, no hang", False,
               "mpirun hung for 120 s")
+
+with tempfile.TemporaryDirectory() as tmp:
+    kernels, timed = os.path.join(tmp, "k.json"), os.path.join(tmp, "t.json")
+    h100 = cluster("h100-sxm.toml")
+    args = [cfg("tiny-llama.toml"), "--cluster", h100, "--json", *FSDP,
+            "--set", "model.dtype=bf16", "--set", "passes.recompute=selective"]
+    r = loom("plan", *args, "--kernels", kernels)
+    rows = json_lines(r)
+    doc = json.load(open(kernels)) if os.path.exists(kernels) else {"kernels": []}
+    ks = doc["kernels"]
+    check("plan --kernels writes the program's distinct kernels",
+          r.returncode == 0 and len(rows) == 1 and len(ks) > 10
+          and all(all(f in k for f in ("op", "attrs", "inputs", "outputs", "count", "bytes", "flops",
+                                       "dtype", "predicted_s")) for k in ks)
+          and any("gemm" in k for k in ks) and {"attention", "rmsnorm", "adamw"} <= {k["op"] for k in ks},
+          r.stderr[-2000:])
+    if rows and ks:
+        total = sum(k["count"] * k["predicted_s"] for k in ks) * 1e3
+        check("their predicted times add up to the compute stream's",
+              abs(total - rows[0]["compute_ms"]) <= 1e-6 * rows[0]["compute_ms"],
+              f"{total} vs {rows[0]['compute_ms']}")
+        json.dump({"device": "test", "torch": "none",
+                   "kernels": [dict(k, seconds=2 * k["predicted_s"]) for k in ks]}, open(timed, "w"))
+        out = os.path.join(tmp, "measured.toml")
+        r = loom("calibrate", "--import", timed, "--base", h100, "--out", out)
+        check("calibrate --import writes the base cluster with the timings as its profile",
+              r.returncode == 0 and "[profile]" in open(out).read()
+              and 'name = "h100-sxm-measured"' in open(out).read(), r.stderr[-2000:])
+        r2 = loom("plan", *args[:1], "--cluster", out, *args[3:])
+        rows2 = json_lines(r2)
+        check("timings of twice the predicted times predict twice the compute time",
+              r2.returncode == 0 and len(rows2) == 1
+              and abs(rows2[0]["compute_ms"] - 2 * rows[0]["compute_ms"]) <= 1e-6 * rows[0]["compute_ms"],
+              r2.stderr[-2000:] + str(rows2 and rows2[0]["compute_ms"]) + " " + str(rows[0]["compute_ms"]))
+
+        # bench/gpu's scripts on this CPU with Debian's PyTorch (the GPU run's code path, small)
+        torch_py = "/usr/bin/python3"
+        cpu_timed = os.path.join(tmp, "cpu.json")
+        r = subprocess.run([torch_py, os.path.join(SRC, "bench", "gpu", "torch_kernels.py"), kernels,
+                            "--out", cpu_timed, "--device", "cpu"], env=ENV, capture_output=True,
+                           text=True)
+        got = json.load(open(cpu_timed))["kernels"] if os.path.exists(cpu_timed) else []
+        check("torch_kernels.py times every kernel with a PyTorch mapping (none as a plain copy)",
+              r.returncode == 0 and len(got) == len(ks)
+              and all(k["how"] == "torch" and k["seconds"] > 0 for k in got),
+              r.stdout[-1500:] + r.stderr[-1500:])
+        r = loom("calibrate", "--import", cpu_timed, "--base", h100, "--out", out)
+        check("its output imports", r.returncode == 0, r.stderr[-1000:])
+        r = subprocess.run([torch_py, os.path.join(SRC, "bench", "gpu", "torch_step.py"),
+                            cfg("tiny-llama.toml"), "--device", "cpu", "--ac", "none", "--steps", "2",
+                            "--warmup", "1"], env=ENV, capture_output=True, text=True)
+        step = json.loads(r.stdout) if r.returncode == 0 and r.stdout.startswith("{") else {}
+        check("torch_step.py runs a step and reports its time",
+              step.get("step_ms", 0) > 0 and step.get("layers") == 2, r.stdout[-1000:] + r.stderr[-1500:])
+
+    def bad_import(text, want, name):
+        path = os.path.join(tmp, "bad.json")
+        with open(path, "w") as f:
+            f.write(text)
+        r = loom("calibrate", "--import", path, "--base", h100, "--out", os.path.join(tmp, "x.toml"))
+        check(name, r.returncode == 1 and "bad.json" in r.stderr and want in r.stderr
+              and not os.path.exists(os.path.join(tmp, "x.toml")), r.stderr)
+
+    bad_import("[1, 2]", "kernels", "--import of a file without kernels: exit 1 naming it")
+    bad_import('{"kernels": [{"op": "add", "dtype": "f32", "bytes": 8, "flops": 0, "seconds": -1}]}',
+               "kernels[0]: seconds", "--import with a negative time: exit 1 naming the entry and key")
+    bad_import('{"kernels": [{"op": "add", "dtype": "f64", "bytes": 8, "flops": 0, "seconds": 1}]}',
+               "kernels[0]: dtype", "--import with an unknown dtype: exit 1 naming the entry")
+    bad_import("{", "not valid JSON", "--import of broken JSON: exit 1 naming the file")
+    r = loom("calibrate", "--import", timed, "--base", h100)
+    check("--import without --out: exit 1 (never over clusters/local.toml)",
+          r.returncode == 1 and "--out" in r.stderr, r.stderr)
+    r = loom("calibrate", "--import", timed, "--out", os.path.join(tmp, "y.toml"))
+    check("--import without --base: exit 1", r.returncode == 1 and "--base" in r.stderr, r.stderr)
 
 checks.finish()

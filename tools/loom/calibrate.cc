@@ -2,6 +2,8 @@
 // simulator predicts from.
 //
 //   loom calibrate [--out clusters/local.toml] [--quick] [--idle-watts W] [--peak-watts W]
+//   loom calibrate --import TIMED.json --base CLUSTER.toml --out F.toml
+//                  [--compute-speed X --memory-speed Y]
 //
 // What it measures, with this process's OpenMP threads (one device = one rank of that many
 // threads; OMP_NUM_THREADS=1 for plans of one-thread ranks):
@@ -18,6 +20,15 @@
 //     uses for the innermost level, and that level's bandwidth and latency.
 // Power is not measured (no meter here): --idle-watts and --peak-watts (per device) default to
 // an estimate documented in docs/simulator.md.
+//
+// --import measures nothing here: it reads the kernels another machine timed (a GPU's, by
+// bench/gpu/torch_kernels.py from `loom plan --kernels`), makes them the [profile] of the --base
+// cluster file (its device, levels and efficiency model kept for what the profile lacks) and
+// writes --out. --compute-speed and --memory-speed carry timings to a device that was not measured:
+// the base's device computes X times and moves memory Y times as fast as the one that timed the
+// kernels, so a compute-bound kernel (matmul, grouped_matmul, attention and its backward) takes
+// 1/X of the time measured and every other kernel 1/Y; the file is then named "-derived", not
+// "-measured".
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/prctl.h>
@@ -28,6 +39,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -40,6 +52,7 @@
 #include "commands.h"
 #include "loom/comm/local.h"
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/kernels/cpu/peak.h"
 #include "loom/ops/linear.h"
 #include "loom/ops/op.h"
@@ -54,6 +67,8 @@ struct CalOpts {
   std::string out = "clusters/local.toml";
   bool quick = false;
   double idle_watts = -1, peak_watts = -1;
+  std::string import, base;
+  double compute_speed = 1, memory_speed = 1;
 };
 
 struct Shape1 {
@@ -122,6 +137,58 @@ void profile_model(const Shape1& s, int reps, sim::Profile& prof) {
     const ops::Cost c = def.cost ? def.cost(g, n) : ops::Cost{};
     prof.ops[n.op].push_back({dt, c.bytes_read + c.bytes_written, c.flops, t});
   }
+}
+
+void dedupe(sim::Profile& p);
+
+// --import: the timed kernels of `path` as a profile (the matmuls by shape, the others by bytes).
+sim::Profile import_profile(const std::string& path, const CalOpts& o, std::string* device,
+                            std::string* torch) {
+  const nlohmann::json doc = read_json(path);
+  if (!doc.is_object() || !doc.contains("kernels") || !doc["kernels"].is_array())
+    throw Error(
+        fmt::format("{}: expected an object with a \"kernels\" array "
+                    "(bench/gpu/torch_kernels.py writes one)",
+                    path));
+  *device = doc.value("device", std::string("unknown device"));
+  *torch = doc.value("torch", std::string("unknown"));
+  sim::Profile prof;
+  prof.threads = 1;
+  const nlohmann::json& ks = doc["kernels"];
+  for (size_t i = 0; i < ks.size(); ++i) {
+    const nlohmann::json& k = ks[i];
+    const std::string where = fmt::format("{}: kernels[{}]", path, i);
+    auto num = [&](const nlohmann::json& o, const char* key) {
+      if (!o.is_object() || !o.contains(key) || !o[key].is_number())
+        throw Error(fmt::format("{}: {}: expected a number", where, key));
+      const double v = o[key].get<double>();
+      if (!std::isfinite(v) || v < 0)
+        throw Error(fmt::format("{}: {} = {}: expected a finite number >= 0", where, key, v));
+      return v;
+    };
+    if (!k.is_object() || !k.contains("op") || !k["op"].is_string() || !k.contains("dtype") ||
+        !k["dtype"].is_string())
+      throw Error(fmt::format("{}: expected op and dtype strings", where));
+    DType dt;
+    if (!parse_dtype(k["dtype"].get<std::string>(), &dt))
+      throw Error(fmt::format("{}: dtype: unknown dtype {}", where, k["dtype"].dump()));
+    const std::string op = k["op"].get<std::string>();
+    const bool compute =
+        op == "matmul" || op == "grouped_matmul" || op == "attention" || op == "attention_bwd";
+    const double seconds = num(k, "seconds") / (compute ? o.compute_speed : o.memory_speed);
+    if (!(seconds > 0)) throw Error(fmt::format("{}: seconds: expected > 0", where));
+    if (k.contains("gemm")) {
+      const nlohmann::json& g = k["gemm"];
+      prof.matmul.push_back({int64_t(num(g, "ta")), int64_t(num(g, "tb")), int64_t(num(g, "m")),
+                             int64_t(num(g, "n")), int64_t(num(g, "k")), int64_t(num(g, "batch")),
+                             dt, seconds});
+    } else {
+      prof.ops[op].push_back({dt, num(k, "bytes"), num(k, "flops"), seconds});
+    }
+  }
+  if (prof.matmul.empty() && prof.ops.empty()) throw Error(fmt::format("{}: no kernels", path));
+  dedupe(prof);
+  return prof;
 }
 
 // Median seconds of one collective of `bytes` per rank on n local ranks.
@@ -303,7 +370,43 @@ std::function<int()> add_calibrate(CLI::App& app) {
   s->add_flag("--quick", o->quick, "a short sweep (a smoke test, not for predictions)");
   s->add_option("--idle-watts", o->idle_watts, "a device's idle power (default: an estimate)");
   s->add_option("--peak-watts", o->peak_watts, "a device's peak power (default: an estimate)");
-  return [o]() {
+  s->add_option("--import", o->import,
+                "kernels timed elsewhere (bench/gpu/torch_kernels.py): measure nothing, make them "
+                "--base's [profile]");
+  s->add_option("--base", o->base, "with --import: the cluster file the profile is added to");
+  s->add_option("--compute-speed", o->compute_speed,
+                "with --import: the base device's compute speed over the measured one's")
+      ->check(CLI::PositiveNumber);
+  s->add_option("--memory-speed", o->memory_speed,
+                "with --import: the base device's memory speed over the measured one's")
+      ->check(CLI::PositiveNumber);
+  CLI::Option* out_opt = s->get_option("--out");
+  return [o, out_opt]() {
+    if (!o->import.empty()) {
+      if (o->base.empty()) throw Error("loom calibrate: --import needs --base CLUSTER.toml");
+      if (out_opt->count() == 0)
+        throw Error("loom calibrate: --import needs --out (it would replace clusters/local.toml)");
+      sim::Cluster c = sim::load_cluster(o->base);
+      std::string device, torch;
+      c.profile = import_profile(o->import, *o, &device, &torch);
+      const bool derived = o->compute_speed != 1 || o->memory_speed != 1;
+      c.name += derived ? "-derived" : "-measured";
+      const std::string scaled = derived ? fmt::format(" --compute-speed {} --memory-speed {}",
+                                                       o->compute_speed, o->memory_speed)
+                                         : "";
+      const std::string header = fmt::format(
+          "# {} with the kernels timed on one {} by bench/gpu/torch_kernels.py (PyTorch {},\n"
+          "# eager) as its [profile]{}: `loom calibrate --import {} --base {}{}`.\n"
+          "# The rest is {}'s: its device, levels and efficiency model stand for what the "
+          "profile\n# lacks. Units: SI.\n",
+          o->base, device, torch,
+          derived ? ", carried to this device by the speed ratios given (an estimate)" : "",
+          o->import, o->base, scaled, o->base);
+      sim::write_cluster(c, o->out, header);
+      fmt::print("wrote {} ({} matmul samples, {} ops from {})\n", o->out, c.profile->matmul.size(),
+                 c.profile->ops.size(), o->import);
+      return 0;
+    }
     if (o->idle_watts >= 0 && o->peak_watts >= 0 && o->peak_watts < o->idle_watts)
       throw Error(fmt::format("loom calibrate: --peak-watts {} is below --idle-watts {}",
                               o->peak_watts, o->idle_watts));

@@ -4,10 +4,14 @@
 // simulated on the cluster file's device and network levels.
 //
 //   loom plan C.toml [--cluster F.toml] [--devices N] [--set k=v ...] [--compare P.toml] [--json]
+//             [--kernels K.json]
 //
 // --compare names a TOML file of [[plan]] tables (each with mesh, tactics, optional name and
 // passes = { ... }) predicted one after another on the same model and batch. --json prints one JSON
-// line per plan instead of the table.
+// line per plan instead of the table. --kernels writes the distinct compute kernels of the
+// predicted programs (op, attributes, operand types, how many a step runs, their cost and the
+// predicted seconds of one) as JSON: what bench/gpu/torch_kernels.py times on a GPU, and
+// `loom calibrate --import` turns back into a cluster file's [profile].
 //
 // MFU: the model's FLOPs per token (models::train_flops_per_token) x tokens per step per device,
 // over step time x peak FLOP/s of the model's dtype; HFU counts what the program executes
@@ -19,11 +23,15 @@
 #include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <variant>
 
 #include "commands.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/models/model.h"
+#include "loom/ops/linear.h"
+#include "loom/ops/op.h"
+#include "loom/sim/cost.h"
 #include "loom/sim/simulate.h"
 #include "loom/train/compile.h"
 #include "loom/train/config.h"
@@ -33,14 +41,59 @@ namespace loom::cli {
 namespace {
 
 struct PlanOpts {
-  std::string config, cluster = "clusters/local.toml", compare;
+  std::string config, cluster = "clusters/local.toml", compare, kernels;
   int64_t devices = 0;
   std::vector<std::string> sets;
   bool json = false;
 };
 
+// A program's compute kernels, one entry per distinct (op, attributes, operand types), into `out`
+// (a JSON object keyed by that signature; `count` adds up over a step's programs, `steps` of it).
+void collect_kernels(const ir::Graph& g, const sim::Cluster& cl, double steps,
+                     nlohmann::json& out) {
+  for (const ir::Node& n : g.nodes()) {
+    if (ops::has_trait(n.op, ops::Trait::view) || ops::has_trait(n.op, ops::Trait::collective) ||
+        ops::has_trait(n.op, ops::Trait::completion))
+      continue;
+    nlohmann::json k;
+    k["op"] = n.op;
+    nlohmann::json attrs = nlohmann::json::object();
+    for (const auto& [key, v] : n.attrs) std::visit([&](const auto& x) { attrs[key] = x; }, v);
+    k["attrs"] = attrs;
+    auto types = [&](const std::vector<int>& ids) {
+      nlohmann::json a = nlohmann::json::array();
+      for (int id : ids) {
+        const ir::TensorType& t = g.value(id).type;
+        a.push_back({{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}});
+      }
+      return a;
+    };
+    k["inputs"] = types(n.inputs);
+    k["outputs"] = types(n.outputs);
+    const std::string sig = k.dump();
+    if (out.contains(sig)) {
+      out[sig]["count"] = out[sig]["count"].get<double>() + steps;
+      continue;
+    }
+    const ops::OpDef& def = ops::op_def(n.op);
+    const ops::Cost cost = def.cost ? def.cost(g, n) : ops::Cost{};
+    k["dtype"] = std::string(dtype_name(sim::node_dtype(g, n)));
+    k["bytes"] = cost.bytes_read + cost.bytes_written;
+    k["flops"] = cost.flops;
+    if (n.op == "matmul" || n.op == "grouped_matmul") {
+      const ops::MatmulDims d =
+          n.op == "matmul" ? ops::matmul_dims(g, n) : ops::grouped_matmul_dims(g, n);
+      k["gemm"] = {{"ta", int64_t(d.ta)}, {"tb", int64_t(d.tb)}, {"m", d.M}, {"n", d.N}, {"k", d.K},
+                   {"batch", d.batch}};
+    }
+    k["predicted_s"] = sim::node_seconds(g, n, cost, cl);
+    k["count"] = steps;
+    out[sig] = k;
+  }
+}
+
 nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim::Cluster>& cluster,
-                       int64_t devices, const std::string& name) {
+                       int64_t devices, const std::string& name, nlohmann::json* kernels) {
   const sim::Cluster& cl = *cluster;
   const shard::Plan& plan = cfg.plan.plan;
   const int64_t ranks = plan.empty() ? 1 : plan.mesh.size();
@@ -71,6 +124,7 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
         std::max(1.0, double(ranks * cl.profile->threads) / double(cl.device.cores));
   so.mpi_ranks = !plan.empty() && cfg.plan.ranks == "mpi";
   const sim::Prediction p = sim::simulate(prog, plan.mesh, cl, pl, so);
+  if (kernels) collect_kernels(prog, cl, double(step.accum), *kernels);
   // gradient accumulation: `accum` forward+backward programs, then the optimizer's own graph
   // (its arena, the gradient sums and moments beside the step's memory; the parameters once)
   const double a = double(step.accum);
@@ -81,6 +135,7 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   if (step.separate_optimizer()) {
     const sim::Prediction o =
         sim::simulate(step.opt_graph, shard::Mesh{}, cl, sim::Placement{}, so);
+    if (kernels) collect_kernels(step.opt_graph, cl, 1, *kernels);
     step_s += o.step_seconds;
     compute_s += o.compute_seconds;
     flops += o.flops;
@@ -195,17 +250,28 @@ std::function<int()> add_plan(CLI::App& app) {
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   s->add_option("--compare", o->compare, "a TOML file of [[plan]] tables to predict side by side");
   s->add_flag("--json", o->json, "one JSON line per plan");
+  s->add_option("--kernels", o->kernels,
+                "write the programs' distinct compute kernels as JSON (for a GPU's timings)");
   return [o]() {
     const auto cl = std::make_shared<const sim::Cluster>(sim::load_cluster(o->cluster));
     std::vector<std::pair<std::string, std::vector<std::string>>> plans{{"config", {}}};
     if (!o->compare.empty()) plans = compare_plans(o->compare);
     std::vector<nlohmann::json> rows;
+    nlohmann::json kernels = nlohmann::json::object();
     for (const auto& [name, extra] : plans) {
       std::vector<std::string> sets = o->sets;
       sets.insert(sets.end(), extra.begin(), extra.end());
       const train::Config cfg = train::load_config(o->config, sets);
-      rows.push_back(predict(cfg, cl, o->devices, name));
+      rows.push_back(predict(cfg, cl, o->devices, name, o->kernels.empty() ? nullptr : &kernels));
       if (o->json) fmt::print("{}\n", rows.back().dump());
+    }
+    if (!o->kernels.empty()) {
+      nlohmann::json doc;
+      doc["config"] = o->config;
+      doc["cluster"] = cl->source;
+      doc["kernels"] = nlohmann::json::array();
+      for (const auto& [sig, k] : kernels.items()) doc["kernels"].push_back(k);
+      write_file_atomic(o->kernels, doc.dump(1) + "\n");
     }
     if (o->json) return 0;
     fmt::print("cluster {} ({}), model {} {}\n", cl->name, cl->source, o->config,

@@ -55,8 +55,9 @@ enum class StepKind { eval, infer, grads, train, decode };
 //              cast before its all-gather and gathered in the narrower dtype
 //              (passes/gather_cast.cc)
 //   recompute  none; selective: norms, activations, rope and casts made again in the backward
-//              instead of kept across the loss; full: only each layer's inputs kept, the rest of
-//              the layer made again (passes/recompute.cc)
+//              instead of kept across the loss; selective_op: selective, and every second matmul
+//              of each layer too (torchtitan's selective_ac_option = "op"); full: only each
+//              layer's inputs kept, the rest of the layer made again (passes/recompute.cc)
 //   bucket     none: every collective as lowered; block: a parameter's all-gathers and a
 //              gradient's reductions merged into one collective per parameter group (roles.blocks:
 //              a transformer block, the embedding, the head) and direction, up to bucket_mb each
@@ -70,7 +71,7 @@ struct ScheduleOptions {
   double bucket_mb = 64;
   bool reshard_after_forward = true;
   bool cast_before_gather = true;
-  enum class Recompute { none, selective, full };
+  enum class Recompute { none, selective, selective_op, full };
   Recompute recompute = Recompute::none;
   bool prefetch = true;
   int64_t max_in_flight = 2;
@@ -79,8 +80,9 @@ struct ScheduleOptions {
   std::string cluster_file = "clusters/local.toml";
   std::shared_ptr<const sim::Cluster> cluster;
 };
-const char* bucket_name(ScheduleOptions::Bucket b);        // "none", "block", "auto"
-const char* recompute_name(ScheduleOptions::Recompute r);  // "none", "selective", "full"
+const char* bucket_name(ScheduleOptions::Bucket b);  // "none", "block", "auto"
+// "none", "selective", "selective_op", "full"
+const char* recompute_name(ScheduleOptions::Recompute r);
 
 struct Options {
   models::ModelConfig model;

@@ -62,6 +62,8 @@ const char* recompute_name(ScheduleOptions::Recompute r) {
   switch (r) {
     case ScheduleOptions::Recompute::selective:
       return "selective";
+    case ScheduleOptions::Recompute::selective_op:
+      return "selective_op";
     case ScheduleOptions::Recompute::full:
       return "full";
     case ScheduleOptions::Recompute::none:

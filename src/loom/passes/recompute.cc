@@ -9,6 +9,12 @@
 //   selective  keeps the outputs of matmuls and attention (costly to make again) and recomputes
 //              the cheap ones: norms (rmsnorm, layernorm: outputs and statistics), activations
 //              (swiglu, gelu), rope and casts.
+//   selective_op  torchtitan's per-op policy (selective_ac_option = "op", which its published
+//              Llama 3.1 runs use): inside a layer as full, except that attention's outputs and
+//              every odd matmul's (the 1st, 3rd, ... of the layer in forward order) are kept, so
+//              a Llama block keeps the q, v, gate and down projections' outputs and makes the k,
+//              o and up projections again, with everything between; outside the layers as
+//              selective.
 //   full       keeps only each layer's inputs (roles.blocks' layers: the residual stream entering
 //              a transformer block, and any other value made outside it that it reads) and makes
 //              the rest of the layer again, matmuls and attention included, when its backward
@@ -86,10 +92,21 @@ void run_recompute(Compilation& c, const Options& o) {
   const ir::Graph& g = c.rank.graph;
   const auto& blocks = c.model.roles.blocks;
   const bool full = o.schedule.recompute == R::full;
+  const bool alternate = o.schedule.recompute == R::selective_op;
   std::vector<int> group;
   std::vector<bool> layer_input(g.values().size(), false);
-  if (full) {
-    group = forward_groups(c, boundary);
+  std::vector<bool> again_matmul(g.values().size(), false);  // selective_op's every second one
+  if (full || alternate) group = forward_groups(c, boundary);
+  if (alternate) {
+    std::map<int, int> matmuls;  // per layer group, in forward order
+    for (const ir::Node& n : g.nodes()) {
+      if (n.id >= boundary) break;
+      const int k = group[size_t(n.outputs[0])];
+      if (n.op == "matmul" && k >= 0 && blocks[size_t(k)].layer() && ++matmuls[k] % 2 == 0)
+        again_matmul[size_t(n.outputs[0])] = true;
+    }
+  }
+  if (full || alternate) {
     for (const ir::Node& n : g.nodes()) {
       if (n.id >= boundary) break;
       for (int v : n.inputs)
@@ -100,15 +117,22 @@ void run_recompute(Compilation& c, const Options& o) {
     const int k = group.empty() ? -1 : group[size_t(v)];
     return k >= 0 && blocks[size_t(k)].layer();
   };
+  // a parameter's all-gather, which the backward makes again anyway under reshard_after_forward
+  auto regathered = [&](int v, const std::string& op) {
+    return (ops::has_trait(op, ops::Trait::collective) ||
+            ops::has_trait(op, ops::Trait::completion)) &&
+           o.schedule.reshard_after_forward &&
+           g.value(ops::before_collectives(g, v)).kind == ir::ValueKind::param;
+  };
   auto again_able = [&](int v) {
     const ir::Value& val = g.value(v);
     if (val.kind != ir::ValueKind::node || val.producer >= boundary) return false;
     const std::string& op = g.node(val.producer).op;
-    if (!full || !in_layer(v)) return cheap.count(op) > 0;
+    if (!(full || alternate) || !in_layer(v)) return cheap.count(op) > 0;
     if (layer_input[size_t(v)]) return false;
     if (ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::completion))
-      return o.schedule.reshard_after_forward &&
-             g.value(ops::before_collectives(g, v)).kind == ir::ValueKind::param;
+      return regathered(v, op);
+    if (alternate && (op == "attention" || op == "matmul")) return bool(again_matmul[size_t(v)]);
     return true;
   };
   std::vector<bool> reads_again(g.nodes().size(), false);  // backward nodes that read a copy
@@ -161,7 +185,7 @@ Pass recompute_pass() {
   return {
       "recompute",
       "make activations again in the backward instead of keeping them across the loss ([passes] "
-      "recompute: selective, full)",
+      "recompute: selective, selective_op, full)",
       Stage::scheduled, run_recompute};
 }
 

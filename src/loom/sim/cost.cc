@@ -34,7 +34,8 @@ double interpolate(std::vector<std::pair<double, double>> xs, double x, bool lat
   return xs.back().second;
 }
 
-// The GEMM's seconds from the measured ones of the same transposes and dtype: the achieved FLOP/s
+// The GEMM's seconds from the measured ones of the same transposes and dtype: a sample of this very
+// shape where there is one (the kernels `loom calibrate --import` brings), else the achieved FLOP/s
 // of the nearest samples in log shape (rows with the batch folded in, columns, depth), averaged in
 // log with inverse-distance weights, applied to this GEMM's FLOPs.
 double matmul_from_profile(const ops::MatmulDims& d, DType t, const Profile& p) {
@@ -48,13 +49,15 @@ double matmul_from_profile(const ops::MatmulDims& d, DType t, const Profile& p) 
   if (near.empty()) return -1;
   const size_t k = std::min<size_t>(4, near.size());
   std::partial_sort(near.begin(), near.begin() + long(k), near.end());
+  const double flops = 2.0 * double(d.batch * d.M) * double(d.N) * double(d.K);
+  if (near[0].first == 0) return flops / std::exp(near[0].second);
   double wsum = 0, lsum = 0;
   for (size_t i = 0; i < k; ++i) {
     const double w = 1.0 / (near[i].first + 0.05);
     wsum += w;
     lsum += w * near[i].second;
   }
-  return (2.0 * double(d.batch * d.M) * double(d.N) * double(d.K)) / std::exp(lsum / wsum);
+  return flops / std::exp(lsum / wsum);
 }
 
 bool by_flops(const std::string& op) { return op == "attention" || op == "attention_bwd"; }

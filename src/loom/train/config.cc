@@ -282,6 +282,7 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
                              },
                              {passes::ScheduleOptions::Recompute::none,
                               passes::ScheduleOptions::Recompute::selective,
+                              passes::ScheduleOptions::Recompute::selective_op,
                               passes::ScheduleOptions::Recompute::full},
                              passes::recompute_name)},
            {"prefetch", as_bool([](Config& c) -> bool& { return c.passes.prefetch; })},
