@@ -6,6 +6,7 @@
 #include "loom/kernels/cpu/attention_ref.h"
 #include "loom/kernels/cpu/reference.h"
 #include "loom/ops/linear.h"
+#include "loom/ops/op.h"
 
 namespace loom::testing {
 
@@ -150,21 +151,22 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
       for (int64_t p : n.attr_ints("perm")) perm.push_back(int(p));
       ref::transpose(in(0).data(), out(0).data(), shape(0).data(), perm.data(), int(perm.size()),
                      8);
-    } else if (op == "split") {
-      const auto& sizes = n.attr_ints("sizes");
+    } else if (op == "split") {  // along the last dim of the (rows, dim * inner) view
+      const ops::AxisView v = ops::axis_view(n, shape(0));
+      std::vector<int64_t> sizes = n.attr_ints("sizes");
+      for (int64_t& s : sizes) s *= v.inner;
       std::vector<double*> ys;
       for (size_t i = 0; i < sizes.size(); ++i) ys.push_back(out(int(i)).data());
-      ref::split_last(in(0).data(), ys.data(), sizes.data(), int(sizes.size()),
-                      int64_t(in(0).size()) / shape(0).back());
+      ref::split_last(in(0).data(), ys.data(), sizes.data(), int(sizes.size()), v.rows);
     } else if (op == "concat") {
+      const ops::AxisView v = ops::axis_view(n, g.value(n.outputs[0]).type.shape);
       std::vector<int64_t> sizes;
       std::vector<const double*> xs;
       for (size_t i = 0; i < n.inputs.size(); ++i) {
-        sizes.push_back(shape(int(i)).back());
+        sizes.push_back(shape(int(i))[size_t(v.axis)] * v.inner);
         xs.push_back(in(int(i)).data());
       }
-      ref::concat_last(xs.data(), out(0).data(), sizes.data(), int(sizes.size()),
-                       e / g.value(n.outputs[0]).type.shape.back());
+      ref::concat_last(xs.data(), out(0).data(), sizes.data(), int(sizes.size()), v.rows);
     } else if (op == "positions") {
       int64_t T = g.value(n.outputs[0]).type.shape.back();
       for (int64_t i = 0; i < e; ++i) out(0)[i] = double(i % T);

@@ -72,7 +72,7 @@ std::function<int()> add_export(CLI::App& app) {
     for (const auto& p : params.infos()) {
       const float* d = params.data(p.name);
       if (!p.expert) {
-        tensors.push_back({p.name, DType::f32, p.shape, d});
+        tensors.push_back({p.name, DType::f32, p.stored_shape(), d});
         continue;
       }
       const Shape one(p.shape.begin() + 1, p.shape.end());

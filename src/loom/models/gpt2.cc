@@ -7,10 +7,13 @@
 //              x = x + mlp.c_proj(gelu(mlp.c_fc(ln_2(x))))
 //   logits = ln_f(x) wte^T                              (B,T,V)
 //
-// Tensor-parallel roles: the MLP's c_fc (weight dim 1, bias dim 0) is column-parallel, the MLP's
-// and the attention's c_proj (weight dim 0) row-parallel. The fused c_attn is not column-parallel:
-// its output features are [q | k | v], so a contiguous split would hand one rank all of q and part
-// of k.
+// Tensor-parallel roles: the MLP's c_fc (weight dim 1, bias dim 0) and the attention's c_attn are
+// column-parallel, the MLP's and the attention's c_proj (weight dim 0) row-parallel. c_attn's
+// output features are [q | k | v], so a contiguous split of them would hand one rank all of q and
+// part of k: the weight is held as (C, 3, C) and its bias as (3, C) (files keep Hugging Face's (C,
+// 3C) and (3C): ParamInfo::file_shape, the same elements), split by the last dim, each rank's block
+// being the q, k and v columns of its heads, as Megatron-LM interleaves them; the forward splits q,
+// k and v's weights apart and runs three GEMMs.
 #include <fmt/format.h>
 
 #include "loom/core/error.h"
@@ -32,8 +35,9 @@ std::vector<ParamInfo> gpt2_params(const ModelConfig& c) {
     std::string s = fmt::format("h.{}.", l), blk = fmt::format("layers.{}", l);
     p.push_back({s + "ln_1.weight", {C}, I::ones, blk});
     p.push_back({s + "ln_1.bias", {C}, I::zeros, blk});
-    p.push_back({s + "attn.c_attn.weight", {C, 3 * C}, I::normal, blk});
-    p.push_back({s + "attn.c_attn.bias", {3 * C}, I::zeros, blk});
+    p.push_back(
+        {s + "attn.c_attn.weight", {C, 3, C}, I::normal, blk, P::column, 2, false, {C, 3 * C}});
+    p.push_back({s + "attn.c_attn.bias", {3, C}, I::zeros, blk, P::column, 1, false, {3 * C}});
     p.push_back({s + "attn.c_proj.weight", {C, C}, I::scaled_normal, blk, P::row, 0});
     p.push_back({s + "attn.c_proj.bias", {C}, I::zeros, blk});
     if (c.normformer) {
@@ -88,10 +92,22 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
   for (int64_t l = 0; l < x.c.n_layers; ++l) {
     std::string p = fmt::format("h.{}.", l);
     b.set_scope(fmt::format("h.{}.", l));
-    int qkv = affine(ln(h, p + "ln_1", "ln_1"), p + "attn.c_attn", "qkv");
-    auto parts =
-        b.emit("split", {qkv}, {{"sizes", std::vector<int64_t>{C, C, C}}}, {"q", "k", "v"});
-    int a = x.attention(parts[0], parts[1], parts[2], /*rope=*/false);
+    const int n1 = b.cast(ln(h, p + "ln_1", "ln_1"), x.cd);
+    // cast whole, then split: the gathered weight is only cast (gather_cast gathers it in bf16)
+    const auto ws = b.emit("split", {b.cast(x.param(p + "attn.c_attn.weight"), x.cd)},
+                           {{"sizes", std::vector<int64_t>{1, 1, 1}}, {"axis", int64_t(1)}},
+                           {"wq3", "wk3", "wv3"});
+    const auto bs = b.emit("split", {x.param(p + "attn.c_attn.bias")},
+                           {{"sizes", std::vector<int64_t>{1, 1, 1}}, {"axis", int64_t(0)}},
+                           {"bq2", "bk2", "bv2"});
+    int qkv[3];
+    for (int i = 0; i < 3; ++i) {
+      const char* name = i == 0 ? "q" : i == 1 ? "k" : "v";
+      const int w = b.reshape(ws[size_t(i)], {C, C}, std::string("w") + name);
+      const int bias = b.reshape(bs[size_t(i)], {C}, std::string("b") + name);
+      qkv[i] = b.add(b.matmul(n1, w, false, false, std::string(name) + "_mm"), bias, name);
+    }
+    int a = x.attention(qkv[0], qkv[1], qkv[2], /*rope=*/false);
     if (c.normformer) {
       int w = x.head_scaled(p + "attn.c_proj.weight", p + "attn.head_scale", true);
       int o = b.add(b.matmul(b.cast(a, x.cd), b.cast(w, x.cd), false, false, "attn_out_mm"),
@@ -188,7 +204,7 @@ void register_gpt2() {
                                double matmul =
                                    double(c.vocab_size * c.d_model);  // the head, tied to wte
                                for (const auto& p : gpt2_params(c))
-                                 if (p.shape.size() == 2 && p.block != "embed")
+                                 if (p.shape.size() >= 2 && !p.expert && p.block != "embed")
                                    matmul += double(numel(p.shape));
                                matmul += active_expert_params(c, gpt2_params(c));
                                return palm_train_flops(matmul, c, T);

@@ -80,6 +80,12 @@ struct ParamInfo {
   Parallel parallel = Parallel::none;
   int64_t parallel_dim = -1;  // column: the output features' dim; row: the input's
   bool expert = false;        // stacked per-expert weights (E, ...): ir::Roles::experts
+  // The shape weight files hold it in (Hugging Face's; Loom's checkpoints and exports too) where
+  // it differs from `shape`: the same elements in the same order, grouped otherwise (GPT-2's fused
+  // c_attn is (C, 3C) there and (C, 3, C) here, so its q, k and v columns split apart); empty: as
+  // `shape`.
+  Shape file_shape;
+  const Shape& stored_shape() const { return file_shape.empty() ? shape : file_shape; }
 };
 // Every parameter of the model, in a fixed order.
 std::vector<ParamInfo> param_infos(const ModelConfig& c);

@@ -1,5 +1,5 @@
-// Layout ops: reshape {shape}, transpose {perm}, split {sizes} along the last dim, concat along the
-// last dim. They move or relabel data and do no arithmetic.
+// Layout ops: reshape {shape}, transpose {perm}, split {sizes, axis} and concat {axis} (axis: the
+// last dim when absent). They move or relabel data and do no arithmetic.
 #include <fmt/format.h>
 
 #include <numeric>
@@ -26,23 +26,53 @@ const std::vector<int64_t>& ints(std::string_view op, const Attrs& a, const char
 
 Cost copy_cost(const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 0); }
 
+// split's and concat's axis: the attribute, or the last dim; checked against the rank.
+int64_t axis_of(std::string_view op, const Attrs& a, const Types& in) {
+  const int64_t rank = int64_t(in[0].shape.size());
+  auto it = a.find("axis");
+  if (it == a.end()) return rank - 1;
+  if (!std::holds_alternative<int64_t>(it->second))
+    type_error(op, in, "attribute 'axis' must be an int");
+  const int64_t ax = std::get<int64_t>(it->second);
+  if (ax < 0 || ax >= rank) type_error(op, in, fmt::format("axis {} is out of range", ax));
+  return ax;
+}
+
+// the vjp's attributes: the same axis where one was given
+Attrs axis_attr(const ir::Node& n) {
+  Attrs a;
+  if (n.has_attr("axis")) a["axis"] = n.attr_int("axis");
+  return a;
+}
+
 }  // namespace
 
+AxisView axis_view(const ir::Node& n, const Shape& s) {
+  AxisView v;
+  v.axis = n.attr_int("axis", int64_t(s.size()) - 1);
+  for (int64_t d = 0; d < v.axis; ++d) v.rows *= s[size_t(d)];
+  for (size_t d = size_t(v.axis) + 1; d < s.size(); ++d) v.inner *= s[d];
+  return v;
+}
+
 void register_layout_ops() {
-  auto last_dim_whole = [](const Types& in, const Types& out, const Attrs&) {
+  // split and concat: the axis stays whole (each operand's own factor), the other dims split
+  // freely (factors shared by every operand and result)
+  auto axis_whole = [](const Types& in, const Types& out, const Attrs& a) {
     FactorRule r;
     for (size_t i = 0; i < in.size(); ++i) r.linear.push_back(int(i));
-    std::vector<std::vector<int>> lead;
-    for (size_t d = 0; d + 1 < in[0].shape.size(); ++d)
-      lead.push_back({r.add_factor(in[0].shape[d], false)});
-    for (const auto& t : in) {
-      r.operands.push_back(lead);
-      r.operands.back().push_back({r.add_factor(t.shape.back(), true)});
-    }
-    for (const auto& t : out) {
-      r.results.push_back(lead);
-      r.results.back().push_back({r.add_factor(t.shape.back(), true)});
-    }
+    const size_t ax = size_t(axis_of("split/concat", a, in)), rank = in[0].shape.size();
+    std::vector<int> shared(rank, -1);
+    for (size_t d = 0; d < rank; ++d)
+      if (d != ax) shared[d] = r.add_factor(in[0].shape[d], false);
+    auto dims = [&](const TensorType& t) {
+      std::vector<std::vector<int>> ds;
+      for (size_t d = 0; d < rank; ++d)
+        ds.push_back({d == ax ? r.add_factor(t.shape[d], true) : shared[d]});
+      return ds;
+    };
+    for (const auto& t : in) r.operands.push_back(dims(t));
+    for (const auto& t : out) r.results.push_back(dims(t));
     return r;
   };
 
@@ -77,6 +107,21 @@ void register_layout_ops() {
                           r.results.resize(1);
                           auto& da = r.operands[0];
                           auto& db = r.results[0];
+                          // dims [k0, k1) of s, one factor each, appended to ds: the factors
+                          // of the one dim they make up, major first. A size-1 dim among
+                          // others is left out of it (its own whole factor), so that
+                          // (C, 1, C) -> (C, C) splits the last C on either side.
+                          auto merged = [&](const Shape& s, size_t k0, size_t k1,
+                                            std::vector<std::vector<int>>& ds) {
+                            std::vector<int> fs;
+                            for (size_t k = k0; k < k1; ++k) {
+                              const bool alone = s[k] == 1 && k1 - k0 > 1;
+                              const int f = r.add_factor(s[k], alone);
+                              ds.push_back({f});
+                              if (!alone) fs.push_back(f);
+                            }
+                            return fs;
+                          };
                           size_t i = 0, j = 0;
                           while (i < a.size() || j < b.size()) {
                             size_t i0 = i, j0 = j;
@@ -103,19 +148,9 @@ void register_layout_ops() {
                               for (size_t k = j0; k < j; ++k)
                                 db.push_back({r.add_factor(b[k], true)});
                             } else if (na == 1) {  // one dim in, nb dims out
-                              std::vector<int> fs;
-                              for (size_t k = j0; k < j; ++k) {
-                                fs.push_back(r.add_factor(b[k], false));
-                                db.push_back({fs.back()});
-                              }
-                              da.push_back(fs);
+                              da.push_back(merged(b, j0, j, db));
                             } else {  // na dims in, one dim out
-                              std::vector<int> fs;
-                              for (size_t k = i0; k < i; ++k) {
-                                fs.push_back(r.add_factor(a[k], false));
-                                da.push_back({fs.back()});
-                              }
-                              db.push_back(fs);
+                              db.push_back(merged(a, i0, i, da));
                             }
                           }
                           return r;
@@ -171,12 +206,13 @@ void register_layout_ops() {
              const auto& sizes = ints("split", a, "sizes", in);
              if (in[0].shape.empty() || (in[0].dtype != DType::f32 && in[0].dtype != DType::bf16))
                type_error("split", in, "expects f32 or bf16 of rank >= 1");
-             if (std::accumulate(sizes.begin(), sizes.end(), int64_t(0)) != in[0].shape.back())
-               type_error("split", in, "sizes must add up to the last dim");
+             const size_t ax = size_t(axis_of("split", a, in));
+             if (std::accumulate(sizes.begin(), sizes.end(), int64_t(0)) != in[0].shape[ax])
+               type_error("split", in, "sizes must add up to the split dim");
              Types out;
              for (int64_t s : sizes) {
                Shape sh = in[0].shape;
-               sh.back() = s;
+               sh[ax] = s;
                out.push_back({in[0].dtype, sh});
              }
              return out;
@@ -191,40 +227,42 @@ void register_layout_ops() {
                  parts.push_back(b.emit1(
                      "fill", {}, {{"shape", b.shape(n.outputs[i])}, {"value", 0.0}}, "grad.zeros"));
              }
-             return std::vector<int>{b.emit1("concat", parts, {}, "grad.concat")};
+             return std::vector<int>{b.emit1("concat", parts, axis_attr(n), "grad.concat")};
            },
        .cost = copy_cost,
-       .sharding = {.rule = last_dim_whole}});
+       .sharding = {.rule = axis_whole}});
 
   register_op({.name = "concat",
                .num_inputs = -1,
                .infer =
-                   [](const Types& in, const Attrs&) {
+                   [](const Types& in, const Attrs& attrs) {
                      if (in.empty()) type_error("concat", in, "needs at least one input");
                      Shape s = in[0].shape;
                      if (s.empty() || (in[0].dtype != DType::f32 && in[0].dtype != DType::bf16))
                        type_error("concat", in, "expects f32 or bf16 of rank >= 1");
-                     s.back() = 0;
+                     const size_t ax = size_t(axis_of("concat", attrs, in));
+                     s[ax] = 0;
                      for (const auto& t : in) {
                        Shape a = t.shape, b = in[0].shape;
                        if (a.size() != b.size() || t.dtype != in[0].dtype)
                          type_error("concat", in, "inputs differ in rank or dtype");
-                       a.back() = b.back() = 0;
-                       if (a != b) type_error("concat", in, "inputs differ outside the last dim");
-                       s.back() += t.shape.back();
+                       a[ax] = b[ax] = 0;
+                       if (a != b) type_error("concat", in, "inputs differ outside the concat dim");
+                       s[ax] += t.shape[ax];
                      }
                      return Types{{in[0].dtype, s}};
                    },
                .vjp =
                    [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
+                     const size_t ax = size_t(axis_view(n, b.shape(n.outputs[0])).axis);
                      std::vector<int64_t> sizes;
-                     for (int v : n.inputs) sizes.push_back(b.shape(v).back());
-                     return b.emit("split", {d[0]}, {{"sizes", sizes}});
+                     for (int v : n.inputs) sizes.push_back(b.shape(v)[ax]);
+                     Attrs a = axis_attr(n);
+                     a["sizes"] = sizes;
+                     return b.emit("split", {d[0]}, a);
                    },
                .cost = copy_cost,
-               .sharding = {.rule = last_dim_whole}});
-
-  // split and concat: along the last dim, which stays whole; the leading dims split freely.
+               .sharding = {.rule = axis_whole}});
 }
 
 }  // namespace loom::ops

@@ -111,4 +111,11 @@ void expect_inputs(std::string_view op, const std::vector<ir::TensorType>& in, s
 // element of output 0.
 Cost streaming_cost(const ir::Graph& g, const ir::Node& n, double flops_per_elem);
 
+// split and concat along `axis` of a tensor of shape s: the rows before it and the elements after
+// it, so that the op is the same along the last dim of an (rows, s[axis] * inner) view.
+struct AxisView {
+  int64_t axis = 0, rows = 1, inner = 1;
+};
+AxisView axis_view(const ir::Node& n, const Shape& s);
+
 }  // namespace loom::ops

@@ -12,6 +12,7 @@
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/ops/linear.h"
+#include "loom/ops/op.h"
 #include "loom/runtime/executor.h"
 
 namespace loom::runtime {
@@ -326,23 +327,23 @@ std::unordered_map<std::string, Fn> make_table() {
     k::transpose(in[0], out[0], s.data(), perm.data(), int(s.size()),
                  int(dtype_size(in_t(g, n, 0).dtype)));
   };
+  // split and concat along an axis: along the last dim of the (rows, dim * inner) view
   t["split"] = [](auto& g, auto& n, auto in, auto out) {
-    const auto& sizes = n.attr_ints("sizes");
-    const Shape& s = in_t(g, n, 0).shape;
-    int64_t rows = s.back() ? numel(s) / s.back() : 0;
-    k::split_last(in[0], out, sizes.data(), int(sizes.size()), rows,
+    const ops::AxisView v = ops::axis_view(n, in_t(g, n, 0).shape);
+    std::vector<int64_t> sizes = n.attr_ints("sizes");
+    for (int64_t& s : sizes) s *= v.inner;
+    k::split_last(in[0], out, sizes.data(), int(sizes.size()), v.rows,
                   int(dtype_size(in_t(g, n, 0).dtype)));
   };
   t["concat"] = [](auto& g, auto& n, auto in, auto out) {
+    const ops::AxisView v = ops::axis_view(n, out_t(g, n, 0).shape);
     std::vector<int64_t> sizes;
     std::vector<const void*> xs;
     for (size_t i = 0; i < n.inputs.size(); ++i) {
-      sizes.push_back(in_t(g, n, int(i)).shape.back());
+      sizes.push_back(in_t(g, n, int(i)).shape[size_t(v.axis)] * v.inner);
       xs.push_back(in[i]);
     }
-    const Shape& s = out_t(g, n, 0).shape;
-    int64_t rows = s.back() ? numel(s) / s.back() : 0;
-    k::concat_last(xs.data(), out[0], sizes.data(), int(sizes.size()), rows,
+    k::concat_last(xs.data(), out[0], sizes.data(), int(sizes.size()), v.rows,
                    int(dtype_size(out_t(g, n, 0).dtype)));
   };
   t["adamw"] = [](auto& g, auto& n, auto in, auto out) {

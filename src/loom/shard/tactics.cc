@@ -149,7 +149,7 @@ Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles&
         throw Error(
             fmt::format("{}: this model declares no column- or row-parallel weight", ap.by_),
             "megatron splits the weights a model declares tensor-parallel: Llama's "
-            "q/k/v/o and gate/up/down projections, GPT-2's MLP");
+            "q/k/v/o and gate/up/down projections, GPT-2's c_attn, c_proj and MLP");
     } else if (t.kind == "expert") {
       // Expert parallelism (GShard): each rank of the axis holds E/n of every MoE layer's experts
       // (the stacked expert weights split on dim 0, their gradients and moments alike) and its own

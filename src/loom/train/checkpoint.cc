@@ -81,7 +81,8 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
     for (const auto& p : params.infos()) {
       for (autodiff::Moment which : autodiff::kMoments)
         opt.push_back(
-            {autodiff::moment_state_name(which, p.name), DType::f32, p.shape, moments[i++].data()});
+            {autodiff::moment_state_name(which, p.name), DType::f32, p.stored_shape(),
+             moments[i++].data()});
     }
     write_safetensors(tmp + "/optimizer.safetensors", opt);
     nlohmann::json st = state;
@@ -171,9 +172,10 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
       if (!opt.contains(name))
         throw Error(fmt::format("checkpoint {}: missing tensor '{}'", opt_path, name));
       const TensorView& t = opt.get(name);
-      if (t.dtype != DType::f32 || t.shape != p.shape)
+      if (t.dtype != DType::f32 || t.shape != p.stored_shape())
         throw Error(fmt::format("checkpoint {}: tensor '{}' is {}{}, expected f32{}", opt_path,
-                                name, dtype_name(t.dtype), shape_str(t.shape), shape_str(p.shape)));
+                                name, dtype_name(t.dtype), shape_str(t.shape),
+                                shape_str(p.stored_shape())));
       runner.write_moment(p.name, which, static_cast<const float*>(t.data));
     }
   runner.set_step_count(st["step"].get<int64_t>());

@@ -114,10 +114,10 @@ void ParamStore::load(const std::string& path) {
           fmt::format("weights {}: missing tensor '{}' for a {} model", path, p.name, cfg_.arch),
           "the file must hold every parameter under its Hugging Face name");
     const TensorView& t = f.get(p.name);
-    if ((t.dtype != DType::f32 && t.dtype != DType::bf16) || t.shape != p.shape)
+    if ((t.dtype != DType::f32 && t.dtype != DType::bf16) || t.shape != p.stored_shape())
       throw Error(fmt::format("weights {}: tensor '{}' is {}{}, the model expects f32{} (or bf16)",
                               f.file_of(p.name), p.name, dtype_name(t.dtype), shape_str(t.shape),
-                              shape_str(p.shape)),
+                              shape_str(p.stored_shape())),
                   "check [model] against the weights: d_model, n_heads, n_kv_heads, ffn_hidden, "
                   "vocab_size, max_seq_len");
     restore(p.name);
@@ -155,7 +155,8 @@ void ParamStore::load_init(const Config& cfg) {
 
 void ParamStore::save(const std::string& path) const {
   std::vector<TensorToWrite> ts;
-  for (const auto& p : infos_) ts.push_back({p.name, DType::f32, p.shape, buf_.at(p.name).data()});
+  for (const auto& p : infos_)
+    ts.push_back({p.name, DType::f32, p.stored_shape(), buf_.at(p.name).data()});
   write_safetensors(path, ts);
 }
 
