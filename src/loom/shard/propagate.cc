@@ -32,9 +32,12 @@ class Propagator {
     p_.value.resize(g.values().size());
     p_.explicit_.resize(g.values().size());
     p_.node.resize(g.nodes().size());
+    prio_.assign(g.values().size(), kPropagated);
     for (const ir::Value& v : g.values()) {
       auto it = ann.find(v.id);
       p_.explicit_[size_t(v.id)] = it != ann.end();
+      if (it != ann.end() && v.kind != ir::ValueKind::node)
+        prio_[size_t(v.id)] = 2 * it->second.priority;
       p_.value[size_t(v.id)] =
           it != ann.end() ? it->second.sharding : Sharding::replicated(v.type.shape.size());
     }
@@ -59,12 +62,14 @@ class Propagator {
  private:
   // A tactic's priority counts for graph inputs (parameters, batch): how they are stored is how ops
   // should split. A tactic's sharding of an intermediate value (a gradient kept split, the sequence
-  // stream) says how to keep it, not how its consumers compute: it ranks with propagated ones.
-  int priority(int v) const {
-    auto it = ann_.find(v);
-    if (it == ann_.end() || g_.value(v).kind == ir::ValueKind::node) return kPropagated;
-    return it->second.priority;
-  }
+  // stream) says how to keep it, not how its consumers compute: it ranks with propagated ones. A
+  // split carries its origin's priority along as it propagates (Shardy's priorities), just behind
+  // the origin's own (2p for a tactic's p-th annotation of a graph input, 2p + 1 for what
+  // propagates from it): where megatron's split weights meet sequence's split stream at a matmul,
+  // the weights' split wins and the stream is gathered, as Megatron-LM's sequence parallelism
+  // does; where the expert tactic's split experts meet the tokens it split by sequence, the
+  // experts' own split beats the one the tokens carried, and the tokens move (an all-to-all).
+  int priority(int v) const { return prio_[size_t(v)]; }
 
   // Returns whether any value's sharding changed.
   bool visit(const ir::Node& n) {
@@ -139,6 +144,7 @@ class Propagator {
     NodeSharding ns;
     ns.factor_axes.assign(size_t(nf), {});
     std::set<std::string> used(pass.begin(), pass.end());
+    std::vector<int> factor_prio(size_t(nf), kPropagated);  // the priority each split came with
     for (const Cand& c : cands) {
       auto& fa = ns.factor_axes[size_t(c.factor)];
       if (!fa.empty() || r.fixed[size_t(c.factor)] || minor[size_t(c.factor)]) continue;
@@ -151,7 +157,18 @@ class Propagator {
       if (!free || r.size[size_t(c.factor)] % ways) continue;
       fa = *c.axes;
       used.insert(c.axes->begin(), c.axes->end());
+      factor_prio[size_t(c.factor)] = c.prio;
     }
+    // the priority a split carries on from one of priority p: p's, propagated
+    auto onward = [](int p) { return p == kPropagated ? p : p | 1; };
+    // the priority a tensor's splits carry on: its best split's
+    auto carried = [&](const std::vector<std::vector<int>>& dims, const Sharding& s) {
+      int best = kPropagated;
+      for (size_t d = 0; d < dims.size() && d < s.dims.size(); ++d)
+        if (!dims[d].empty() && !s.dims[d].empty())
+          best = std::min(best, onward(factor_prio[size_t(dims[d][0])]));
+      return best;
+    };
 
     auto project = [&](const std::vector<std::vector<int>>& dims) {
       Sharding s = Sharding::replicated(dims.size());
@@ -187,8 +204,13 @@ class Propagator {
         if (s.dims[d].empty() && !old.dims[d].empty() &&
             fits(s, old.dims[d], g_.value(v).type.shape[d]))
           s.dims[d] = old.dims[d];
+      const int pr = carried(r.results[j], s);
       if (!(s == old)) {
         p_.value[size_t(v)] = std::move(s);
+        prio_[size_t(v)] = pr;
+        changed = true;
+      } else if (pr < prio_[size_t(v)]) {
+        prio_[size_t(v)] = pr;
         changed = true;
       }
     }
@@ -201,6 +223,9 @@ class Propagator {
         const auto& want = ns.operands[i].dims[d];
         if (s.dims[d].empty() && !want.empty() && fits(s, want, g_.value(v).type.shape[d])) {
           s.dims[d] = want;
+          if (d < r.operands[i].size() && !r.operands[i][d].empty())
+            prio_[size_t(v)] =
+                std::min(prio_[size_t(v)], onward(factor_prio[size_t(r.operands[i][d][0])]));
           changed = true;
         }
       }
@@ -223,6 +248,7 @@ class Propagator {
   const Mesh& m_;
   const Annotations& ann_;
   std::vector<ops::FactorRule> rules_;
+  std::vector<int> prio_;  // per value: the priority its splits carry (kPropagated: none's)
   Propagation p_;
 };
 
