@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # libopenblas0-pthread: Debian's PyTorch takes its f32 GEMM from the system BLAS; without OpenBLAS it falls
 # back to the netlib reference BLAS (~1 GFLOP/s), which would make the benchmark peer a straw man.
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config zlib1g-dev
   libdnnl-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev libpcre2-dev
   python3-torch python3-numpy libopenblas0-pthread

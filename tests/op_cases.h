@@ -227,12 +227,13 @@ inline std::vector<OpCase> cases() {
                  return std::vector<int>{c, parts[1]};
                }});
   // along a middle axis (GPT-2's c_attn weight, (C, 3, C), into q, k and v) and the first
-  v.push_back({"split_concat_axis", [](ir::Graph& g, ops::Builder& b) {
-                 auto parts = b.emit("split", {P(g, "x", {2, 3, 4})},
-                                     {{"sizes", std::vector<int64_t>{1, 2}}, {"axis", int64_t(1)}});
-                 int c = b.emit1("concat", {parts[1], P(g, "y", {1, 2, 4})}, {{"axis", int64_t(0)}});
-                 return std::vector<int>{c, parts[0]};
-               }});
+  v.push_back(
+      {"split_concat_axis", [](ir::Graph& g, ops::Builder& b) {
+         auto parts = b.emit("split", {P(g, "x", {2, 3, 4})},
+                             {{"sizes", std::vector<int64_t>{1, 2}}, {"axis", int64_t(1)}});
+         int c = b.emit1("concat", {parts[1], P(g, "y", {1, 2, 4})}, {{"axis", int64_t(0)}});
+         return std::vector<int>{c, parts[0]};
+       }});
   return v;
 }
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """loom train, killed with SIGKILL after its first checkpoint and resumed with --resume auto, logs
-bit-identical losses at every step to a run that was never interrupted (f32 and bf16).
+bit-identical losses at every step to a run that was never interrupted (f32 and bf16). A damaged
+newest checkpoint (one flipped bit in either tensor file, a changed state.json or config.toml) is
+refused naming the file (and the tensor), and --resume auto falls back to the checkpoint before it,
+saying so, with losses still bit-identical; with every checkpoint damaged it exits 1 naming each.
 
     train_resume_test.py LOOM_BINARY SOURCE_DIR
 """
@@ -68,5 +71,77 @@ with tempfile.TemporaryDirectory() as d:
                 if x != y:
                     print("     first difference: straight %s resumed %s" % (x, y))
                     break
+
+
+def flip(path, at):
+    """Flips one bit of the byte at offset `at` (negative: from the end)."""
+    with open(path, "r+b") as f:
+        f.seek(at, os.SEEK_SET if at >= 0 else os.SEEK_END)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def tensor_data_start(path):
+    with open(path, "rb") as f:
+        return 8 + int.from_bytes(f.read(8), "little")
+
+
+with tempfile.TemporaryDirectory() as d:
+    data = os.path.join(d, "text.txt")
+    write_pseudo_english(data)
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+
+    def run_args(run, steps):
+        a = args(run, "f32", data)
+        a[a.index("train.steps=200")] = "train.steps=%d" % steps
+        return a
+
+    straight = os.path.join(d, "straight")
+    subprocess.run(run_args(straight, 40), check=True, env=env, capture_output=True)
+    # (file, offset of the flipped byte, what the error must name)
+    damages = [("model.safetensors", "data", "fails the checksum"),
+               ("optimizer.safetensors", "data", "fails the checksum"),
+               ("state.json", "text.txt", "state.json fails its checksum"),
+               ("config.toml", 10, "config.toml fails the checksum")]
+    for name, where, needle in damages:
+        run = os.path.join(d, "damaged-" + name)
+        subprocess.run(run_args(run, 40), check=True, env=env, capture_output=True)
+        newest = os.path.join(run, "checkpoints", "step_00000040")
+        path = os.path.join(newest, name)
+        if where == "data":
+            at = tensor_data_start(path) + 4096
+        elif isinstance(where, str):  # a letter inside a JSON string: still JSON, not the same
+            at = open(path, "rb").read().index(where.encode())
+        else:
+            at = where
+        flip(path, at)
+        r = subprocess.run(run_args(run, 40) + ["--resume", "auto"], env=env, capture_output=True,
+                           text=True)
+        named = needle in r.stderr and path in r.stderr and "step_00000030" in r.stderr \
+            and "trying the checkpoint before it" in r.stderr
+        if name.endswith(".safetensors"):
+            named = named and "tensor '" in r.stderr
+        same = r.returncode == 0 and losses(run) == losses(straight)
+        ok = named and same
+        print("%-4s damaged %s: %s; losses %s" % (
+            "ok" if ok else "FAIL", name, "refused and fell back to step 30" if named else
+            "not reported as asked: " + r.stderr[-800:], "bit-identical" if same else "DIFFER"))
+        failures += 0 if ok else 1
+    # every checkpoint damaged: exit 1 naming each, nothing deleted
+    run = os.path.join(d, "damaged-all")
+    subprocess.run(run_args(run, 40), check=True, env=env, capture_output=True)
+    ckpts = sorted(os.listdir(os.path.join(run, "checkpoints")))
+    for c in ckpts:
+        p = os.path.join(run, "checkpoints", c, "model.safetensors")
+        flip(p, tensor_data_start(p) + 100)
+    r = subprocess.run(run_args(run, 40) + ["--resume", "auto"], env=env, capture_output=True,
+                       text=True)
+    ok = r.returncode == 1 and "no checkpoint can be resumed from" in r.stderr \
+        and all(c in r.stderr for c in ckpts) \
+        and sorted(os.listdir(os.path.join(run, "checkpoints"))) == ckpts
+    print("%-4s every checkpoint damaged: exit %d, %s" % ("ok" if ok else "FAIL", r.returncode,
+                                                          r.stderr.strip().splitlines()[-1:]))
+    failures += 0 if ok else 1
 print("train resume: all exact" if not failures else "train resume: %d FAILED" % failures)
 sys.exit(1 if failures else 0)

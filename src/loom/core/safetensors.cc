@@ -17,6 +17,7 @@
 #include <system_error>
 #include <tuple>
 
+#include "loom/core/checksum.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 
@@ -30,6 +31,7 @@ constexpr size_t kBufferAlign = 64;
 // bound keeps a flipped length field from turning into a huge allocation.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::string_view kMetadataKey = "__metadata__";
+constexpr std::string_view kCrcPrefix = "loom.crc32.";  // + tensor name: its CRC-32 (hex)
 // Dtypes that safetensors defines but Loom has no element type for: named as unsupported, not
 // unknown.
 constexpr std::string_view kOtherDtypes[] = {
@@ -336,6 +338,15 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       std::memcpy(f.realigned_.back().get(), data, nbytes);
       data = f.realigned_.back().get();
     }
+    if (auto it = f.metadata_.find(std::string(kCrcPrefix) + e.name); it != f.metadata_.end()) {
+      const std::string got = crc32_hex(data, nbytes);
+      if (got != it->second)
+        fail_tensor(path, e.name,
+                    fmt::format("its data fails the checksum the file records (CRC-32 {}, "
+                                "recorded {}): the file is damaged",
+                                got, it->second),
+                    "restore the file, or resume from an earlier checkpoint");
+    }
     f.names_.push_back(e.name);
     f.tensors_.emplace(e.name, TensorView{e.dtype, std::move(e.shape), data, nbytes});
   }
@@ -360,7 +371,7 @@ const TensorView& SafetensorsFile::get(const std::string& name) const {
 // ---- writer ------------------------------------------------------------------------------------
 
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, bool checksums) {
   // Largest elements first, stable: every tensor then starts at a multiple of its element size.
   std::vector<const TensorToWrite*> order;
   for (const TensorToWrite& t : tensors) order.push_back(&t);
@@ -369,7 +380,15 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   });
 
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header[std::string(kMetadataKey)] = metadata;
+  // the caller's metadata and each tensor's checksum (verified by open)
+  std::map<std::string, std::string> meta = metadata;
+  for (const TensorToWrite& t : tensors) {
+    if (!checksums) break;
+    size_t nbytes = dtype_size(t.dtype);
+    for (int64_t d : t.shape) nbytes *= size_t(std::max<int64_t>(d, 0));
+    if (t.data) meta[std::string(kCrcPrefix) + t.name] = crc32_hex(t.data, nbytes);
+  }
+  if (!meta.empty()) header[std::string(kMetadataKey)] = meta;
   std::vector<size_t> sizes;
   uint64_t offset = 0;
   for (const TensorToWrite* t : order) {

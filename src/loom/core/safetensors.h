@@ -11,6 +11,11 @@
 // dtypes Loom has no type for (F16, I64, ... are named as unsupported rather than misread). Every
 // problem is a loom::Error naming the file and, where there is one, the tensor.
 //
+// Checksums (core/checksum.h): write_safetensors records each tensor's CRC-32 in "__metadata__" as
+// "loom.crc32.<tensor>"; open verifies every such entry and refuses the file naming the tensor
+// whose bytes no longer match (a flipped bit, a torn write). Files of other writers carry none and
+// are read as they are.
+//
 // Not done here: F16/F64/I64/... conversion, lazy or mmap'd loading (the data buffer is read
 // whole), sharded checkpoints (model-00001-of-00004.safetensors plus an index.json).
 //
@@ -92,11 +97,13 @@ struct TensorToWrite {
 // Layout, as Hugging Face writes it: the header is padded with spaces to a multiple of 8 bytes, and
 // the tensors follow back to back, ordered by descending element size (F32/I32 before BF16) and
 // otherwise in the given order. That order puts every tensor at a multiple of its element size. No
-// "__metadata__" key is written when `metadata` is empty.
+// "__metadata__" key is written when `metadata` is empty and `checksums` is false; with
+// `checksums` (the default) it also holds each tensor's CRC-32 ("loom.crc32.<tensor>").
 //
 // Concurrent writers of the same PATH within one process are not supported (they share a temp
 // name).
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       bool checksums = true);
 
 }  // namespace loom

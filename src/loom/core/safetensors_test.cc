@@ -170,7 +170,7 @@ void expect_sample(const SafetensorsFile& f, const Sample& s) {
 TEST_F(SafetensorsTest, RoundTripWithoutMetadata) {
   Sample s;
   std::string path = file("a.safetensors");
-  write_safetensors(path, s.tensors());
+  write_safetensors(path, s.tensors(), {}, /*checksums=*/false);
   EXPECT_EQ(listing(), std::vector<std::string>{"a.safetensors"});
   std::string bytes = read_bytes(path);
   EXPECT_EQ(bytes.find("__metadata__"), std::string::npos);
@@ -191,7 +191,7 @@ TEST_F(SafetensorsTest, RoundTripWithMetadataAndMove) {
   Sample s;
   std::string path = file("a.safetensors");
   std::map<std::string, std::string> meta{{"step", "12"}, {"format", "pt"}};
-  write_safetensors(path, s.tensors(), meta);
+  write_safetensors(path, s.tensors(), meta, /*checksums=*/false);
   SafetensorsFile f = SafetensorsFile::open(path);
   SafetensorsFile g = std::move(f);  // views stay valid: they point into heap buffers
   expect_sample(g, s);
@@ -214,24 +214,70 @@ TEST_F(SafetensorsTest, OverwritesAtomically) {
 // (test_empty, test_serialization, test_serialization_forced_alignement).
 TEST_F(SafetensorsTest, MatchesHuggingFaceBytes) {
   std::string path = file("hf.safetensors");
-  write_safetensors(path, {});
+  write_safetensors(path, {}, {}, false);
   EXPECT_EQ(read_bytes(path), u64_le(8) + "{}      ");
   EXPECT_TRUE(SafetensorsFile::open(path).names().empty());
 
-  write_safetensors(path, {}, {{"framework", "pt"}});
+  write_safetensors(path, {}, {{"framework", "pt"}}, false);
   EXPECT_EQ(read_bytes(path), u64_le(40) + R"({"__metadata__":{"framework":"pt"}})" + "     ");
   EXPECT_EQ(SafetensorsFile::open(path).metadata().at("framework"), "pt");
 
   std::vector<float> v{0, 1, 2, 3, 4, 5};
-  write_safetensors(path, {{"attn.0", DType::f32, {1, 2, 3}, v.data()}});
+  write_safetensors(path, {{"attn.0", DType::f32, {1, 2, 3}, v.data()}}, {}, false);
   EXPECT_EQ(read_bytes(path),
             u64_le(64) + R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})" +
                 f32_bytes({0, 1, 2, 3, 4, 5}));
 
-  write_safetensors(path, {{"attn0", DType::f32, {1, 1, 2, 3}, v.data()}});
+  write_safetensors(path, {{"attn0", DType::f32, {1, 1, 2, 3}, v.data()}}, {}, false);
   EXPECT_EQ(read_bytes(path),
             u64_le(72) + R"({"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})" +
                 "       " + f32_bytes({0, 1, 2, 3, 4, 5}));
+}
+
+// Every tensor Loom writes carries its CRC-32; a flipped bit anywhere in a tensor's data, or in a
+// recorded checksum, is refused naming the file and the tensor. A file without checksums (another
+// writer's) reads as before.
+TEST_F(SafetensorsTest, ChecksumsCatchDamage) {
+  Sample s;
+  std::string path = file("c.safetensors");
+  write_safetensors(path, s.tensors(), {{"step", "3"}});
+  const std::string whole = read_bytes(path);
+  {
+    SafetensorsFile f = SafetensorsFile::open(path);
+    expect_sample(f, s);
+    EXPECT_EQ(f.metadata().at("step"), "3");
+    EXPECT_EQ(f.metadata().at("loom.crc32.w").size(), 8u);
+    EXPECT_EQ(f.metadata().count("loom.crc32.ids"), 1u);
+  }
+  uint64_t n;
+  std::memcpy(&n, whole.data(), 8);
+  const size_t data0 = 8 + size_t(n);
+  int refused = 0;
+  // every byte of the data buffer, one bit each (tensors w, ids, scalar, h)
+  for (size_t at = data0; at < whole.size(); ++at) {
+    std::string bad = whole;
+    bad[at] = char(bad[at] ^ (1 << (at % 8)));
+    write_bytes(path, bad);
+    try {
+      SafetensorsFile::open(path);
+      ADD_FAILURE() << "a flipped bit at byte " << at << " was accepted";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      EXPECT_NE(msg.find("fails the checksum"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("tensor '"), std::string::npos) << msg;
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, int(whole.size() - data0));
+  // a damaged recorded checksum: the tensor it names is refused
+  std::string bad = whole;
+  const size_t at = bad.find("loom.crc32.w\":\"") + 15;
+  bad[at] = bad[at] == '0' ? '1' : '0';
+  expect_open_error(bad, {"tensor 'w'", "fails the checksum"});
+  // no checksums: read as written
+  write_safetensors(path, s.tensors(), {}, /*checksums=*/false);
+  expect_sample(SafetensorsFile::open(path), s);
 }
 
 TEST_F(SafetensorsTest, ReadsForeignLayouts) {

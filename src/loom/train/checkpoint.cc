@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "loom/core/checksum.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/safetensors.h"
@@ -80,14 +81,15 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
     size_t i = 0;
     for (const auto& p : params.infos()) {
       for (autodiff::Moment which : autodiff::kMoments)
-        opt.push_back(
-            {autodiff::moment_state_name(which, p.name), DType::f32, p.stored_shape(),
-             moments[i++].data()});
+        opt.push_back({autodiff::moment_state_name(which, p.name), DType::f32, p.stored_shape(),
+                       moments[i++].data()});
     }
     write_safetensors(tmp + "/optimizer.safetensors", opt);
     nlohmann::json st = state;
     st["format"] = 1;
     st["step"] = step;
+    st["config_crc32"] = crc32_hex(config_text);
+    st["crc32"] = crc32_hex(st.dump());  // of the rest, as dump() writes it (keys sorted)
     write_file_atomic(tmp + "/state.json", st.dump(2) + "\n");
     write_file_atomic(tmp + "/config.toml", config_text);    // each write fsyncs tmp as well
     if (fs::exists(final_path)) fs::remove_all(final_path);  // re-saving the same step
@@ -144,14 +146,22 @@ std::string run_weights(const std::string& run_dir, const std::string& choice) {
   return *latest + "/model.safetensors";
 }
 
+namespace {
+
+// A file of checkpoint `path`, whole; an unreadable one is an error naming the checkpoint.
+std::string read_checkpoint_file(const std::string& path, const std::string& name) {
+  try {
+    return read_file(path + "/" + name);
+  } catch (const Error& e) {
+    throw Error(fmt::format("checkpoint {}: cannot read {}: {}", path, name, e.what()));
+  }
+}
+
+}  // namespace
+
 nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner) {
   const std::string state_path = path + "/state.json";
-  std::string in;
-  try {
-    in = read_file(state_path);
-  } catch (const Error& e) {
-    throw Error(fmt::format("checkpoint {}: cannot read state.json: {}", path, e.what()));
-  }
+  const std::string in = read_checkpoint_file(path, "state.json");
   nlohmann::json st;
   try {
     st = nlohmann::json::parse(in);
@@ -162,6 +172,24 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
       st.value("format", 0) != 1)
     throw Error(
         fmt::format("checkpoint {}: state.json lacks an integer 'step' or format 1", state_path));
+  // the checksums save_checkpoint records (older checkpoints have none)
+  if (st.contains("crc32")) {
+    nlohmann::json rest = st;
+    rest.erase("crc32");
+    if (!st["crc32"].is_string() || st["crc32"].get<std::string>() != crc32_hex(rest.dump()))
+      throw Error(fmt::format("checkpoint {}: state.json fails its checksum: the file is damaged",
+                              state_path),
+                  "resume from an earlier checkpoint");
+  }
+  if (st.contains("config_crc32")) {
+    const std::string config_path = path + "/config.toml";
+    const std::string text = read_checkpoint_file(path, "config.toml");
+    if (!st["config_crc32"].is_string() || st["config_crc32"].get<std::string>() != crc32_hex(text))
+      throw Error(fmt::format("checkpoint {}: config.toml fails the checksum state.json records: "
+                              "the file is damaged",
+                              config_path),
+                  "resume from an earlier checkpoint");
+  }
   params.load(path + "/model.safetensors");
   runner.pull_params();
   const std::string opt_path = path + "/optimizer.safetensors";

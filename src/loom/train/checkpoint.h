@@ -4,8 +4,13 @@
 //   DIR/step_00000100/
 //     model.safetensors      every parameter (f32) under its Hugging Face name
 //     optimizer.safetensors  "adam.m.<name>", "adam.v.<name>" (f32)
-//     state.json             {"format": 1, "step": 100, ...caller's state (data loader, RNG)}
+//     state.json             {"format": 1, "step": 100, "config_crc32": ..., "crc32": ...,
+//                             ...caller's state (data loader, RNG)}
 //     config.toml            the resolved config text
+//
+// Integrity: both safetensors files carry each tensor's CRC-32 (write_safetensors), state.json
+// the CRC-32 of config.toml and of its own other fields; loading verifies all of them (older
+// checkpoints without them load as before) and names the damaged file and tensor.
 //
 // Write protocol: everything goes into DIR/.tmp.step_00000100.<pid>/ (each file fsynced), which is
 // renamed to step_00000100 and DIR is fsynced. A step_* directory therefore exists only complete;

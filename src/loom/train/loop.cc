@@ -114,7 +114,27 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
   StepRunner evaluator(cfg, params, StepRunner::Mode::eval, comms, &runner);
   RunResult r;
   if (run.latest) {
-    load_checkpoint(*run.latest, params, runner);
+    // the newest checkpoint that loads whole: a damaged one (a checksum, a torn file) is passed
+    // over, saying so, and left where it is
+    const std::vector<std::string> all = list_checkpoints(run.checkpoints);
+    std::string failures;
+    bool loaded = false;
+    for (auto it = all.rbegin(); it != all.rend() && !loaded; ++it) {
+      try {
+        load_checkpoint(*it, params, runner);
+        run.latest = *it;
+        loaded = true;
+      } catch (const Error& e) {
+        if (writer)
+          fmt::print(stderr, "cannot resume from {}: {}\n{}", *it, e.what(),
+                     std::next(it) != all.rend() ? "trying the checkpoint before it\n" : "");
+        failures += fmt::format("\n  {}: {}", *it, e.what());
+      }
+    }
+    if (!loaded)
+      throw Error(
+          fmt::format("run dir {}: no checkpoint can be resumed from:{}", run.dir, failures),
+          "restore a checkpoint, or start a new run in another --run-dir");
     r.start = runner.step_count() + 1;
     if (writer) {
       fmt::print(stderr, "resuming from {} (step {})\n", *run.latest, runner.step_count());
