@@ -4,6 +4,10 @@ bit-identical losses at every step to a run that was never interrupted (f32 and 
 newest checkpoint (one flipped bit in either tensor file, a changed state.json or config.toml) is
 refused naming the file (and the tensor), and --resume auto falls back to the checkpoint before it,
 saying so, with losses still bit-identical; with every checkpoint damaged it exits 1 naming each.
+The run directory: a second `loom train` on a directory in use stops at once naming the process
+that holds it; a metrics write that fails (the file-size limit: EFBIG, as a full disk gives
+ENOSPC) ends the run with exit 1 naming metrics.jsonl; --resume auto keeps a metrics line it
+cannot parse rather than dropping it and everything after it.
 
     train_resume_test.py LOOM_BINARY SOURCE_DIR
 """
@@ -142,6 +146,87 @@ with tempfile.TemporaryDirectory() as d:
         and sorted(os.listdir(os.path.join(run, "checkpoints"))) == ckpts
     print("%-4s every checkpoint damaged: exit %d, %s" % ("ok" if ok else "FAIL", r.returncode,
                                                           r.stderr.strip().splitlines()[-1:]))
+    failures += 0 if ok else 1
+
+with tempfile.TemporaryDirectory() as d:
+    data = os.path.join(d, "text.txt")
+    write_pseudo_english(data)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
+
+    def run_args(run, steps, *extra):
+        a = args(run, "f32", data) + list(extra)
+        a[a.index("train.steps=200")] = "train.steps=%d" % steps
+        return a
+
+    # a directory in use: the second run stops before touching it
+    run = os.path.join(d, "busy")
+    first = subprocess.Popen(run_args(run, 100000, "--set", "checkpoint.every=1000000"), env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = os.path.join(run, "metrics.jsonl")
+    deadline = time.time() + 60
+    while time.time() < deadline and not (os.path.exists(metrics) and os.path.getsize(metrics)):
+        time.sleep(0.01)
+    before = open(metrics).read() if os.path.exists(metrics) else ""
+    r = subprocess.run(run_args(run, 10), env=env, capture_output=True, text=True, timeout=120)
+    r2 = subprocess.run(run_args(run, 10, "--resume", "auto"), env=env, capture_output=True,
+                        text=True, timeout=120)
+    first.kill()
+    first.wait()
+    after = open(metrics).read()
+    ok = all(x.returncode == 1 and "is in use" in x.stderr and "pid %d" % first.pid in x.stderr
+             for x in (r, r2)) and after.startswith(before) and len(after) > 0
+    print("%-4s a run dir in use: a second loom train (fresh, and --resume auto) exits 1 naming "
+          "pid %d; the first's metrics untouched" % ("ok" if ok else "FAIL", first.pid))
+    if not ok:
+        print("     " + r.stderr[-500:] + " | " + r2.stderr[-500:])
+    failures += 0 if ok else 1
+    # once it is gone, the lock goes with it
+    r = subprocess.run(run_args(os.path.join(d, "busy2"), 2), env=env, capture_output=True,
+                       text=True)
+    r = subprocess.run(run_args(os.path.join(d, "busy2"), 4, "--resume", "auto"), env=env,
+                       capture_output=True, text=True)
+    ok = r.returncode == 0
+    print("%-4s the lock is released with its run: a later --resume auto runs" % ("ok" if ok else
+                                                                                  "FAIL"))
+    failures += 0 if ok else 1
+
+    # a metrics write that fails ends the run (EFBIG from the file-size limit)
+    import resource
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+
+    run = os.path.join(d, "full")
+    r = subprocess.run(run_args(run, 200, "--set", "checkpoint.every=1000000"), env=env,
+                       capture_output=True, text=True, preexec_fn=limited)
+    lines = open(os.path.join(run, "metrics.jsonl")).read().split("\n")
+    whole = [json.loads(x) for x in lines[:-1]]
+    ok = r.returncode == 1 and "metrics.jsonl" in r.stderr and "EFBIG" in r.stderr \
+        and 5 <= len(whole) < 200 and [m["step"] for m in whole] == list(range(1, len(whole) + 1))
+    print("%-4s a failed metrics write: exit %d after %d whole lines, naming the file and error" % (
+        "ok" if ok else "FAIL", r.returncode, len(whole)))
+    if not ok:
+        print("     " + r.stderr[-600:])
+    failures += 0 if ok else 1
+
+    # --resume auto keeps what it cannot parse
+    run = os.path.join(d, "garbled")
+    subprocess.run(run_args(run, 20), check=True, env=env, capture_output=True)
+    path = os.path.join(run, "metrics.jsonl")
+    rows = open(path).read().splitlines()
+    rows.insert(5, "this is not json")
+    open(path, "w").write("\n".join(rows) + "\n")
+    r = subprocess.run(run_args(run, 30, "--resume", "auto"), env=env, capture_output=True,
+                       text=True)
+    rows = open(path).read().splitlines()
+    steps = [json.loads(x)["step"] for x in rows if x != "this is not json"]
+    ok = r.returncode == 0 and "this is not json" in rows and "kept 1 line" in r.stderr \
+        and steps == list(range(1, 31))
+    print("%-4s --resume auto keeps an unparsable metrics line and every step around it" % (
+        "ok" if ok else "FAIL"))
+    if not ok:
+        print("     rc %d, steps %s, %s" % (r.returncode, steps[:8], r.stderr[-400:]))
     failures += 0 if ok else 1
 print("train resume: all exact" if not failures else "train resume: %d FAILED" % failures)
 sys.exit(1 if failures else 0)

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -127,6 +128,40 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
     n -= size_t(w);
   }
 }
+
+DirLock DirLock::acquire(const std::string& dir, const std::string& use) {
+  const std::string path = dir + "/.lock";
+  Fd fd = open_checked(path, O_RDWR | O_CREAT, 0644, "open lock file");
+  int rc;
+  do rc = ::flock(fd.get(), LOCK_EX | LOCK_NB);
+  while (rc < 0 && errno == EINTR);
+  if (rc < 0 && errno == EWOULDBLOCK) {
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd.get(), buf, sizeof buf - 1, 0);
+    std::string holder = n > 0 ? std::string(buf, size_t(n)) : "";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    throw Error(fmt::format("{} {} is in use: another process{} holds {}", use, dir,
+                            holder.empty() ? "" : " (pid " + holder + ")", path),
+                "wait for it to finish, or choose another directory");
+  }
+  check_sys(rc, "lock", path);
+  const std::string pid = fmt::format("{}\n", ::getpid());
+  check_sys(::ftruncate(fd.get(), 0), "truncate", path);
+  check_sys(::pwrite(fd.get(), pid.data(), pid.size(), 0), "write", path);
+  return DirLock(std::move(fd));
+}
+
+AppendFile::AppendFile(const std::string& path)
+    : path_(path),
+      fd_(open_checked(path, O_WRONLY | O_APPEND | O_CREAT, 0644, "open for append")) {}
+
+void AppendFile::append(std::string_view line) {
+  std::string s(line);
+  s += '\n';
+  write_all(fd_.get(), s.data(), s.size(), path_);
+}
+
+void AppendFile::sync() { check_sys(::fdatasync(fd_.get()), "sync", path_); }
 
 void fsync_directory(const std::string& dir) {
   Fd dfd = open_checked(dir, O_RDONLY | O_DIRECTORY, 0, "open directory");

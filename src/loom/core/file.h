@@ -67,4 +67,32 @@ Fd open_checked(const std::string& path, int flags, mode_t mode, const char* op)
 Fd open_regular(const std::string& path);
 void write_all(int fd, const void* data, size_t n, const std::string& path);
 
+// An exclusive lock on directory `dir` (flock on DIR/.lock, which records the holder's pid), held
+// while the object lives and released by the kernel if the process dies (no stale locks).
+// acquire() never waits: a directory another process holds is a loom::Error naming the directory
+// and that process, saying what `use` it is in.
+class DirLock {
+ public:
+  static DirLock acquire(const std::string& dir, const std::string& use);
+  DirLock(DirLock&&) noexcept = default;
+
+ private:
+  explicit DirLock(Fd fd) : fd_(std::move(fd)) {}
+  Fd fd_;
+};
+
+// A file lines are appended to, each write checked (a full disk is an error naming the file, not
+// a silently shorter log); sync() makes what was appended durable (fdatasync), checked too.
+class AppendFile {
+ public:
+  explicit AppendFile(const std::string& path);  // created if absent
+  void append(std::string_view line);            // writes line + "\n"
+  void sync();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  Fd fd_;
+};
+
 }  // namespace loom

@@ -40,19 +40,35 @@ void add_router_metrics(const StepRunner& runner, nlohmann::json& m) {
 
 // Keeps the metrics lines of steps <= `upto` (a resumed run rewrites what came after its
 // checkpoint).
+// Drops the metrics of steps after `upto` (a resumed run logs them again). Nothing it cannot parse
+// is dropped, except a torn last line (a crash mid-write: no newline at its end); an unparsable
+// line is kept where it is, and said so.
 void truncate_metrics(const std::string& path, int64_t upto) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return;
-  std::istringstream in(read_file(path));  // a regular file only (a FIFO would block)
+  const std::string text = read_file(path);  // a regular file only (a FIFO would block)
+  std::istringstream in(text);
   std::string line, kept;
+  int64_t n = 0;
+  std::vector<int64_t> unparsed;
   while (std::getline(in, line)) {
+    ++n;
+    const bool last_torn = in.eof() && !text.empty() && text.back() != '\n';
     try {
       auto j = nlohmann::json::parse(line);
-      if (j.value("step", int64_t(0)) <= upto) kept += line + "\n";
-    } catch (const nlohmann::json::exception&) {
-      break;  // a torn last line from a crash
+      const auto step = j.is_object() ? j.find("step") : j.end();
+      if (step == j.end() || !step->is_number_integer()) throw std::invalid_argument("no step");
+      if (step->get<int64_t>() <= upto) kept += line + "\n";
+    } catch (const std::exception&) {
+      if (last_torn) break;
+      unparsed.push_back(n);
+      kept += line + "\n";
     }
   }
+  if (!unparsed.empty())
+    fmt::print(stderr, "{}: kept {} line{} that {} not metrics (line {}{})\n", path,
+               unparsed.size(), unparsed.size() > 1 ? "s" : "", unparsed.size() > 1 ? "are" : "is",
+               unparsed.front(), unparsed.size() > 1 ? ", ..." : "");
   write_file_atomic(path, kept);
 }
 
@@ -113,6 +129,10 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
   // the evaluator reads the trainer's parameter blocks (a sharded run keeps no second copy)
   StepRunner evaluator(cfg, params, StepRunner::Mode::eval, comms, &runner);
   RunResult r;
+  // one training run per run directory: a second `loom train` on it stops here, before it reads
+  // or writes anything there
+  std::optional<DirLock> lock;
+  if (writer) lock.emplace(DirLock::acquire(run.dir, "run dir"));
   if (run.latest) {
     // the newest checkpoint that loads whole: a damaged one (a checksum, a torn file) is passed
     // over, saying so, and left where it is
@@ -148,7 +168,7 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
       runner.pull_params();
       if (writer) fmt::print(stderr, "initialised from {}\n", cfg.init_weights);
     }
-    if (writer) std::ofstream(run.metrics, std::ios::trunc);
+    if (writer) write_file_atomic(run.metrics, "");
   }
   // a sharded run's parameters now live in the runner's blocks: free the whole copies
   runner.release_params();
@@ -172,14 +192,12 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
                  .min_lr = cfg.train.min_lr,
                  .warmup = cfg.train.warmup_steps,
                  .total = cfg.train.steps};
-  std::ofstream log;
-  if (writer) {
-    log.open(run.metrics, std::ios::app);
-    if (!log) throw Error(fmt::format("cannot write {}", run.metrics));
-  }
+  std::optional<AppendFile> log;  // every line's write checked: a full disk stops the run
+  if (writer) log.emplace(run.metrics);
   const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
   std::vector<int32_t> tokens(size_t(rows * (T + 1)));
   auto save = [&]() {
+    if (log) log->sync();  // the metrics up to a checkpoint are as durable as it
     save_checkpoint(run.checkpoints, params, runner, {{"data", cfg.data.path}}, cfg.text,
                     int(cfg.checkpoint.keep), writer);
     runner.release_params();  // the gathered whole parameters were only for the file
@@ -241,8 +259,7 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
     }
     m["elapsed_s"] = seconds_since(t_start);
     if (writer) {
-      log << m.dump() << "\n";
-      log.flush();
+      log->append(m.dump());
     }
     if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || last) save();
     if (writer && progress)
@@ -260,6 +277,7 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
   }
   r.already_trained = r.start > cfg.train.steps;
   if (island) r.outer_summary = island->summary();
+  if (log) log->sync();
   return r;
 }
 

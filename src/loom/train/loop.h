@@ -5,8 +5,11 @@
 // The run directory holds config.toml (the resolved config), metrics.jsonl (one JSON object per
 // step: step, loss, lr, grad_norm, tokens_per_s, elapsed_s since this process started training, and
 // val_loss when evaluated) and checkpoints/. A resumed run (RunOptions::resume) continues from the
-// newest complete checkpoint and rewrites the metrics after it, so it logs what a straight run
-// does.
+// newest checkpoint that loads whole (a damaged one is passed over, saying so) and rewrites the
+// metrics after it, so it logs what a straight run does; a metrics line it cannot parse is kept.
+// The writer holds the directory's lock (DirLock, RUN_DIR/.lock) for the whole run: a second run on
+// it stops before reading or writing anything there. Every metrics line's write is checked (a full
+// disk ends the run with the file named) and made durable at each checkpoint and at the end.
 //
 // With an OuterSync (an island of DiLoCo / asynchronous Local-SGD, outer/island.h) the run samples
 // its own data stream (rank = its island id - 1) and every H steps syncs; those steps' metrics add
