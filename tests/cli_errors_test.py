@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 LOOM, SRC = sys.argv[1], sys.argv[2]
 failures = 0
@@ -214,6 +215,31 @@ with tempfile.TemporaryDirectory() as d:
         expect_ok=True, must_contain=["the"])
     train_bin = os.path.join(tokdir, "train.bin")
     blob = open(train_bin, "rb").read()
+    # a shard truncated under a running loom train: an error naming it, not SIGBUS
+    live_run = os.path.join(d, "run_live")
+    live = subprocess.Popen([LOOM, "train", good, "--run-dir", live_run, "--set",
+                             "data.path=" + tokdir, "--set", "model.vocab_size=300", "--set",
+                             "train.steps=1000000", "--set", "checkpoint.every=1000000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive"))
+    live_metrics = os.path.join(live_run, "metrics.jsonl")
+    deadline = time.time() + 60
+    while time.time() < deadline and live.poll() is None and not (
+            os.path.exists(live_metrics) and os.path.getsize(live_metrics) > 0):
+        time.sleep(0.01)
+    os.truncate(train_bin, 32 + 2 * 64)
+    try:
+        _, err = live.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        live.kill()
+        _, err = live.communicate()
+    ok = live.returncode == 1 and train_bin in err and "truncated while open" in err
+    print("%-4s %-34s rc=%d  %s" % ("ok" if ok else "FAIL", "train: shard truncated mid-run",
+                                    live.returncode, (err.strip().splitlines() or [""])[0]))
+    if not ok:
+        failures += 1
+        print("     " + err[-1000:])
+    open(train_bin, "wb").write(blob)
     open(train_bin, "wb").write(blob[: len(blob) - 7])
     run("train: truncated train.bin", ["train", good, "--run-dir", os.path.join(d, "run_x"),
                                        "--set", "data.path=" + tokdir, "--set", "model.vocab_size=300"],

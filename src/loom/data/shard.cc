@@ -2,12 +2,13 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,26 @@ struct Header {
   uint32_t pad;
 };
 static_assert(sizeof(Header) == kShardHeaderBytes);
+
+// n bytes at `offset`, or an error naming the shard: it is shorter than it was (truncated while
+// open), or unreadable.
+void pread_exact(int fd, void* dst, size_t n, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(dst);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, p + got, n - got, off_t(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      throw Error(fmt::format("token shard {}: cannot read: {}", path, os_error_text(errno)));
+    if (r == 0)
+      throw Error(fmt::format("token shard {}: {} bytes at offset {} are no longer there (the "
+                              "file was truncated while open)",
+                              path, n - got, offset + got),
+                  "prepare it again with loom data prepare (and leave it unchanged while "
+                  "training)");
+    got += size_t(r);
+  }
+}
 
 }  // namespace
 
@@ -54,9 +75,10 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
 Shard Shard::open(const std::string& path) {
   Shard s;
   s.path_ = path;
-  Fd f = open_regular(path);
+  s.fd_ = std::make_shared<Fd>(open_regular(path));
+  const int fd = s.fd_->get();
   struct stat st {};
-  if (::fstat(f.get(), &st) != 0)
+  if (::fstat(fd, &st) != 0)
     throw Error(fmt::format("token shard {}: cannot stat: {}", path, std::strerror(errno)));
   const uint64_t bytes = uint64_t(st.st_size);
   const std::string hint = "prepare it again with loom data prepare";
@@ -65,14 +87,8 @@ Shard Shard::open(const std::string& path) {
                             "(truncated?)",
                             path, bytes, sizeof(Header)),
                 hint);
-  s.map_ = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, f.get(), 0);
-  if (s.map_ == MAP_FAILED) {
-    s.map_ = nullptr;
-    throw Error(fmt::format("token shard {}: cannot mmap: {}", path, std::strerror(errno)));
-  }
-  s.map_bytes_ = bytes;
   Header h;
-  std::memcpy(&h, s.map_, sizeof h);
+  pread_exact(fd, &h, sizeof h, 0, path);
   if (std::memcmp(h.magic, kMagic, 8) != 0)
     throw Error(fmt::format("token shard {}: not a token shard (no LOOMTOK1 magic)", path), hint);
   if (h.version != kVersion)
@@ -101,36 +117,34 @@ Shard Shard::open(const std::string& path) {
   s.dtype_ = ShardDType(h.dtype);
   s.count_ = int64_t(h.count);
   s.vocab_ = int64_t(h.vocab_size);
-  s.tokens_ = static_cast<const char*>(s.map_) + sizeof(Header);
-  for (int64_t i = 0; i < s.count_; ++i) {
-    const int32_t t = s[i];
-    if (t < 0 || t >= s.vocab_)
-      throw Error(
-          fmt::format("token shard {}: token {} at index {} is outside the vocabulary of {}", path,
-                      t, i, s.vocab_),
-          hint);
+  // every token checked once here (read() checks again what it reads)
+  std::vector<int32_t> chunk;
+  for (int64_t i = 0; i < s.count_; i += int64_t(chunk.size())) {
+    chunk.resize(size_t(std::min<int64_t>(s.count_ - i, int64_t(1) << 20)));
+    s.read(i, int64_t(chunk.size()), chunk.data());
   }
   return s;
 }
 
-Shard::Shard(Shard&& o) noexcept { *this = std::move(o); }
-
-Shard& Shard::operator=(Shard&& o) noexcept {
-  if (this != &o) {
-    if (map_) ::munmap(map_, map_bytes_);
-    path_ = std::move(o.path_);
-    map_ = std::exchange(o.map_, nullptr);
-    map_bytes_ = std::exchange(o.map_bytes_, 0);
-    tokens_ = std::exchange(o.tokens_, nullptr);
-    count_ = std::exchange(o.count_, 0);
-    vocab_ = o.vocab_;
-    dtype_ = o.dtype_;
+void Shard::read(int64_t start, int64_t n, int32_t* out) const {
+  LOOM_CHECK(fd_ && start >= 0 && n >= 0 && start + n <= count_)
+      << "token shard " << path_ << ": tokens [" << start << ", " << start + n << ") of " << count_;
+  const int64_t width = dtype_ == ShardDType::u16 ? 2 : 4;
+  const uint64_t offset = sizeof(Header) + uint64_t(start) * uint64_t(width);
+  if (dtype_ == ShardDType::i32) {
+    pread_exact(fd_->get(), out, size_t(n) * 4, offset, path_);
+  } else {
+    std::vector<uint16_t> narrow(static_cast<size_t>(n));
+    pread_exact(fd_->get(), narrow.data(), size_t(n) * 2, offset, path_);
+    for (int64_t i = 0; i < n; ++i) out[i] = int32_t(narrow[size_t(i)]);
   }
-  return *this;
-}
-
-Shard::~Shard() {
-  if (map_) ::munmap(map_, map_bytes_);
+  for (int64_t i = 0; i < n; ++i)
+    if (out[i] < 0 || out[i] >= vocab_)
+      throw Error(
+          fmt::format("token shard {}: token {} at index {} is outside the vocabulary of {}", path_,
+                      out[i], start + i, vocab_),
+          "prepare it again with loom data prepare (and leave it unchanged while "
+          "training)");
 }
 
 }  // namespace loom::data

@@ -13,12 +13,19 @@
 //
 // Invariant: a shard on disk is complete or absent (written to a temporary, fsynced, renamed); a
 // reader accepts only a file whose size equals 32 + count * width and whose tokens are <
-// vocab_size. Not here: compression, or shards split across files.
+// vocab_size. The reader keeps the file open and reads what it is asked for with pread (not a
+// memory mapping: a file truncated under a mapping kills the process with SIGBUS, and one
+// rewritten in place changes tokens already checked); every read is checked again, so a shard
+// that changes on disk while training is an error naming it, never a crash or a token outside
+// the vocabulary. Not here: compression, or shards split across files.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "loom/core/file.h"
 
 namespace loom::data {
 
@@ -29,7 +36,7 @@ inline constexpr int64_t kShardHeaderBytes = 32;
 // Writes `tokens` to `path` atomically. Throws loom::Error naming the path on an I/O failure.
 void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size);
 
-// A read-only memory mapping of one shard (RAII: unmapped on destruction; movable, not copyable).
+// One open shard (movable, not copyable).
 class Shard {
  public:
   // Throws loom::Error naming the path: missing, not a shard (magic), unknown version or dtype, a
@@ -38,27 +45,25 @@ class Shard {
   static Shard open(const std::string& path);
 
   Shard() = default;
-  Shard(Shard&& o) noexcept;
-  Shard& operator=(Shard&& o) noexcept;
-  Shard(const Shard&) = delete;
-  Shard& operator=(const Shard&) = delete;
-  ~Shard();
+  Shard(Shard&&) noexcept = default;
+  Shard& operator=(Shard&&) noexcept = default;
 
   int64_t size() const { return count_; }
   int64_t vocab_size() const { return vocab_; }
   ShardDType dtype() const { return dtype_; }
-  const void* data() const { return tokens_; }  // size() tokens of dtype()
+  // Tokens [start, start + n) into out. Throws loom::Error naming the shard when the file no
+  // longer holds them (truncated since open) or holds a token outside the vocabulary (rewritten).
+  void read(int64_t start, int64_t n, int32_t* out) const;
   int32_t operator[](int64_t i) const {
-    return dtype_ == ShardDType::u16 ? int32_t(static_cast<const uint16_t*>(tokens_)[i])
-                                     : static_cast<const int32_t*>(tokens_)[i];
+    int32_t t;
+    read(i, 1, &t);
+    return t;
   }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const void* tokens_ = nullptr;
+  std::shared_ptr<Fd> fd_;  // shared_ptr: Fd is move-only, Shard's moves stay noexcept
   int64_t count_ = 0, vocab_ = 0;
   ShardDType dtype_ = ShardDType::u16;
 };

@@ -106,7 +106,7 @@ void TextCorpus::sample(Split split, uint64_t seed, int64_t step, int rank, int6
     uint64_t h = splitmix64(
         seed ^ splitmix64(uint64_t(step) ^ splitmix64(uint64_t(rank) * 1315423911u + uint64_t(r))));
     uint64_t off = h % (span + 1);
-    for (int64_t t = 0; t <= T; ++t) tokens[r * (T + 1) + t] = src[int64_t(off) + t];
+    src.read(int64_t(off), T + 1, tokens + r * (T + 1));
   }
 }
 

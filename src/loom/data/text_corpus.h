@@ -2,7 +2,8 @@
 //   - text: a file, or a directory of .txt files, read as bytes (token = byte, so a model needs
 //     vocab_size >= 256), split into train and validation by holding out whole files;
 //   - prepared: a directory written by `loom data prepare` (meta.json, train.bin, val.bin), whose
-//     token shards are memory-mapped; the tokenizer's vocabulary is meta.json's vocab_size.
+//     token shards are read as each batch needs them (shard.h); the tokenizer's vocabulary is
+//     meta.json's vocab_size.
 //
 // Sampling is a pure function of (seed, step, rank, row), the same for both sources: row r of the
 // batch for `step` starts at offset splitmix64(seed, step, rank, r) mod (size - T - 1). A resumed
@@ -50,13 +51,16 @@ class TextCorpus {
   int64_t vocab_size() const { return vocab_; }
 
  private:
-  // One split's tokens: bytes held in memory, or a mapped shard.
+  // One split's tokens: bytes held in memory, or an open shard.
   struct Tokens {
     std::vector<uint8_t> bytes;
     Shard shard;
     bool sharded = false;
     int64_t size() const { return sharded ? shard.size() : int64_t(bytes.size()); }
-    int32_t operator[](int64_t i) const { return sharded ? shard[i] : int32_t(bytes[size_t(i)]); }
+    void read(int64_t start, int64_t n, int32_t* out) const {
+      if (sharded) return shard.read(start, n, out);
+      for (int64_t i = 0; i < n; ++i) out[i] = int32_t(bytes[size_t(start + i)]);
+    }
   };
   Tokens train_, val_;
   std::vector<std::string> val_files_;
