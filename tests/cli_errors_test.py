@@ -182,6 +182,36 @@ with tempfile.TemporaryDirectory() as d:
     text_file = cfg("text.txt", "hello world, this is some text. " * 200)
     run("train: vocab too small", tr + ["--set", "data.path=" + text_file, "--set", "model.vocab_size=100"],
         must_contain=["vocab_size"])
+    # sizes that would overflow or cannot fit: a range naming the key, or the estimated memory,
+    # before anything is allocated (once std::length_error, SIGSEGV, SIGFPE or a hang)
+    sized = ["train", good, "--set", "data.path=" + text_file, "--set", "train.steps=1"]
+    huge = str(2 ** 62)
+    for key, value, want in [
+            ("model.d_model", huge, ["[model] d_model", "must be in [1, 1048576]"]),
+            ("model.n_layers", "1000000000", ["[model] n_layers", "must be in [1, 1024]"]),
+            ("model.max_seq_len", huge, ["[model] max_seq_len", "must be in"]),
+            ("model.ffn_hidden", huge, ["[model] ffn_hidden", "must be in"]),
+            ("train.batch_size", huge, ["[train] batch_size", "must be in [1, 1048576]"]),
+            ("train.grad_accum", huge, ["[train] grad_accum", "must be in"]),
+            ("train.eval_batches", huge, ["[train] eval_batches", "must be in"]),
+            ("train.steps", huge, ["[train] steps", "must be in"]),
+            ("outer.inner_steps", str(2 ** 32), ["[outer] inner_steps", "must be in"]),
+            ("plan.mesh", "{data=4294967296,model=4294967296}", ["[plan] mesh", "multiply past"]),
+            ("model.d_model", "1048576", ["tiny-llama.toml", "parameters need", "GB", "d_model = 1048576"]),
+            # with a 65,536-token vocabulary: 17 TB of logits, more than any machine's memory
+            ("train.batch_size", "1048576", ["tiny-llama.toml", "a training step needs at least",
+                                             "batch_size = 1048576", "GB"])]:
+        more = ["--set", "model.vocab_size=65536"] if key == "train.batch_size" else []
+        run("sizes: %s = %s" % (key, value[:12]),
+            sized + more + ["--run-dir", os.path.join(d, "sz" + key + value[:12]),
+                            "--set", "%s=%s" % (key, value)],
+            must_contain=want)
+    run("sizes: gpt2's positions too many", ["train", os.path.join(SRC, "configs", "tiny-gpt2.toml"),
+                                             "--run-dir", os.path.join(d, "sz2"), "--set",
+                                             "data.path=" + text_file, "--set",
+                                             "model.max_seq_len=16777216", "--set", "model.d_model=4096",
+                                             "--set", "model.n_heads=32"],
+        must_contain=["tiny-gpt2.toml", "parameters need"])
     run("train: runs", tr + ["--set", "data.path=" + text_file, "--set", "train.steps=3"],
         expect_ok=True, must_contain=["trained to step 3"])
     run("train: existing run needs --resume", tr + ["--set", "data.path=" + text_file],

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "loom/core/error.h"
 
 namespace loom::ir {
@@ -58,9 +60,13 @@ const std::vector<int64_t>& Node::attr_ints(const std::string& key) const {
 std::string Graph::unique_name(std::string base) const {
   if (base.empty()) base = fmt::format("t{}", values_.size());
   if (!by_name_.count(base)) return base;
-  for (int i = 1;; ++i) {
+  int& next = next_suffix_[base];
+  for (int i = std::max(next, 1);; ++i) {
     std::string n = base + "." + std::to_string(i);
-    if (!by_name_.count(n)) return n;
+    if (!by_name_.count(n)) {
+      next = i + 1;
+      return n;
+    }
   }
 }
 

@@ -94,6 +94,9 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<int> outputs_;
   std::unordered_map<std::string, int> by_name_;
+  // unique_name's next suffix to try per base (names are never freed, so the ones below it are
+  // taken): the k-th "grad.mm" costs O(1), not O(k) (a 1000-layer graph's names were quadratic)
+  mutable std::unordered_map<std::string, int> next_suffix_;
 };
 
 }  // namespace loom::ir

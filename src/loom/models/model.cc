@@ -116,16 +116,27 @@ void ModelConfig::validate(const std::string& src) const {
     throw Error(fmt::format("{}: [model] {}: {}", src, key, why));
   };
   if (!has_architecture(arch)) bad("arch", "must be one of " + known() + ", got \"" + arch + "\"");
-  if (vocab_size <= 0) bad("vocab_size", "must be > 0");
-  if (vocab_size > (int64_t(1) << 31) - 1) bad("vocab_size", "must fit in i32");
-  if (d_model <= 0) bad("d_model", "must be > 0");
-  if (n_layers <= 0) bad("n_layers", "must be > 0");
+  // the ranges keep every size computed from them (elements, bytes, FLOPs) inside int64: each is
+  // far above any model trained today, and a model that large is refused for its memory anyway
+  // (train/memory.h) before anything is allocated
+  auto in_range = [&](const char* key, int64_t v, int64_t hi) {
+    if (v <= 0 || v > hi) bad(key, fmt::format("must be in [1, {}], got {}", hi, v));
+  };
+  in_range("vocab_size", vocab_size, (int64_t(1) << 31) - 1);  // token ids are i32
+  in_range("d_model", d_model, int64_t(1) << 20);
+  // deeper graphs cost the memory planner (quadratic in live buffers) minutes; no published model
+  // has more than ~130 layers
+  in_range("n_layers", n_layers, 1024);
+  in_range("max_seq_len", max_seq_len, int64_t(1) << 24);
+  if (ffn_hidden > (int64_t(1) << 22))
+    bad("ffn_hidden", fmt::format("must be in [0, {}], got {}", int64_t(1) << 22, ffn_hidden));
+  if (moe.experts > 4096)
+    bad("moe.experts", fmt::format("must be in [0, 4096], got {}", moe.experts));
   if (n_heads <= 0) bad("n_heads", "must be > 0");
   if (d_model % n_heads) bad("n_heads", fmt::format("must divide d_model = {}", d_model));
   if (n_kv_heads < 0 || n_heads % kv_heads())
     bad("n_kv_heads", fmt::format("must divide n_heads = {}", n_heads));
   if (ffn_hidden < 0) bad("ffn_hidden", "must be >= 0");
-  if (max_seq_len <= 0) bad("max_seq_len", "must be > 0");
   if (!(norm_eps > 0)) bad("norm_eps", "must be > 0");
   if (!(rope_theta > 0)) bad("rope_theta", "must be > 0");
   if (moe.experts < 0) bad("moe.experts", "must be >= 0 (0: a dense model)");

@@ -41,6 +41,7 @@ struct MoeConfig {
 };
 
 struct ModelConfig {
+  std::string source;          // the config file it came from, for messages ("" when built)
   std::string arch = "llama";  // a registered architecture: "llama" | "gpt2"
   int64_t vocab_size = 256;
   int64_t d_model = 64;

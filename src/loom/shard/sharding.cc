@@ -22,6 +22,16 @@ Mesh::Mesh(std::vector<std::pair<std::string, int64_t>> axes, const std::string&
       if (axes_[j].first == name)
         throw Error(fmt::format("{}: axis {} appears twice", where, name));
   }
+  // the device count stays far inside int64 (ranks, strides and bytes are computed from it)
+  constexpr int64_t kMaxDevices = int64_t(1) << 24;
+  int64_t total = 1;
+  for (const auto& [name, n] : axes_) {
+    if (n > kMaxDevices / total)
+      throw Error(fmt::format("{}: the mesh's sizes multiply past {} devices (at axis {} = {})",
+                              where, kMaxDevices, name, n),
+                  "a mesh names the devices of one plan: at most 16,777,216");
+    total *= n;
+  }
 }
 
 int64_t Mesh::size() const {

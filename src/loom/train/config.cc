@@ -417,6 +417,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     throw Error(fmt::format("{}: missing key 'arch' in [model]", path),
                 "add [model] arch = \"llama\" or \"gpt2\"");
   c.model.validate(path);
+  c.model.source = path;
   if (use == ConfigUse::model_only) return c;
   // key: "[section] key". A key the user never wrote holds its default: the message says so.
   auto bad = [&](const std::string& key, const std::string& why) {
@@ -425,7 +426,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
                             path, key, why),
                 fmt::format("set {} in the config, or with --set", key));
   };
-  if (c.train.batch_size <= 0) bad("[train] batch_size", "must be > 0");
+  auto in_range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) bad(key, fmt::format("must be in [{}, {}], got {}", lo, hi, v));
+  };
+  // upper bounds: sizes computed from these stay inside int64 (memory is checked before anything
+  // is allocated: train/memory.h)
+  in_range("[train] batch_size", c.train.batch_size, 1, int64_t(1) << 20);
+  in_range("[train] grad_accum", c.train.grad_accum, 1, int64_t(1) << 20);
+  in_range("[train] eval_batches", c.train.eval_batches, 1, int64_t(1) << 20);
+  in_range("[train] steps", c.train.steps, 1, int64_t(1) << 40);
+  // H travels to and from the outer server as a u32
+  in_range("[outer] inner_steps", c.outer.inner_steps, 1, (int64_t(1) << 31) - 1);
   if (c.train.seq_len <= 0) bad("[train] seq_len", "must be > 0");
   if (c.train.seq_len > c.model.max_seq_len)
     bad("[train] seq_len", fmt::format("exceeds [model] max_seq_len = {}", c.model.max_seq_len));
@@ -434,7 +445,6 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!(c.optim.beta2 >= 0 && c.optim.beta2 < 1)) bad("[optim] beta2", "must be in [0, 1)");
   if (!(c.optim.eps > 0)) bad("[optim] eps", "must be > 0");
   if (!(c.optim.weight_decay >= 0)) bad("[optim] weight_decay", "must be >= 0");
-  if (c.train.steps <= 0) bad("[train] steps", "must be > 0");
   if (c.train.warmup_steps < 0) bad("[train] warmup_steps", "must be >= 0");
   if (!(c.train.min_lr >= 0)) bad("[train] min_lr", "must be >= 0");
   if (c.train.min_lr > c.optim.lr)
@@ -446,9 +456,6 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     bad("[optim] grad_clip",
         fmt::format("must be >= 0 (0: no clipping), got {}", c.optim.grad_clip));
   if (c.train.eval_every < 0) bad("[train] eval_every", "must be >= 0");
-  if (c.train.eval_batches <= 0) bad("[train] eval_batches", "must be > 0");
-  if (c.train.grad_accum <= 0) bad("[train] grad_accum", "must be > 0");
-  if (c.outer.inner_steps <= 0) bad("[outer] inner_steps", "must be > 0");
   if (!(c.outer.lr > 0)) bad("[outer] lr", "must be > 0");
   if (!(c.outer.momentum >= 0 && c.outer.momentum < 1))
     bad("[outer] momentum", "must be in [0, 1)");

@@ -13,10 +13,12 @@
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/train/config.h"
 #include "loom/train/hf_dir.h"
+#include "loom/train/memory.h"
 
 namespace loom::train {
 
 ParamStore::ParamStore(const models::ModelConfig& c) : cfg_(c), infos_(models::param_infos(c)) {
+  check_params_fit(c, c.source.empty() ? "[model]" : c.source, machine_memory_bytes());
   for (const auto& p : infos_) {
     buf_[p.name].assign(size_t(numel(p.shape)), 0.0f);
     total_ += numel(p.shape);

@@ -8,6 +8,7 @@
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/ops/op.h"
+#include "loom/train/memory.h"
 
 namespace loom::train {
 
@@ -16,7 +17,9 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
     : cfg_(cfg),
       params_(params),
       mode_(mode),
-      step_(compile_step(cfg, mode, comms != nullptr, comms ? comms->world().size() : 0)) {
+      step_((check_step_fits(cfg, mode == Mode::train, comms ? comms->world().size() : 1,
+                             machine_memory_bytes()),
+             compile_step(cfg, mode, comms != nullptr, comms ? comms->world().size() : 0))) {
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
   inputs_.resize(size_t(B * T));
   targets_.resize(size_t(B * T));
