@@ -122,6 +122,21 @@ with tempfile.TemporaryDirectory() as d:
     out = os.path.join(d, "out.safetensors")
     step = ["step", "--config", good, "--tokens", toks, "--out", out]
     run("step works", step + ["--weights", w], expect_ok=True, must_contain=["loss"])
+    # non-finite weights: refused naming the tensor and index (training on them says only "nan")
+    for bad_value, word in [(float("nan"), "nan"), (float("inf"), "inf")]:
+        t = {}
+        for n, sh in shapes.items():
+            count = 1
+            for x in sh:
+                count *= x
+            vals = [0.01] * count
+            if n == "model.norm.weight":
+                vals[3] = bad_value
+            t[n] = ("F32", sh, vals)
+        nonfinite = os.path.join(d, "nonfinite.safetensors")
+        write_st(nonfinite, t)
+        run("weights: %s in a tensor" % word, step + ["--weights", nonfinite],
+            must_contain=["nonfinite.safetensors", "'model.norm.weight'", word, "index 3"])
     if not os.path.exists(out):
         print("FAIL step wrote no output")
         failures += 1

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """loom report turns a synthetic run directory into one self-contained HTML page (4 inline SVG plots,
-the summary, the escaped config), tolerates a torn last metrics line, and rejects a missing run dir and
-a malformed middle line with exit 1 and a message naming the path and line.
+the summary, the escaped config), tolerates a torn last metrics line, rejects a missing run dir, and
+renders around lines that are not metrics (malformed, a non-numeric loss, a number JSON cannot hold),
+saying how many it skipped and naming the first one's path:line.
 
     report_test.py LOOM_BINARY SOURCE_DIR
 
@@ -154,16 +155,20 @@ with tempfile.TemporaryDirectory() as d:
     ls[41] = ls[41][: len(ls[41]) // 2]  # line 42 torn in the middle of the file
     open(path, "w").write("\n".join(ls))
     p = loom(bad)
-    check("malformed middle line: exit 1, names path:42",
-          p.returncode == 1 and (path + ":42") in p.stderr and "hint:" in p.stderr, p.stderr)
-    check("no report written on error", not os.path.exists(os.path.join(bad, "report.html")))
+    check("malformed middle line: skipped and counted, the report written",
+          p.returncode == 0 and (path + ":42") in p.stderr and "skipped 1 line" in p.stderr
+          and os.path.exists(os.path.join(bad, "report.html")), p.stderr)
 
     ls = open(path).read().split("\n")
     ls[41] = json.dumps({"step": 42, "loss": "high"})
+    ls[50] = '{"step": 51, "loss": 1e400}'  # nlohmann throws out_of_range, not parse_error
+    ls[60] = "[1, 2]"
     open(path, "w").write("\n".join(ls))
+    os.remove(os.path.join(bad, "report.html"))
     p = loom(bad)
-    check("non-numeric loss: exit 1, names path:42", p.returncode == 1 and (path + ":42") in p.stderr,
-          p.stderr)
+    check("a non-numeric loss, 1e400 and a non-object: 3 skipped, the first named, rendered",
+          p.returncode == 0 and (path + ":42") in p.stderr and "skipped 3 lines" in p.stderr
+          and os.path.exists(os.path.join(bad, "report.html")), p.stderr)
 
 print("report: all ok" if not failures else "report: %d FAILED" % failures)
 sys.exit(1 if failures else 0)

@@ -132,6 +132,21 @@ with tempfile.TemporaryDirectory() as d:
             "ok" if ok else "FAIL", name, "refused and fell back to step 30" if named else
             "not reported as asked: " + r.stderr[-800:], "bit-identical" if same else "DIFFER"))
         failures += 0 if ok else 1
+    # an older checkpoint (no checksums) whose state.json names another step: refused, fallen back
+    run = os.path.join(d, "wrong-step")
+    subprocess.run(run_args(run, 40), check=True, env=env, capture_output=True)
+    state = os.path.join(run, "checkpoints", "step_00000040", "state.json")
+    st = json.load(open(state))
+    del st["crc32"]
+    st["step"] = 2 ** 63 - 1
+    json.dump(st, open(state, "w"))
+    r = subprocess.run(run_args(run, 40) + ["--resume", "auto"], env=env, capture_output=True,
+                       text=True)
+    ok = r.returncode == 0 and "is not its directory's (40)" in r.stderr \
+        and losses(run) == losses(straight)
+    print("%-4s state.json's step 2^63-1 in step_00000040: refused, fell back, losses %s" % (
+        "ok" if ok else "FAIL", "bit-identical" if ok else "?: " + r.stderr[-500:]))
+    failures += 0 if ok else 1
     # every checkpoint damaged: exit 1 naming each, nothing deleted
     run = os.path.join(d, "damaged-all")
     subprocess.run(run_args(run, 40), check=True, env=env, capture_output=True)

@@ -32,8 +32,9 @@ struct Row {
 };
 
 // Parses metrics.jsonl, sorted by step (a duplicated step keeps its last line). Blank lines are
-// skipped. A last line that is not valid JSON is a write torn by a crash and is dropped; any other
-// malformed line is an error naming path:line.
+// skipped, and so is any line that is not a metrics object (not JSON, no integer "step", a "loss"
+// that is not a number): the report renders what is there and says on stderr how many lines it
+// skipped and the first one's path:line and reason.
 std::vector<Row> read_metrics(const std::string& path) {
   const std::string text = read_file(path);
   std::vector<std::string_view> lines;
@@ -48,46 +49,54 @@ std::vector<Row> read_metrics(const std::string& path) {
   size_t last = lines.size();
   while (last > 0 && blank(lines[last - 1])) --last;  // lines[last-1] is the last non-blank line
 
-  const std::string hint =
-      "each line must be one JSON object with at least \"step\" and \"loss\" (as loom train "
-      "writes); "
-      "only a torn last line, left by a crash, is skipped";
   std::vector<Row> rows;
+  size_t skipped = 0;
+  std::string first_skip;
+  struct Skip {
+    std::string why;
+  };
   for (size_t i = 0; i < last; ++i) {
     if (blank(lines[i])) continue;
     const std::string where = fmt::format("{}:{}", path, i + 1);
-    nlohmann::json j;
     try {
-      j = nlohmann::json::parse(lines[i]);
-    } catch (const nlohmann::json::parse_error& e) {
-      if (i + 1 == last) break;
-      throw Error(fmt::format("{}: malformed metrics line ({})", where, e.what()), hint);
-    }
-    if (!j.is_object()) throw Error(fmt::format("{}: not a JSON object", where), hint);
-    auto number = [&](const char* key, bool required) {
-      auto it = j.find(key);
-      if (it == j.end() || it->is_null()) {
-        if (required) throw Error(fmt::format("{}: no \"{}\"", where, key), hint);
-        return double(NAN);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(lines[i]);
+      } catch (const nlohmann::json::exception& e) {  // parse_error, out_of_range (1e400)
+        throw Skip{fmt::format("not JSON: {}", e.what())};
       }
-      if (!it->is_number())
-        throw Error(fmt::format("{}: \"{}\" is {}, not a number", where, key, it->dump()), hint);
-      return it->get<double>();
-    };
-    auto st = j.find("step");
-    if (st == j.end() || !st->is_number_integer())
-      throw Error(fmt::format("{}: \"step\" is missing or not an integer", where), hint);
-    rows.push_back(Row{.step = st->get<int64_t>(),
-                       .loss = number("loss", true),
-                       .lr = number("lr", false),
-                       .grad_norm = number("grad_norm", false),
-                       .tokens_per_s = number("tokens_per_s", false),
-                       .val_loss = number("val_loss", false),
-                       .ce_loss = number("ce_loss", false),
-                       .moe_tokens_max = number("moe_tokens_max", false),
-                       .moe_tokens_mean = number("moe_tokens_mean", false),
-                       .moe_dropped = number("moe_dropped", false)});
+      if (!j.is_object()) throw Skip{"not a JSON object"};
+      auto number = [&](const char* key, bool required) {
+        auto it = j.find(key);
+        if (it == j.end() || it->is_null()) {
+          if (required) throw Skip{fmt::format("no \"{}\"", key)};
+          return double(NAN);
+        }
+        if (!it->is_number())
+          throw Skip{fmt::format("\"{}\" is {}, not a number", key, it->dump())};
+        return it->get<double>();
+      };
+      auto st = j.find("step");
+      if (st == j.end() || !st->is_number_integer())
+        throw Skip{"\"step\" is missing or not an integer"};
+      rows.push_back(Row{.step = st->get<int64_t>(),
+                         .loss = number("loss", true),
+                         .lr = number("lr", false),
+                         .grad_norm = number("grad_norm", false),
+                         .tokens_per_s = number("tokens_per_s", false),
+                         .val_loss = number("val_loss", false),
+                         .ce_loss = number("ce_loss", false),
+                         .moe_tokens_max = number("moe_tokens_max", false),
+                         .moe_tokens_mean = number("moe_tokens_mean", false),
+                         .moe_dropped = number("moe_dropped", false)});
+    } catch (const Skip& s) {
+      if (i + 1 == last && s.why.rfind("not JSON", 0) == 0) break;  // torn by a crash: expected
+      if (skipped++ == 0) first_skip = fmt::format("{}: {}", where, s.why);
+    }
   }
+  if (skipped)
+    fmt::print(stderr, "{}: skipped {} line{} that {} not metrics (the first: {})\n", path, skipped,
+               skipped > 1 ? "s" : "", skipped > 1 ? "are" : "is", first_skip);
   std::stable_sort(rows.begin(), rows.end(),
                    [](const Row& a, const Row& b) { return a.step < b.step; });
   std::vector<Row> out;

@@ -70,7 +70,7 @@ nlohmann::json read_json(const std::string& path) {
   const std::string text = read_file(path);
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e400
     throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
   }
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -172,6 +173,14 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
       st.value("format", 0) != 1)
     throw Error(
         fmt::format("checkpoint {}: state.json lacks an integer 'step' or format 1", state_path));
+  // the step: a count the run can reach, and the one its directory is named for
+  const int64_t step = st["step"].get<int64_t>();
+  const int64_t named = step_of(fs::path(path).filename().string());
+  if (step < 0 || step > (int64_t(1) << 40) || (named >= 0 && named != step))
+    throw Error(fmt::format("checkpoint {}: state.json's step {} is not {}", state_path, step,
+                            named >= 0 ? fmt::format("its directory's ({})", named)
+                                       : std::string("in [0, 2^40]")),
+                "resume from an earlier checkpoint");
   // the checksums save_checkpoint records (older checkpoints have none)
   if (st.contains("crc32")) {
     nlohmann::json rest = st;
@@ -204,7 +213,13 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
         throw Error(fmt::format("checkpoint {}: tensor '{}' is {}{}, expected f32{}", opt_path,
                                 name, dtype_name(t.dtype), shape_str(t.shape),
                                 shape_str(p.stored_shape())));
-      runner.write_moment(p.name, which, static_cast<const float*>(t.data));
+      const float* m = static_cast<const float*>(t.data);
+      for (int64_t i = 0; i < numel(p.shape); ++i)
+        if (!std::isfinite(m[i]))
+          throw Error(fmt::format("checkpoint {}: tensor '{}' holds {} at index {}", opt_path, name,
+                                  m[i], i),
+                      "resume from an earlier checkpoint");
+      runner.write_moment(p.name, which, m);
     }
   runner.set_step_count(st["step"].get<int64_t>());
   return st;

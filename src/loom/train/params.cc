@@ -79,12 +79,19 @@ void ParamStore::init_random(uint64_t seed) {
 void ParamStore::load(const std::string& path) {
   Weights f = Weights::open(path);
   std::set<std::string> expected;
-  // Copies tensor t (f32, or bf16 widened exactly) into dst.
-  auto take = [](const TensorView& t, float* dst, int64_t n) {
+  // Copies tensor `name` (f32, or bf16 widened exactly) into dst; a NaN or infinity in it is an
+  // error naming the file, the tensor and the index (training on it would only say "loss nan").
+  auto take = [&](const std::string& name, const TensorView& t, float* dst, int64_t n) {
     if (t.dtype == DType::f32)
       std::memcpy(dst, t.data, size_t(n) * sizeof(float));
     else
       kernels::cpu::cast_bf16_f32(static_cast<const bf16*>(t.data), dst, n);
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(dst[i]))
+        throw Error(fmt::format("weights {}: tensor '{}' holds {} at index {}", f.file_of(name),
+                                name, dst[i], i),
+                    "weights must be finite: restore the file, or resume from an earlier "
+                    "checkpoint");
   };
   for (const auto& p : infos_) {
     // a stacked expert weight may come as Mixtral's one tensor per expert (loom export writes it
@@ -106,7 +113,7 @@ void ParamStore::load(const std::string& path) {
                                   f.file_of(name), name, dtype_name(t.dtype), shape_str(t.shape),
                                   shape_str(one)),
                       "check [model] against the weights: d_model, ffn_hidden, moe");
-        take(t, buf_[p.name].data() + e * numel(one), numel(one));
+        take(name, t, buf_[p.name].data() + e * numel(one), numel(one));
       }
       continue;
     }
@@ -123,7 +130,7 @@ void ParamStore::load(const std::string& path) {
                   "check [model] against the weights: d_model, n_heads, n_kv_heads, ffn_hidden, "
                   "vocab_size, max_seq_len");
     restore(p.name);
-    take(t, buf_[p.name].data(), numel(p.shape));
+    take(p.name, t, buf_[p.name].data(), numel(p.shape));
   }
   for (const auto& n : f.names()) {
     if (expected.count(n)) continue;
