@@ -212,6 +212,9 @@ with tempfile.TemporaryDirectory() as d:
             ("train.steps", huge, ["[train] steps", "must be in"]),
             ("outer.inner_steps", str(2 ** 32), ["[outer] inner_steps", "must be in"]),
             ("plan.mesh", "{data=4294967296,model=4294967296}", ["[plan] mesh", "multiply past"]),
+            ("outer.lease_s", "1e10", ["[outer] lease_s", "must be in (0, 86400]"]),
+            ("outer.retry_s", "1e10", ["[outer] retry_s", "must be in [0, 86400]"]),
+            ("outer.lr", "1e30", ["[outer] lr", "at most 1000"]),
             ("model.d_model", "1048576", ["tiny-llama.toml", "parameters need", "GB", "d_model = 1048576"]),
             # with a 65,536-token vocabulary: 17 TB of logits, more than any machine's memory
             ("train.batch_size", "1048576", ["tiny-llama.toml", "a training step needs at least",

@@ -85,10 +85,27 @@ std::optional<Refusal> Rounds::check_header(const PushInfo& h) {
   return std::nullopt;
 }
 
+namespace {
+
+// The first non-finite value of `ts`, as "tensor 'name' index i", or "" when all are finite.
+std::string first_nonfinite(const TensorList& ts) {
+  for (const auto& t : ts)
+    for (size_t i = 0; i < t.data.size(); ++i)
+      if (!std::isfinite(t.data[i])) return fmt::format("tensor '{}' index {}", t.name, i);
+  return "";
+}
+
+}  // namespace
+
 std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, Time now,
                                     Pushed* out) {
   Member* m = find_live(h.island_id, now);
   if (!m) return not_member(h.island_id);
+  // the server never commits a non-finite parameter: a push that would make one is refused
+  if (const std::string bad = first_nonfinite(grad); !bad.empty())
+    return Refusal{RefusalKind::invalid,
+                   fmt::format("push from island {}: the pseudo-gradient is not finite at {}",
+                               h.island_id, bad)};
   if (h.base_version > version_)
     return Refusal{RefusalKind::invalid, fmt::format("push for version {}, but the server is at {}",
                                                      h.base_version, version_)};
@@ -101,6 +118,17 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     if (round_pushed_.count(h.island_id))
       return Refusal{RefusalKind::duplicate, fmt::format("island {} already pushed in round {}",
                                                          h.island_id, version_ + 1)};
+    // checked before anything is added, so a refused push leaves the sum as it was
+    for (size_t t = 0; t < grad.size(); ++t) {
+      const float* s = round_sum_[t].data.data();
+      const float* x = grad[t].data.data();
+      for (size_t i = 0; i < grad[t].data.size(); ++i)
+        if (!std::isfinite(s[i] + x[i]))
+          return Refusal{RefusalKind::invalid,
+                         fmt::format("push from island {}: the round's sum would overflow at "
+                                     "tensor '{}' index {} ({} + {})",
+                                     h.island_id, grad[t].name, i, s[i], x[i])};
+    }
     for (size_t t = 0; t < grad.size(); ++t) {
       float* s = round_sum_[t].data.data();
       const float* x = grad[t].data.data();
@@ -110,7 +138,17 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     round_pushed_.insert(h.island_id);
   } else {
     auto next = std::make_shared<TensorList>(*params_);
-    delayed_nesterov_push(cfg_.opt, period_, *next, momentum_, buffer_, async_count_, grad);
+    TensorList momentum = momentum_, buffer = buffer_;
+    int64_t count = async_count_;
+    delayed_nesterov_push(cfg_.opt, period_, *next, momentum, buffer, count, grad);
+    if (std::string bad = first_nonfinite(*next) + first_nonfinite(momentum); !bad.empty())
+      return Refusal{RefusalKind::invalid,
+                     fmt::format("push from island {}: the update would make a non-finite "
+                                 "parameter or momentum ({}); not applied",
+                                 h.island_id, bad)};
+    momentum_ = std::move(momentum);
+    buffer_ = std::move(buffer);
+    async_count_ = count;
     params_ = std::move(next);
     ++version_;
   }
@@ -199,10 +237,22 @@ void Rounds::maybe_close(Time now) {
   for (auto& t : round_sum_)
     for (float& x : t.data) x *= inv;
   auto next = std::make_shared<TensorList>(*params_);
-  nesterov_step(cfg_.opt, *next, momentum_, round_sum_);
+  TensorList momentum = momentum_;
+  nesterov_step(cfg_.opt, *next, momentum, round_sum_);
+  const size_t n = round_pushed_.size();
+  if (std::string bad = first_nonfinite(*next) + first_nonfinite(momentum); !bad.empty()) {
+    // never committed (nor saved): the round is dropped, its islands push again from this version
+    log(
+        fmt::format("round {} discarded: its update would make a non-finite parameter or "
+                    "momentum ({})",
+                    version_ + 1, bad));
+    round_pushed_.clear();
+    for (auto& t : round_sum_) std::fill(t.data.begin(), t.data.end(), 0.f);
+    return;
+  }
+  momentum_ = std::move(momentum);
   params_ = std::move(next);
   ++version_;
-  const size_t n = round_pushed_.size();
   round_pushed_.clear();
   for (auto& t : round_sum_) std::fill(t.data.begin(), t.data.end(), 0.f);
   if (hooks_.on_version) hooks_.on_version();

@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "loom/core/error.h"
 #include "loom/outer/testing.h"
 
@@ -156,6 +159,41 @@ TEST(Rounds, StaleFutureDuplicateAndUnknownPushesAreRefusedAndChangeNothing) {
   nesterov_step(f.cfg.opt, want, m, mean(model(2), model(3)));
   nesterov_step(f.cfg.opt, want, m, mean(model(4), model(6)));
   expect_same(*f.rounds.params(), want, 1e-6f);
+}
+
+// The server never commits a non-finite parameter: a non-finite pseudo-gradient, finite ones whose
+// sum overflows f32 (3e38 + 3e38), and (async) an update that would overflow (lr 1000 on 1e36) are
+// each refused naming the tensor and index, and change nothing.
+TEST(Rounds, NonFinitePushesAndOverflowingSumsAreRefusedAndChangeNothing) {
+  for (OuterMode mode : {OuterMode::sync, OuterMode::async}) {
+    SCOPED_TRACE(train::outer_mode_name(mode));
+    Fixture f({.mode = mode, .opt = {.lr = 1000, .momentum = 0.9}});
+    auto [a, b] = f.join_two();
+    const TensorList before = *f.rounds.params();
+    TensorList nan = model(2), big = model(2);
+    nan[0].data[3] = std::numeric_limits<float>::quiet_NaN();
+    for (float& x : big[0].data) x = mode == OuterMode::sync ? 3e38f : 1e36f;
+    auto r = f.push(a, 0, nan);
+    expect_refused(r, RefusalKind::invalid);
+    EXPECT_NE(r->message.find(fmt::format("tensor '{}' index 3", nan[0].name)), std::string::npos)
+        << r->message;
+    if (mode == OuterMode::sync) {
+      ASSERT_FALSE(f.push(a, 0, big));
+      r = f.push(b, 0, big);  // 3e38 + 3e38 = inf in f32
+      expect_refused(r, RefusalKind::invalid);
+      EXPECT_NE(r->message.find("would overflow"), std::string::npos) << r->message;
+    } else {
+      r = f.push(a, 0, big);  // p - 1000 (1e36 + 0.9 m): -1.9e39, past f32
+      expect_refused(r, RefusalKind::invalid);
+      EXPECT_NE(r->message.find("non-finite parameter or momentum"), std::string::npos)
+          << r->message;
+    }
+    EXPECT_EQ(f.rounds.version(), 0u);
+    EXPECT_EQ(f.rounds.pushes(), mode == OuterMode::sync ? 1 : 0);
+    expect_same(*f.rounds.params(), before);
+    for (const auto& t : f.rounds.momentum())
+      for (float x : t.data) EXPECT_EQ(x, 0.f);
+  }
 }
 
 TEST(Rounds, AJoinWithAnotherModelIsRefusedNamingTheTensor) {

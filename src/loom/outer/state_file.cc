@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "loom/core/error.h"
@@ -84,10 +87,31 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
       s.members[m.at("id").get<uint64_t>()] = {m.at("name").get<std::string>(),
                                                m.at("joined_round").get<uint64_t>(),
                                                m.at("sec_per_step").get<double>()};
+    // counts a server can reach (2^53: exact in a double, a round a nanosecond for 100 days)
+    constexpr uint64_t kMax = uint64_t(1) << 53;
+    auto field = [&](const char* key, bool ok) {
+      if (!ok)
+        throw Error(fmt::format("{}: loom_outer's \"{}\" = {} is not a state this server could "
+                                "have written",
+                                path, key, j.at(key).dump()),
+                    "the file is damaged: restore it, or use another --state-dir");
+    };
+    field("version", s.version <= kMax);
+    field("async_count", s.async_count >= 0 && uint64_t(s.async_count) <= kMax);
+    field("total_steps", s.total_steps >= 0 && uint64_t(s.total_steps) <= kMax);
+    uint64_t top = 0;
+    for (const auto& [id, m] : s.members) {
+      top = std::max(top, id);
+      field("members", id >= 1 && m.joined_round <= s.version + 1 &&
+                           std::isfinite(m.sec_per_step) && m.sec_per_step >= 0);
+    }
+    field("next_id", s.next_id >= 1 && s.next_id <= kMax && s.next_id > top);
     return s;
   });
+  std::set<std::string> expected;
   auto load = [&](const std::string& prefix, TensorList& into) {
     for (auto& t : into) {
+      expected.insert(prefix + t.name);
       const TensorView& v = f.get(prefix + t.name);
       if (v.dtype != DType::f32 || v.shape != t.shape)
         throw Error(
@@ -95,6 +119,11 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
                         dtype_name(v.dtype), shape_str(v.shape), shape_str(t.shape)),
             "this state belongs to another model: use another --state-dir");
       std::memcpy(t.data.data(), v.data, v.nbytes);
+      for (size_t i = 0; i < t.data.size(); ++i)
+        if (!std::isfinite(t.data[i]))
+          throw Error(fmt::format("{}: tensor '{}{}' holds {} at index {}", path, prefix, t.name,
+                                  t.data[i], i),
+                      "the state is damaged: restore it, or use another --state-dir");
     }
   };
   out.params = zeros_like(spec);
@@ -103,6 +132,10 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
   load("param.", out.params);
   load("momentum.", out.momentum);
   if (mode == OuterMode::async) load("buffer.", out.buffer);
+  for (const auto& n : f.names())  // a larger model's state holds this one's tensors and more
+    if (!expected.count(n))
+      throw Error(fmt::format("{}: tensor '{}' is not part of this model's state", path, n),
+                  "this state belongs to another model: use another --state-dir");
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "loom/core/error.h"
 #include "loom/core/safetensors.h"
@@ -111,6 +112,42 @@ TEST(StateFile, AStateOfAnotherModelModeOrFormatIsRefusedNamingTheFile) {
   write_safetensors(path, ts);
   EXPECT_EQ(error_of([&] { read_state_params(path); }),
             path + ": not an outer server state (no loom_outer metadata)");
+}
+
+// A state a server could not have written is refused naming the field or tensor: a larger model's
+// (this one's tensors and more), impossible counts (a version of 2^64 - 1 hung the server), a
+// member's id at or past next_id, non-finite parameters.
+TEST(StateFile, AStateThisServerCouldNotHaveWrittenIsRefused) {
+  TempDir dir;
+  const std::string path = state_file(dir.path);
+  const TensorList p = model(1);
+  TensorList larger = p;
+  larger.push_back({"extra", {2}, {1, 2}});
+  write_state(path, sample_meta(OuterMode::sync), larger, larger, larger);
+  std::string e = error_of([&] { read_state(path, OuterMode::sync, p); });
+  EXPECT_NE(e.find("tensor 'param.extra' is not part of this model's state"), std::string::npos)
+      << e;
+
+  auto with = [&](auto edit) {
+    StateMeta m = sample_meta(OuterMode::sync);
+    edit(m);
+    write_state(path, m, p, p, p);
+    return error_of([&] { read_state(path, OuterMode::sync, p); });
+  };
+  e = with([](StateMeta& m) { m.version = ~uint64_t(0); });
+  EXPECT_NE(e.find("\"version\" = 18446744073709551615"), std::string::npos) << e;
+  e = with([](StateMeta& m) { m.total_steps = -5; });
+  EXPECT_NE(e.find("\"total_steps\""), std::string::npos) << e;
+  e = with([](StateMeta& m) { m.next_id = 3; });  // member 3 exists
+  EXPECT_NE(e.find("\"next_id\""), std::string::npos) << e;
+  e = with([](StateMeta& m) { m.members[1].sec_per_step = -1; });
+  EXPECT_NE(e.find("\"members\""), std::string::npos) << e;
+
+  TensorList bad = p;
+  bad[1].data[2] = std::numeric_limits<float>::infinity();
+  write_state(path, sample_meta(OuterMode::sync), bad, p, p);
+  e = error_of([&] { read_state(path, OuterMode::sync, p); });
+  EXPECT_NE(e.find("tensor 'param.b' holds inf at index 2"), std::string::npos) << e;
 }
 
 TEST(StateFile, ACorruptFileIsAnErrorNamingIt) {

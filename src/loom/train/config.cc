@@ -461,8 +461,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     bad("[outer] momentum", "must be in [0, 1)");
   if (c.outer.delay < 0) bad("[outer] delay", "must be >= 0");
   if (c.outer.islands < 0) bad("[outer] islands", "must be >= 0");
-  if (!(c.outer.lease_s > 0)) bad("[outer] lease_s", "must be > 0");
-  if (!(c.outer.retry_s >= 0)) bad("[outer] retry_s", "must be >= 0");
+  // durations become clock ticks (nanoseconds in int64: at most 292 years); a day is plenty
+  if (!(c.outer.lease_s > 0 && c.outer.lease_s <= 86400))
+    bad("[outer] lease_s", fmt::format("must be in (0, 86400] seconds, got {}", c.outer.lease_s));
+  if (!(c.outer.retry_s >= 0 && c.outer.retry_s <= 86400))
+    bad("[outer] retry_s", fmt::format("must be in [0, 86400] seconds, got {}", c.outer.retry_s));
+  if (!(c.outer.lr <= 1e3))
+    bad("[outer] lr", fmt::format("must be at most 1000, got {}", c.outer.lr));
   if (c.checkpoint.every < 0) bad("[checkpoint] every", "must be >= 0");
   if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
   if (!(c.passes.bucket_mb > 0 && c.passes.bucket_mb <= 1e6))
