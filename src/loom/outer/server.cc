@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "loom/core/error.h"
@@ -74,6 +75,7 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
   mutable std::mutex mu;
   std::condition_variable cv;  // notified when the version moves, and on shutdown
   Rounds rounds;               // under mu
+  std::set<uint64_t> pushing;  // islands with a push streaming in, under mu
 
   std::unique_ptr<grpc::Server> server;
   std::thread sweeper;
@@ -197,7 +199,21 @@ struct OuterServer::Impl final : proto::OuterSync::Service {
     {
       std::lock_guard<std::mutex> lk(mu);
       if (auto r = rounds.touch(h.island_id, Clock::now())) return refused(*r);
+      // one push in flight per island: each holds a model-sized buffer while it streams, so an
+      // island cannot make the server hold more than one (100 header-only pushes made it 18x)
+      if (!pushing.insert(h.island_id).second)
+        return Status(
+            StatusCode::RESOURCE_EXHAUSTED,
+            fmt::format("island {} already has a push in flight: one at a time", h.island_id));
     }
+    struct Done {
+      Impl* s;
+      uint64_t id;
+      ~Done() {
+        std::lock_guard<std::mutex> lk(s->mu);
+        s->pushing.erase(id);
+      }
+    } done{this, h.island_id};
     if (auto r = Rounds::check_header(h)) return refused(*r);
     Assembler as(rounds.spec());  // the spec is fixed: no lock
     bool first = true;

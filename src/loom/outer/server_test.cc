@@ -213,6 +213,40 @@ TEST(OuterServer, RejectsBadCallsAndKeepsServingWithItsStateUntouched) {
   EXPECT_EQ(h.server->version(), 2u);
 }
 
+// One push in flight per island: a second one while the first still streams is refused with
+// RESOURCE_EXHAUSTED (each holds a model-sized buffer; 100 header-only pushes from one island made
+// the server hold 100 models); once the first ends, the island pushes again.
+TEST(OuterServer, AnIslandHoldsAtMostOnePushInFlight) {
+  Harness h;
+  auto a = h.client(), b = h.client();
+  uint64_t ia = join(*a), ib = join(*b);
+  auto ch = grpc::CreateChannel(h.addr(), grpc::InsecureChannelCredentials());
+  auto stub = proto::OuterSync::NewStub(ch);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer secret");
+  proto::PushReply held_reply;
+  auto held = stub->Push(&ctx, &held_reply);
+  proto::PushRequest first;
+  *first.mutable_header() = header(ia, 0);
+  ASSERT_TRUE(held->Write(first));
+  // the server has taken the header once the held stream's header is read: retry briefly
+  grpc::Status s;
+  for (int i = 0; i < 200; ++i) {
+    s = push(*a, ia, 0, model(2));
+    if (s.error_code() == StatusCode::RESOURCE_EXHAUSTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("already has a push in flight"), std::string::npos)
+      << s.error_message();
+  EXPECT_TRUE(push(*b, ib, 0, model(3)).ok());  // another island is not held up
+  held->WritesDone();
+  const grpc::Status hs = held->Finish();  // header only: incomplete, refused
+  EXPECT_EQ(hs.error_code(), StatusCode::INVALID_ARGUMENT) << hs.error_message();
+  ASSERT_TRUE(push(*a, ia, 0, model(2)).ok());
+  EXPECT_EQ(h.server->version(), 1u);
+}
+
 TEST(OuterServer, AnIslandWhoseLeaseExpiresIsDroppedAndTheRoundCloses) {
   ServerConfig c;
   c.lease_s = 0.3;
