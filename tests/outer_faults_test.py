@@ -403,6 +403,19 @@ def bad_config(d, data):
           and os.listdir(full) == [] and not os.path.exists(os.path.join(d, "full.port")),
           "server that cannot write its state: exit %s, left %s: %s"
           % (r.returncode, os.listdir(full), one_line(r.stderr)))
+    # a garbage TLS certificate or key: named, not "is the port in use?"
+    garbage = os.path.join(d, "garbage.pem")
+    open(garbage, "w").write("not a certificate\n")
+    for key in ("tls_cert", "tls_key"):
+        other = "tls_key" if key == "tls_cert" else "tls_cert"
+        good_pem = os.path.join(d, "good_%s.pem" % other)
+        open(good_pem, "w").write("-----BEGIN CERTIFICATE-----\n-----BEGIN PRIVATE KEY-----\n")
+        r = subprocess.run([LOOM, "outer-server", CONFIG, "--listen", "127.0.0.1:0", "--state-dir",
+                            os.path.join(d, "state_tls"), "--set", 'outer.%s="%s"' % (key, garbage),
+                            "--set", 'outer.%s="%s"' % (other, good_pem)] + common, env=env(),
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode == 1 and ("[outer] %s %s: not a PEM" % (key, garbage)) in r.stderr,
+              "a garbage %s: exit %s: %s" % (key, r.returncode, one_line(r.stderr)))
 
 
 SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),

@@ -273,8 +273,20 @@ int OuterServer::start(const std::string& addr) {
   if (c.tls_cert.empty() != c.tls_key.empty())
     throw Error("outer server: TLS needs both [outer] tls_cert and tls_key");
   if (!c.tls_cert.empty()) {
+    // gRPC says only that it cannot listen: name the file that is not what it should be
+    auto pem = [](const std::string& path, const char* key, const char* what, const char* begin) {
+      std::string text = read_file(path);
+      if (text.find(begin) == std::string::npos)
+        throw Error(fmt::format("outer server: [outer] {} {}: not a PEM {} (no \"{}\")", key, path,
+                                what, begin),
+                    "point it at a PEM file: `openssl x509 -in F -noout` checks a certificate, "
+                    "`openssl pkey -in F -noout` a key");
+      return text;
+    };
     grpc::SslServerCredentialsOptions opts;
-    opts.pem_key_cert_pairs.push_back({read_file(c.tls_key), read_file(c.tls_cert)});
+    opts.pem_key_cert_pairs.push_back(
+        {pem(c.tls_key, "tls_key", "private key", "PRIVATE KEY-----"),
+         pem(c.tls_cert, "tls_cert", "certificate", "-----BEGIN CERTIFICATE-----")});
     creds = grpc::SslServerCredentials(opts);
   } else {
     creds = grpc::InsecureServerCredentials();
@@ -290,7 +302,11 @@ int OuterServer::start(const std::string& addr) {
   impl_->server = b.BuildAndStart();
   if (!impl_->server || port == 0)
     throw Error(fmt::format("outer server: cannot listen on {}", addr),
-                "is the port in use? \"127.0.0.1:0\" picks a free one");
+                c.tls_cert.empty()
+                    ? "is the port in use? \"127.0.0.1:0\" picks a free one"
+                    : fmt::format("is the port in use (\"127.0.0.1:0\" picks a free one), or do "
+                                  "the certificate {} and the key {} not belong together?",
+                                  c.tls_cert, c.tls_key));
   {
     std::lock_guard<std::mutex> lk(impl_->mu);
     impl_->save_locked();  // the state exists from the start
