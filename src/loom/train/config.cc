@@ -99,8 +99,7 @@ std::vector<std::string> keys_of(const auto& m) {
 }
 
 // [model] moe = { experts = 8, top_k = 2, ... }: an inline table of models::MoeConfig's keys.
-Setter moe_setter() {
-  using M = models::MoeConfig;
+const std::map<std::string, Setter>& moe_keys() {
   static const std::map<std::string, Setter> keys = {
       {"experts", as_int([](Config& c) -> int64_t& { return c.model.moe.experts; })},
       {"top_k", as_int([](Config& c) -> int64_t& { return c.model.moe.top_k; })},
@@ -113,7 +112,13 @@ Setter moe_setter() {
       {"balance", as_choice([](Config& c) -> std::string& { return c.model.moe.balance; },
                             {"model", "layer"})},
   };
+  return keys;
+}
+
+Setter moe_setter() {
+  using M = models::MoeConfig;
   return [](Config& c, const toml::node& n, const std::string& where) {
+    const auto& keys = moe_keys();
     const toml::table* t = n.as_table();
     if (!t) throw Error(where + ": expected a table { experts = ..., top_k = ..., ... }");
     c.model.moe = M{};
@@ -373,6 +378,17 @@ void merge_hf_model(toml::table& root, const std::string& path) {
 }  // namespace
 
 const char* outer_mode_name(OuterMode m) { return m == OuterMode::sync ? "sync" : "async"; }
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> out;
+  for (const auto& [section, keys] : schema())
+    for (const auto& [key, setter] : keys) {
+      out.push_back(fmt::format("[{}] {}", section, key));
+      if (section == "model" && key == "moe")
+        for (const auto& [k, v] : moe_keys()) out.push_back(fmt::format("[model] moe.{}", k));
+    }
+  return out;
+}
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,
                    ConfigUse use) {

@@ -97,6 +97,9 @@ struct Config {
 // tokens): then the other sections' keys are still parsed strictly, but nothing checks them against
 // [model].
 enum class ConfigUse { all, model_only };
+// Every key a config may hold, as "[section] key" ("[model] moe.top_k" for an inline table's),
+// in the schema's order: docs/config.md documents each one (config_test checks that it does).
+std::vector<std::string> config_keys();
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                    ConfigUse use = ConfigUse::all);
 
