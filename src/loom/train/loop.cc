@@ -38,8 +38,6 @@ void add_router_metrics(const StepRunner& runner, nlohmann::json& m) {
   m["moe_dropped"] = routed - kept;
 }
 
-// Keeps the metrics lines of steps <= `upto` (a resumed run rewrites what came after its
-// checkpoint).
 // Drops the metrics of steps after `upto` (a resumed run logs them again). Nothing it cannot parse
 // is dropped, except a torn last line (a crash mid-write: no newline at its end); an unparsable
 // line is kept where it is, and said so.
