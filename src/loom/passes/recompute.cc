@@ -93,45 +93,37 @@ void run_recompute(Compilation& c, const Options& o) {
   const auto& blocks = c.model.roles.blocks;
   const bool full = o.schedule.recompute == R::full;
   const bool alternate = o.schedule.recompute == R::selective_op;
+  const bool whole_layers = full || alternate;  // layers made again beyond their cheap ops
   std::vector<int> group;
   std::vector<bool> layer_input(g.values().size(), false);
   std::vector<bool> again_matmul(g.values().size(), false);  // selective_op's every second one
-  if (full || alternate) group = forward_groups(c, boundary);
-  if (alternate) {
+  if (whole_layers) {
+    group = forward_groups(c, boundary);
     std::map<int, int> matmuls;  // per layer group, in forward order
     for (const ir::Node& n : g.nodes()) {
       if (n.id >= boundary) break;
       const int k = group[size_t(n.outputs[0])];
-      if (n.op == "matmul" && k >= 0 && blocks[size_t(k)].layer() && ++matmuls[k] % 2 == 0)
-        again_matmul[size_t(n.outputs[0])] = true;
-    }
-  }
-  if (full || alternate) {
-    for (const ir::Node& n : g.nodes()) {
-      if (n.id >= boundary) break;
       for (int v : n.inputs)
-        if (group[size_t(v)] != group[size_t(n.outputs[0])]) layer_input[size_t(v)] = true;
+        if (group[size_t(v)] != k) layer_input[size_t(v)] = true;
+      if (alternate && n.op == "matmul" && k >= 0 && blocks[size_t(k)].layer() &&
+          ++matmuls[k] % 2 == 0)
+        again_matmul[size_t(n.outputs[0])] = true;
     }
   }
   auto in_layer = [&](int v) {
     const int k = group.empty() ? -1 : group[size_t(v)];
     return k >= 0 && blocks[size_t(k)].layer();
   };
-  // a parameter's all-gather, which the backward makes again anyway under reshard_after_forward
-  auto regathered = [&](int v, const std::string& op) {
-    return (ops::has_trait(op, ops::Trait::collective) ||
-            ops::has_trait(op, ops::Trait::completion)) &&
-           o.schedule.reshard_after_forward &&
-           g.value(ops::before_collectives(g, v)).kind == ir::ValueKind::param;
-  };
   auto again_able = [&](int v) {
     const ir::Value& val = g.value(v);
     if (val.kind != ir::ValueKind::node || val.producer >= boundary) return false;
     const std::string& op = g.node(val.producer).op;
-    if (!(full || alternate) || !in_layer(v)) return cheap.count(op) > 0;
+    if (!whole_layers || !in_layer(v)) return cheap.count(op) > 0;
     if (layer_input[size_t(v)]) return false;
+    // a parameter's all-gather, which the backward makes again anyway under reshard_after_forward
     if (ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::completion))
-      return regathered(v, op);
+      return o.schedule.reshard_after_forward &&
+             g.value(ops::before_collectives(g, v)).kind == ir::ValueKind::param;
     if (alternate && (op == "attention" || op == "matmul")) return bool(again_matmul[size_t(v)]);
     return true;
   };
