@@ -9,12 +9,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <system_error>
+#include <utility>
 
 #include "loom/core/error.h"
 
@@ -85,6 +87,14 @@ template ssize_t check_sys<ssize_t>(ssize_t, const char*, const std::string&);
 
 Fd::~Fd() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+  }
+  return *this;
 }
 
 void Fd::close(const std::string& path) {
@@ -162,6 +172,26 @@ void AppendFile::append(std::string_view line) {
 }
 
 void AppendFile::sync() { check_sys(::fdatasync(fd_.get()), "sync", path_); }
+
+size_t pread_full(int fd, void* data, size_t n, uint64_t offset, const char* op,
+                  const std::string& path) {
+  char* p = static_cast<char*>(data);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, p + got, std::min(n - got, size_t{1} << 30), off_t(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    check_sys(r, op, path);
+    if (r == 0) break;
+    got += size_t(r);
+  }
+  return got;
+}
+
+int64_t first_nonfinite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
+}
 
 void fsync_directory(const std::string& dir) {
   Fd dfd = open_checked(dir, O_RDONLY | O_DIRECTORY, 0, "open directory");

@@ -52,6 +52,7 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
   Fd& operator=(const Fd&) = delete;
+  Fd& operator=(Fd&& o) noexcept;  // closes what it held (ignoring errors, as the destructor)
   int get() const { return fd_; }
   void close(const std::string& path);
 
@@ -66,6 +67,14 @@ Fd open_checked(const std::string& path, int flags, mode_t mode, const char* op)
 // Every reader of user-named files goes through it (read_file, safetensors, token shards).
 Fd open_regular(const std::string& path);
 void write_all(int fd, const void* data, size_t n, const std::string& path);
+// Reads up to n bytes at `offset` into data, fewer only where the file ends; returns how many. An
+// OS error throws "cannot <op> '<path>': ...". A caller that needs all n says what a short read
+// means for it (a truncated file, one changed while open).
+size_t pread_full(int fd, void* data, size_t n, uint64_t offset, const char* op,
+                  const std::string& path);
+
+// The index of the first NaN or infinity among x[0, n), or -1 when all are finite.
+int64_t first_nonfinite(const float* x, int64_t n);
 
 // An exclusive lock on directory `dir` (flock on DIR/.lock, which records the holder's pid), held
 // while the object lives and released by the kernel if the process dies (no stale locks).

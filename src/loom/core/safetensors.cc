@@ -40,19 +40,9 @@ constexpr std::string_view kOtherDtypes[] = {
 
 // Reads exactly n bytes at offset, or throws (a file that shrinks under us is an error too).
 void pread_all(int fd, void* data, size_t n, uint64_t offset, const std::string& path) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    ssize_t r = ::pread(fd, p, std::min(n, size_t{1} << 30), off_t(offset));
-    if (r < 0 && errno == EINTR) continue;
-    check_sys(r, "read safetensors file", path);
-    if (r == 0) {
-      throw Error(fmt::format("safetensors file '{}': file ended early while reading it", path),
-                  "another process may be rewriting it; retry once it is done");
-    }
-    p += r;
-    n -= size_t(r);
-    offset += uint64_t(r);
-  }
+  if (pread_full(fd, data, n, offset, "read safetensors file", path) < n)
+    throw Error(fmt::format("safetensors file '{}': file ended early while reading it", path),
+                "another process may be rewriting it; retry once it is done");
 }
 
 // ---- header parsing ----------------------------------------------------------------------------

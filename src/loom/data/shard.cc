@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <memory>
 #include <utility>
 #include <vector>
 
@@ -32,24 +31,18 @@ struct Header {
 };
 static_assert(sizeof(Header) == kShardHeaderBytes);
 
+constexpr const char* kChangedHint =
+    "prepare it again with loom data prepare (and leave it unchanged while training)";
+
 // n bytes at `offset`, or an error naming the shard: it is shorter than it was (truncated while
 // open), or unreadable.
 void pread_exact(int fd, void* dst, size_t n, uint64_t offset, const std::string& path) {
-  auto* p = static_cast<char*>(dst);
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(fd, p + got, n - got, off_t(offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      throw Error(fmt::format("token shard {}: cannot read: {}", path, os_error_text(errno)));
-    if (r == 0)
-      throw Error(fmt::format("token shard {}: {} bytes at offset {} are no longer there (the "
-                              "file was truncated while open)",
-                              path, n - got, offset + got),
-                  "prepare it again with loom data prepare (and leave it unchanged while "
-                  "training)");
-    got += size_t(r);
-  }
+  const size_t got = pread_full(fd, dst, n, offset, "read token shard", path);
+  if (got < n)
+    throw Error(fmt::format("token shard {}: {} bytes at offset {} are no longer there (the "
+                            "file was truncated while open)",
+                            path, n - got, offset + got),
+                kChangedHint);
 }
 
 }  // namespace
@@ -75,8 +68,8 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
 Shard Shard::open(const std::string& path) {
   Shard s;
   s.path_ = path;
-  s.fd_ = std::make_shared<Fd>(open_regular(path));
-  const int fd = s.fd_->get();
+  s.fd_ = open_regular(path);
+  const int fd = s.fd_.get();
   struct stat st {};
   if (::fstat(fd, &st) != 0)
     throw Error(fmt::format("token shard {}: cannot stat: {}", path, std::strerror(errno)));
@@ -127,15 +120,15 @@ Shard Shard::open(const std::string& path) {
 }
 
 void Shard::read(int64_t start, int64_t n, int32_t* out) const {
-  LOOM_CHECK(fd_ && start >= 0 && n >= 0 && start + n <= count_)
+  LOOM_CHECK(fd_.get() >= 0 && start >= 0 && n >= 0 && start + n <= count_)
       << "token shard " << path_ << ": tokens [" << start << ", " << start + n << ") of " << count_;
   const int64_t width = dtype_ == ShardDType::u16 ? 2 : 4;
   const uint64_t offset = sizeof(Header) + uint64_t(start) * uint64_t(width);
   if (dtype_ == ShardDType::i32) {
-    pread_exact(fd_->get(), out, size_t(n) * 4, offset, path_);
+    pread_exact(fd_.get(), out, size_t(n) * 4, offset, path_);
   } else {
     std::vector<uint16_t> narrow(static_cast<size_t>(n));
-    pread_exact(fd_->get(), narrow.data(), size_t(n) * 2, offset, path_);
+    pread_exact(fd_.get(), narrow.data(), size_t(n) * 2, offset, path_);
     for (int64_t i = 0; i < n; ++i) out[i] = int32_t(narrow[size_t(i)]);
   }
   for (int64_t i = 0; i < n; ++i)
@@ -143,8 +136,7 @@ void Shard::read(int64_t start, int64_t n, int32_t* out) const {
       throw Error(
           fmt::format("token shard {}: token {} at index {} is outside the vocabulary of {}", path_,
                       out[i], start + i, vocab_),
-          "prepare it again with loom data prepare (and leave it unchanged while "
-          "training)");
+          kChangedHint);
 }
 
 }  // namespace loom::data

@@ -21,7 +21,6 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,7 +62,7 @@ class Shard {
 
  private:
   std::string path_;
-  std::shared_ptr<Fd> fd_;  // shared_ptr: Fd is move-only, Shard's moves stay noexcept
+  Fd fd_{-1};
   int64_t count_ = 0, vocab_ = 0;
   ShardDType dtype_ = ShardDType::u16;
 };

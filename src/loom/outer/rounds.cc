@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 
 namespace loom::outer {
 
@@ -88,10 +89,10 @@ std::optional<Refusal> Rounds::check_header(const PushInfo& h) {
 namespace {
 
 // The first non-finite value of `ts`, as "tensor 'name' index i", or "" when all are finite.
-std::string first_nonfinite(const TensorList& ts) {
+std::string nonfinite_in(const TensorList& ts) {
   for (const auto& t : ts)
-    for (size_t i = 0; i < t.data.size(); ++i)
-      if (!std::isfinite(t.data[i])) return fmt::format("tensor '{}' index {}", t.name, i);
+    if (const int64_t i = loom::first_nonfinite(t.data.data(), int64_t(t.data.size())); i >= 0)
+      return fmt::format("tensor '{}' index {}", t.name, i);
   return "";
 }
 
@@ -102,7 +103,7 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
   Member* m = find_live(h.island_id, now);
   if (!m) return not_member(h.island_id);
   // the server never commits a non-finite parameter: a push that would make one is refused
-  if (const std::string bad = first_nonfinite(grad); !bad.empty())
+  if (const std::string bad = nonfinite_in(grad); !bad.empty())
     return Refusal{RefusalKind::invalid,
                    fmt::format("push from island {}: the pseudo-gradient is not finite at {}",
                                h.island_id, bad)};
@@ -141,7 +142,7 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     TensorList momentum = momentum_, buffer = buffer_;
     int64_t count = async_count_;
     delayed_nesterov_push(cfg_.opt, period_, *next, momentum, buffer, count, grad);
-    if (std::string bad = first_nonfinite(*next) + first_nonfinite(momentum); !bad.empty())
+    if (std::string bad = nonfinite_in(*next) + nonfinite_in(momentum); !bad.empty())
       return Refusal{RefusalKind::invalid,
                      fmt::format("push from island {}: the update would make a non-finite "
                                  "parameter or momentum ({}); not applied",
@@ -240,7 +241,7 @@ void Rounds::maybe_close(Time now) {
   TensorList momentum = momentum_;
   nesterov_step(cfg_.opt, *next, momentum, round_sum_);
   const size_t n = round_pushed_.size();
-  if (std::string bad = first_nonfinite(*next) + first_nonfinite(momentum); !bad.empty()) {
+  if (std::string bad = nonfinite_in(*next) + nonfinite_in(momentum); !bad.empty()) {
     // never committed (nor saved): the round is dropped, its islands push again from this version
     log(
         fmt::format("round {} discarded: its update would make a non-finite parameter or "

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/core/safetensors.h"
 
 namespace loom::outer {
@@ -119,11 +120,10 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
                         dtype_name(v.dtype), shape_str(v.shape), shape_str(t.shape)),
             "this state belongs to another model: use another --state-dir");
       std::memcpy(t.data.data(), v.data, v.nbytes);
-      for (size_t i = 0; i < t.data.size(); ++i)
-        if (!std::isfinite(t.data[i]))
-          throw Error(fmt::format("{}: tensor '{}{}' holds {} at index {}", path, prefix, t.name,
-                                  t.data[i], i),
-                      "the state is damaged: restore it, or use another --state-dir");
+      if (const int64_t i = first_nonfinite(t.data.data(), int64_t(t.data.size())); i >= 0)
+        throw Error(fmt::format("{}: tensor '{}{}' holds {} at index {}", path, prefix, t.name,
+                                t.data[size_t(i)], i),
+                    "the state is damaged: restore it, or use another --state-dir");
     }
   };
   out.params = zeros_like(spec);

@@ -2,10 +2,11 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "loom/core/dtype.h"
+#include "loom/core/file.h"
 
 namespace loom::outer {
 
@@ -85,11 +86,10 @@ std::string Assembler::add(const proto::TensorChunk& c) {
   } else {
     std::memcpy(dst, d.data(), size_t(n) * 4);
   }
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(dst[i])) {
-      std::fill(dst, dst + n, 0.f);
-      return fmt::format("tensor '{}': non-finite value at element {}", t.name, off + i);
-    }
+  if (const int64_t i = first_nonfinite(dst, n); i >= 0) {
+    std::fill(dst, dst + n, 0.f);
+    return fmt::format("tensor '{}': non-finite value at element {}", t.name, off + i);
+  }
   pos_ = pos;
   off_ = off + n;
   bytes_ += d.size();

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -214,11 +213,10 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
                                 name, dtype_name(t.dtype), shape_str(t.shape),
                                 shape_str(p.stored_shape())));
       const float* m = static_cast<const float*>(t.data);
-      for (int64_t i = 0; i < numel(p.shape); ++i)
-        if (!std::isfinite(m[i]))
-          throw Error(fmt::format("checkpoint {}: tensor '{}' holds {} at index {}", opt_path, name,
-                                  m[i], i),
-                      "resume from an earlier checkpoint");
+      if (const int64_t i = first_nonfinite(m, numel(p.shape)); i >= 0)
+        throw Error(
+            fmt::format("checkpoint {}: tensor '{}' holds {} at index {}", opt_path, name, m[i], i),
+            "resume from an earlier checkpoint");
       runner.write_moment(p.name, which, m);
     }
   runner.set_step_count(st["step"].get<int64_t>());

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/core/safetensors.h"
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/train/config.h"
@@ -86,12 +87,11 @@ void ParamStore::load(const std::string& path) {
       std::memcpy(dst, t.data, size_t(n) * sizeof(float));
     else
       kernels::cpu::cast_bf16_f32(static_cast<const bf16*>(t.data), dst, n);
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(dst[i]))
-        throw Error(fmt::format("weights {}: tensor '{}' holds {} at index {}", f.file_of(name),
-                                name, dst[i], i),
-                    "weights must be finite: restore the file, or resume from an earlier "
-                    "checkpoint");
+    if (const int64_t i = first_nonfinite(dst, n); i >= 0)
+      throw Error(fmt::format("weights {}: tensor '{}' holds {} at index {}", f.file_of(name), name,
+                              dst[i], i),
+                  "weights must be finite: restore the file, or resume from an earlier "
+                  "checkpoint");
   };
   for (const auto& p : infos_) {
     // a stacked expert weight may come as Mixtral's one tensor per expert (loom export writes it
