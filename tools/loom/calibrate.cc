@@ -57,6 +57,7 @@
 #include "loom/ops/linear.h"
 #include "loom/ops/op.h"
 #include "loom/sim/cost.h"
+#include "loom/train/memory.h"
 #include "loom/train/step.h"
 
 namespace loom::cli {
@@ -348,17 +349,6 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
-double mem_total_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  while (in >> key >> kb) {
-    if (key == "MemTotal:") return kb * 1024;
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
-}
-
 }  // namespace
 
 std::function<int()> add_calibrate(CLI::App& app) {
@@ -450,7 +440,7 @@ std::function<int()> add_calibrate(CLI::App& app) {
         profile_model(sh, reps, prof);
       }
     }
-    c.device.memory_bytes = mem_total_bytes() / double(c.devices_per_node);
+    c.device.memory_bytes = double(train::machine_memory_bytes()) / double(c.devices_per_node);
     if (!(c.device.memory_bytes > 0))
       throw Error("loom calibrate: cannot read this machine's memory size from /proc/meminfo");
     // what a rank of an MPI job holds beside its planned tensors (one process's: measured first,

@@ -372,12 +372,12 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   // the caller's metadata and each tensor's checksum (verified by open)
   std::map<std::string, std::string> meta = metadata;
-  for (const TensorToWrite& t : tensors) {
-    if (!checksums) break;
-    size_t nbytes = dtype_size(t.dtype);
-    for (int64_t d : t.shape) nbytes *= size_t(std::max<int64_t>(d, 0));
-    if (t.data) meta[std::string(kCrcPrefix) + t.name] = crc32_hex(t.data, nbytes);
-  }
+  if (checksums)
+    for (const TensorToWrite& t : tensors) {
+      size_t nbytes = dtype_size(t.dtype);
+      for (int64_t d : t.shape) nbytes *= size_t(std::max<int64_t>(d, 0));
+      if (t.data) meta[std::string(kCrcPrefix) + t.name] = crc32_hex(t.data, nbytes);
+    }
   if (!meta.empty()) header[std::string(kMetadataKey)] = meta;
   std::vector<size_t> sizes;
   uint64_t offset = 0;

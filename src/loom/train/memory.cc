@@ -27,13 +27,13 @@ int64_t machine_memory_bytes() {
 
 void check_params_fit(const models::ModelConfig& m, const std::string& source, int64_t memory) {
   if (memory <= 0) return;
-  const double bytes = double(models::param_count(m)) * 4;
+  const double params = double(models::param_count(m)), bytes = params * 4;
   if (bytes <= double(memory)) return;
   throw Error(fmt::format("{}: the model's {:.4g} parameters need {} (f32), more than this "
                           "machine's {} of memory ([model] d_model = {}, n_layers = {}, "
                           "vocab_size = {}, ffn_hidden = {})",
-                          source, double(models::param_count(m)), gb(bytes), gb(double(memory)),
-                          m.d_model, m.n_layers, m.vocab_size, m.ffn()),
+                          source, params, gb(bytes), gb(double(memory)), m.d_model, m.n_layers,
+                          m.vocab_size, m.ffn()),
               "make the model smaller, or plan it for a cluster with loom plan");
 }
 
