@@ -64,17 +64,21 @@ def rms(x, w, eps):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * w
 
 
-def rope(x, theta):
+def rope_freqs(T, D, theta, device):
+    inv = 1.0 / theta ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D)
+    ang = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv)
+    return torch.polar(torch.ones_like(ang), ang)
+
+
+def apply_rope(x, freqs):
     B, T, H, D = x.shape
-    inv = 1.0 / theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
-    ang = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), inv)
-    freqs = torch.polar(torch.ones_like(ang), ang).view(1, T, 1, D // 2)
+    xc = torch.view_as_complex(x.float().reshape(B, T, H, D // 2, 2))
+    return torch.view_as_real(xc * freqs.view(1, T, 1, D // 2)).flatten(3).type_as(x)
 
-    def fn():
-        xc = torch.view_as_complex(x.float().reshape(B, T, H, D // 2, 2))
-        return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
 
-    return fn
+def rope(x, theta):
+    freqs = rope_freqs(x.shape[1], x.shape[3], theta, x.device)
+    return lambda: apply_rope(x, freqs)
 
 
 def attention(q, k, v, scale):

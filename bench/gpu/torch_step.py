@@ -31,7 +31,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from torch_kernels import attention  # noqa: E402  (the same attention the kernel timings use)
+# the same attention, RMSNorm and RoPE the kernel timings use
+from torch_kernels import apply_rope, attention, rms, rope_freqs  # noqa: E402
 
 try:
     import tomllib
@@ -46,20 +47,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
-
-
-def rope_freqs(T, D, theta, device):
-    inv = 1.0 / theta ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D)
-    ang = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv)
-    return torch.polar(torch.ones_like(ang), ang)
-
-
-def apply_rope(x, freqs):
-    B, T, H, D = x.shape
-    xc = torch.view_as_complex(x.float().reshape(B, T, H, D // 2, 2))
-    return torch.view_as_real(xc * freqs.view(1, T, 1, D // 2)).flatten(3).type_as(x)
+        return rms(x, self.weight, self.eps)
 
 
 class Block(nn.Module):
