@@ -140,58 +140,6 @@ void profile_model(const Shape1& s, int reps, sim::Profile& prof) {
   }
 }
 
-void dedupe(sim::Profile& p);
-
-// --import: the timed kernels of `path` as a profile (the matmuls by shape, the others by bytes).
-sim::Profile import_profile(const std::string& path, const CalOpts& o, std::string* device,
-                            std::string* torch) {
-  const nlohmann::json doc = read_json(path);
-  if (!doc.is_object() || !doc.contains("kernels") || !doc["kernels"].is_array())
-    throw Error(
-        fmt::format("{}: expected an object with a \"kernels\" array "
-                    "(bench/gpu/torch_kernels.py writes one)",
-                    path));
-  *device = doc.value("device", std::string("unknown device"));
-  *torch = doc.value("torch", std::string("unknown"));
-  sim::Profile prof;
-  prof.threads = 1;
-  const nlohmann::json& ks = doc["kernels"];
-  for (size_t i = 0; i < ks.size(); ++i) {
-    const nlohmann::json& k = ks[i];
-    const std::string where = fmt::format("{}: kernels[{}]", path, i);
-    auto num = [&](const nlohmann::json& o, const char* key) {
-      if (!o.is_object() || !o.contains(key) || !o[key].is_number())
-        throw Error(fmt::format("{}: {}: expected a number", where, key));
-      const double v = o[key].get<double>();
-      if (!std::isfinite(v) || v < 0)
-        throw Error(fmt::format("{}: {} = {}: expected a finite number >= 0", where, key, v));
-      return v;
-    };
-    if (!k.is_object() || !k.contains("op") || !k["op"].is_string() || !k.contains("dtype") ||
-        !k["dtype"].is_string())
-      throw Error(fmt::format("{}: expected op and dtype strings", where));
-    DType dt;
-    if (!parse_dtype(k["dtype"].get<std::string>(), &dt))
-      throw Error(fmt::format("{}: dtype: unknown dtype {}", where, k["dtype"].dump()));
-    const std::string op = k["op"].get<std::string>();
-    const bool compute =
-        op == "matmul" || op == "grouped_matmul" || op == "attention" || op == "attention_bwd";
-    const double seconds = num(k, "seconds") / (compute ? o.compute_speed : o.memory_speed);
-    if (!(seconds > 0)) throw Error(fmt::format("{}: seconds: expected > 0", where));
-    if (k.contains("gemm")) {
-      const nlohmann::json& g = k["gemm"];
-      prof.matmul.push_back({int64_t(num(g, "ta")), int64_t(num(g, "tb")), int64_t(num(g, "m")),
-                             int64_t(num(g, "n")), int64_t(num(g, "k")), int64_t(num(g, "batch")),
-                             dt, seconds});
-    } else {
-      prof.ops[op].push_back({dt, num(k, "bytes"), num(k, "flops"), seconds});
-    }
-  }
-  if (prof.matmul.empty() && prof.ops.empty()) throw Error(fmt::format("{}: no kernels", path));
-  dedupe(prof);
-  return prof;
-}
-
 // Median seconds of one collective of `bytes` per rank on n local ranks.
 double time_collective(const std::string& op, int n, int64_t bytes, int reps) {
   std::vector<double> result(1);
@@ -239,6 +187,55 @@ void dedupe(sim::Profile& p) {
     for (const auto& [k, ts] : by)
       list.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), median(ts)});
   }
+}
+
+// --import: the timed kernels of `path` as a profile (the matmuls by shape, the others by bytes).
+sim::Profile import_profile(const std::string& path, const CalOpts& o, std::string* device,
+                            std::string* torch) {
+  const nlohmann::json doc = read_json(path);
+  if (!doc.is_object() || !doc.contains("kernels") || !doc["kernels"].is_array())
+    throw Error(
+        fmt::format("{}: expected an object with a \"kernels\" array "
+                    "(bench/gpu/torch_kernels.py writes one)",
+                    path));
+  *device = doc.value("device", std::string("unknown device"));
+  *torch = doc.value("torch", std::string("unknown"));
+  sim::Profile prof;
+  prof.threads = 1;
+  const nlohmann::json& ks = doc["kernels"];
+  for (size_t i = 0; i < ks.size(); ++i) {
+    const nlohmann::json& k = ks[i];
+    const std::string where = fmt::format("{}: kernels[{}]", path, i);
+    auto num = [&](const nlohmann::json& o, const char* key) {
+      if (!o.is_object() || !o.contains(key) || !o[key].is_number())
+        throw Error(fmt::format("{}: {}: expected a number", where, key));
+      const double v = o[key].get<double>();
+      if (!std::isfinite(v) || v < 0)
+        throw Error(fmt::format("{}: {} = {}: expected a finite number >= 0", where, key, v));
+      return v;
+    };
+    if (!k.is_object() || !k.contains("op") || !k["op"].is_string() || !k.contains("dtype") ||
+        !k["dtype"].is_string())
+      throw Error(fmt::format("{}: expected op and dtype strings", where));
+    DType dt;
+    if (!parse_dtype(k["dtype"].get<std::string>(), &dt))
+      throw Error(fmt::format("{}: dtype: unknown dtype {}", where, k["dtype"].dump()));
+    const std::string op = k["op"].get<std::string>();
+    const double seconds =
+        num(k, "seconds") / (sim::compute_bound(op) ? o.compute_speed : o.memory_speed);
+    if (!(seconds > 0)) throw Error(fmt::format("{}: seconds: expected > 0", where));
+    if (k.contains("gemm")) {
+      const nlohmann::json& g = k["gemm"];
+      prof.matmul.push_back({int64_t(num(g, "ta")), int64_t(num(g, "tb")), int64_t(num(g, "m")),
+                             int64_t(num(g, "n")), int64_t(num(g, "k")), int64_t(num(g, "batch")),
+                             dt, seconds});
+    } else {
+      prof.ops[op].push_back({dt, num(k, "bytes"), num(k, "flops"), seconds});
+    }
+  }
+  if (prof.matmul.empty() && prof.ops.empty()) throw Error(fmt::format("{}: no kernels", path));
+  dedupe(prof);
+  return prof;
 }
 
 // A process's own memory: its peak RSS after a tiny training step less what the step's memory plan

@@ -80,7 +80,7 @@ void collect_kernels(const ir::Graph& g, const sim::Cluster& cl, double steps,
     k["dtype"] = std::string(dtype_name(sim::node_dtype(g, n)));
     k["bytes"] = cost.bytes_read + cost.bytes_written;
     k["flops"] = cost.flops;
-    if (n.op == "matmul" || n.op == "grouped_matmul") {
+    if (sim::is_gemm(n.op)) {
       const ops::MatmulDims d =
           n.op == "matmul" ? ops::matmul_dims(g, n) : ops::grouped_matmul_dims(g, n);
       k["gemm"] = {{"ta", int64_t(d.ta)}, {"tb", int64_t(d.tb)}, {"m", d.M}, {"n", d.N}, {"k", d.K},

@@ -60,8 +60,6 @@ double matmul_from_profile(const ops::MatmulDims& d, DType t, const Profile& p) 
   return flops / std::exp(lsum / wsum);
 }
 
-bool by_flops(const std::string& op) { return op == "attention" || op == "attention_bwd"; }
-
 double op_from_profile(const std::string& op, DType t, const ops::Cost& cost, const Profile& p) {
   auto it = p.ops.find(op);
   if (it == p.ops.end()) return -1;
@@ -77,6 +75,9 @@ double op_from_profile(const std::string& op, DType t, const ops::Cost& cost, co
 }
 
 }  // namespace
+
+bool is_gemm(const std::string& op) { return op == "matmul" || op == "grouped_matmul"; }
+bool by_flops(const std::string& op) { return op == "attention" || op == "attention_bwd"; }
 
 DType node_dtype(const ir::Graph& g, const ir::Node& n) {
   return n.inputs.empty() ? g.value(n.outputs[0]).type.dtype : g.value(n.inputs[0]).type.dtype;
@@ -99,7 +100,7 @@ double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost
   const double bytes = cost.bytes_read + cost.bytes_written;
   const double mem = bytes / (c.device.memory_bandwidth * e.memory);
   double compute = cost.flops / peak_flops(c, t);
-  if (n.op == "matmul" || n.op == "grouped_matmul")
+  if (is_gemm(n.op))
     compute = cost.flops /
               (peak_flops(c, t) * e.matmul * cost.flops / (cost.flops + e.matmul_half_flops));
   else if (by_flops(n.op))

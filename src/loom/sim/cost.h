@@ -30,6 +30,12 @@ namespace loom::sim {
 // Seconds of one compute node (not a collective) on one device; `cost` is its op's ops::Cost (the
 // caller has it: the simulator counts its FLOPs too).
 double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost, const Cluster& c);
+// How the cost model sees an op: a GEMM (matmul, grouped_matmul: by shape, at matmul efficiency),
+// costed by its FLOPs (attention and its backward), or else by the bytes it moves. The first two
+// are compute-bound, the rest memory-bound.
+bool is_gemm(const std::string& op);
+bool by_flops(const std::string& op);
+inline bool compute_bound(const std::string& op) { return is_gemm(op) || by_flops(op); }
 // The dtype a node computes in: its first input's (its first output's when it has none), as the
 // profile's samples are keyed.
 DType node_dtype(const ir::Graph& g, const ir::Node& n);
