@@ -54,6 +54,7 @@ std::vector<Row> read_metrics(const std::string& path) {
   std::string first_skip;
   struct Skip {
     std::string why;
+    bool not_json = false;  // on the last line: a write torn by a crash, dropped silently
   };
   for (size_t i = 0; i < last; ++i) {
     if (blank(lines[i])) continue;
@@ -63,7 +64,7 @@ std::vector<Row> read_metrics(const std::string& path) {
       try {
         j = nlohmann::json::parse(lines[i]);
       } catch (const nlohmann::json::exception& e) {  // parse_error, out_of_range (1e400)
-        throw Skip{fmt::format("not JSON: {}", e.what())};
+        throw Skip{fmt::format("not JSON: {}", e.what()), true};
       }
       if (!j.is_object()) throw Skip{"not a JSON object"};
       auto number = [&](const char* key, bool required) {
@@ -90,7 +91,7 @@ std::vector<Row> read_metrics(const std::string& path) {
                          .moe_tokens_mean = number("moe_tokens_mean", false),
                          .moe_dropped = number("moe_dropped", false)});
     } catch (const Skip& s) {
-      if (i + 1 == last && s.why.rfind("not JSON", 0) == 0) break;  // torn by a crash: expected
+      if (i + 1 == last && s.not_json) break;
       if (skipped++ == 0) first_skip = fmt::format("{}: {}", where, s.why);
     }
   }
