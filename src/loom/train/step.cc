@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -12,14 +13,22 @@
 
 namespace loom::train {
 
+namespace {
+
+// The step compiled, once this machine's memory is known to hold it (train/memory.h).
+CompiledStep compile_fitting(const Config& cfg, StepRunner::Mode mode,
+                             const runtime::MeshComms* comms) {
+  const int64_t ranks = comms ? comms->world().size() : 0;
+  check_step_fits(cfg, mode == StepRunner::Mode::train, std::max<int64_t>(ranks, 1),
+                  machine_memory_bytes());
+  return compile_step(cfg, mode, comms != nullptr, ranks);
+}
+
+}  // namespace
+
 StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
                        const runtime::MeshComms* comms, StepRunner* share)
-    : cfg_(cfg),
-      params_(params),
-      mode_(mode),
-      step_((check_step_fits(cfg, mode == Mode::train, comms ? comms->world().size() : 1,
-                             machine_memory_bytes()),
-             compile_step(cfg, mode, comms != nullptr, comms ? comms->world().size() : 0))) {
+    : cfg_(cfg), params_(params), mode_(mode), step_(compile_fitting(cfg, mode, comms)) {
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
   inputs_.resize(size_t(B * T));
   targets_.resize(size_t(B * T));
