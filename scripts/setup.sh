@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Open MPI: the mpi communicator and multi-process runs (mpirun). clang-format: scripts/check_format.sh.
+# clang 14 with its libFuzzer runtime and OpenMP: the fuzz build (cmake --preset fuzz, fuzz/).
 # gRPC + protobuf: the outer sync service (loom outer-server); openssl makes the TLS test's certificate.
 # libopenblas0-pthread: Debian's PyTorch takes its f32 GEMM from the system BLAS; without OpenBLAS it falls
 # back to the netlib reference BLAS (~1 GFLOP/s), which would make the benchmark peer a straw man.
@@ -16,6 +17,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc openssl
   libopenmpi-dev openmpi-bin
   clang-format
+  clang-14 libclang-rt-14-dev libomp-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything (scripts/setup.sh), checks the formatting (scripts/check_format.sh) and runs the
-# default test suite: labels unit and golden.
+# default test suite: labels unit and golden, then the fuzz targets for a bounded time (label fuzz,
+# in the separate clang build build/fuzz).
 # Longer suites: ctest --test-dir build/release -L slow
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,3 +11,8 @@ scripts/check_format.sh
 # other, so they sleep instead (no effect on results, only on wall time).
 export OMP_WAIT_POLICY=passive
 ctest --test-dir build/release -L 'unit|golden' --output-on-failure -j "$(nproc)"
+# The fuzzers (fuzz/): every reader of untrusted bytes, built with clang's libFuzzer, ASan and
+# UBSan, each fuzzed for LOOM_FUZZ_SECONDS (20) from its seeds; longer campaigns: fuzz/run.sh.
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz -j "$(nproc)"
+ctest --test-dir build/fuzz -L fuzz --output-on-failure -j "$(nproc)"

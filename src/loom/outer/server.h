@@ -1,9 +1,9 @@
-// The outer sync service (`loom outer-server`): the gRPC adapter over the rounds (rounds.h) and the
-// state file (state_file.h). It checks each call's token, decodes tensor streams (tensors.h),
-// translates each call into a call on Rounds under one lock, and the refusals into gRPC statuses.
-// Not here: the rules of membership and rounds (rounds.h), the state's format (state_file.h).
-// Invariant: every call on Rounds is made under the lock, and a new version is on disk before the
-// lock is released, so no island sees a version a restarted server would not know.
+// The outer sync service (`loom outer-server`): the gRPC adapter over the calls (service.h). It
+// listens, checks each call's token and forwards the call; the service decodes tensor streams
+// (tensors.h), translates each call into a call on Rounds under one lock, and the refusals into
+// gRPC statuses. Not here: the rules of membership and rounds (rounds.h), the state's format
+// (state_file.h). Invariant: a new version is on disk before any island can see it, so no island
+// sees a version a restarted server would not know.
 //
 // Calls (outer.proto), each refused with UNAUTHENTICATED unless it carries the shared token:
 //   Join       a new island: gets an id, the version, its H and the lease; its model (tensor
@@ -35,19 +35,9 @@
 #include <memory>
 #include <string>
 
-#include "loom/outer/rounds.h"
-#include "loom/outer/state_file.h"
-#include "loom/outer/tensors.h"
+#include "loom/outer/service.h"
 
 namespace loom::outer {
-
-// The rounds' settings (mode, H, lease, ...), and the network's and the disk's.
-struct ServerConfig : RoundsConfig {
-  std::string state_dir;          // "": keep no state on disk
-  std::string token;              // required, non-empty
-  std::string tls_cert, tls_key;  // PEM files; both empty: plaintext
-  bool verbose = true;            // a line on stderr per round and membership change
-};
 
 class OuterServer {
  public:

@@ -159,7 +159,7 @@ std::string read_checkpoint_file(const std::string& path, const std::string& nam
 
 }  // namespace
 
-nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner) {
+nlohmann::json read_checkpoint_state(const std::string& path) {
   const std::string state_path = path + "/state.json";
   const std::string in = read_checkpoint_file(path, "state.json");
   nlohmann::json st;
@@ -169,7 +169,7 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
     throw Error(fmt::format("checkpoint {}: state.json is corrupt ({})", state_path, e.what()));
   }
   if (!st.is_object() || !st.contains("step") || !st["step"].is_number_integer() ||
-      st.value("format", 0) != 1)
+      !st.contains("format") || st["format"] != 1)
     throw Error(
         fmt::format("checkpoint {}: state.json lacks an integer 'step' or format 1", state_path));
   // the step: a count the run can reach, and the one its directory is named for
@@ -198,6 +198,11 @@ nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, Step
                               config_path),
                   "resume from an earlier checkpoint");
   }
+  return st;
+}
+
+nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner) {
+  const nlohmann::json st = read_checkpoint_state(path);
   params.load(path + "/model.safetensors");
   runner.pull_params();
   const std::string opt_path = path + "/optimizer.safetensors";

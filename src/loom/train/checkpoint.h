@@ -58,8 +58,14 @@ std::optional<std::string> model_file(const std::string& path);
 // the newest checkpoint's model.safetensors. Throws loom::Error naming the path.
 std::string run_weights(const std::string& run_dir, const std::string& choice);
 
-// Restores params, optimizer state and step count; returns state.json. A sharded runner takes its
-// blocks of them (every rank reads the files).
+// Checkpoint `path`'s state.json, validated: a JSON object of format 1 whose integer "step" is in
+// [0, 2^40] and the one its directory is named for (step_XXXXXXXX), matching the checksums it
+// records of itself and of the checkpoint's config.toml (checkpoints written before them have
+// none). Throws loom::Error naming the file and what is wrong.
+nlohmann::json read_checkpoint_state(const std::string& path);
+
+// Restores params, optimizer state and step count; returns state.json (read_checkpoint_state). A
+// sharded runner takes its blocks of them (every rank reads the files).
 nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner);
 
 }  // namespace loom::train

@@ -236,8 +236,9 @@ const std::map<std::string, std::map<std::string, Setter>>& schema() {
                 const toml::table* t = (*a)[i].as_table();
                 if (!t) throw Error(at + ": expected a table { kind = ..., axis = ... }");
                 shard::Tactic tac;
-                for (const auto& [k, v] : *t) {
+                for (const auto& [k, node] : *t) {
                   std::string key(k.str());
+                  const toml::node& v = node;  // a structured binding clang 14 cannot capture
                   auto str = [&]() {
                     if (!v.is_string()) throw Error(fmt::format("{}: {} must be a string", at, key));
                     return *v.value<std::string>();

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Writes the fuzz targets' seed corpora (fuzz/corpus/<target>/): small valid inputs of each format,
+so the fuzzers start from the readers' accepting paths instead of having to discover the formats.
+Deterministic; the written files are committed. Run from anywhere: python3 fuzz/seeds.py
+"""
+import json
+import os
+import shutil
+import struct
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CORPUS = os.path.join(HERE, "corpus")
+
+
+def put(target, name, data):
+    d = os.path.join(CORPUS, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def crc(b):
+    return "%08x" % (zlib.crc32(b) & 0xFFFFFFFF)
+
+
+# ---- config: the shipped configs that load on their own (no files they name must exist) ----
+for name in ["tiny-llama.toml", "tiny-gpt2.toml", "tiny-moe.toml", "tiny-normformer.toml",
+             "llama3.1-8b.toml", "gpt-22b.toml", "quickstart.toml"]:
+    with open(os.path.join(ROOT, "configs", name), "rb") as f:
+        put("config", name, f.read())
+put("config", "outer.toml", """[model]
+arch = "llama"
+vocab_size = 256
+d_model = 32
+n_layers = 1
+n_heads = 2
+max_seq_len = 16
+[train]
+batch_size = 2
+seq_len = 16
+steps = 4
+[outer]
+server = "127.0.0.1:1"
+mode = "async"
+inner_steps = 2
+lr = 0.7
+lease_s = 5.5
+[plan]
+mesh = { data = 2, model = 1 }
+tactics = [ { kind = "fsdp", axis = "data" }, { kind = "shard", pattern = "lm_head.weight", dim = 0, axis = "model" } ]
+[passes]
+bucket = "block"
+recompute = "selective_op"
+""")
+
+
+# ---- safetensors: F32, BF16 and I32 tensors, with and without Loom's checksums ----
+def safetensors(tensors, checksums):
+    """tensors: [(name, dtype, shape, raw bytes)]"""
+    header, data, meta = {}, b"", {}
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+        if checksums:
+            meta["loom.crc32." + name] = crc(raw)
+    if meta:
+        header["__metadata__"] = meta
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+f32 = struct.pack("<6f", 1.0, -2.5, 0.0, 3.25, 1e-3, -7.0)
+i32 = struct.pack("<3i", 0, 7, -1)
+bf16 = struct.pack("<4H", 0x3F80, 0xC020, 0x0000, 0x7F7F)
+put("safetensors", "loom.safetensors",
+    safetensors([("w", "F32", [2, 3], f32), ("idx", "I32", [3], i32), ("h", "BF16", [4], bf16)],
+                True))
+put("safetensors", "foreign.safetensors",
+    safetensors([("a.weight", "F32", [6], f32), ("b", "BF16", [2, 2], bf16)], False))
+put("safetensors", "scalar.safetensors", safetensors([("s", "F32", [], f32[:4])], True))
+
+
+# ---- token shards: u16 and i32 ----
+def shard(tokens, vocab):
+    wide = vocab > 65535
+    body = struct.pack("<%d%s" % (len(tokens), "i" if wide else "H"), *tokens)
+    return b"LOOMTOK1" + struct.pack("<IIQII", 1, 2 if wide else 1, len(tokens), vocab, 0) + body
+
+
+put("token_shard", "u16.tok", shard([7, 1, 300, 0, 511], 512))
+put("token_shard", "i32.tok", shard([70000, 3, 99999], 100000))
+put("token_shard", "empty.tok", shard([], 2))
+
+
+# ---- checkpoint_state: state.json, NUL, config.toml (as save_checkpoint writes them) ----
+def state(step, config, extra):
+    st = dict(extra, format=1, step=step, config_crc32=crc(config.encode()))
+    st["crc32"] = crc(json.dumps(st, sort_keys=True, separators=(",", ":")).encode())
+    return json.dumps(st, indent=2, sort_keys=True) + "\n"
+
+
+config = '[model]\narch = "llama"\n'
+put("checkpoint_state", "state", state(5, config, {"tokens_seen": 640}) + "\0" + config)
+put("checkpoint_state", "no_checksums", '{"format": 1, "step": 5}\n')
+
+
+# ---- ir_text: the golden IR files (those without annotations) ----
+src = os.path.join(ROOT, "tests", "ir_text")
+for name in sorted(os.listdir(src)):
+    if name.endswith(".ir") and os.path.getsize(os.path.join(src, name)) < 4096:
+        with open(os.path.join(src, name), "rb") as f:
+            put("ir_text", name, f.read())
+
+
+# ---- outer_requests: protobuf encoded by hand (proto3 wire format) ----
+def varint(v):
+    out = b""
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def field(num, wire, payload):
+    key = varint(num << 3 | wire)
+    if wire == 0:
+        return key + varint(payload)
+    if wire == 1:
+        return key + struct.pack("<d", payload)
+    return key + varint(len(payload)) + payload  # wire 2
+
+
+def spec(name, shape):
+    return field(1, 2, name.encode()) + field(2, 2, b"".join(varint(d) for d in shape))
+
+
+def join(model):
+    return field(1, 2, b"island") + b"".join(field(2, 2, spec(n, s)) for n, s in model)
+
+
+def chunk(name, offset, values, bf16=False):
+    if bf16:
+        data = b"".join(struct.pack("<I", struct.unpack("<I", struct.pack("<f", v))[0])[2:]
+                        for v in values)
+    else:
+        data = struct.pack("<%df" % len(values), *values)
+    return (field(1, 2, name.encode()) + (field(2, 0, offset) if offset else b"") +
+            (field(3, 0, 1) if bf16 else b"") + field(4, 2, data))
+
+
+def push(island, base, steps, chunks):
+    header = field(1, 0, island) + (field(2, 0, base) if base else b"") + field(3, 0, steps) + \
+        field(4, 1, 0.5)
+    msgs = [field(1, 2, header)] + [field(2, 2, c) for c in chunks]
+    return b"".join(struct.pack("<H", len(m)) + m for m in msgs)
+
+
+def call(kind, body):
+    return bytes([kind]) + struct.pack("<H", len(body)) + body
+
+
+model = [("a", [3]), ("b", [2, 2])]
+grad = [chunk("a", 0, [0.1, -0.2, 0.3]), chunk("b", 0, [1.0, 0.0]), chunk("b", 2, [-1.0, 0.5])]
+one_round = (call(0, join(model)) + call(1, field(1, 0, 1)) +
+             call(2, push(1, 0, 4, grad)) + call(3, field(1, 0, 1)) + call(5, field(1, 0, 1)) +
+             call(4, field(1, 0, 1)))
+put("outer_requests", "sync_round", b"\x00" + one_round)
+put("outer_requests", "async_bf16", b"\x01" + call(0, join(model)) + call(0, join(model)) +
+    call(2, push(2, 0, 4, [chunk("a", 0, [0.5, 0.5, 0.5], True), chunk("b", 0, [1, 2, 3, 4], True)])) +
+    call(2, push(1, 0, 8, grad)) + call(3, field(1, 0, 1) + field(2, 0, 1)))
+put("outer_requests", "wrong_model", b"\x00" + call(0, join([("a", [4])])))
+
+
+# ---- metrics: lines as loom train writes them, MoE fields, a torn last line ----
+lines = []
+for step in range(1, 9):
+    m = {"step": step, "loss": 5.5 - 0.3 * step, "lr": 1e-3 * min(1, step / 4),
+         "grad_norm": 1.5 / step, "tokens_per_s": 1000.0 + step}
+    if step % 4 == 0:
+        m["val_loss"] = 5.6 - 0.3 * step
+    lines.append(json.dumps(m))
+put("metrics", "run.jsonl", "\n".join(lines) + "\n")
+put("metrics", "moe.jsonl", "\n".join(json.dumps(
+    {"step": s, "loss": 4.0, "ce_loss": 3.9, "moe_tokens_max": 40 + s, "moe_tokens_mean": 32,
+     "moe_dropped": s % 3, "tokens_per_s": None}) for s in range(1, 5)) + "\n{\"step\": 5, \"lo")
+put("metrics", "extremes.jsonl", '{"step": 1, "loss": 1e308}\n{"step": 2, "loss": -1e308}\n'
+    '{"step": 3, "loss": 5e-324, "lr": 0}\nnot json\n{"step": "x", "loss": 1}\n')

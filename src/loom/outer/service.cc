@@ -1,0 +1,251 @@
+#include "loom/outer/service.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "loom/core/error.h"
+
+namespace loom::outer {
+
+namespace fs = std::filesystem;
+using Clock = Rounds::Clock;
+using grpc::Status;
+using grpc::StatusCode;
+
+namespace {
+
+ServerConfig with_token(ServerConfig c) {
+  if (c.token.empty())
+    throw Error("outer server: no token", "set LOOM_OUTER_TOKEN or [outer] token_file");
+  return c;
+}
+
+Status refused(const Refusal& r) {
+  switch (r.kind) {
+    case RefusalKind::not_member:
+      return Status(StatusCode::NOT_FOUND, r.message);
+    case RefusalKind::other_model:
+    case RefusalKind::stale:
+      return Status(StatusCode::FAILED_PRECONDITION, r.message);
+    case RefusalKind::invalid:
+      return Status(StatusCode::INVALID_ARGUMENT, r.message);
+    case RefusalKind::duplicate:
+      return Status(StatusCode::ALREADY_EXISTS, r.message);
+  }
+  return Status(StatusCode::INTERNAL, r.message);
+}
+
+proto::AwaitReply::State await_state(RoundState s) {
+  switch (s) {
+    case RoundState::closed:
+      return proto::AwaitReply::CLOSED;
+    case RoundState::resend:
+      return proto::AwaitReply::RESEND;
+    case RoundState::pending:
+      break;
+  }
+  return proto::AwaitReply::PENDING;
+}
+
+}  // namespace
+
+OuterService::OuterService(ServerConfig cfg, TensorList initial)
+    : cfg_(with_token(std::move(cfg))),
+      rounds_(cfg_, std::move(initial),
+              {[this](const std::string& s) { log(s); },
+               [this] {
+                 save_locked();
+                 cv_.notify_all();
+               }}) {
+  const std::string path = state_file(cfg_.state_dir);
+  if (!cfg_.state_dir.empty() && fs::exists(path)) {
+    rounds_.resume(read_state(path, cfg_.mode, rounds_.spec()), Clock::now());
+    log(fmt::format("resumed from {}: version {}, {} members", path, rounds_.version(),
+                    rounds_.members()));
+  }
+}
+
+bool OuterService::token_matches(const std::string& got) const {
+  // compares without returning early at the first differing byte
+  const std::string want = "Bearer " + cfg_.token;
+  if (got.size() != want.size()) return false;
+  unsigned char d = 0;
+  for (size_t i = 0; i < got.size(); ++i) d |= uint8_t(got[i]) ^ uint8_t(want[i]);
+  return d == 0;
+}
+
+void OuterService::save_locked() {
+  if (cfg_.state_dir.empty()) return;
+  try {
+    write_state(state_file(cfg_.state_dir), rounds_.meta(), *rounds_.params(), rounds_.momentum(),
+                rounds_.buffer());
+  } catch (const Error& e) {
+    // A version nobody can recover must not be served. The file on disk is the last good state
+    // (the write is atomic); islands re-send what this server loses, once it is restarted.
+    std::fprintf(stderr,
+                 "outer-server: error: cannot save the state at version %llu: %s\n"
+                 "outer-server: stopping; the previous state is intact, restart once fixed\n",
+                 (unsigned long long)rounds_.version(), e.what());
+    std::_Exit(1);
+  }
+}
+
+void OuterService::save() {
+  std::lock_guard<std::mutex> lk(mu_);
+  save_locked();
+}
+
+void OuterService::log(const std::string& s) const {
+  if (cfg_.verbose) fmt::print(stderr, "outer-server: {}\n", s);
+}
+
+void OuterService::expire() {
+  std::lock_guard<std::mutex> lk(mu_);
+  rounds_.expire(Clock::now());
+}
+
+void OuterService::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+}
+
+// ---- the calls ----
+
+Status OuterService::join(const proto::JoinRequest& req, proto::JoinReply* rep) {
+  TensorList model;
+  for (const auto& m : req.model())
+    model.push_back({m.name(), std::vector<int64_t>(m.shape().begin(), m.shape().end()), {}});
+  std::lock_guard<std::mutex> lk(mu_);
+  Rounds::Joined j;
+  if (auto r = rounds_.join(req.name(), model, Clock::now(), &j)) return refused(*r);
+  rep->set_island_id(j.island_id);
+  rep->set_version(j.version);
+  rep->set_inner_steps(j.inner_steps);
+  rep->set_lease_ms(uint64_t(rounds_.lease().count()));
+  rep->set_mode(train::outer_mode_name(cfg_.mode));
+  rep->set_done(j.done);
+  return Status::OK;
+}
+
+Status OuterService::heartbeat(const proto::HeartbeatRequest& req, proto::HeartbeatReply* rep) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
+  rep->set_version(rounds_.version());
+  rep->set_done(rounds_.done());
+  return Status::OK;
+}
+
+Status OuterService::pull(const proto::PullRequest& req,
+                          const std::function<bool(const proto::PullReply&)>& write) {
+  std::shared_ptr<const TensorList> snap;
+  uint64_t v;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
+    snap = rounds_.params();
+    v = rounds_.version();
+  }
+  proto::PullReply head;
+  head.set_version(v);
+  if (!write(head)) return Status(StatusCode::CANCELLED, "the island went away");
+  proto::PullReply r;
+  bool ok = for_each_chunk(*snap, proto::F32, [&](proto::TensorChunk& c) {
+    r.mutable_chunk()->Swap(&c);
+    return write(r);
+  });
+  return ok ? Status::OK : Status(StatusCode::CANCELLED, "the island went away");
+}
+
+Status OuterService::push(const std::function<bool(proto::PushRequest&)>& read,
+                          proto::PushReply* rep) {
+  proto::PushRequest msg;
+  if (!read(msg) || !msg.has_header())
+    return Status(StatusCode::INVALID_ARGUMENT, "a push must start with its header");
+  const PushInfo h{msg.header().island_id(), msg.header().base_version(),
+                   msg.header().inner_steps(), msg.header().seconds()};
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto r = rounds_.touch(h.island_id, Clock::now())) return refused(*r);
+    // one push in flight per island: each holds a model-sized buffer while it streams, so an
+    // island cannot make the server hold more than one (100 header-only pushes made it 18x)
+    if (!pushing_.insert(h.island_id).second)
+      return Status(
+          StatusCode::RESOURCE_EXHAUSTED,
+          fmt::format("island {} already has a push in flight: one at a time", h.island_id));
+  }
+  struct Done {
+    OuterService* s;
+    uint64_t id;
+    ~Done() {
+      std::lock_guard<std::mutex> lk(s->mu_);
+      s->pushing_.erase(id);
+    }
+  } done{this, h.island_id};
+  if (auto r = Rounds::check_header(h)) return refused(*r);
+  Assembler as(rounds_.spec());  // the spec is fixed: no lock
+  bool first = true;
+  do {
+    if (!first && msg.has_header())
+      return Status(StatusCode::INVALID_ARGUMENT,
+                    "a push carries one header, in its first message");
+    first = false;
+    if (msg.has_chunk()) {
+      std::string err = as.add(msg.chunk());
+      if (!err.empty()) return Status(StatusCode::INVALID_ARGUMENT, "push: " + err);
+    }
+  } while (read(msg));
+  if (std::string err = as.finish(); !err.empty())
+    return Status(StatusCode::INVALID_ARGUMENT, "push: " + err);
+  std::lock_guard<std::mutex> lk(mu_);
+  Rounds::Pushed p;
+  if (auto r = rounds_.push(h, as.tensors(), Clock::now(), &p)) return refused(*r);
+  rep->set_version(p.version);
+  rep->set_inner_steps(p.inner_steps);
+  rep->set_done(p.done);
+  return Status::OK;
+}
+
+Status OuterService::leave(const proto::LeaveRequest& req, proto::LeaveReply*) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto r = rounds_.leave(req.island_id(), Clock::now())) return refused(*r);
+  return Status::OK;
+}
+
+Status OuterService::await(const proto::AwaitRequest& req, proto::AwaitReply* rep) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
+  auto until = Clock::now() + std::chrono::milliseconds(std::min<uint32_t>(req.wait_ms(), 10000));
+  cv_.wait_until(lk, until, [&] { return rounds_.version() > req.base_version() || stopping_; });
+  if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
+  rep->set_version(rounds_.version());
+  rep->set_done(rounds_.done());
+  rep->set_state(await_state(rounds_.round_state(req.island_id(), req.base_version())));
+  return Status::OK;
+}
+
+uint64_t OuterService::version() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return rounds_.version();
+}
+TensorList OuterService::params() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return *rounds_.params();
+}
+size_t OuterService::members() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return rounds_.members();
+}
+int64_t OuterService::pushes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return rounds_.pushes();
+}
+
+}  // namespace loom::outer
