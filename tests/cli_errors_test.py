@@ -202,11 +202,11 @@ with tempfile.TemporaryDirectory() as d:
     sized = ["train", good, "--set", "data.path=" + text_file, "--set", "train.steps=1"]
     huge = str(2 ** 62)
     for key, value, want in [
-            ("model.d_model", huge, ["[model] d_model", "must be in [1, 1048576]"]),
+            ("model.d_model", huge, ["[model] d_model", "must be in [1, 2^20]"]),
             ("model.n_layers", "1000000000", ["[model] n_layers", "must be in [1, 1024]"]),
             ("model.max_seq_len", huge, ["[model] max_seq_len", "must be in"]),
             ("model.ffn_hidden", huge, ["[model] ffn_hidden", "must be in"]),
-            ("train.batch_size", huge, ["[train] batch_size", "must be in [1, 1048576]"]),
+            ("train.batch_size", huge, ["[train] batch_size", "must be in [1, 2^20]"]),
             ("train.grad_accum", huge, ["[train] grad_accum", "must be in"]),
             ("train.eval_batches", huge, ["[train] eval_batches", "must be in"]),
             ("train.steps", huge, ["[train] steps", "must be in"]),
@@ -214,7 +214,7 @@ with tempfile.TemporaryDirectory() as d:
             ("plan.mesh", "{data=4294967296,model=4294967296}", ["[plan] mesh", "multiply past"]),
             ("outer.lease_s", "1e10", ["[outer] lease_s", "must be in (0, 86400]"]),
             ("outer.retry_s", "1e10", ["[outer] retry_s", "must be in [0, 86400]"]),
-            ("outer.lr", "1e30", ["[outer] lr", "at most 1000"]),
+            ("outer.lr", "1e30", ["[outer] lr", "must be in (0, 1000]"]),
             ("model.d_model", "1048576", ["tiny-llama.toml", "parameters need", "GB", "d_model = 1048576"]),
             # with a 65,536-token vocabulary: 17 TB of logits, more than any machine's memory
             ("train.batch_size", "1048576", ["tiny-llama.toml", "a training step needs at least",

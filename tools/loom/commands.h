@@ -19,5 +19,6 @@ std::function<int()> add_export(CLI::App& app);        // export.cc
 std::function<int()> add_data(CLI::App& app);          // data.cc
 std::function<int()> add_outer_server(CLI::App& app);  // outer_server.cc
 std::function<int()> add_islands(CLI::App& app);       // islands.cc
+std::function<int()> add_config(CLI::App& app);        // config.cc
 
 }  // namespace loom::cli

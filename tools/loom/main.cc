@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
   add(loom::cli::add_calibrate);
   add(loom::cli::add_outer_server);
   add(loom::cli::add_islands);
+  add(loom::cli::add_config);
 #endif
   try {
     app.parse(argc, argv);

@@ -116,30 +116,22 @@ void ModelConfig::validate(const std::string& src) const {
     throw Error(fmt::format("{}: [model] {}: {}", src, key, why));
   };
   if (!has_architecture(arch)) bad("arch", "must be one of " + known() + ", got \"" + arch + "\"");
-  // the ranges keep every size computed from them (elements, bytes, FLOPs) inside int64: each is
-  // far above any model trained today, and a model that large is refused for its memory anyway
-  // (train/memory.h) before anything is allocated
-  auto in_range = [&](const char* key, int64_t v, int64_t hi) {
-    if (v <= 0 || v > hi) bad(key, fmt::format("must be in [1, {}], got {}", hi, v));
+  using L = ModelLimits;
+  auto in_range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) bad(key, fmt::format("must be in [{}, {}], got {}", lo, hi, v));
   };
-  in_range("vocab_size", vocab_size, (int64_t(1) << 31) - 1);  // token ids are i32
-  in_range("d_model", d_model, int64_t(1) << 20);
-  // deeper graphs cost the memory planner (quadratic in live buffers) minutes; no published model
-  // has more than ~130 layers
-  in_range("n_layers", n_layers, 1024);
-  in_range("max_seq_len", max_seq_len, int64_t(1) << 24);
-  if (ffn_hidden > (int64_t(1) << 22))
-    bad("ffn_hidden", fmt::format("must be in [0, {}], got {}", int64_t(1) << 22, ffn_hidden));
-  if (moe.experts > 4096)
-    bad("moe.experts", fmt::format("must be in [0, 4096], got {}", moe.experts));
+  in_range("vocab_size", vocab_size, 1, L::vocab_size);
+  in_range("d_model", d_model, 1, L::d_model);
+  in_range("n_layers", n_layers, 1, L::n_layers);
+  in_range("max_seq_len", max_seq_len, 1, L::max_seq_len);
+  in_range("ffn_hidden", ffn_hidden, 0, L::ffn_hidden);
+  in_range("moe.experts", moe.experts, 0, L::experts);
   if (n_heads <= 0) bad("n_heads", "must be > 0");
   if (d_model % n_heads) bad("n_heads", fmt::format("must divide d_model = {}", d_model));
   if (n_kv_heads < 0 || n_heads % kv_heads())
     bad("n_kv_heads", fmt::format("must divide n_heads = {}", n_heads));
-  if (ffn_hidden < 0) bad("ffn_hidden", "must be >= 0");
   if (!(norm_eps > 0)) bad("norm_eps", "must be > 0");
   if (!(rope_theta > 0)) bad("rope_theta", "must be > 0");
-  if (moe.experts < 0) bad("moe.experts", "must be >= 0 (0: a dense model)");
   if (moe.enabled()) {
     if (moe.top_k < 1 || moe.top_k > moe.experts)
       bad("moe.top_k", fmt::format("must be in [1, experts = {}], got {}", moe.experts, moe.top_k));

@@ -40,6 +40,21 @@ struct MoeConfig {
   int64_t capacity(int64_t T) const;
 };
 
+// The largest value each [model] size may take. Every size computed from them (elements, bytes,
+// FLOPs) stays inside int64; each is far above any model trained today, and a model that large is
+// refused for its memory anyway (train/memory.h) before anything is allocated. The config schema
+// (train/config.cc) states the same ranges to users.
+struct ModelLimits {
+  static constexpr int64_t vocab_size = (int64_t(1) << 31) - 1;  // token ids are i32
+  static constexpr int64_t d_model = int64_t(1) << 20;
+  // deeper graphs cost the memory planner (quadratic in live buffers) minutes; no published model
+  // has more than ~130 layers
+  static constexpr int64_t n_layers = 1024;
+  static constexpr int64_t ffn_hidden = int64_t(1) << 22;
+  static constexpr int64_t max_seq_len = int64_t(1) << 24;
+  static constexpr int64_t experts = 4096;
+};
+
 struct ModelConfig {
   std::string source;          // the config file it came from, for messages ("" when built)
   std::string arch = "llama";  // a registered architecture: "llama" | "gpt2"

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -20,292 +21,572 @@ namespace loom::train {
 
 namespace {
 
-// One setter per key: reads the node into the config or throws naming the key.
-using Setter = std::function<void(Config&, const toml::node&, const std::string& where)>;
+// ---- the schema: every key with its type, default, range and meaning ----
 
-template <class F>
-Setter as_int(F field) {
-  return [field](Config& c, const toml::node& n, const std::string& where) {
-    auto v = n.value<int64_t>();
-    if (!n.is_integer() || !v) throw Error(where + ": expected an integer");
-    field(c) = *v;
-  };
-}
-template <class F>
-Setter as_float(F field) {
-  return [field](Config& c, const toml::node& n, const std::string& where) {
-    if (!n.is_number()) throw Error(where + ": expected a number");
-    const double v = *n.value<double>();
-    // no key means anything by inf or nan (norm_eps = inf trains a model that learns nothing)
-    if (!std::isfinite(v))
-      throw Error(fmt::format("{}: must be a finite number, got {}", where, v));
-    field(c) = v;
-  };
-}
-template <class F>
-Setter as_bool(F field) {
-  return [field](Config& c, const toml::node& n, const std::string& where) {
-    if (!n.is_boolean()) throw Error(where + ": expected true or false");
-    field(c) = *n.value<bool>();
-  };
-}
-template <class F>
-Setter as_string(F field) {
-  return [field](Config& c, const toml::node& n, const std::string& where) {
-    if (!n.is_string()) throw Error(where + ": expected a string");
-    field(c) = *n.value<std::string>();
-  };
+// A numeric key's valid values: from lo to hi, either end open; an infinite end is no bound.
+struct Range {
+  double lo = -INFINITY, hi = INFINITY;
+  bool lo_open = false, hi_open = false;
+
+  bool any() const { return std::isinf(lo) && std::isinf(hi); }
+  bool contains(double v) const {
+    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  }
+};
+Range closed(double lo, double hi) { return {lo, hi}; }
+Range at_least(double lo) { return {lo, INFINITY}; }
+Range above(double lo) { return {lo, INFINITY, true}; }
+Range below_one() { return {0, 1, false, true}; }  // [0, 1): betas, momentum
+Range any_value() { return {}; }
+
+// A bound as users read it: 2^20 for a large power of two, 2^31-1 beside one, 1e6 for a large power
+// of ten, else the shortest decimal.
+std::string bound_text(double x) {
+  for (int k = 16; k < 63; ++k) {
+    const double p = std::ldexp(1.0, k);
+    if (x == p) return fmt::format("2^{}", k);
+    if (x == p - 1) return fmt::format("2^{}-1", k);
+  }
+  for (int k = 5; k < 16; ++k)
+    if (x == std::pow(10.0, k)) return fmt::format("1e{}", k);
+  return fmt::format("{}", x);
 }
 
-// Where the string in `n` stands in `choices`; else an error that lists them ("expected \"sync\" or
-// \"async\"").
+std::string range_text(const Range& r) {
+  if (r.any()) return "";
+  if (std::isinf(r.hi)) return fmt::format("{} {}", r.lo_open ? ">" : ">=", bound_text(r.lo));
+  return fmt::format("{}{}, {}{}", r.lo_open ? "(" : "[", bound_text(r.lo), bound_text(r.hi),
+                     r.hi_open ? ")" : "]");
+}
+
+// One key: how to read it into a Config (type-checked; a bad value throws naming `where`), and
+// what docs/config.md says of it. A numeric key's `number` reads its value back, for the range
+// check load_config makes of every numeric key once all are set.
+struct Key {
+  std::string name;  // "batch_size"; "moe.top_k" for an inline table's
+  std::string type;  // "int", "float", "bool", "string", ...
+  std::function<void(Config&, const toml::node&, const std::string& where)> set;
+  std::function<double(Config&)> number;     // numeric keys only
+  std::function<std::string(Config&)> show;  // numeric keys: the value as written
+  Range range;
+  std::string default_text;  // as the docs print it
+  std::string meaning;       // what it does, its choices, rules that involve other keys
+};
+
+// The integer in `n`, if it holds one. (toml++'s value<int64_t>() converts a float node too, and
+// its own conversion of one outside int64, such as 1e24, is undefined behaviour: ask first.)
+std::optional<int64_t> integer_in(const toml::node& n) {
+  if (!n.is_integer()) return std::nullopt;
+  return n.value<int64_t>();
+}
+
+std::string quoted(const std::string& s) { return s.empty() ? "none" : "`\"" + s + "\"`"; }
+
+// The default of a key read through `field` from a default-constructed Config.
+template <class F>
+auto default_of(F field) {
+  Config c;
+  return field(c);
+}
+
+template <class F>
+Key int_key(std::string name, F field, Range range, std::string meaning,
+            std::string default_text = "") {
+  return {std::move(name),
+          "int",
+          [field](Config& c, const toml::node& n, const std::string& where) {
+            auto v = integer_in(n);
+            if (!v) throw Error(where + ": expected an integer");
+            field(c) = *v;
+          },
+          [field](Config& c) { return double(field(c)); },
+          [field](Config& c) { return fmt::format("{}", field(c)); },
+          range,
+          default_text.empty() ? fmt::format("{}", default_of(field)) : default_text,
+          std::move(meaning)};
+}
+
+template <class F>
+Key float_key(std::string name, F field, Range range, std::string meaning) {
+  return {std::move(name),
+          "float",
+          [field](Config& c, const toml::node& n, const std::string& where) {
+            if (!n.is_number()) throw Error(where + ": expected a number");
+            const double v = *n.value<double>();
+            // no key means anything by inf or nan (norm_eps = inf trains a model that learns
+            // nothing)
+            if (!std::isfinite(v))
+              throw Error(fmt::format("{}: must be a finite number, got {}", where, v));
+            field(c) = v;
+          },
+          [field](Config& c) { return field(c); },
+          [field](Config& c) { return fmt::format("{}", field(c)); },
+          range,
+          fmt::format("{}", default_of(field)),
+          std::move(meaning)};
+}
+
+template <class F>
+Key bool_key(std::string name, F field, std::string meaning) {
+  return {std::move(name),
+          "bool",
+          [field](Config& c, const toml::node& n, const std::string& where) {
+            if (!n.is_boolean()) throw Error(where + ": expected true or false");
+            field(c) = *n.value<bool>();
+          },
+          nullptr,
+          nullptr,
+          {},
+          default_of(field) ? "true" : "false",
+          std::move(meaning)};
+}
+
+template <class F>
+Key string_key(std::string name, F field, std::string meaning, std::string default_text = "") {
+  return {std::move(name),
+          "string",
+          [field](Config& c, const toml::node& n, const std::string& where) {
+            if (!n.is_string()) throw Error(where + ": expected a string");
+            field(c) = *n.value<std::string>();
+          },
+          nullptr,
+          nullptr,
+          {},
+          default_text.empty() ? quoted(default_of(field)) : default_text,
+          std::move(meaning)};
+}
+
+// "\"sync\" or \"async\""
+std::string choice_list(const std::vector<std::string>& choices, bool markdown) {
+  std::string list;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const char* sep = i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ";
+    const std::string q = "\"" + choices[i] + "\"";
+    list += sep + (markdown ? "`" + q + "`" : q);
+  }
+  return list;
+}
+
+// Where the string in `n` stands in `choices`; else an error that lists them.
 size_t choice_index(const toml::node& n, const std::string& where,
                     const std::vector<std::string>& choices) {
   auto v = n.value<std::string>();
   auto it = v ? std::find(choices.begin(), choices.end(), *v) : choices.end();
-  if (!n.is_string() || it == choices.end()) {
-    std::string list;
-    for (size_t i = 0; i < choices.size(); ++i) {
-      const char* sep = i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ";
-      list += fmt::format("{}\"{}\"", sep, choices[i]);
-    }
-    throw Error(where + ": expected " + list);
-  }
+  if (!n.is_string() || it == choices.end())
+    throw Error(where + ": expected " + choice_list(choices, false));
   return size_t(it - choices.begin());
 }
 
-// A string that must be one of `choices`.
+// A string that must be one of `choices`, or an enum written as its `name` (one of `values`).
+Key choice_key(std::string name, std::vector<std::string> choices,
+               std::function<void(Config&, size_t)> assign, std::string default_name,
+               std::string meaning) {
+  std::string doc = choice_list(choices, true) + (meaning.empty() ? "" : ": " + meaning);
+  return {std::move(name),
+          "string",
+          [choices, assign](Config& c, const toml::node& n, const std::string& where) {
+            assign(c, choice_index(n, where, choices));
+          },
+          nullptr,
+          nullptr,
+          {},
+          quoted(default_name),
+          std::move(doc)};
+}
 template <class F>
-Setter as_choice(F field, std::vector<std::string> choices) {
-  return [field, choices](Config& c, const toml::node& n, const std::string& where) {
-    field(c) = choices[choice_index(n, where, choices)];
-  };
+Key string_choice_key(std::string name, F field, std::vector<std::string> choices,
+                      std::string meaning) {
+  auto assign = [field, choices](Config& c, size_t i) { field(c) = choices[i]; };
+  return choice_key(std::move(name), choices, assign, default_of(field), std::move(meaning));
 }
-
-// An enum, written as its `name`: one of `values`.
 template <class F, class E>
-Setter as_enum(F field, std::vector<E> values, const char* (*name)(E)) {
+Key enum_key(std::string name, F field, std::vector<E> values, const char* (*spell)(E),
+             std::string meaning) {
   std::vector<std::string> names;
-  for (E v : values) names.push_back(name(v));
-  return [field, values, names](Config& c, const toml::node& n, const std::string& where) {
-    field(c) = values[choice_index(n, where, names)];
-  };
+  for (E v : values) names.push_back(spell(v));
+  auto assign = [field, values](Config& c, size_t i) { field(c) = values[i]; };
+  return choice_key(std::move(name), names, assign, spell(default_of(field)), std::move(meaning));
 }
 
-std::vector<std::string> keys_of(const auto& m) {
+template <class K>
+std::vector<std::string> names_of(const std::vector<K>& keys) {
   std::vector<std::string> r;
-  for (const auto& [k, v] : m) r.push_back(k);
+  for (const auto& k : keys) r.push_back(k.name);
   return r;
 }
+template <class K>
+const K* find_named(const std::vector<K>& keys, const std::string& name) {
+  for (const auto& k : keys)
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+using L = models::ModelLimits;
 
 // [model] moe = { experts = 8, top_k = 2, ... }: an inline table of models::MoeConfig's keys.
-const std::map<std::string, Setter>& moe_keys() {
-  static const std::map<std::string, Setter> keys = {
-      {"experts", as_int([](Config& c) -> int64_t& { return c.model.moe.experts; })},
-      {"top_k", as_int([](Config& c) -> int64_t& { return c.model.moe.top_k; })},
-      {"every", as_int([](Config& c) -> int64_t& { return c.model.moe.every; })},
-      {"capacity_factor",
-       as_float([](Config& c) -> double& { return c.model.moe.capacity_factor; })},
-      {"dropless", as_bool([](Config& c) -> bool& { return c.model.moe.dropless; })},
-      {"aux_loss", as_float([](Config& c) -> double& { return c.model.moe.aux_loss; })},
-      {"z_loss", as_float([](Config& c) -> double& { return c.model.moe.z_loss; })},
-      {"balance", as_choice([](Config& c) -> std::string& { return c.model.moe.balance; },
-                            {"model", "layer"})},
+const std::vector<Key>& moe_keys() {
+  static const std::vector<Key> keys = {
+      int_key(
+          "experts", [](Config& c) -> int64_t& { return c.model.moe.experts; },
+          closed(0, L::experts), "the number of experts (0: a dense model)"),
+      int_key(
+          "top_k", [](Config& c) -> int64_t& { return c.model.moe.top_k; }, at_least(1),
+          "experts per token, at most `experts`"),
+      int_key(
+          "every", [](Config& c) -> int64_t& { return c.model.moe.every; }, at_least(1),
+          "every `every`-th layer is MoE; at most `n_layers`"),
+      float_key(
+          "capacity_factor", [](Config& c) -> double& { return c.model.moe.capacity_factor; },
+          above(0), "slots per expert and sequence: ceil(factor T k / E)"),
+      bool_key(
+          "dropless", [](Config& c) -> bool& { return c.model.moe.dropless; },
+          "capacity T: no token dropped"),
+      float_key(
+          "aux_loss", [](Config& c) -> double& { return c.model.moe.aux_loss; }, at_least(0),
+          "the load-balancing loss's weight"),
+      float_key(
+          "z_loss", [](Config& c) -> double& { return c.model.moe.z_loss; }, at_least(0),
+          "the router z-loss's weight"),
+      string_choice_key(
+          "balance", [](Config& c) -> std::string& { return c.model.moe.balance; },
+          {"model", "layer"}, "over all MoE layers' tokens together, or per layer"),
   };
   return keys;
 }
 
-Setter moe_setter() {
-  using M = models::MoeConfig;
-  return [](Config& c, const toml::node& n, const std::string& where) {
-    const auto& keys = moe_keys();
-    const toml::table* t = n.as_table();
-    if (!t) throw Error(where + ": expected a table { experts = ..., top_k = ..., ... }");
-    c.model.moe = M{};
-    for (const auto& [k, v] : *t) {
-      const std::string key(k.str());
-      auto it = keys.find(key);
-      if (it == keys.end()) {
-        throw Error(fmt::format("{}: unknown key '{}'", where, key), suggest(key, keys_of(keys)));
-      }
-      it->second(c, v, where + "." + key);
-    }
-  };
+Key moe_key() {
+  return {"moe",
+          "inline table",
+          [](Config& c, const toml::node& n, const std::string& where) {
+            const auto& keys = moe_keys();
+            const toml::table* t = n.as_table();
+            if (!t) throw Error(where + ": expected a table { experts = ..., top_k = ..., ... }");
+            c.model.moe = models::MoeConfig{};
+            for (const auto& [k, v] : *t) {
+              const std::string key(k.str());
+              const Key* it = find_named(keys, key);
+              if (!it)
+                throw Error(fmt::format("{}: unknown key '{}'", where, key),
+                            suggest(key, names_of(keys)));
+              it->set(c, v, where + "." + key);
+            }
+          },
+          nullptr,
+          nullptr,
+          {},
+          "none (dense)",
+          "Mixture-of-Experts MLPs: the `moe.` keys"};
 }
 
-const std::map<std::string, std::map<std::string, Setter>>& schema() {
-  static const std::map<std::string, std::map<std::string, Setter>> s = {
+// [plan] mesh = { data = 2, model = 2 }: axis sizes, in the order written.
+Key mesh_key() {
+  return {"mesh",
+          "table of ints",
+          [](Config& c, const toml::node& n, const std::string& where) {
+            const toml::table* t = n.as_table();
+            if (!t || t->empty())
+              throw Error(where + ": expected a table of axis sizes",
+                          "mesh = { data = 2, model = 2 }");
+            // toml++ keeps keys sorted; the mesh keeps the order they were written in
+            std::vector<std::pair<toml::source_position, std::pair<std::string, int64_t>>> axes;
+            for (const auto& [k, v] : *t) {
+              auto size = integer_in(v);
+              if (!size)
+                throw Error(fmt::format("{}: axis {} needs an integer size", where, k.str()));
+              axes.push_back({k.source().begin, {std::string(k.str()), *size}});
+            }
+            std::stable_sort(axes.begin(), axes.end(), [](const auto& a, const auto& b) {
+              return a.first.line != b.first.line ? a.first.line < b.first.line
+                                                  : a.first.column < b.first.column;
+            });
+            std::vector<std::pair<std::string, int64_t>> m;
+            for (auto& a : axes) m.push_back(std::move(a.second));
+            c.plan.plan.mesh = shard::Mesh(std::move(m), where);
+          },
+          nullptr,
+          nullptr,
+          {},
+          "none (one process)",
+          "axis = size, each >= 1, at most 2^24 devices in all"};
+}
+
+// [plan] tactics = [ { kind = "fsdp", axis = "data" }, ... ]
+Key tactics_key() {
+  return {"tactics",
+          "array of tables",
+          [](Config& c, const toml::node& n, const std::string& where) {
+            const toml::array* a = n.as_array();
+            if (!a)
+              throw Error(where + ": expected an array of tables",
+                          "tactics = [ { kind = \"fsdp\", axis = \"data\" } ]");
+            c.plan.plan.tactics.clear();
+            for (size_t i = 0; i < a->size(); ++i) {
+              std::string at = fmt::format("{}[{}]", where, i);
+              const toml::table* t = (*a)[i].as_table();
+              if (!t) throw Error(at + ": expected a table { kind = ..., axis = ... }");
+              shard::Tactic tac;
+              for (const auto& [k, node] : *t) {
+                std::string key(k.str());
+                const toml::node& v = node;  // a structured binding clang 14 cannot capture
+                auto str = [&]() {
+                  if (!v.is_string()) throw Error(fmt::format("{}: {} must be a string", at, key));
+                  return *v.value<std::string>();
+                };
+                if (key == "kind")
+                  tac.kind = str();
+                else if (key == "axis")
+                  tac.axis = str();
+                else if (key == "pattern")
+                  tac.pattern = str();
+                else if (key == "dim") {
+                  if (!v.is_integer()) throw Error(fmt::format("{}: dim must be an integer", at));
+                  tac.dim = *v.value<int64_t>();
+                } else {
+                  throw Error(fmt::format("{}: unknown key '{}'", at, key),
+                              suggest(key, {"kind", "axis", "pattern", "dim"}));
+                }
+              }
+              const auto& kinds = shard::tactic_kinds();
+              if (std::find(kinds.begin(), kinds.end(), tac.kind) == kinds.end())
+                throw Error(fmt::format("{}: unknown tactic kind '{}'", at, tac.kind),
+                            suggest(tac.kind, kinds));
+              if (tac.axis.empty()) throw Error(at + ": missing key 'axis'");
+              if (tac.kind == "shard" && (tac.pattern.empty() || tac.dim < 0))
+                throw Error(at + ": a shard tactic needs pattern and dim",
+                            "{ kind = \"shard\", pattern = \"lm_head.weight\", dim = 0, axis = "
+                            "\"model\" }");
+              c.plan.plan.tactics.push_back(tac);
+            }
+          },
+          nullptr,
+          nullptr,
+          {},
+          "none",
+          "`{ kind, axis }`: data, fsdp, zero1, zero2, megatron, sequence, expert; "
+          "`{ kind = \"shard\", pattern, dim, axis }` (docs/plans.md)"};
+}
+
+struct Section {
+  std::string name;
+  std::vector<Key> keys;
+};
+
+const std::vector<Section>& schema() {
+  using Bucket = passes::ScheduleOptions::Bucket;
+  using Recompute = passes::ScheduleOptions::Recompute;
+  static const std::vector<Section> s = {
       {"model",
        {
-           {"arch", as_string([](Config& c) -> std::string& { return c.model.arch; })},
-           {"vocab_size", as_int([](Config& c) -> int64_t& { return c.model.vocab_size; })},
-           {"d_model", as_int([](Config& c) -> int64_t& { return c.model.d_model; })},
-           {"n_layers", as_int([](Config& c) -> int64_t& { return c.model.n_layers; })},
-           {"n_heads", as_int([](Config& c) -> int64_t& { return c.model.n_heads; })},
-           {"n_kv_heads", as_int([](Config& c) -> int64_t& { return c.model.n_kv_heads; })},
-           {"ffn_hidden", as_int([](Config& c) -> int64_t& { return c.model.ffn_hidden; })},
-           {"max_seq_len", as_int([](Config& c) -> int64_t& { return c.model.max_seq_len; })},
-           {"norm_eps", as_float([](Config& c) -> double& { return c.model.norm_eps; })},
-           {"rope_theta", as_float([](Config& c) -> double& { return c.model.rope_theta; })},
-           {"tie_embeddings",
-            as_bool([](Config& c) -> bool& { return c.model.tie_embeddings; })},
-           {"normformer", as_bool([](Config& c) -> bool& { return c.model.normformer; })},
-           {"moe", moe_setter()},
+           string_key(
+               "arch", [](Config& c) -> std::string& { return c.model.arch; },
+               "`\"llama\"` or `\"gpt2\"`", "required"),
+           int_key(
+               "vocab_size", [](Config& c) -> int64_t& { return c.model.vocab_size; },
+               closed(1, L::vocab_size), ">= 256 for byte-level text"),
+           int_key(
+               "d_model", [](Config& c) -> int64_t& { return c.model.d_model; },
+               closed(1, L::d_model), "a multiple of n_heads"),
+           int_key(
+               "n_layers", [](Config& c) -> int64_t& { return c.model.n_layers; },
+               closed(1, L::n_layers), "deeper graphs cost the memory planner minutes"),
+           int_key(
+               "n_heads", [](Config& c) -> int64_t& { return c.model.n_heads; }, at_least(1),
+               "divides d_model"),
+           int_key(
+               "n_kv_heads", [](Config& c) -> int64_t& { return c.model.n_kv_heads; }, at_least(0),
+               "divides n_heads (Llama's grouped-query attention; GPT-2 has none)",
+               "0 (= n_heads)"),
+           int_key(
+               "ffn_hidden", [](Config& c) -> int64_t& { return c.model.ffn_hidden; },
+               closed(0, L::ffn_hidden), "the MLP's width",
+               "0 (Llama: 8/3 d rounded up to 16; GPT-2: 4 d)"),
+           int_key(
+               "max_seq_len", [](Config& c) -> int64_t& { return c.model.max_seq_len; },
+               closed(1, L::max_seq_len), "at least `[train] seq_len`"),
+           float_key(
+               "norm_eps", [](Config& c) -> double& { return c.model.norm_eps; }, above(0), ""),
+           float_key(
+               "rope_theta", [](Config& c) -> double& { return c.model.rope_theta; }, above(0),
+               "Llama's rotary base"),
+           bool_key(
+               "tie_embeddings", [](Config& c) -> bool& { return c.model.tie_embeddings; },
+               "the head reuses the token embedding (Llama; GPT-2's is always tied)"),
+           choice_key(
+               "dtype", {"f32", "bf16"},
+               [](Config& c, size_t i) { parse_dtype(i == 0 ? "f32" : "bf16", &c.model.dtype); },
+               "f32", "compute; weights and moments stay f32"),
+           bool_key(
+               "normformer", [](Config& c) -> bool& { return c.model.normformer; },
+               "NormFormer's post-attention norm, head scales and post-activation norm"),
            // not a ModelConfig field: where the starting weights come from (loom export, init)
-           {"init", as_string([](Config& c) -> std::string& { return c.init_weights; })},
-           {"dtype",
-            [](Config& c, const toml::node& n, const std::string& where) {
-              auto v = n.value<std::string>();
-              if (!n.is_string() || !v || (*v != "f32" && *v != "bf16"))
-                throw Error(where + ": expected \"f32\" or \"bf16\"");
-              parse_dtype(*v, &c.model.dtype);
-            }},
+           string_key(
+               "init", [](Config& c) -> std::string& { return c.init_weights; },
+               "starting weights: a `.safetensors` file or a directory (`loom export`, a "
+               "checkpoint, a Hugging Face model, whose config.json then fills `[model]`)"),
+           moe_key(),
        }},
       {"train",
        {
-           {"batch_size", as_int([](Config& c) -> int64_t& { return c.train.batch_size; })},
-           {"seq_len", as_int([](Config& c) -> int64_t& { return c.train.seq_len; })},
-           {"seed", as_int([](Config& c) -> int64_t& { return c.train.seed; })},
-           {"steps", as_int([](Config& c) -> int64_t& { return c.train.steps; })},
-           {"warmup_steps", as_int([](Config& c) -> int64_t& { return c.train.warmup_steps; })},
-           {"min_lr", as_float([](Config& c) -> double& { return c.train.min_lr; })},
-           {"eval_every", as_int([](Config& c) -> int64_t& { return c.train.eval_every; })},
-           {"eval_batches", as_int([](Config& c) -> int64_t& { return c.train.eval_batches; })},
-           {"grad_accum", as_int([](Config& c) -> int64_t& { return c.train.grad_accum; })},
-       }},
-      {"data",
-       {
-           {"path", as_string([](Config& c) -> std::string& { return c.data.path; })},
-       }},
-      {"checkpoint",
-       {
-           {"every", as_int([](Config& c) -> int64_t& { return c.checkpoint.every; })},
-           {"keep", as_int([](Config& c) -> int64_t& { return c.checkpoint.keep; })},
-       }},
-      {"outer",
-       {
-           {"server", as_string([](Config& c) -> std::string& { return c.outer.server; })},
-           {"mode", as_enum([](Config& c) -> OuterMode& { return c.outer.mode; },
-                            {OuterMode::sync, OuterMode::async}, outer_mode_name)},
-           {"compress", as_choice([](Config& c) -> std::string& { return c.outer.compress; },
-                                  {"f32", "bf16"})},
-           {"inner_steps", as_int([](Config& c) -> int64_t& { return c.outer.inner_steps; })},
-           {"lr", as_float([](Config& c) -> double& { return c.outer.lr; })},
-           {"momentum", as_float([](Config& c) -> double& { return c.outer.momentum; })},
-           {"delay", as_int([](Config& c) -> int64_t& { return c.outer.delay; })},
-           {"islands", as_int([](Config& c) -> int64_t& { return c.outer.islands; })},
-           {"lease_s", as_float([](Config& c) -> double& { return c.outer.lease_s; })},
-           {"retry_s", as_float([](Config& c) -> double& { return c.outer.retry_s; })},
-           {"token_file", as_string([](Config& c) -> std::string& { return c.outer.token_file; })},
-           {"tls_ca", as_string([](Config& c) -> std::string& { return c.outer.tls_ca; })},
-           {"tls_cert", as_string([](Config& c) -> std::string& { return c.outer.tls_cert; })},
-           {"tls_key", as_string([](Config& c) -> std::string& { return c.outer.tls_key; })},
-       }},
-      {"plan",
-       {
-           {"mesh",
-            [](Config& c, const toml::node& n, const std::string& where) {
-              const toml::table* t = n.as_table();
-              if (!t || t->empty())
-                throw Error(where + ": expected a table of axis sizes",
-                            "mesh = { data = 2, model = 2 }");
-              // toml++ keeps keys sorted; the mesh keeps the order they were written in
-              std::vector<std::pair<toml::source_position, std::pair<std::string, int64_t>>> axes;
-              for (const auto& [k, v] : *t) {
-                auto size = v.value<int64_t>();
-                if (!v.is_integer() || !size)
-                  throw Error(fmt::format("{}: axis {} needs an integer size", where, k.str()));
-                axes.push_back({k.source().begin, {std::string(k.str()), *size}});
-              }
-              std::stable_sort(axes.begin(), axes.end(), [](const auto& a, const auto& b) {
-                return a.first.line != b.first.line ? a.first.line < b.first.line
-                                                    : a.first.column < b.first.column;
-              });
-              std::vector<std::pair<std::string, int64_t>> m;
-              for (auto& a : axes) m.push_back(std::move(a.second));
-              c.plan.plan.mesh = shard::Mesh(std::move(m), where);
-            }},
-           {"tactics",
-            [](Config& c, const toml::node& n, const std::string& where) {
-              const toml::array* a = n.as_array();
-              if (!a) throw Error(where + ": expected an array of tables",
-                                  "tactics = [ { kind = \"fsdp\", axis = \"data\" } ]");
-              c.plan.plan.tactics.clear();
-              for (size_t i = 0; i < a->size(); ++i) {
-                std::string at = fmt::format("{}[{}]", where, i);
-                const toml::table* t = (*a)[i].as_table();
-                if (!t) throw Error(at + ": expected a table { kind = ..., axis = ... }");
-                shard::Tactic tac;
-                for (const auto& [k, node] : *t) {
-                  std::string key(k.str());
-                  const toml::node& v = node;  // a structured binding clang 14 cannot capture
-                  auto str = [&]() {
-                    if (!v.is_string()) throw Error(fmt::format("{}: {} must be a string", at, key));
-                    return *v.value<std::string>();
-                  };
-                  if (key == "kind") tac.kind = str();
-                  else if (key == "axis") tac.axis = str();
-                  else if (key == "pattern") tac.pattern = str();
-                  else if (key == "dim") {
-                    if (!v.is_integer()) throw Error(fmt::format("{}: dim must be an integer", at));
-                    tac.dim = *v.value<int64_t>();
-                  } else {
-                    throw Error(fmt::format("{}: unknown key '{}'", at, key),
-                                suggest(key, {"kind", "axis", "pattern", "dim"}));
-                  }
-                }
-                const auto& kinds = shard::tactic_kinds();
-                if (std::find(kinds.begin(), kinds.end(), tac.kind) == kinds.end())
-                  throw Error(fmt::format("{}: unknown tactic kind '{}'", at, tac.kind),
-                              suggest(tac.kind, kinds));
-                if (tac.axis.empty()) throw Error(at + ": missing key 'axis'");
-                if (tac.kind == "shard" && (tac.pattern.empty() || tac.dim < 0))
-                  throw Error(at + ": a shard tactic needs pattern and dim",
-                              "{ kind = \"shard\", pattern = \"lm_head.weight\", dim = 0, axis = \"model\" }");
-                c.plan.plan.tactics.push_back(tac);
-              }
-            }},
-           {"ranks", as_choice([](Config& c) -> std::string& { return c.plan.ranks; },
-                               {"mpi", "local"})},
-       }},
-      {"passes",
-       {
-           {"bucket",
-            as_enum([](Config& c) -> passes::ScheduleOptions::Bucket& { return c.passes.bucket; },
-                    {passes::ScheduleOptions::Bucket::none, passes::ScheduleOptions::Bucket::block,
-                     passes::ScheduleOptions::Bucket::automatic},
-                    passes::bucket_name)},
-           {"bucket_mb", as_float([](Config& c) -> double& { return c.passes.bucket_mb; })},
-           {"cluster",
-            as_string([](Config& c) -> std::string& { return c.passes.cluster_file; })},
-           {"reshard_after_forward",
-            as_bool([](Config& c) -> bool& { return c.passes.reshard_after_forward; })},
-           {"cast_before_gather",
-            as_bool([](Config& c) -> bool& { return c.passes.cast_before_gather; })},
-           {"recompute", as_enum(
-                             [](Config& c) -> passes::ScheduleOptions::Recompute& {
-                               return c.passes.recompute;
-                             },
-                             {passes::ScheduleOptions::Recompute::none,
-                              passes::ScheduleOptions::Recompute::selective,
-                              passes::ScheduleOptions::Recompute::selective_op,
-                              passes::ScheduleOptions::Recompute::full},
-                             passes::recompute_name)},
-           {"prefetch", as_bool([](Config& c) -> bool& { return c.passes.prefetch; })},
-           {"max_in_flight",
-            as_int([](Config& c) -> int64_t& { return c.passes.max_in_flight; })},
+           int_key(
+               "batch_size", [](Config& c) -> int64_t& { return c.train.batch_size; },
+               closed(1, 1 << 20), "rows per micro-batch (the global batch under a plan)"),
+           int_key(
+               "seq_len", [](Config& c) -> int64_t& { return c.train.seq_len; },
+               closed(1, L::max_seq_len), "at most `[model] max_seq_len`"),
+           int_key(
+               "seed", [](Config& c) -> int64_t& { return c.train.seed; }, any_value(),
+               "initialisation and data sampling"),
+           int_key(
+               "steps", [](Config& c) -> int64_t& { return c.train.steps; },
+               closed(1, std::ldexp(1.0, 40)), ""),
+           int_key(
+               "warmup_steps", [](Config& c) -> int64_t& { return c.train.warmup_steps; },
+               at_least(0), "linear warmup, then cosine to min_lr"),
+           float_key(
+               "min_lr", [](Config& c) -> double& { return c.train.min_lr; }, at_least(0),
+               "at most `[optim] lr`"),
+           int_key(
+               "eval_every", [](Config& c) -> int64_t& { return c.train.eval_every; }, at_least(0),
+               "steps between evaluations (0: at the end only)"),
+           int_key(
+               "eval_batches", [](Config& c) -> int64_t& { return c.train.eval_batches; },
+               closed(1, 1 << 20), ""),
+           int_key(
+               "grad_accum", [](Config& c) -> int64_t& { return c.train.grad_accum; },
+               closed(1, 1 << 20), "micro-batches per optimizer step"),
        }},
       {"optim",
        {
-           {"lr", as_float([](Config& c) -> double& { return c.optim.lr; })},
-           {"beta1", as_float([](Config& c) -> double& { return c.optim.beta1; })},
-           {"beta2", as_float([](Config& c) -> double& { return c.optim.beta2; })},
-           {"eps", as_float([](Config& c) -> double& { return c.optim.eps; })},
-           {"weight_decay", as_float([](Config& c) -> double& { return c.optim.weight_decay; })},
-           {"grad_clip", as_float([](Config& c) -> double& { return c.optim.grad_clip; })},
+           float_key(
+               "lr", [](Config& c) -> double& { return c.optim.lr; }, at_least(0), ""),
+           float_key(
+               "beta1", [](Config& c) -> double& { return c.optim.beta1; }, below_one(), ""),
+           float_key(
+               "beta2", [](Config& c) -> double& { return c.optim.beta2; }, below_one(), ""),
+           float_key(
+               "eps", [](Config& c) -> double& { return c.optim.eps; }, above(0), ""),
+           float_key(
+               "weight_decay", [](Config& c) -> double& { return c.optim.weight_decay; },
+               at_least(0), "decoupled (AdamW); not on norms and biases"),
+           float_key(
+               "grad_clip", [](Config& c) -> double& { return c.optim.grad_clip; }, at_least(0),
+               "the global gradient norm's limit (0: no clipping)"),
+       }},
+      {"data",
+       {
+           string_key(
+               "path", [](Config& c) -> std::string& { return c.data.path; },
+               "a text file, a directory of `.txt` files, or a `loom data prepare` "
+               "directory"),
+       }},
+      {"checkpoint",
+       {
+           int_key(
+               "every", [](Config& c) -> int64_t& { return c.checkpoint.every; }, at_least(0),
+               "steps between checkpoints (0: at the end only)"),
+           int_key(
+               "keep", [](Config& c) -> int64_t& { return c.checkpoint.keep; }, at_least(0),
+               "checkpoints kept (0: all)"),
+       }},
+      {"plan",
+       {
+           mesh_key(),
+           tactics_key(),
+           string_choice_key(
+               "ranks", [](Config& c) -> std::string& { return c.plan.ranks; }, {"mpi", "local"},
+               "one process per rank (under mpirun), or threads of one process"),
+       }},
+      {"passes",
+       {
+           bool_key(
+               "reshard_after_forward",
+               [](Config& c) -> bool& { return c.passes.reshard_after_forward; },
+               "false: each parameter gathered once per step"),
+           bool_key(
+               "cast_before_gather", [](Config& c) -> bool& { return c.passes.cast_before_gather; },
+               "bf16: weights cast before their all-gather"),
+           enum_key(
+               "recompute", [](Config& c) -> Recompute& { return c.passes.recompute; },
+               {Recompute::none, Recompute::selective, Recompute::selective_op, Recompute::full},
+               passes::recompute_name, "activation checkpointing (`selective_op`: torchtitan's)"),
+           enum_key(
+               "bucket", [](Config& c) -> Bucket& { return c.passes.bucket; },
+               {Bucket::none, Bucket::block, Bucket::automatic}, passes::bucket_name,
+               "`auto`: sized by the simulator on `cluster`"),
+           float_key(
+               "bucket_mb", [](Config& c) -> double& { return c.passes.bucket_mb; },
+               {0, 1e6, true, false}, ""),
+           string_key(
+               "cluster", [](Config& c) -> std::string& { return c.passes.cluster_file; },
+               "the cluster file `bucket = \"auto\"` predicts on"),
+           bool_key(
+               "prefetch", [](Config& c) -> bool& { return c.passes.prefetch; },
+               "collectives on a communication thread, started early"),
+           int_key(
+               "max_in_flight", [](Config& c) -> int64_t& { return c.passes.max_in_flight; },
+               at_least(1), "prefetched collectives at once"),
+       }},
+      {"outer",
+       {
+           string_key(
+               "server", [](Config& c) -> std::string& { return c.outer.server; },
+               "host:port of `loom outer-server`; set, `loom train` runs as an island"),
+           enum_key(
+               "mode", [](Config& c) -> OuterMode& { return c.outer.mode; },
+               {OuterMode::sync, OuterMode::async}, outer_mode_name,
+               "DiLoCo's rounds, or Delayed Nesterov"),
+           string_choice_key(
+               "compress", [](Config& c) -> std::string& { return c.outer.compress; },
+               {"f32", "bf16"}, "pseudo-gradients pushed as"),
+           // H travels to and from the outer server as a u32
+           int_key(
+               "inner_steps", [](Config& c) -> int64_t& { return c.outer.inner_steps; },
+               closed(1, std::ldexp(1.0, 31) - 1), "H, inner steps between pushes"),
+           float_key(
+               "lr", [](Config& c) -> double& { return c.outer.lr; }, {0, 1e3, true, false},
+               "the outer Nesterov learning rate"),
+           float_key(
+               "momentum", [](Config& c) -> double& { return c.outer.momentum; }, below_one(), ""),
+           int_key(
+               "delay", [](Config& c) -> int64_t& { return c.outer.delay; }, at_least(0),
+               "async Delayed Nesterov period (0: the number of islands)"),
+           int_key(
+               "islands", [](Config& c) -> int64_t& { return c.outer.islands; }, at_least(0),
+               "islands expected (the first round waits for them; async step budget)"),
+           // durations become clock ticks (nanoseconds in int64: at most 292 years); a day is
+           // plenty
+           float_key(
+               "lease_s", [](Config& c) -> double& { return c.outer.lease_s; },
+               {0, 86400, true, false}, "an island silent this long is dropped"),
+           float_key(
+               "retry_s", [](Config& c) -> double& { return c.outer.retry_s; }, closed(0, 86400),
+               "how long an island keeps reconnecting"),
+           string_key(
+               "token_file", [](Config& c) -> std::string& { return c.outer.token_file; },
+               "a file holding the shared token (else `LOOM_OUTER_TOKEN`)"),
+           string_key(
+               "tls_ca", [](Config& c) -> std::string& { return c.outer.tls_ca; },
+               "island: the PEM certificate to trust"),
+           string_key(
+               "tls_cert", [](Config& c) -> std::string& { return c.outer.tls_cert; },
+               "server: its PEM certificate (with tls_key)"),
+           string_key(
+               "tls_key", [](Config& c) -> std::string& { return c.outer.tls_key; },
+               "server: its PEM private key (with tls_cert)"),
        }},
   };
   return s;
+}
+
+// Every key with its "[section] key" name, the inline table's as "[model] moe.<key>".
+template <class F>
+void for_each_key(F f) {
+  for (const Section& sec : schema())
+    for (const Key& k : sec.keys) {
+      f(sec.name, k.name, k);
+      if (sec.name == "model" && k.name == "moe")
+        for (const Key& m : moe_keys()) f(sec.name, "moe." + m.name, m);
+    }
 }
 
 void apply_override(toml::table& root, const std::string& path, const std::string& ov) {
@@ -353,7 +634,7 @@ void merge_hf_model(toml::table& root, const std::string& path) {
     const std::string key(k.str());
     const toml::node* mine = model->get(key);
     // absent, or 0 for the two keys where 0 means "the default": config.json's value
-    if (!mine || ((key == "ffn_hidden" || key == "n_kv_heads") && mine->value<int64_t>() == 0)) {
+    if (!mine || ((key == "ffn_hidden" || key == "n_kv_heads") && integer_in(*mine) == 0)) {
       model->insert_or_assign(key, v);
       continue;
     }
@@ -382,12 +663,28 @@ const char* outer_mode_name(OuterMode m) { return m == OuterMode::sync ? "sync" 
 
 std::vector<std::string> config_keys() {
   std::vector<std::string> out;
-  for (const auto& [section, keys] : schema())
-    for (const auto& [key, setter] : keys) {
-      out.push_back(fmt::format("[{}] {}", section, key));
-      if (section == "model" && key == "moe")
-        for (const auto& [k, v] : moe_keys()) out.push_back(fmt::format("[model] moe.{}", k));
-    }
+  for_each_key([&](const std::string& section, const std::string& name, const Key&) {
+    out.push_back(fmt::format("[{}] {}", section, name));
+  });
+  return out;
+}
+
+std::string config_reference() {
+  std::string out;
+  for (const Section& sec : schema()) {
+    out += fmt::format(
+        "\n## `[{}]`\n\n| key | type | default | range and meaning |\n"
+        "| --- | --- | --- | --- |\n",
+        sec.name);
+    for_each_key([&](const std::string& section, const std::string& name, const Key& k) {
+      if (section != sec.name) return;
+      std::string doc = range_text(k.range);
+      if (!doc.empty()) doc = "`" + doc + "`";
+      if (!k.meaning.empty()) doc += (doc.empty() ? "" : ": ") + k.meaning;
+      out +=
+          fmt::format("| `[{}] {}` | {} | {} | {} |\n", section, name, k.type, k.default_text, doc);
+    });
+  }
   return out;
 }
 
@@ -413,19 +710,19 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   const auto& sch = schema();
   for (const auto& [sk, sv] : root) {
     std::string section(sk.str());
-    auto sit = sch.find(section);
-    if (sit == sch.end())
+    const Section* sit = find_named(sch, section);
+    if (!sit)
       throw Error(fmt::format("{}: unknown section [{}]", path, section),
-                  suggest(section, keys_of(sch)));
+                  suggest(section, names_of(sch)));
     const toml::table* t = sv.as_table();
     if (!t) throw Error(fmt::format("{}: [{}] must be a table", path, section));
     for (const auto& [kk, kv] : *t) {
       std::string key(kk.str());
-      auto kit = sit->second.find(key);
-      if (kit == sit->second.end())
+      const Key* kit = find_named(sit->keys, key);
+      if (!kit)
         throw Error(fmt::format("{}: unknown key '{}' in [{}]", path, key, section),
-                    suggest(key, keys_of(sit->second)));
-      kit->second(c, kv, fmt::format("{}: [{}] {}", path, section, key));
+                    suggest(key, names_of(sit->keys)));
+      kit->set(c, kv, fmt::format("{}: [{}] {}", path, section, key));
       if (section == "model" && key == "arch") have_arch = true;
       written.insert(fmt::format("[{}] {}", section, key));
     }
@@ -433,9 +730,6 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!have_arch)
     throw Error(fmt::format("{}: missing key 'arch' in [model]", path),
                 "add [model] arch = \"llama\" or \"gpt2\"");
-  c.model.validate(path);
-  c.model.source = path;
-  if (use == ConfigUse::model_only) return c;
   // key: "[section] key". A key the user never wrote holds its default: the message says so.
   auto bad = [&](const std::string& key, const std::string& why) {
     if (written.count(key)) throw Error(fmt::format("{}: {}: {}", path, key, why));
@@ -443,53 +737,28 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
                             path, key, why),
                 fmt::format("set {} in the config, or with --set", key));
   };
-  auto in_range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
-    if (v < lo || v > hi) bad(key, fmt::format("must be in [{}, {}], got {}", lo, hi, v));
-  };
-  // upper bounds: sizes computed from these stay inside int64 (memory is checked before anything
-  // is allocated: train/memory.h)
-  in_range("[train] batch_size", c.train.batch_size, 1, int64_t(1) << 20);
-  in_range("[train] grad_accum", c.train.grad_accum, 1, int64_t(1) << 20);
-  in_range("[train] eval_batches", c.train.eval_batches, 1, int64_t(1) << 20);
-  in_range("[train] steps", c.train.steps, 1, int64_t(1) << 40);
-  // H travels to and from the outer server as a u32
-  in_range("[outer] inner_steps", c.outer.inner_steps, 1, (int64_t(1) << 31) - 1);
-  if (c.train.seq_len <= 0) bad("[train] seq_len", "must be > 0");
+  // every numeric key in its range (the schema's), whoever set it
+  for_each_key([&](const std::string& section, const std::string& name, const Key& k) {
+    if (!k.number) return;
+    const double v = k.number(c);
+    if (!k.range.contains(v)) {
+      const std::string r = range_text(k.range);
+      bad(fmt::format("[{}] {}", section, name),
+          fmt::format("must be {}{}, got {}", r[0] == '[' || r[0] == '(' ? "in " : "", r,
+                      k.show(c)));
+    }
+  });
+  c.model.validate(path);
+  c.model.source = path;
+  if (use == ConfigUse::model_only) return c;
+  // the rules that involve two keys (each key's own range is the schema's)
   if (c.train.seq_len > c.model.max_seq_len)
     bad("[train] seq_len", fmt::format("exceeds [model] max_seq_len = {}", c.model.max_seq_len));
-  if (!(c.optim.lr >= 0)) bad("[optim] lr", "must be >= 0");
-  if (!(c.optim.beta1 >= 0 && c.optim.beta1 < 1)) bad("[optim] beta1", "must be in [0, 1)");
-  if (!(c.optim.beta2 >= 0 && c.optim.beta2 < 1)) bad("[optim] beta2", "must be in [0, 1)");
-  if (!(c.optim.eps > 0)) bad("[optim] eps", "must be > 0");
-  if (!(c.optim.weight_decay >= 0)) bad("[optim] weight_decay", "must be >= 0");
-  if (c.train.warmup_steps < 0) bad("[train] warmup_steps", "must be >= 0");
-  if (!(c.train.min_lr >= 0)) bad("[train] min_lr", "must be >= 0");
   if (c.train.min_lr > c.optim.lr)
     bad("[train] min_lr",
         fmt::format("must be at most [optim] lr = {} (the schedule decays to it), "
                     "got {}",
                     c.optim.lr, c.train.min_lr));
-  if (!(c.optim.grad_clip >= 0))
-    bad("[optim] grad_clip",
-        fmt::format("must be >= 0 (0: no clipping), got {}", c.optim.grad_clip));
-  if (c.train.eval_every < 0) bad("[train] eval_every", "must be >= 0");
-  if (!(c.outer.lr > 0)) bad("[outer] lr", "must be > 0");
-  if (!(c.outer.momentum >= 0 && c.outer.momentum < 1))
-    bad("[outer] momentum", "must be in [0, 1)");
-  if (c.outer.delay < 0) bad("[outer] delay", "must be >= 0");
-  if (c.outer.islands < 0) bad("[outer] islands", "must be >= 0");
-  // durations become clock ticks (nanoseconds in int64: at most 292 years); a day is plenty
-  if (!(c.outer.lease_s > 0 && c.outer.lease_s <= 86400))
-    bad("[outer] lease_s", fmt::format("must be in (0, 86400] seconds, got {}", c.outer.lease_s));
-  if (!(c.outer.retry_s >= 0 && c.outer.retry_s <= 86400))
-    bad("[outer] retry_s", fmt::format("must be in [0, 86400] seconds, got {}", c.outer.retry_s));
-  if (!(c.outer.lr <= 1e3))
-    bad("[outer] lr", fmt::format("must be at most 1000, got {}", c.outer.lr));
-  if (c.checkpoint.every < 0) bad("[checkpoint] every", "must be >= 0");
-  if (c.checkpoint.keep < 0) bad("[checkpoint] keep", "must be >= 0 (0 keeps all)");
-  if (!(c.passes.bucket_mb > 0 && c.passes.bucket_mb <= 1e6))
-    bad("[passes] bucket_mb", "must be > 0 and at most 1e6 (a terabyte)");
-  if (c.passes.max_in_flight < 1) bad("[passes] max_in_flight", "must be >= 1");
   if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic) {
     try {
       c.passes.cluster =

@@ -4,7 +4,10 @@
 //
 // Strict: an unknown section or key, or a value of the wrong type, is a loom::Error naming the file
 // and the key (with a "did you mean" hint for near misses). Every key has a default except [model]
-// arch, which must be stated.
+// arch, which must be stated. One schema (config.cc) declares every key with its type, default,
+// range and meaning: the loader checks each numeric key against its range (the error names the
+// key, the value and the range, and says when the value is a default the file never set), and the
+// key reference (docs/config.md, `loom config --keys`) is printed from it.
 #pragma once
 
 #include <cstdint>
@@ -98,8 +101,11 @@ struct Config {
 // [model].
 enum class ConfigUse { all, model_only };
 // Every key a config may hold, as "[section] key" ("[model] moe.top_k" for an inline table's),
-// in the schema's order: docs/config.md documents each one (config_test checks that it does).
+// in the schema's order.
 std::vector<std::string> config_keys();
+// The schema as markdown, a table per section: every key with its type, default, range and
+// meaning. `loom config --keys` prints it; docs/config.md holds it (config_test keeps them equal).
+std::string config_reference();
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                    ConfigUse use = ConfigUse::all);
 
