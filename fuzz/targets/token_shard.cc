@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (int64_t i = 0; i < n; ++i)
         if (buf[size_t(i)] < 0 || buf[size_t(i)] >= s.vocab_size()) std::abort();
     }
-    if (s.size() > 0) (void)(s[0] + s[s.size() - 1]);
+    if (s.size() > 0 && (s[0] >= s.vocab_size() || s[s.size() - 1] >= s.vocab_size())) std::abort();
   });
   return 0;
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -106,6 +107,11 @@ Shard Shard::open(const std::string& path) {
                             "{} bytes) but the file has {} ({})",
                             path, expect, h.count, width, bytes,
                             bytes < expect ? "truncated" : "trailing bytes"),
+                hint);
+  // token ids are i32, and a model's vocabulary at most 2^31-1 (models::ModelLimits)
+  if (h.vocab_size < 1 || h.vocab_size > uint32_t(INT32_MAX))
+    throw Error(fmt::format("token shard {}: the header's vocab_size {} is not in [1, 2^31-1]",
+                            path, h.vocab_size),
                 hint);
   s.dtype_ = ShardDType(h.dtype);
   s.count_ = int64_t(h.count);

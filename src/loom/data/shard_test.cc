@@ -152,6 +152,21 @@ TEST_F(ShardTest, TokenOutsideVocabulary) {
   EXPECT_NE(e.find("token 300 at index 2"), std::string::npos) << e;
 }
 
+// found by fuzz/targets/token_shard.cc: a header's vocab_size beyond int32 let i32 tokens up to
+// 2^32-1 through, which no model can embed
+TEST_F(ShardTest, VocabularyOutsideInt32OrZero) {
+  write_shard(path("w.bin"), {1, 2}, 100000);
+  for (const char* vocab : {"\x00\x00\x00\x80", "\xff\xff\xff\xff", "\x00\x00\x00\x00"}) {
+    std::fstream f(path("w.bin"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(24);
+    f.write(vocab, 4);
+    f.close();
+    std::string e = error_of(path("w.bin"));
+    EXPECT_NE(e.find("vocab_size"), std::string::npos) << e;
+    EXPECT_NE(e.find("not in [1, 2^31-1]"), std::string::npos) << e;
+  }
+}
+
 TEST_F(ShardTest, MissingFile) {
   std::string e = error_of(path("none.bin"));
   EXPECT_NE(e.find(path("none.bin")), std::string::npos) << e;
