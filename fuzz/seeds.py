@@ -141,8 +141,9 @@ def spec(name, shape):
     return field(1, 2, name.encode()) + field(2, 2, b"".join(varint(d) for d in shape))
 
 
-def join(model):
-    return field(1, 2, b"island") + b"".join(field(2, 2, spec(n, s)) for n, s in model)
+def join(model, key=b""):
+    return (field(1, 2, b"island") + b"".join(field(2, 2, spec(n, s)) for n, s in model) +
+            (field(3, 2, key) if key else b""))
 
 
 def chunk(name, offset, values, bf16=False):
@@ -176,6 +177,10 @@ put("outer_requests", "async_bf16", b"\x01" + call(0, join(model)) + call(0, joi
     call(2, push(2, 0, 4, [chunk("a", 0, [0.5, 0.5, 0.5], True), chunk("b", 0, [1, 2, 3, 4], True)])) +
     call(2, push(1, 0, 8, grad)) + call(3, field(1, 0, 1) + field(2, 0, 1)))
 put("outer_requests", "wrong_model", b"\x00" + call(0, join([("a", [4])])))
+# an island restarted under its key mid-round: it gets its id back
+put("outer_requests", "rejoin_key", b"\x00" + call(0, join(model, b"host:/runs/a")) +
+    call(0, join(model, b"host:/runs/b")) + call(2, push(1, 0, 4, grad)) +
+    call(0, join(model, b"host:/runs/b")) + call(2, push(2, 0, 4, grad)) + call(3, field(1, 0, 1)))
 
 
 # ---- metrics: lines as loom train writes them, MoE fields, a torn last line ----

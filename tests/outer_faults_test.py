@@ -12,6 +12,8 @@
    round is lost (the final version is steps/H, the resumed version at least what islands had seen).
 4. One island with outer lr 1 and momentum 0 (global = local after every round) logs the same loss
    at every step as a plain loom train of the same config (1e-5 relative).
+3b. An island SIGKILLed and restarted on its run dir (--resume auto) rejoins under its own id, and the
+   round under way stops waiting for the old process at once (the lease is longer than the test).
 5. Bad configuration: a wrong token (the island exits non-zero, quickly, saying "token"), a server
    without a token (exit 1 naming LOOM_OUTER_TOKEN), an island whose model differs (exit non-zero
    naming a tensor), a server that cannot write its state (exit 1, nothing left behind).
@@ -265,6 +267,44 @@ def island_joins(d, data):
     stop_server(srv)
 
 
+def island_restarted(d, data):
+    # Issue 16's stable identity: an island SIGKILLed and restarted on its run dir (--resume auto)
+    # rejoins under its own id (so its data stream), and the round under way stops waiting for the
+    # dead process at once: the lease is 60 s, longer than the whole scenario is allowed.
+    common = common_sets(data, outer__lease_s=60, checkpoint__every=H)
+    srv, port = start_server(d, "server", common, os.path.join(d, "state"))
+    if port is None:
+        return
+    t0 = time.time()
+    isl = [start_island(d, "island%d" % i, port, common) for i in range(2)]
+    victim = isl[1]
+    ok = wait_for(lambda: any(j.get("outer_round", 0) >= 2 for j in metrics(victim.run)), 60, isl)
+    if not check(ok, "the victim completes two outer rounds (rc %s)" % victim.p.poll()):
+        return
+    victim.kill()
+    log = srv.text()
+    first = re.search(r"island (\d+) \(\S+:%d [^)]*\) joined" % victim.pid, log)
+    if not check(first is not None, "the server logged the victim's join"):
+        return
+    again = start_island(d, "island1", port, common, extra=["--resume", "auto"])
+    rcs = [isl[0].wait(50), again.wait(50)]
+    check(rcs == [0, 0], "the other island and the restarted one exit 0 (rcs %s)%s" % (
+        rcs, "" if rcs == [0, 0] else ": " + again.text()[-600:]))
+    log = srv.text()
+    re_id = re.search(r"island (\d+) \(\S+:%d [^)]*\) rejoined" % again.pid, log)
+    check(re_id is not None and re_id.group(1) == first.group(1),
+          "it rejoins as island %s (the server says: %s)" % (
+              first.group(1), re_id.group(0) if re_id else one_line(log[-300:])))
+    check("dropped: lease expired" not in log, "no island was dropped by its lease")
+    check(time.time() - t0 < 60, "done in %.0f s, within one lease" % (time.time() - t0))
+    steps = [j["step"] for j in metrics(again.run)]
+    check(steps == list(range(1, STEPS + 1)), "the restarted island logs steps 1..%d" % STEPS)
+    # rounds close to the end with both islands (the round the restart fell in closed without it)
+    final, seen = stop_server(srv), [last_version(r.run) for r in (isl[0], again)]
+    check(final is not None and seen == [final, final] and final >= STEPS // H - 1,
+          "the server stops at version %s, the last both islands saw (%s)" % (final, seen))
+
+
 def server_restarted(d, data):
     # With LEASE = 1.5 s the islands must get through to the restarted server well within a lease
     # (an island whose lease ran out is dropped and rejoins, throwing its round away by design).
@@ -421,6 +461,7 @@ def bad_config(d, data):
 SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),
              ("2. island joining mid-run", island_joins),
              ("3. server SIGKILLed and restarted", server_restarted),
+             ("3b. island SIGKILLed and restarted on its run dir", island_restarted),
              ("4. single island parity with plain training", single_island_parity),
              ("5. bad configuration", bad_config)]
 

@@ -59,7 +59,7 @@ std::function<int()> add_outer_server(CLI::App& app) {
     sc.mode = cfg.outer.mode;
     sc.opt = {cfg.outer.lr, cfg.outer.momentum};
     sc.inner_steps = cfg.outer.inner_steps;
-    sc.delay = cfg.outer.delay > 0 ? cfg.outer.delay : std::max<int64_t>(cfg.outer.islands, 1);
+    sc.delay = cfg.outer.delay;  // 0: the live islands
     const bool async = cfg.outer.mode == train::OuterMode::async;
     sc.step_budget = async ? cfg.outer.islands * cfg.train.steps : 0;
     sc.lease_s = cfg.outer.lease_s;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -32,8 +33,13 @@ class IslandSync : public train::OuterSync {
   IslandSync(const train::Config& cfg, train::ParamStore& params, const std::string& run_dir) {
     char host[256] = "?";
     ::gethostname(host, sizeof host - 1);
+    // its key: this host and run directory, so a restarted island (loom train --resume on the same
+    // run dir) is the same island to the server, with its id and data stream
+    std::error_code ec;
+    const std::string dir = std::filesystem::absolute(run_dir, ec).lexically_normal().string();
     island_ = std::make_unique<outer::Island>(cfg, params,
-                                              fmt::format("{}:{} {}", host, ::getpid(), run_dir));
+                                              fmt::format("{}:{} {}", host, ::getpid(), run_dir),
+                                              fmt::format("{}:{}", host, ec ? run_dir : dir));
   }
   uint64_t id() const override { return island_->id(); }
   int64_t inner_steps() const override { return island_->inner_steps(); }

@@ -69,9 +69,11 @@ grpc::Status OuterClient::retrying(const char* what, F&& call) {
   }
 }
 
-grpc::Status OuterClient::join(const std::string& name, proto::JoinReply* rep) {
+grpc::Status OuterClient::join(const std::string& name, proto::JoinReply* rep,
+                               const std::string& key) {
   proto::JoinRequest req;
   req.set_name(name);
+  req.set_key(key);
   for (const auto& t : spec_) {
     auto* m = req.add_model();
     m->set_name(t.name);

@@ -33,7 +33,8 @@ class OuterClient {
   // `spec`: the model's tensors (names and shapes; data unused), in the server's order.
   OuterClient(ClientConfig cfg, TensorList spec);
 
-  grpc::Status join(const std::string& name, proto::JoinReply* rep);
+  // `key`: the island's identity across restarts (JoinRequest.key); "" for none.
+  grpc::Status join(const std::string& name, proto::JoinReply* rep, const std::string& key = "");
   grpc::Status heartbeat(uint64_t id, proto::HeartbeatReply* rep);
   // Fills `params` (shaped like spec) and *version.
   grpc::Status pull(uint64_t id, TensorList& params, uint64_t* version);

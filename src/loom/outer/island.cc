@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -32,8 +33,9 @@ std::string read_token(const train::OuterConfig& c, const std::string& config_pa
               "holding it (never the command line)");
 }
 
-Island::Island(const train::Config& cfg, train::ParamStore& params, const std::string& name)
-    : cfg_(cfg.outer), params_(params), name_(name) {
+Island::Island(const train::Config& cfg, train::ParamStore& params, const std::string& name,
+               const std::string& key)
+    : cfg_(cfg.outer), params_(params), name_(name), key_(key) {
   TensorList spec;  // names and shapes
   for (const auto& p : params.infos()) spec.push_back({p.name, p.shape, {}});
   global_ = zeros_like(spec);
@@ -58,7 +60,7 @@ Island::~Island() {
 
 void Island::join() {
   proto::JoinReply r;
-  grpc::Status s = client_->join(name_, &r);
+  grpc::Status s = client_->join(name_, &r, key_);
   if (!s.ok())
     throw Error(fmt::format("outer server {} refused to let this island join: {}",
                             client_->server(), s.error_message()));
@@ -114,6 +116,8 @@ bool Island::sync(int64_t steps, double seconds) {
   h.set_seconds(seconds);
   const proto::Encoding enc = cfg_.compress == "bf16" ? proto::BF16 : proto::F32;
   const std::string server = client_->server();
+  // async: the version after this push, and the one that closes its Delayed Nesterov period
+  uint64_t pushed_version = 0, period_version = 0;
   // Pushes; returns true if the push stands (accepted, or already held by the server).
   auto push = [&]() {
     proto::PushReply rep;
@@ -122,6 +126,8 @@ bool Island::sync(int64_t steps, double seconds) {
       case grpc::StatusCode::OK:
         h_ = int64_t(rep.inner_steps());
         done_ = rep.done();
+        pushed_version = rep.version();
+        period_version = rep.period_version();
         return true;
       case grpc::StatusCode::ALREADY_EXISTS:
         return true;
@@ -137,7 +143,32 @@ bool Island::sync(int64_t steps, double seconds) {
         throw Error(fmt::format("outer server {} rejected a push: {}", server, s.error_message()));
     }
   };
-  if (push() && cfg_.mode == train::OuterMode::sync) {
+  const bool pushed = push();
+  if (pushed && cfg_.mode == train::OuterMode::async && cfg_.grace > 0 &&
+      period_version > pushed_version) {
+    // Wait, at most `grace` of this round's time, for the other pushes of this Delayed Nesterov
+    // period: islands that push together then all start from the period's parameters (its
+    // momentum step included), as DiLoCo's do, instead of each from a different part-update. An
+    // island slower than the grace only costs the others that wait.
+    const auto until = Clock::now() + std::chrono::duration<double>(cfg_.grace * seconds);
+    while (Clock::now() < until) {
+      const double left_ms =
+          std::chrono::duration<double, std::milli>(until - Clock::now()).count();
+      proto::AwaitReply a;
+      grpc::Status s =
+          client_->await(id_, period_version - 1, uint32_t(std::clamp(left_ms, 1.0, 1000.0)), &a);
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+        join();
+        break;
+      }
+      if (!s.ok())
+        throw Error(fmt::format("outer server {}: waiting for version {}: {}", server,
+                                period_version, s.error_message()));
+      done_ = a.done();
+      if (a.state() == proto::AwaitReply::CLOSED) break;
+    }
+  }
+  if (pushed && cfg_.mode == train::OuterMode::sync) {
     for (;;) {
       proto::AwaitReply a;
       grpc::Status s = client_->await(id_, h.base_version(), 1000, &a);

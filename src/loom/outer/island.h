@@ -32,7 +32,10 @@ std::string read_token(const train::OuterConfig& c, const std::string& config_pa
 
 class Island {
  public:
-  Island(const train::Config& cfg, train::ParamStore& params, const std::string& name);
+  // `name` labels the island in the server's log; `key` is its identity across restarts (host and
+  // run directory): a restarted island gets its id, and so its data stream, back.
+  Island(const train::Config& cfg, train::ParamStore& params, const std::string& name,
+         const std::string& key = "");
   ~Island();
 
   uint64_t id() const { return id_; }
@@ -54,7 +57,7 @@ class Island {
 
   train::OuterConfig cfg_;
   train::ParamStore& params_;
-  std::string name_;
+  std::string name_, key_;
   std::unique_ptr<OuterClient> client_;
   TensorList global_;  // the parameters of version_, as pulled
   std::atomic<uint64_t> id_{0};

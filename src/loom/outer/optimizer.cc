@@ -20,7 +20,7 @@ void delayed_nesterov_push(const OuterOptConfig& c, int64_t period, TensorList& 
                            TensorList& momentum, TensorList& buffer, int64_t& count,
                            const TensorList& grad) {
   const float lr = float(c.lr), mu = float(c.momentum), inv = 1.f / float(period);
-  const bool move = (count + 1) % period == 0;
+  const bool move = count + 1 >= period;
   for (size_t t = 0; t < params.size(); ++t) {
     float* p = params[t].data.data();
     float* m = momentum[t].data.data();
@@ -37,7 +37,7 @@ void delayed_nesterov_push(const OuterOptConfig& c, int64_t period, TensorList& 
       }
     }
   }
-  ++count;
+  count = move ? 0 : count + 1;
 }
 
 }  // namespace loom::outer

@@ -4,9 +4,11 @@
 //   m <- mu m + g;   p <- p - lr (g + mu m)            (Nesterov, in PyTorch SGD's form)
 // Async (Delayed Nesterov, Liu et al. 2024): each push g is applied as it arrives, and the momentum
 // moves only every N pushes, on the mean of the pseudo-gradients buffered since:
-//   b <- b + g;  c <- c + 1
-//   if c mod N == 0:  m <- mu m + b / N;  p <- p - lr (g / N + mu m);  b <- 0
-//   else:             p <- p - lr g / N
+//   b <- b + g;  c <- c + 1               (c: pushes in the open period)
+//   if c >= N:  m <- mu m + b / N;  p <- p - lr (g / N + mu m);  b <- 0;  c <- 0
+//   else:       p <- p - lr g / N
+// N may change between pushes (the server's default N is its live islands); a period closes at
+// the first push that makes c reach the N of that push.
 // Over N pushes this moves p as a sync round of N islands would (each gradient weighs 1/N); with
 // N = 1 it is the sync update.
 #pragma once
@@ -25,7 +27,8 @@ struct OuterOptConfig {
 void nesterov_step(const OuterOptConfig& c, TensorList& params, TensorList& momentum,
                    const TensorList& grad);
 
-// `count` is the number of pushes applied before this one; it is incremented.
+// `count`: the pushes of the open period before this one; this push adds one, or closes the period
+// (its momentum step) and sets it to 0.
 void delayed_nesterov_push(const OuterOptConfig& c, int64_t period, TensorList& params,
                            TensorList& momentum, TensorList& buffer, int64_t& count,
                            const TensorList& grad);

@@ -40,7 +40,7 @@ TEST(OuterOptimizer, DelayedNesterovWithPeriodOneIsNesterov) {
     nesterov_step(c, p1, m1, g);
     delayed_nesterov_push(c, 1, p2, m2, buf, count, g);
   }
-  EXPECT_EQ(count, 4);
+  EXPECT_EQ(count, 0);  // each push closed its period
   for (size_t t = 0; t < p1.size(); ++t)
     for (size_t i = 0; i < p1[t].data.size(); ++i) EXPECT_NEAR(p1[t].data[i], p2[t].data[i], 1e-6);
 }

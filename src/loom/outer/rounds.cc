@@ -24,7 +24,6 @@ Rounds::Rounds(RoundsConfig cfg, TensorList initial, Hooks hooks)
     : cfg_(std::move(cfg)), hooks_(std::move(hooks)) {
   if (cfg_.inner_steps < 1) throw Error("outer server: [outer] inner_steps must be >= 1");
   if (!(cfg_.lease_s > 0)) throw Error("outer server: [outer] lease_s must be > 0");
-  period_ = cfg_.delay > 0 ? cfg_.delay : 1;
   for (const auto& t : initial) spec_.push_back({t.name, t.shape, {}});
   momentum_ = zeros_like(initial);
   buffer_ = zeros_like(initial);
@@ -40,6 +39,7 @@ void Rounds::resume(OuterState saved, Time now) {
   async_count_ = saved.meta.async_count;
   total_steps_ = saved.meta.total_steps;
   next_id_ = saved.meta.next_id;
+  keys_ = std::move(saved.meta.keys);
   members_.clear();
   for (auto& [id, r] : saved.meta.members) members_[id] = {std::move(r), now + lease()};
   round_pushed_.clear();
@@ -49,7 +49,7 @@ void Rounds::resume(OuterState saved, Time now) {
 // ---- the calls ----
 
 std::optional<Refusal> Rounds::join(const std::string& name, const TensorList& model, Time now,
-                                    Joined* out) {
+                                    Joined* out, const std::string& key) {
   const TensorList& p = *params_;
   if (model.size() != p.size())
     return Refusal{
@@ -63,12 +63,25 @@ std::optional<Refusal> Rounds::join(const std::string& name, const TensorList& m
                                  i, model[i].name, shape_str(model[i].shape), p[i].name,
                                  shape_str(p[i].shape))};
   }
-  const uint64_t id = next_id_++;
-  // Expected from the next round if this one is under way (but every island is, in the first).
+  if (key.size() > kMaxKeyBytes)
+    return Refusal{RefusalKind::invalid,
+                   fmt::format("an island key of {} bytes: at most {}", key.size(), kMaxKeyBytes)};
+  auto known = key.empty() ? keys_.end() : keys_.find(key);
+  if (!key.empty() && known == keys_.end() && keys_.size() >= kMaxKeys)
+    return Refusal{
+        RefusalKind::invalid,
+        fmt::format("the server keeps {} island keys already: join without one", kMaxKeys)};
+  const bool again = known != keys_.end();
+  const uint64_t id = again ? known->second : next_id_++;
+  if (!key.empty()) keys_[key] = id;
+  // Expected from the next round if this one is under way (but every island is, in the first);
+  // a restarted island's push of the open round, if the old process made one, still counts.
   const uint64_t joined_round = round_pushed_.empty() || version_ == 0 ? version_ : version_ + 1;
   Member& m = members_[id] = {{name.substr(0, 200), joined_round, 0}, now + lease()};
   // saved with the next round: a member lost in a restart simply joins again
-  log(fmt::format("island {} ({}) joined at version {}", id, m.record.name, version_));
+  log(fmt::format("island {} ({}) {} at version {}", id, m.record.name,
+                  again ? "rejoined (the same island, restarted)" : "joined", version_));
+  if (again) maybe_close(now);  // the round may have waited only for the old process
   *out = {id, version_, uint32_t(cfg_.inner_steps), done()};
   return std::nullopt;
 }
@@ -141,7 +154,7 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     auto next = std::make_shared<TensorList>(*params_);
     TensorList momentum = momentum_, buffer = buffer_;
     int64_t count = async_count_;
-    delayed_nesterov_push(cfg_.opt, period_, *next, momentum, buffer, count, grad);
+    delayed_nesterov_push(cfg_.opt, period(), *next, momentum, buffer, count, grad);
     if (std::string bad = nonfinite_in(*next) + nonfinite_in(momentum); !bad.empty())
       return Refusal{RefusalKind::invalid,
                      fmt::format("push from island {}: the update would make a non-finite "
@@ -153,7 +166,11 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     params_ = std::move(next);
     ++version_;
   }
-  m->record.sec_per_step = h.seconds / double(h.inner_steps);
+  if (m->pushes++ > 0) {
+    m->steps += double(h.inner_steps);
+    m->seconds += h.seconds;
+    if (m->pushes > 2) m->record.sec_per_step = m->seconds / m->steps;
+  }
   total_steps_ += int64_t(h.inner_steps);
   ++accepted_;
   if (cfg_.mode == OuterMode::sync) {
@@ -161,7 +178,11 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
   } else if (hooks_.on_version) {
     hooks_.on_version();
   }
-  *out = {version_, inner_steps_for(*m), done()};
+  // async: each push is one version, and the period closes at its N-th push
+  const uint64_t to_close = cfg_.mode == OuterMode::async && async_count_ > 0
+                                ? uint64_t(std::max<int64_t>(1, period() - async_count_))
+                                : 0;
+  *out = {version_, inner_steps_for(*m), done(), version_ + to_close};
   return std::nullopt;
 }
 
@@ -190,8 +211,15 @@ void Rounds::expire(Time now) {
 
 RoundState Rounds::round_state(uint64_t id, uint64_t base_version) const {
   if (version_ > base_version) return RoundState::closed;
+  // async holds no rounds: an island awaits a version, and a lost push is simply lost
+  if (cfg_.mode == OuterMode::async) return RoundState::pending;
   if (!round_pushed_.count(id)) return RoundState::resend;
   return RoundState::pending;
+}
+
+int64_t Rounds::period() const {
+  if (cfg_.delay > 0) return cfg_.delay;
+  return std::max<int64_t>(1, int64_t(members_.size()));
 }
 
 bool Rounds::done() const { return cfg_.step_budget > 0 && total_steps_ >= cfg_.step_budget; }
@@ -201,7 +229,7 @@ std::chrono::milliseconds Rounds::lease() const {
 }
 
 StateMeta Rounds::meta() const {
-  StateMeta s{cfg_.mode, version_, async_count_, total_steps_, next_id_, {}};
+  StateMeta s{cfg_.mode, version_, async_count_, total_steps_, next_id_, {}, keys_};
   for (const auto& [id, m] : members_) s.members[id] = m.record;
   return s;
 }
@@ -216,13 +244,17 @@ Rounds::Member* Rounds::find_live(uint64_t id, Time now) {
 }
 
 // Async: H x fastest / own seconds per step, in [1, H]; e.g. H = 12 and an island three times
-// slower than the fastest takes 4.
+// slower than the fastest takes 4. Islands less than 1.5 times slower than the fastest count as
+// equal (they take H): islands sharing a machine differ by up to that much over a few rounds from
+// scheduling alone (4 on 2 cores: 2 to 6 ms a step over 10 steps, means within 10%), and a smaller
+// H there would only make equal islands push at different times and spend the budget unevenly.
 uint32_t Rounds::inner_steps_for(const Member& m) const {
   const double own = m.record.sec_per_step;
   if (cfg_.mode != OuterMode::async || own <= 0) return uint32_t(cfg_.inner_steps);
   double fastest = own;
   for (const auto& [id, o] : members_)
     if (o.record.sec_per_step > 0) fastest = std::min(fastest, o.record.sec_per_step);
+  if (own < 1.5 * fastest) return uint32_t(cfg_.inner_steps);
   double h = std::round(double(cfg_.inner_steps) * fastest / own);
   return uint32_t(std::clamp<double>(h, 1, double(cfg_.inner_steps)));
 }

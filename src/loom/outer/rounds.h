@@ -45,7 +45,7 @@ struct RoundsConfig {
   OuterMode mode = OuterMode::sync;
   OuterOptConfig opt;
   int64_t inner_steps = 50;  // H
-  int64_t delay = 0;         // async: Delayed Nesterov period N; 0: 1
+  int64_t delay = 0;         // async: Delayed Nesterov period N; 0: the live members
   int64_t step_budget = 0;   // async: inner steps, summed over pushes, after which islands stop
   double lease_s = 10;
   int64_t min_islands = 0;    // sync: pushes the first round waits for ([outer] islands)
@@ -99,6 +99,9 @@ class Rounds {
     uint64_t version = 0;      // after the push (async: it includes the push)
     uint32_t inner_steps = 0;  // H for the island's next round
     bool done = false;
+    // async: the version at which the Delayed Nesterov period of this push closes (its momentum
+    // step), = version when this push closed it; sync: version
+    uint64_t period_version = 0;
   };
 
   // Version 0 at `initial`, with no members. Throws loom::Error on a bad config.
@@ -110,9 +113,12 @@ class Rounds {
 
   // ---- the calls, each at time `now` ----
 
-  // `model`: the island's tensor names and shapes (no data), which must be the server's.
+  // `model`: the island's tensor names and shapes (no data), which must be the server's. `key`:
+  // the island's identity across restarts (JoinRequest.key); a key seen before gets its island's
+  // id back, and a round under way stops waiting for the old process (the island is expected from
+  // the next round, as one joining mid-round is). At most kMaxKeys keys of kMaxKeyBytes.
   std::optional<Refusal> join(const std::string& name, const TensorList& model, Time now,
-                              Joined* out);
+                              Joined* out, const std::string& key = "");
   // Renews the member's lease; `not_member` if there is no such live member.
   std::optional<Refusal> touch(uint64_t id, Time now);
   // A push's header, checked before its tensors are read.
@@ -147,6 +153,12 @@ class Rounds {
   struct Member {
     MemberRecord record;
     Time deadline;
+    // what its pushes said, summed since it joined (or the server started), its first push left
+    // out (that round holds the warm-up: the first steps allocate and fault in memory):
+    // record.sec_per_step is their ratio, a mean that one noisy round barely moves, known once
+    // two rounds are in it
+    int64_t pushes = 0;
+    double steps = 0, seconds = 0;
   };
 
   Member* find_live(uint64_t id, Time now);  // its lease renewed; nullptr if none
@@ -156,16 +168,17 @@ class Rounds {
 
   RoundsConfig cfg_;
   Hooks hooks_;
-  int64_t period_ = 1;  // async Delayed Nesterov N
+  int64_t period() const;  // async Delayed Nesterov N: [outer] delay, or the live members
   TensorList spec_;
   std::shared_ptr<const TensorList> params_;
   TensorList momentum_, buffer_;  // buffer: async only
   uint64_t version_ = 0;
-  int64_t async_count_ = 0;  // pushes applied (async)
+  int64_t async_count_ = 0;  // async: pushes in the open Delayed Nesterov period
   int64_t total_steps_ = 0;  // inner steps pushed, summed
   int64_t accepted_ = 0;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Member> members_;
+  std::map<std::string, uint64_t> keys_;  // island key -> id
   // the open sync round
   TensorList round_sum_;
   std::set<uint64_t> round_pushed_;

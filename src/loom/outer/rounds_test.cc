@@ -55,9 +55,9 @@ struct Fixture {
     rounds.expire(at(ms));
     return rounds.version();
   }
-  uint64_t join(int64_t ms = 0, const std::string& name = "island") {
+  uint64_t join(int64_t ms = 0, const std::string& name = "island", const std::string& key = "") {
     Rounds::Joined j;
-    auto r = rounds.join(name, init, at(ms), &j);
+    auto r = rounds.join(name, init, at(ms), &j, key);
     EXPECT_FALSE(r) << r->message;
     return j.island_id;
   }
@@ -263,10 +263,11 @@ TEST(Rounds, AMemberThatLeavesIsNotWaitedFor) {
 }
 
 // Two islands, the second three times slower (0.1 and 0.3 s per step), H = 12, Delayed Nesterov
-// with N = 2 and a budget of 48 inner steps: each push moves the version at once, the slow island
-// is told to take 4 steps (12 x 0.1 / 0.3), and the fourth push spends the budget.
+// with N = 2 and a budget of 72 inner steps: each push moves the version at once; an island's speed
+// is known from its third push (its first round holds the warm-up, and one round is noise), from
+// which the slow island is told to take 4 steps (12 x 0.1 / 0.3); the sixth push spends the budget.
 TEST(Rounds, AsyncAppliesEachPushAtOnceAndGivesSlowIslandsFewerSteps) {
-  const RoundsConfig c{.mode = OuterMode::async, .inner_steps = 12, .delay = 2, .step_budget = 48};
+  const RoundsConfig c{.mode = OuterMode::async, .inner_steps = 12, .delay = 2, .step_budget = 72};
   Fixture f(c);
   const uint64_t ids[2] = {f.join(), f.join()};
   struct Step {
@@ -276,13 +277,15 @@ TEST(Rounds, AsyncAppliesEachPushAtOnceAndGivesSlowIslandsFewerSteps) {
     uint32_t next_h;
     bool done;
   };
-  const Step steps[] = {{0, 0, 1.2, 12, false},  // alone so far: the fastest
-                        {1, 0, 3.6, 4, false},   // stale by one: applied anyway
-                        {0, 1, 1.2, 12, false},
-                        {1, 2, 3.6, 4, true}};  // 48 inner steps pushed
+  const Step steps[] = {{0, 0, 1.2, 12, false},  // a first push: no speed yet
+                        {1, 0, 3.6, 12, false},  // stale by one: applied anyway
+                        {0, 1, 1.2, 12, false},  // one round counted: no speed yet
+                        {1, 2, 3.6, 12, false},
+                        {0, 3, 1.2, 12, false},  // 0.1 s a step: the fastest
+                        {1, 4, 3.6, 4, true}};   // 0.3 s a step; 72 inner steps pushed
   TensorList want = f.init, m = zeros_like(want), buf = zeros_like(want);
   int64_t count = 0;
-  for (size_t k = 0; k < 4; ++k) {
+  for (size_t k = 0; k < std::size(steps); ++k) {
     const Step& s = steps[k];
     Rounds::Pushed p;
     ASSERT_FALSE(f.push(ids[s.island], s.base, model(2 + k), 0, &p, 12, s.seconds)) << k;
@@ -291,6 +294,9 @@ TEST(Rounds, AsyncAppliesEachPushAtOnceAndGivesSlowIslandsFewerSteps) {
     EXPECT_EQ(f.saved, int(k + 1)) << k;
     EXPECT_EQ(p.inner_steps, s.next_h) << k;
     EXPECT_EQ(p.done, s.done) << k;
+    // N = 2: the first push of a period waits for the version of the second, which closes it
+    EXPECT_EQ(p.period_version, k % 2 == 0 ? k + 2 : k + 1) << k;
+    EXPECT_EQ(f.rounds.round_state(ids[s.island], p.version), RoundState::pending) << k;
     expect_same(*f.rounds.params(), want, 1e-6f);
   }
   expect_refused(f.push(ids[0], 9, model(9)), RefusalKind::invalid);  // from the future
@@ -311,7 +317,7 @@ TEST(Rounds, ResumingASavedStateKeepsMembersWithFreshLeasesAndLosesTheOpenRound)
   EXPECT_EQ(meta.next_id, 3u);
   ASSERT_EQ(meta.members.size(), 2u);
   EXPECT_EQ(meta.members.at(b).name, "b");
-  EXPECT_DOUBLE_EQ(meta.members.at(a).sec_per_step, 0.1);
+  EXPECT_DOUBLE_EQ(meta.members.at(a).sec_per_step, 0.0);  // known from a third push
 
   Fixture g({.lease_s = 1});
   g.rounds.resume({meta, *f.rounds.params(), f.rounds.momentum(), f.rounds.buffer()}, g.at(5000));
@@ -324,6 +330,58 @@ TEST(Rounds, ResumingASavedStateKeepsMembersWithFreshLeasesAndLosesTheOpenRound)
   ASSERT_FALSE(g.push(b, 1, model(5), 5500));
   EXPECT_EQ(g.rounds.version(), 2u);
   EXPECT_EQ(g.join(5500), 3u);  // ids go on from the saved next_id
+}
+
+// Issue 16's stable identity: an island restarted under its key gets its id back (its data stream
+// follows the id), is not a second member, and a round under way stops waiting for the old process
+// at once (not when its lease runs out); the keys survive a server restart.
+TEST(Rounds, ARestartedIslandRejoinsUnderItsIdAndStopsBlockingTheRound) {
+  Fixture f({.lease_s = 60});
+  const uint64_t a = f.join(0, "a", "host:/runs/a"), b = f.join(0, "b", "host:/runs/b");
+  ASSERT_FALSE(f.push(a, 0, model(2)));
+  ASSERT_FALSE(f.push(b, 0, model(3)));
+  ASSERT_EQ(f.rounds.version(), 1u);
+  ASSERT_FALSE(f.push(a, 1, model(4), 100));  // round 2 under way; b is killed before its push
+  EXPECT_EQ(f.rounds.version(), 1u);
+  // b restarts (loom train --resume on its run dir) long before its lease of 60 s runs out
+  EXPECT_EQ(f.join(200, "b again", "host:/runs/b"), b);
+  EXPECT_EQ(f.rounds.members(), 2u);
+  EXPECT_EQ(f.rounds.version(), 2u) << "the round still waited for the dead process";
+  EXPECT_NE(f.lines.back().find("closed"), std::string::npos) << f.lines.back();
+  ASSERT_FALSE(f.push(a, 2, model(5), 300));
+  ASSERT_FALSE(f.push(b, 2, model(6), 300));  // expected again from round 3
+  EXPECT_EQ(f.rounds.version(), 3u);
+  EXPECT_EQ(f.join(400, "c", "host:/runs/c"), 3u);  // a new key: a new island
+  Rounds::Joined j;
+  expect_refused(f.rounds.join("x", f.init, f.at(500), &j, std::string(kMaxKeyBytes + 1, 'k')),
+                 RefusalKind::invalid);
+  // the server restarts: the keys come back with the state
+  Fixture g({.lease_s = 60});
+  g.rounds.resume({f.rounds.meta(), *f.rounds.params(), f.rounds.momentum(), f.rounds.buffer()},
+                  g.at(0));
+  EXPECT_EQ(g.join(0, "a again", "host:/runs/a"), a);
+  EXPECT_EQ(g.join(0, "new", "host:/runs/d"), 4u);
+}
+
+// [outer] delay = 0: the Delayed Nesterov period is the islands that are members at each push, so a
+// period stays one push per island when one leaves (a fixed N = 3 would make every period after
+// it span two of each island's rounds, and an island awaiting its period wait a round for it).
+TEST(Rounds, TheAsyncPeriodFollowsTheLiveMembers) {
+  Fixture f({.mode = OuterMode::async, .lease_s = 60});
+  const uint64_t a = f.join(), b = f.join(), c = f.join();
+  Rounds::Pushed p;
+  ASSERT_FALSE(f.push(a, 0, model(2), 0, &p));
+  EXPECT_EQ(p.period_version, 3u);  // three members: the third push closes the period
+  ASSERT_FALSE(f.push(b, 0, model(3), 0, &p));
+  ASSERT_FALSE(f.push(c, 0, model(4), 0, &p));
+  EXPECT_EQ(p.period_version, 3u);           // this push closed it
+  for (const Tensor& t : f.rounds.buffer())  // the momentum step took the buffer
+    for (float x : t.data) EXPECT_EQ(x, 0.f);
+  ASSERT_FALSE(f.rounds.leave(c, f.at(0)));
+  ASSERT_FALSE(f.push(a, 3, model(5), 0, &p));
+  EXPECT_EQ(p.period_version, 5u);  // two members now
+  ASSERT_FALSE(f.push(b, 3, model(6), 0, &p));
+  EXPECT_EQ(p.period_version, 5u);
 }
 
 TEST(Rounds, ABadConfigIsAnError) {

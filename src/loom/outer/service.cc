@@ -125,7 +125,7 @@ Status OuterService::join(const proto::JoinRequest& req, proto::JoinReply* rep) 
     model.push_back({m.name(), std::vector<int64_t>(m.shape().begin(), m.shape().end()), {}});
   std::lock_guard<std::mutex> lk(mu_);
   Rounds::Joined j;
-  if (auto r = rounds_.join(req.name(), model, Clock::now(), &j)) return refused(*r);
+  if (auto r = rounds_.join(req.name(), model, Clock::now(), &j, req.key())) return refused(*r);
   rep->set_island_id(j.island_id);
   rep->set_version(j.version);
   rep->set_inner_steps(j.inner_steps);
@@ -210,6 +210,7 @@ Status OuterService::push(const std::function<bool(proto::PushRequest&)>& read,
   rep->set_version(p.version);
   rep->set_inner_steps(p.inner_steps);
   rep->set_done(p.done);
+  rep->set_period_version(p.period_version);
   return Status::OK;
 }
 

@@ -63,7 +63,8 @@ void write_state(const std::string& path, const StateMeta& meta, const TensorLis
                    {"async_count", meta.async_count},
                    {"total_steps", meta.total_steps},
                    {"next_id", meta.next_id},
-                   {"members", ms}};
+                   {"members", ms},
+                   {"keys", meta.keys}};
   write_safetensors(path, ts, {{"loom_outer", j.dump()}});
 }
 
@@ -88,6 +89,8 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
       s.members[m.at("id").get<uint64_t>()] = {m.at("name").get<std::string>(),
                                                m.at("joined_round").get<uint64_t>(),
                                                m.at("sec_per_step").get<double>()};
+    if (j.contains("keys"))  // written since islands have keys
+      s.keys = j.at("keys").get<std::map<std::string, uint64_t>>();
     // counts a server can reach (2^53: exact in a double, a round a nanosecond for 100 days)
     constexpr uint64_t kMax = uint64_t(1) << 53;
     auto field = [&](const char* key, bool ok) {
@@ -107,6 +110,9 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
                            std::isfinite(m.sec_per_step) && m.sec_per_step >= 0);
     }
     field("next_id", s.next_id >= 1 && s.next_id <= kMax && s.next_id > top);
+    for (const auto& [key, id] : s.keys)
+      field("keys", id >= 1 && id < s.next_id && key.size() <= kMaxKeyBytes);
+    field("keys", s.keys.size() <= kMaxKeys);
     return s;
   });
   std::set<std::string> expected;

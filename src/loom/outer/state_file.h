@@ -36,14 +36,20 @@ struct MemberRecord {
   double sec_per_step = 0;    // measured from its pushes; 0: unknown
 };
 
+// The bounds on island keys a server keeps (a hostile island could otherwise make it remember
+// keys without end): bytes per key, and keys.
+constexpr size_t kMaxKeyBytes = 1024;
+constexpr size_t kMaxKeys = 65536;
+
 // Everything in the state file but the tensors.
 struct StateMeta {
   OuterMode mode = OuterMode::sync;
   uint64_t version = 0;
-  int64_t async_count = 0;  // pushes applied (async)
+  int64_t async_count = 0;  // async: pushes in the open Delayed Nesterov period
   int64_t total_steps = 0;  // inner steps pushed, summed
   uint64_t next_id = 1;     // the id the next island to join gets
   std::map<uint64_t, MemberRecord> members;
+  std::map<std::string, uint64_t> keys;  // an island's key (JoinRequest.key) -> its id
 };
 
 // The state file's name inside a state directory.

@@ -51,6 +51,7 @@ StateMeta sample_meta(OuterMode mode) {
   m.next_id = 4;
   m.members[1] = {"host-a", 0, 0.25};
   m.members[3] = {"host-c", 5, 0};
+  m.keys["host-a:/runs/a"] = 1;
   return m;
 }
 
@@ -73,6 +74,7 @@ TEST(StateFile, AStateWrittenIsReadBackWhole) {
     EXPECT_EQ(s.meta.members.at(1).name, "host-a");
     EXPECT_EQ(s.meta.members.at(1).sec_per_step, 0.25);
     EXPECT_EQ(s.meta.members.at(3).joined_round, 5u);
+    EXPECT_EQ(s.meta.keys, (std::map<std::string, uint64_t>{{"host-a:/runs/a", 1}}));
     expect_equal(s.params, p);
     expect_equal(s.momentum, m);
     // the buffer is kept in async mode only
@@ -142,6 +144,8 @@ TEST(StateFile, AStateThisServerCouldNotHaveWrittenIsRefused) {
   EXPECT_NE(e.find("\"next_id\""), std::string::npos) << e;
   e = with([](StateMeta& m) { m.members[1].sec_per_step = -1; });
   EXPECT_NE(e.find("\"members\""), std::string::npos) << e;
+  e = with([](StateMeta& m) { m.keys["host:/runs/z"] = 4; });  // an id never given
+  EXPECT_NE(e.find("\"keys\""), std::string::npos) << e;
 
   TensorList bad = p;
   bad[1].data[2] = std::numeric_limits<float>::infinity();

@@ -549,7 +549,13 @@ const std::vector<Section>& schema() {
                "momentum", [](Config& c) -> double& { return c.outer.momentum; }, below_one(), ""),
            int_key(
                "delay", [](Config& c) -> int64_t& { return c.outer.delay; }, at_least(0),
-               "async Delayed Nesterov period (0: the number of islands)"),
+               "async Delayed Nesterov period (0: the islands that are members at each push)"),
+           float_key(
+               "grace", [](Config& c) -> double& { return c.outer.grace; }, closed(0, 10),
+               "async: after a push, the longest an island waits for the rest of its Delayed "
+               "Nesterov "
+               "period before it pulls, as a fraction of its round's time (0: "
+               "never waits)"),
            int_key(
                "islands", [](Config& c) -> int64_t& { return c.outer.islands; }, at_least(0),
                "islands expected (the first round waits for them; async step budget)"),

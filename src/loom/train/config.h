@@ -57,8 +57,11 @@ struct OuterConfig {
   double lr = 0.7;           // outer Nesterov learning rate
   double momentum = 0.9;
   std::string compress = "f32";  // pseudo-gradients pushed as "f32" or "bf16"
-  int64_t delay = 0;             // async: Delayed Nesterov period; 0: the number of islands
-  int64_t islands = 0;           // islands expected (async step budget = islands x [train] steps)
+  int64_t delay = 0;             // async: Delayed Nesterov period; 0: the live islands
+  // async: after a push, how long an island waits for the rest of its Delayed Nesterov period
+  // before it pulls, as a fraction of its own round's time (0: it never waits)
+  double grace = 2;
+  int64_t islands = 0;  // islands expected (async step budget = islands x [train] steps)
   double lease_s = 10;
   double retry_s = 120;    // how long an island keeps reconnecting to a server that is gone
   std::string token_file;  // else the LOOM_OUTER_TOKEN environment variable
