@@ -14,6 +14,9 @@
    at every step as a plain loom train of the same config (1e-5 relative).
 3b. An island SIGKILLed and restarted on its run dir (--resume auto) rejoins under its own id, and the
    round under way stops waiting for the old process at once (the lease is longer than the test).
+4b. An island that is 2 ranks of an fsdp plan (rank 0 talks to the server and broadcasts) logs the
+   losses of a one-process island on the same settings (outer lr 0.5, momentum 0.5), which are not
+   those of plain training.
 5. Bad configuration: a wrong token (the island exits non-zero, quickly, saying "token"), a server
    without a token (exit 1 naming LOOM_OUTER_TOKEN), an island whose model differs (exit non-zero
    naming a tensor), a server that cannot write its state (exit 1, nothing left behind).
@@ -393,6 +396,42 @@ def single_island_parity(d, data):
     stop_server(srv)
 
 
+def plan_island_parity(d, data):
+    # Issue 16's islands made of plans: an island that is 2 ranks of an fsdp plan (threads of one
+    # process; rank 0 talks to the server and broadcasts) logs the losses of a one-process island
+    # on the same settings, and an outer step that changes the parameters (lr 0.5, momentum 0.5)
+    # makes both differ from plain training of that plan.
+    plan = ["--set", "plan.mesh={ data = 2 }", "--set", 'plan.tactics=[{ kind = "fsdp", axis = "data" }]',
+            "--set", "plan.ranks=local"]
+    common = common_sets(data, train__steps=30, outer__lr=0.5, outer__momentum=0.5)
+    runs = {}
+    for name, extra in (("one", []), ("plan", plan)):
+        srv, port = start_server(d, "server_" + name, common, os.path.join(d, "state_" + name))
+        if port is None:
+            return
+        isl = start_island(d, "island_" + name, port, common + extra, slowdown=None)
+        rc = isl.wait(120)
+        check(rc == 0 and re.search(r"island 1: joined", isl.text()) is not None,
+              "the %s island exits 0, joined once (rc %s)%s" % (
+                  name, rc, "" if rc == 0 else ": " + isl.text()[-400:]))
+        check(last_version(isl.run) == 6, "%s: 6 outer rounds (version %s)" % (
+            name, last_version(isl.run)))
+        stop_server(srv)
+        runs[name] = metrics(isl.run)
+    plain = os.path.join(d, "plain")
+    p = Proc([LOOM, "train", CONFIG, "--run-dir", plain] + common + plan, os.path.join(d, "plain.log"))
+    rc = p.wait(120)
+    check(rc == 0, "plain loom train on 2 local ranks exits 0 (rc %s)" % rc)
+    a, b, c = runs["one"], runs["plan"], metrics(plain)
+    check(len(a) == len(b) == len(c) == 30, "30 steps each (%d, %d, %d)" % (len(a), len(b), len(c)))
+    rel = lambda x, y: abs(x["loss"] - y["loss"]) / abs(x["loss"])
+    worst = max((rel(x, y) for x, y in zip(a, b)), default=1)
+    check(worst <= 1e-4, "the plan island's losses are the one-process island's: worst relative "
+          "difference %.2g" % worst)
+    apart = max((rel(x, y) for x, y in zip(b, c)), default=0)
+    check(apart > 1e-3, "and not plain training's (the outer steps moved it: up to %.2g apart)" % apart)
+
+
 def bad_config(d, data):
     common = common_sets(data, train__steps=10)
     srv, port = start_server(d, "server", common, os.path.join(d, "state"))
@@ -463,6 +502,7 @@ SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),
              ("3. server SIGKILLed and restarted", server_restarted),
              ("3b. island SIGKILLed and restarted on its run dir", island_restarted),
              ("4. single island parity with plain training", single_island_parity),
+             ("4b. an island of 2 plan ranks: parity with a one-process island", plan_island_parity),
              ("5. bad configuration", bad_config)]
 
 # a SIGTERM (a harness timing the test out) still goes through the finally blocks that end the processes

@@ -5,6 +5,7 @@ as data), each run repeated; prints one JSON line per run and a summary.
 
     bench/islands/async_gap.py [--loom build/release/tools/loom/loom] [--repeats 2]
                                [--graces 0,1] [--slow | --slow-only] [--out runs/async_gap]
+                               [--config bench/diloco/diloco.toml --steps 1000 --h 50]
 
 Each island is one process with one thread (`loom islands` gives each OMP_NUM_THREADS = cores / N),
 so 4 islands on 2 cores take turns: "equal speed" is equal on average. val_loss is the server's final
@@ -18,13 +19,15 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = "configs/tiny-llama.toml"
 
 
-def islands(loom, out, name, mode, grace, slow, steps, h):
+def islands(loom, out, name, mode, grace, slow, steps, h, config):
     run_dir = os.path.join(out, name)
-    cmd = [loom, "islands", os.path.join(ROOT, "configs/tiny-llama.toml"), "--islands", "4",
-           "--run-dir", run_dir, "--set", "data.path=" + os.path.join(ROOT, "data/gutenberg"),
-           "--set", f"train.steps={steps}", "--set", f"outer.inner_steps={h}",
+    cmd = [loom, "islands", os.path.join(ROOT, config), "--islands", "4", "--run-dir", run_dir]
+    if config == TINY:  # it names no data
+        cmd += ["--set", "data.path=" + os.path.join(ROOT, "data/gutenberg")]
+    cmd += ["--set", f"train.steps={steps}", "--set", f"outer.inner_steps={h}",
            "--set", f"outer.mode={mode}", "--set", f"outer.grace={grace}",
            "--set", "train.eval_batches=16"]
     if slow:
@@ -49,6 +52,7 @@ def main():
     ap.add_argument("--graces", default="0,1")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--h", type=int, default=10)
+    ap.add_argument("--config", default=TINY, help="relative to the repository")
     ap.add_argument("--slow", action="store_true", help="also the runs with island 0 slowed 3x")
     ap.add_argument("--slow-only", action="store_true", help="only the runs with island 0 slowed")
     a = ap.parse_args()
@@ -57,10 +61,11 @@ def main():
     for r in range(a.repeats):
         for slow in [True] if a.slow_only else [False, True] if a.slow else [False]:
             tag = f"{'slow-' if slow else ''}{r}"
-            rows.append(islands(a.loom, a.out, f"sync-{tag}", "sync", 0, slow, a.steps, a.h))
+            rows.append(islands(a.loom, a.out, f"sync-{tag}", "sync", 0, slow, a.steps, a.h,
+                                a.config))
             for g in a.graces.split(","):
                 rows.append(islands(a.loom, a.out, f"async-g{g}-{tag}", "async", float(g), slow,
-                                    a.steps, a.h))
+                                    a.steps, a.h, a.config))
     summary = {}
     for row in rows:
         key = f"{row['mode']}{'' if row['grace'] is None else ' grace ' + str(row['grace'])}" \

@@ -14,6 +14,7 @@
 #include "loom/runtime/trace.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/evaluate.h"
+#include "loom/train/plan_island.h"
 #include "loom/train/schedule.h"
 #include "loom/train/step.h"
 
@@ -110,9 +111,6 @@ Run open_run(const Config& cfg, const RunOptions& opts) {
                             "together",
                             cfg.path),
                 "drop --slowdown, or run without [plan]");
-  if (!plan.empty() && !cfg.outer.server.empty())
-    throw Error(fmt::format("{}: [outer] islands with a [plan] are not supported yet", cfg.path),
-                "run each island as one process (no [plan]), or drop [outer]");
   return run;
 }
 
@@ -168,14 +166,19 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
     }
     if (writer) write_file_atomic(run.metrics, "");
   }
-  // a sharded run's parameters now live in the runner's blocks: free the whole copies
-  runner.release_params();
-  // an island takes the server's parameters (whatever a checkpoint or [model] init held)
+  // an island takes the server's parameters (whatever a checkpoint or [model] init held); with a
+  // [plan], rank 0 is the island and every rank follows it (plan_island.h)
   std::unique_ptr<OuterSync> island;
   if (!cfg.outer.server.empty()) {
     LOOM_CHECK(opts.join_outer) << "[outer] server set but no way to join it";
-    island = opts.join_outer(params, run.dir);
+    if (comms)
+      island = std::make_unique<PlanIsland>(writer ? opts.join_outer(params, run.dir) : nullptr,
+                                            params, runner, comms->world());
+    else
+      island = opts.join_outer(params, run.dir);
   }
+  // a sharded run's parameters now live in the runner's blocks: free the whole copies
+  runner.release_params();
   const int rank = island ? int(island->id()) - 1 : 0;  // island ids count from 1
   if (writer) write_file_atomic(run.dir + "/config.toml", cfg.text);
   // the run keeps its tokenizer, so loom sample decodes the same ids wherever the data moves

@@ -1,0 +1,47 @@
+// An island made of a plan's ranks: an MPI job (or local ranks) with a [plan] that takes part in
+// the outer loop (DiLoCo, async) as one island. Rank 0 is the island the server sees; every rank
+// follows it through the world communicator.
+//
+// At each outer sync every rank gathers the parameters it holds blocks of (push_params,
+// collective), rank 0 pushes the pseudo-gradient and pulls the global parameters as a one-process
+// island does, rank 0 broadcasts them, and every rank takes its blocks again (pull_params). The
+// island's id (its data stream), its H and the server's `done` are broadcast with them, so every
+// rank ends a round, and the run, at the same step. Invariant: every method is collective over the
+// world communicator, called by every rank in the same order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "loom/comm/communicator.h"
+#include "loom/train/loop.h"
+#include "loom/train/step.h"
+
+namespace loom::train {
+
+class PlanIsland : public OuterSync {
+ public:
+  // `island`: rank 0's island, joined (its pull wrote the global parameters into rank 0's store);
+  // null on every other rank. Broadcasts those parameters and takes every rank's blocks of them.
+  PlanIsland(std::unique_ptr<OuterSync> island, ParamStore& params, StepRunner& runner,
+             comm::Communicator& world);
+
+  uint64_t id() const override { return id_; }
+  int64_t inner_steps() const override { return h_; }
+  bool sync(int64_t steps, double seconds) override;
+  nlohmann::json metrics() const override;  // rank 0's; {} on the others
+  std::string summary() const override;     // rank 0's; "" on the others
+
+ private:
+  // rank 0's parameters, id, H and done to every rank; then every rank takes its blocks
+  bool share(bool go);
+
+  std::unique_ptr<OuterSync> island_;
+  ParamStore& params_;
+  StepRunner& runner_;
+  comm::Communicator& world_;
+  uint64_t id_ = 0;
+  int64_t h_ = 1;
+};
+
+}  // namespace loom::train
