@@ -27,6 +27,7 @@ one() {
   local t=$1 log=$build/fuzz-logs/$1.log
   local work=$build/fuzz-corpus/$t artifacts=$build/fuzz-artifacts/$t
   mkdir -p "$work" "$artifacts"
+  touch "$log.start"  # findings are the artifacts written after it
   local rc=0
   "$build/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
     -print_final_stats=1 -close_fd_mask=1 -artifact_prefix="$artifacts/" \
@@ -41,7 +42,7 @@ one() {
     "$(grep -oP 'cov: \K[0-9]+' <<<"$done_line" || echo null)" \
     "$(grep -oP 'ft: \K[0-9]+' <<<"$done_line" || echo null)" \
     "$(ls "$work" | wc -l)" "$(stat new_units_added)" "$(stat peak_rss_mb)" \
-    "$(find "$artifacts" -type f | wc -l)")
+    "$(find "$artifacts" -type f -newer "$log.start" | wc -l)")
   echo "$line"
 }
 
