@@ -156,6 +156,25 @@ def chunk(name, offset, values, bf16=False):
             (field(3, 0, 1) if bf16 else b"") + field(4, 2, data))
 
 
+def qchunk(name, offset, values, bits):
+    """outer.proto's INT8 (bits 8) or INT4 (bits 4) chunk: f32 scales per 64, then the values."""
+    top = 127 if bits == 8 else 7
+    scales, q = b"", []
+    for b in range(0, len(values), 64):
+        block = values[b:b + 64]
+        amax = max(abs(v) for v in block)
+        scales += struct.pack("<f", amax / top)
+        q += [max(-top, min(top, round(v * top / amax))) if amax else 0 for v in block]
+    if bits == 8:
+        data = bytes(v & 0xFF for v in q)
+    else:
+        q += [0] * (len(q) % 2)
+        data = bytes((q[i] & 0xF) | ((q[i + 1] & 0xF) << 4) for i in range(0, len(q), 2))
+    return (field(1, 2, name.encode()) + (field(2, 0, offset) if offset else b"") +
+            field(3, 0, 2 if bits == 8 else 3) + field(4, 2, scales + data) +
+            field(5, 0, len(values)))
+
+
 def push(island, base, steps, chunks):
     header = field(1, 0, island) + (field(2, 0, base) if base else b"") + field(3, 0, steps) + \
         field(4, 1, 0.5)
@@ -177,6 +196,9 @@ put("outer_requests", "async_bf16", b"\x01" + call(0, join(model)) + call(0, joi
     call(2, push(2, 0, 4, [chunk("a", 0, [0.5, 0.5, 0.5], True), chunk("b", 0, [1, 2, 3, 4], True)])) +
     call(2, push(1, 0, 8, grad)) + call(3, field(1, 0, 1) + field(2, 0, 1)))
 put("outer_requests", "wrong_model", b"\x00" + call(0, join([("a", [4])])))
+put("outer_requests", "async_int8_int4", b"\x01" + call(0, join(model)) + call(0, join(model)) +
+    call(2, push(1, 0, 4, [qchunk("a", 0, [0.1, -0.2, 0.3], 8), qchunk("b", 0, [1, 2, 3, 4], 8)])) +
+    call(2, push(2, 0, 4, [qchunk("a", 0, [0.5, -0.5, 0.25], 4), qchunk("b", 0, [1, -2, 3, 0], 4)])))
 # an island restarted under its key mid-round: it gets its id back
 put("outer_requests", "rejoin_key", b"\x00" + call(0, join(model, b"host:/runs/a")) +
     call(0, join(model, b"host:/runs/b")) + call(2, push(1, 0, 4, grad)) +

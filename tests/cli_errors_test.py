@@ -336,7 +336,7 @@ with tempfile.TemporaryDirectory() as d:
         must_contain=["[outer] mode", "\"sync\" or \"async\""])
     run("outer: bad momentum", bench + [good, "--set", "outer.momentum=1.5"],
         must_contain=["[outer] momentum", "[0, 1)"])
-    run("outer: bad compress", bench + [good, "--set", "outer.compress=int4"],
+    run("outer: bad compress", bench + [good, "--set", "outer.compress=int2"],
         must_contain=["[outer] compress"])
     run("islands: bad --slow", ["islands", good, "--islands", "2", "--run-dir", os.path.join(d, "isl"),
                                 "--slow", "5=3"], must_contain=["--slow 5=3", "0 <= I < 2"])

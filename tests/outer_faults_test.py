@@ -302,10 +302,12 @@ def island_restarted(d, data):
     check(time.time() - t0 < 60, "done in %.0f s, within one lease" % (time.time() - t0))
     steps = [j["step"] for j in metrics(again.run)]
     check(steps == list(range(1, STEPS + 1)), "the restarted island logs steps 1..%d" % STEPS)
-    # rounds close to the end with both islands (the round the restart fell in closed without it)
+    # rounds close to the end (the round the restart fell in closed without it; the restarted island
+    # redoes the steps since its checkpoint, so it may close a last round alone after the other left)
     final, seen = stop_server(srv), [last_version(r.run) for r in (isl[0], again)]
-    check(final is not None and seen == [final, final] and final >= STEPS // H - 1,
-          "the server stops at version %s, the last both islands saw (%s)" % (final, seen))
+    check(final is not None and None not in seen and final == max(seen) and
+          min(seen) >= STEPS // H - 1,
+          "the server stops at version %s, the last an island saw (%s)" % (final, seen))
 
 
 def server_restarted(d, data):

@@ -114,7 +114,10 @@ bool Island::sync(int64_t steps, double seconds) {
   h.set_base_version(version_);
   h.set_inner_steps(uint32_t(std::max<int64_t>(steps, 1)));
   h.set_seconds(seconds);
-  const proto::Encoding enc = cfg_.compress == "bf16" ? proto::BF16 : proto::F32;
+  const proto::Encoding enc = cfg_.compress == "bf16"   ? proto::BF16
+                              : cfg_.compress == "int8" ? proto::INT8
+                              : cfg_.compress == "int4" ? proto::INT4
+                                                        : proto::F32;
   const std::string server = client_->server();
   // async: the version after this push, and the one that closes its Delayed Nesterov period
   uint64_t pushed_version = 0, period_version = 0;

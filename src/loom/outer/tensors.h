@@ -31,10 +31,16 @@ constexpr size_t kChunkBytes = size_t(1) << 20;
 // Tensors of the same names and shapes, zero-filled (`t` may be a spec without data).
 TensorList zeros_like(const TensorList& t);
 int64_t total_elements(const TensorList& t);
-size_t element_bytes(proto::Encoding e);  // 4 or 2
+// Quantised encodings (INT8, INT4): elements per scale, and a chunk's bytes for n elements.
+constexpr int64_t kQuantBlock = 64;
+size_t quantized_bytes(proto::Encoding e, int64_t n);
+// Elements of `enc` that fit a chunk of at most kChunkBytes (a multiple of kQuantBlock when
+// quantised).
+int64_t chunk_elements(proto::Encoding enc);
 
-// Calls emit for each chunk of `tensors` in `enc` (bf16 rounds to nearest even); stops and returns
-// false when emit does (a broken stream).
+// Calls emit for each chunk of `tensors` in `enc` (bf16 rounds to nearest even; int8 and int4 round
+// each block of 64 to its absmax scale, nearest); stops and returns false when emit does (a broken
+// stream).
 bool for_each_chunk(const TensorList& tensors, proto::Encoding enc,
                     const std::function<bool(proto::TensorChunk&)>& emit);
 

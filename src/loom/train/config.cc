@@ -537,7 +537,9 @@ const std::vector<Section>& schema() {
                "DiLoCo's rounds, or Delayed Nesterov"),
            string_choice_key(
                "compress", [](Config& c) -> std::string& { return c.outer.compress; },
-               {"f32", "bf16"}, "pseudo-gradients pushed as"),
+               {"f32", "bf16", "int8", "int4"},
+               "pseudo-gradients pushed as (int8, int4: a scale per block of 64; the "
+               "server sums in f32)"),
            // H travels to and from the outer server as a u32
            int_key(
                "inner_steps", [](Config& c) -> int64_t& { return c.outer.inner_steps; },

@@ -56,7 +56,7 @@ struct OuterConfig {
   int64_t inner_steps = 50;  // H: inner steps between pushes
   double lr = 0.7;           // outer Nesterov learning rate
   double momentum = 0.9;
-  std::string compress = "f32";  // pseudo-gradients pushed as "f32" or "bf16"
+  std::string compress = "f32";  // pseudo-gradients pushed as "f32", "bf16", "int8" or "int4"
   int64_t delay = 0;             // async: Delayed Nesterov period; 0: the live islands
   // async: after a push, how long an island waits for the rest of its Delayed Nesterov period
   // before it pulls, as a fraction of its own round's time (0: it never waits)
