@@ -60,18 +60,29 @@ std::string range_text(const Range& r) {
 }
 
 // One key: how to read it into a Config (type-checked; a bad value throws naming `where`), and
-// what docs/config.md says of it. A numeric key's `number` reads its value back, for the range
-// check load_config makes of every numeric key once all are set.
+// what docs/config.md says of it. A numeric key's `out_of_range` checks its value against its
+// range, which load_config asks of every numeric key once all are set.
 struct Key {
   std::string name;  // "batch_size"; "moe.top_k" for an inline table's
   std::string type;  // "int", "float", "bool", "string", ...
   std::function<void(Config&, const toml::node&, const std::string& where)> set;
-  std::function<double(Config&)> number;     // numeric keys only
-  std::function<std::string(Config&)> show;  // numeric keys: the value as written
+  // numeric keys: "" when the value is in `range`, else "must be in [1, 2^20], got 0"
+  std::function<std::string(Config&)> out_of_range;
   Range range;
   std::string default_text;  // as the docs print it
   std::string meaning;       // what it does, its choices, rules that involve other keys
 };
+
+// `field`'s range check (Key::out_of_range).
+template <class F>
+std::function<std::string(Config&)> range_check(F field, Range range) {
+  return [field, range](Config& c) -> std::string {
+    const auto v = field(c);
+    if (range.contains(double(v))) return "";
+    return fmt::format("must be {}{}, got {}", std::isinf(range.hi) ? "" : "in ", range_text(range),
+                       v);
+  };
+}
 
 // The integer in `n`, if it holds one. (toml++'s value<int64_t>() converts a float node too, and
 // its own conversion of one outside int64, such as 1e24, is undefined behaviour: ask first.)
@@ -99,8 +110,7 @@ Key int_key(std::string name, F field, Range range, std::string meaning,
             if (!v) throw Error(where + ": expected an integer");
             field(c) = *v;
           },
-          [field](Config& c) { return double(field(c)); },
-          [field](Config& c) { return fmt::format("{}", field(c)); },
+          range_check(field, range),
           range,
           default_text.empty() ? fmt::format("{}", default_of(field)) : default_text,
           std::move(meaning)};
@@ -119,8 +129,7 @@ Key float_key(std::string name, F field, Range range, std::string meaning) {
               throw Error(fmt::format("{}: must be a finite number, got {}", where, v));
             field(c) = v;
           },
-          [field](Config& c) { return field(c); },
-          [field](Config& c) { return fmt::format("{}", field(c)); },
+          range_check(field, range),
           range,
           fmt::format("{}", default_of(field)),
           std::move(meaning)};
@@ -135,7 +144,6 @@ Key bool_key(std::string name, F field, std::string meaning) {
             field(c) = *n.value<bool>();
           },
           nullptr,
-          nullptr,
           {},
           default_of(field) ? "true" : "false",
           std::move(meaning)};
@@ -149,7 +157,6 @@ Key string_key(std::string name, F field, std::string meaning, std::string defau
             if (!n.is_string()) throw Error(where + ": expected a string");
             field(c) = *n.value<std::string>();
           },
-          nullptr,
           nullptr,
           {},
           default_text.empty() ? quoted(default_of(field)) : default_text,
@@ -187,7 +194,6 @@ Key choice_key(std::string name, std::vector<std::string> choices,
           [choices, assign](Config& c, const toml::node& n, const std::string& where) {
             assign(c, choice_index(n, where, choices));
           },
-          nullptr,
           nullptr,
           {},
           quoted(default_name),
@@ -272,7 +278,6 @@ Key moe_key() {
             }
           },
           nullptr,
-          nullptr,
           {},
           "none (dense)",
           "Mixture-of-Experts MLPs: the `moe.` keys"};
@@ -303,7 +308,6 @@ Key mesh_key() {
             for (auto& a : axes) m.push_back(std::move(a.second));
             c.plan.plan.mesh = shard::Mesh(std::move(m), where);
           },
-          nullptr,
           nullptr,
           {},
           "none (one process)",
@@ -358,7 +362,6 @@ Key tactics_key() {
               c.plan.plan.tactics.push_back(tac);
             }
           },
-          nullptr,
           nullptr,
           {},
           "none",
@@ -747,14 +750,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   };
   // every numeric key in its range (the schema's), whoever set it
   for_each_key([&](const std::string& section, const std::string& name, const Key& k) {
-    if (!k.number) return;
-    const double v = k.number(c);
-    if (!k.range.contains(v)) {
-      const std::string r = range_text(k.range);
-      bad(fmt::format("[{}] {}", section, name),
-          fmt::format("must be {}{}, got {}", r[0] == '[' || r[0] == '(' ? "in " : "", r,
-                      k.show(c)));
-    }
+    if (!k.out_of_range) return;
+    if (const std::string why = k.out_of_range(c); !why.empty())
+      bad(fmt::format("[{}] {}", section, name), why);
   });
   c.model.validate(path);
   c.model.source = path;
