@@ -102,6 +102,21 @@ void Island::heartbeat_loop() {
   }
 }
 
+std::optional<proto::AwaitReply::State> Island::await(uint64_t base_version, uint32_t wait_ms,
+                                                      const std::string& what) {
+  proto::AwaitReply a;
+  grpc::Status s = client_->await(id_, base_version, wait_ms, &a);
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+    join();
+    return std::nullopt;
+  }
+  if (!s.ok())
+    throw Error(fmt::format("outer server {}: waiting for {}: {}", client_->server(), what,
+                            s.error_message()));
+  done_ = a.done();
+  return a.state();
+}
+
 bool Island::sync(int64_t steps, double seconds) {
   auto t0 = Clock::now();
   TensorList g = global_;
@@ -157,34 +172,16 @@ bool Island::sync(int64_t steps, double seconds) {
     while (Clock::now() < until) {
       const double left_ms =
           std::chrono::duration<double, std::milli>(until - Clock::now()).count();
-      proto::AwaitReply a;
-      grpc::Status s =
-          client_->await(id_, period_version - 1, uint32_t(std::clamp(left_ms, 1.0, 1000.0)), &a);
-      if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-        join();
-        break;
-      }
-      if (!s.ok())
-        throw Error(fmt::format("outer server {}: waiting for version {}: {}", server,
-                                period_version, s.error_message()));
-      done_ = a.done();
-      if (a.state() == proto::AwaitReply::CLOSED) break;
+      const auto st = await(period_version - 1, uint32_t(std::clamp(left_ms, 1.0, 1000.0)),
+                            fmt::format("version {}", period_version));
+      if (!st || *st == proto::AwaitReply::CLOSED) break;
     }
   }
   if (pushed && cfg_.mode == train::OuterMode::sync) {
     for (;;) {
-      proto::AwaitReply a;
-      grpc::Status s = client_->await(id_, h.base_version(), 1000, &a);
-      if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-        join();
-        break;
-      }
-      if (!s.ok())
-        throw Error(fmt::format("outer server {}: waiting for round {}: {}", server,
-                                h.base_version() + 1, s.error_message()));
-      done_ = a.done();
-      if (a.state() == proto::AwaitReply::CLOSED) break;
-      if (a.state() == proto::AwaitReply::RESEND) {
+      const auto st = await(h.base_version(), 1000, fmt::format("round {}", h.base_version() + 1));
+      if (!st || *st == proto::AwaitReply::CLOSED) break;
+      if (*st == proto::AwaitReply::RESEND) {
         fmt::print(stderr,
                    "island {}: the server holds no push of ours for round {} (it "
                    "restarted?): pushing again\n",

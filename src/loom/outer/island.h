@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -53,6 +54,11 @@ class Island {
  private:
   void join();
   void pull();  // global_ and the ParamStore <- the server's parameters
+  // One Await for a version past base_version, at most wait_ms: its state (and done_), or none
+  // when the server had dropped this island (it has joined again). Other failures throw naming
+  // `what` ("round 3").
+  std::optional<proto::AwaitReply::State> await(uint64_t base_version, uint32_t wait_ms,
+                                                const std::string& what);
   void heartbeat_loop();
 
   train::OuterConfig cfg_;
