@@ -47,6 +47,19 @@ bool decode(std::string_view bytes, M* m) {
   return m->ParseFromArray(bytes.data(), int(bytes.size()));
 }
 
+// A unary call: the request decoded from `body` (a request that does not decode never reaches the
+// service, as with gRPC), `edit` applied to it, then the service's `call` with a reply.
+template <class Req, class Rep, class Edit = void (*)(Req&)>
+void unary(
+    OuterService& svc, std::string_view body, grpc::Status (OuterService::*call)(const Req&, Rep*),
+    Edit edit = [](Req&) {}) {
+  Req q;
+  Rep r;
+  if (!decode(body, &q)) return;
+  edit(q);
+  (void)(svc.*call)(q, &r);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -73,18 +86,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::string_view body;
       if (!in.u8(&kind) || !in.u16(&n) || !in.take(n, &body)) break;
       switch (kind % 6) {
-        case 0: {
-          proto::JoinRequest q;
-          proto::JoinReply r;
-          if (decode(body, &q)) (void)svc.join(q, &r);
+        case 0:
+          unary(svc, body, &OuterService::join);
           break;
-        }
-        case 1: {
-          proto::HeartbeatRequest q;
-          proto::HeartbeatReply r;
-          if (decode(body, &q)) (void)svc.heartbeat(q, &r);
+        case 1:
+          unary(svc, body, &OuterService::heartbeat);
           break;
-        }
         case 2: {
           Reader stream{reinterpret_cast<const uint8_t*>(body.data()), body.size()};
           proto::PushReply r;
@@ -98,21 +105,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               &r);
           break;
         }
-        case 3: {
-          proto::AwaitRequest q;
-          proto::AwaitReply r;
-          if (decode(body, &q)) {
-            q.set_wait_ms(0);
-            (void)svc.await(q, &r);
-          }
+        case 3:
+          unary(svc, body, &OuterService::await, [](proto::AwaitRequest& q) { q.set_wait_ms(0); });
           break;
-        }
-        case 4: {
-          proto::LeaveRequest q;
-          proto::LeaveReply r;
-          if (decode(body, &q)) (void)svc.leave(q, &r);
+        case 4:
+          unary(svc, body, &OuterService::leave);
           break;
-        }
         case 5: {
           proto::PullRequest q;
           if (decode(body, &q)) {
