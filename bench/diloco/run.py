@@ -26,6 +26,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "bench", "islands"))
+from runs import last_val, run_islands  # noqa: E402
+
 CONFIG = os.path.join(HERE, "diloco.toml")
 N = 4
 
@@ -40,16 +43,6 @@ def run(cmd, env):
 def metrics(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
-
-
-def last_val(run_dir):
-    val = None
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            j = json.loads(line)
-            if j.get("val_loss") is not None:
-                val = j["val_loss"]
-    return val
 
 
 def main():
@@ -75,15 +68,9 @@ def main():
                             "bytes": 0})
 
     def islands(name, sets, slow=None):
-        d = os.path.join(a.out, name)
-        cmd = [a.loom, "islands", CONFIG, "--islands", str(N), "--run-dir", d] + common
-        for s in sets:
-            cmd += ["--set", s]
-        if slow:
-            cmd += ["--slow", slow]
-        run(cmd, dict(env, OMP_NUM_THREADS="1"))
-        with open(os.path.join(d, "summary.json")) as f:
-            s = json.load(f)
+        s = run_islands(a.loom, CONFIG, os.path.join(a.out, name), N,
+                        ["train.steps=%d" % a.steps] + sets, slow=slow,
+                        env=dict(env, OMP_NUM_THREADS="1"))
         results["parameters"] = s["parameters"]
         r = {"name": name, "mode": s["mode"], "H": s["inner_steps"], "compress": s["compress"],
              "val_loss": s["val_loss"], "wall_s": s["wall_s"], "version": s["version"],
@@ -97,12 +84,12 @@ def main():
         islands("h%d" % h, ["outer.inner_steps=%d" % h])
     islands("h50-bf16", ["outer.inner_steps=50", "outer.compress=bf16"])
     if not a.skip_slow:
-        islands("slow-sync", ["outer.inner_steps=50"], slow="0=3")
-        islands("slow-async", ["outer.inner_steps=50", "outer.mode=async"], slow="0=3")
+        islands("slow-sync", ["outer.inner_steps=50"], slow="3")
+        islands("slow-async", ["outer.inner_steps=50", "outer.mode=async"], slow="3")
         # the same with a 30% longer horizon (schedule and step budget): async spends the time a sync
         # run waits for its straggler on training
         islands("slow-async-long", ["outer.inner_steps=50", "outer.mode=async",
-                                    "train.steps=%d" % (a.steps * 13 // 10)], slow="0=3")
+                                    "train.steps=%d" % (a.steps * 13 // 10)], slow="3")
 
     # Async against sync with a straggler: when does each run's global model (evaluated by island 1, a
     # fast one, right after its pulls) first reach the sync run's final validation loss?

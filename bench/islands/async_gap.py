@@ -14,28 +14,24 @@ global parameters on the same held-out batches.
 import argparse
 import json
 import os
+import shutil
 import statistics
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from runs import ROOT, run_islands
+
 TINY = "configs/tiny-llama.toml"
 
 
 def islands(loom, out, name, mode, grace, slow, steps, h, config):
-    run_dir = os.path.join(out, name)
-    cmd = [loom, "islands", os.path.join(ROOT, config), "--islands", "4", "--run-dir", run_dir]
+    sets = [f"train.steps={steps}", f"outer.inner_steps={h}", f"outer.mode={mode}",
+            f"outer.grace={grace}", "train.eval_batches=16"]
     if config == TINY:  # it names no data
-        cmd += ["--set", "data.path=" + os.path.join(ROOT, "data/gutenberg")]
-    cmd += ["--set", f"train.steps={steps}", "--set", f"outer.inner_steps={h}",
-           "--set", f"outer.mode={mode}", "--set", f"outer.grace={grace}",
-           "--set", "train.eval_batches=16"]
-    if slow:
-        cmd += ["--slow", "0=3"]
-    subprocess.run(["rm", "-rf", run_dir], check=True)
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        s = json.load(f)
+        sets.append("data.path=" + os.path.join(ROOT, "data/gutenberg"))
+    run_dir = os.path.join(out, name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    s = run_islands(loom, os.path.join(ROOT, config), run_dir, 4, sets, slow="3" if slow else None,
+                    quiet=True)
     row = {"run": name, "mode": mode, "grace": grace if mode == "async" else None,
            "slow": slow, "val_loss": s["val_loss"], "version": s["version"],
            "wall_s": round(s["wall_s"], 1),

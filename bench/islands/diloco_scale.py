@@ -11,30 +11,19 @@ same tokens per step, the same steps, the same lr schedule), every run's validat
 Runs: dp (baseline, --steps), h30 for each outer lr (4 islands, H = 30), m1 (one island of batch
 16, H = 30, the best lr), and, at --long-steps, dp-long and h100 (4 islands, H = 100, best lr).
 Bytes: what the islands sent and received, measured; against a ring all-reduce of the f32 gradients
-every step, in which each of N = 4 ranks sends and receives 2 (N-1)/N of them. Prints one JSON line per run and a summary.
+every step, in which each of N = 4 ranks sends and receives 2 (N-1)/N of them. Prints one JSON line
+per run and a summary.
 """
 import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from runs import ROOT, last_val, run_islands, timed
+
 CONFIG = os.path.join(ROOT, "configs/tiny-llama.toml")
-PARAMS = 125248
 N = 4
-
-
-def last_val(run_dir):
-    val = None
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            j = json.loads(line)
-            if j.get("val_loss") is not None:
-                val = j["val_loss"]
-    return val
 
 
 def main():
@@ -50,40 +39,31 @@ def main():
     os.makedirs(a.out)
     env = dict(os.environ, OMP_WAIT_POLICY="passive")
     env.setdefault("LOOM_OUTER_TOKEN", os.urandom(16).hex())
-    data = ["--set", "data.path=" + os.path.join(ROOT, "data/gutenberg"),
-            "--set", "train.eval_batches=16", "--set", "train.warmup_steps=100"]
+    # every run's: the data, the validation batches, the warmup
+    data = ["data.path=" + os.path.join(ROOT, "data/gutenberg"), "train.eval_batches=16",
+            "train.warmup_steps=100"]
     rows = []
+    params = []  # the model's, from an islands summary
 
     def record(row):
-        tokens = row["steps"] * 4 * 64 * N
-        row["tokens_per_param"] = round(tokens / PARAMS, 1)
-        # each rank sends and receives 2 (N-1)/N of the f32 gradients a step
-        ring = 2 * 2 * (N - 1) / N * PARAMS * 4 * N * row["steps"]
-        row["ring_allreduce_bytes"] = ring
-        if row.get("bytes"):
-            row["ring_over_these"] = round(ring / row["bytes"], 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
 
     def dp(name, steps):
         run = os.path.join(a.out, name)
-        t0 = time.time()
-        subprocess.run([a.loom, "train", CONFIG, "--run-dir", run, "--set", "train.batch_size=16",
-                        "--set", f"train.steps={steps}"] + data, check=True, env=dict(
-                            env, OMP_NUM_THREADS="2"), stdout=subprocess.DEVNULL)
-        record({"run": name, "steps": steps, "val_loss": last_val(run),
-                "wall_s": round(time.time() - t0, 1), "bytes": 0})
+        wall = timed([a.loom, "train", CONFIG, "--run-dir", run, "--set", "train.batch_size=16",
+                      "--set", f"train.steps={steps}"] + [x for d in data for x in ("--set", d)],
+                     dict(env, OMP_NUM_THREADS="2"),
+                     quiet=True)
+        record({"run": name, "steps": steps, "val_loss": last_val(run), "wall_s": round(wall, 1),
+                "bytes": 0})
 
     def islands(name, steps, h, lr, m=N, batch=4):
-        run = os.path.join(a.out, name)
-        subprocess.run([a.loom, "islands", CONFIG, "--islands", str(m), "--run-dir", run,
-                        "--set", f"train.steps={steps}", "--set", f"train.batch_size={batch}",
-                        "--set", f"outer.inner_steps={h}", "--set", f"outer.lr={lr}",
-                        "--set", f"outer.momentum={a.momentum}"] + data,
-                       check=True, env=env, stdout=subprocess.DEVNULL)
-        with open(os.path.join(run, "summary.json")) as f:
-            s = json.load(f)
-        assert s["parameters"] == PARAMS, s["parameters"]
+        s = run_islands(a.loom, CONFIG, os.path.join(a.out, name), m,
+                        [f"train.steps={steps}", f"train.batch_size={batch}",
+                         f"outer.inner_steps={h}", f"outer.lr={lr}",
+                         f"outer.momentum={a.momentum}"] + data, env=env, quiet=True)
+        params.append(s["parameters"])
         record({"run": name, "steps": steps, "islands": m, "h": h, "outer_lr": lr,
                 "outer_momentum": a.momentum, "rounds": s["version"], "val_loss": s["val_loss"],
                 "wall_s": round(s["wall_s"], 1), "bytes": s["bytes_sent"] + s["bytes_received"]})
@@ -100,6 +80,12 @@ def main():
     base = {r["steps"]: r["val_loss"] for r in rows if r["run"].startswith("dp")}
     for r in rows:
         r["vs_dp"] = round(100 * (r["val_loss"] / base[r["steps"]] - 1), 2)
+        r["tokens_per_param"] = round(r["steps"] * 4 * 64 * N / params[0], 1)
+        # a ring all-reduce of the f32 gradients every step: each rank sends and receives
+        # 2 (N-1)/N of them
+        r["ring_allreduce_bytes"] = 2 * 2 * (N - 1) / N * params[0] * 4 * N * r["steps"]
+        if r["bytes"]:
+            r["ring_over_these"] = round(r["ring_allreduce_bytes"] / r["bytes"], 1)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=2)
     for r in rows:

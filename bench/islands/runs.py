@@ -1,0 +1,47 @@
+"""What the island benchmarks share: running `loom islands` and reading what a run leaves.
+
+Used by bench/islands/async_gap.py, bench/islands/diloco_scale.py and bench/diloco/run.py.
+"""
+import json
+import os
+import subprocess
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def last_val(run_dir):
+    """The last val_loss RUN_DIR/metrics.jsonl logged, or None."""
+    val = None
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            j = json.loads(line)
+            if j.get("val_loss") is not None:
+                val = j["val_loss"]
+    return val
+
+
+def run_islands(loom, config, run_dir, islands, sets, slow=None, env=None, quiet=False):
+    """`loom islands CONFIG --islands N --run-dir RUN_DIR --set S ...` (island 0 slowed by `slow`,
+    "F"), from the repository root; returns RUN_DIR/summary.json."""
+    cmd = [loom, "islands", config, "--islands", str(islands), "--run-dir", run_dir]
+    for s in sets:
+        cmd += ["--set", s]
+    if slow:
+        cmd += ["--slow", "0=%s" % slow]
+    if not quiet:
+        print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT,
+                   stdout=subprocess.DEVNULL if quiet else None)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def timed(cmd, env=None, quiet=False):
+    """Runs cmd from the repository root; returns its wall seconds."""
+    if not quiet:
+        print("+", " ".join(cmd), flush=True)
+    t0 = time.time()
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT,
+                   stdout=subprocess.DEVNULL if quiet else None)
+    return time.time() - t0
