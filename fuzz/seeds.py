@@ -141,9 +141,9 @@ def spec(name, shape):
     return field(1, 2, name.encode()) + field(2, 2, b"".join(varint(d) for d in shape))
 
 
-def join(model, key=b""):
+def join(model, key=b"", fragments=0):
     return (field(1, 2, b"island") + b"".join(field(2, 2, spec(n, s)) for n, s in model) +
-            (field(3, 2, key) if key else b""))
+            (field(3, 2, key) if key else b"") + (field(4, 0, fragments) if fragments else b""))
 
 
 def chunk(name, offset, values, bf16=False):
@@ -175,9 +175,9 @@ def qchunk(name, offset, values, bits):
             field(5, 0, len(values)))
 
 
-def push(island, base, steps, chunks):
+def push(island, base, steps, chunks, fragment=0):
     header = field(1, 0, island) + (field(2, 0, base) if base else b"") + field(3, 0, steps) + \
-        field(4, 1, 0.5)
+        field(4, 1, 0.5) + (field(5, 0, fragment) if fragment else b"")
     msgs = [field(1, 2, header)] + [field(2, 2, c) for c in chunks]
     return b"".join(struct.pack("<H", len(m)) + m for m in msgs)
 
@@ -203,6 +203,18 @@ put("outer_requests", "async_int8_int4", b"\x01" + call(0, join(model)) + call(0
 put("outer_requests", "rejoin_key", b"\x00" + call(0, join(model, b"host:/runs/a")) +
     call(0, join(model, b"host:/runs/b")) + call(2, push(1, 0, 4, grad)) +
     call(0, join(model, b"host:/runs/b")) + call(2, push(2, 0, 4, grad)) + call(3, field(1, 0, 1)))
+
+# streaming: two fragments; both islands push fragment 1 (its round closes), then one pushes
+# fragment 0 int4; awaits and pulls name a fragment
+layered = [("layers.0.a", [3]), ("layers.1.b", [2, 2])]
+put("outer_requests", "fragments", b"\x10" + call(0, join(layered, fragments=2)) +
+    call(0, join(layered, fragments=2)) + call(0, join(layered)) +
+    call(2, push(1, 0, 4, [chunk("layers.1.b", 0, [1.0, 0.0, -1.0, 0.5])], 1)) +
+    call(2, push(2, 0, 4, [qchunk("layers.1.b", 0, [1, -2, 3, 0], 4)], 1)) +
+    call(3, field(1, 0, 1) + field(4, 0, 1)) +
+    call(2, push(1, 0, 4, [qchunk("layers.0.a", 0, [0.1, -0.2, 0.3], 4)], 0)) +
+    call(3, field(1, 0, 2) + field(4, 0, 0)) + call(5, field(1, 0, 1) + field(2, 0, 1)) +
+    call(5, field(1, 0, 1) + field(2, 0, 5)))
 
 
 # ---- metrics: lines as loom train writes them, MoE fields, a torn last line ----

@@ -17,6 +17,10 @@
 4b. An island that is 2 ranks of an fsdp plan (rank 0 talks to the server and broadcasts) logs the
    losses of a one-process island on the same settings (outer lr 0.5, momentum 0.5), which are not
    those of plain training.
+6. Streaming DiLoCo (fragments = 2): one island with outer lr 1 and momentum 0 logs plain training's
+   losses (no overlap; overlap 2 with mix 1); with overlap, mix and int4 pushes an island killed is
+   dropped and one joining late falls in with the fragments' cycle; the server killed and restarted
+   loses no round.
 5. Bad configuration: a wrong token (the island exits non-zero, quickly, saying "token"), a server
    without a token (exit 1 naming LOOM_OUTER_TOKEN), an island whose model differs (exit non-zero
    naming a tensor), a server that cannot write its state (exit 1, nothing left behind).
@@ -174,15 +178,15 @@ def wait_for(pred, timeout, alive):
     return False
 
 
-def check_finished(isl, rc, what):
-    """The island exited 0 with every step logged and a last sync at version STEPS/H."""
+def check_finished(isl, rc, what, want=STEPS // H):
+    """The island exited 0 with every step logged and a last sync at version `want`."""
     m = metrics(isl.run)
     steps = [j["step"] for j in m]
     check(rc == 0, "%s exits 0 (rc %s)%s" % (what, rc, "" if rc == 0 else ": " + isl.text()[-800:]))
     check(steps == list(range(1, STEPS + 1)), "%s logs steps 1..%d (%d lines, last %s)"
           % (what, STEPS, len(steps), steps[-1] if steps else None))
     v = last_version(isl.run)
-    check(v == STEPS // H, "%s ends at outer version %s (want %d)" % (what, v, STEPS // H))
+    check(v == want, "%s ends at outer version %s (want %d)" % (what, v, want))
 
 
 def stop_server(srv):
@@ -434,6 +438,113 @@ def plan_island_parity(d, data):
     check(apart > 1e-3, "and not plain training's (the outer steps moved it: up to %.2g apart)" % apart)
 
 
+# ---- streaming DiLoCo (fragments) ----
+
+# Two fragments of H = 10: one is pushed every 5 steps, and the last step pushes the other too, so
+# STEPS steps end at version STEPS / 5 + 1 (the fragments' versions summed).
+SH, SF = 10, 2
+S_VERSION = STEPS // (SH // SF) + SF - 1
+
+
+def streaming_sets(data, **more):
+    kv = dict(outer__inner_steps=SH, outer__fragments=SF)
+    kv.update(more)
+    return common_sets(data, **kv)
+
+
+def streaming_parity(d, data):
+    # One island with outer lr 1 and momentum 0 takes back what it pushed: with fragments and no
+    # overlap, and with an overlap of 2 steps and mix 1 (the local parameters kept), it logs plain
+    # training's losses; the version counts every fragment's rounds.
+    base = dict(train__steps=30, outer__lr=1.0, outer__momentum=0.0)
+    plain = os.path.join(d, "plain")
+    p = Proc([LOOM, "train", CONFIG, "--run-dir", plain] + common_sets(data, **base),
+             os.path.join(d, "plain.log"))
+    if not check(p.wait(120) == 0, "plain loom train exits 0"):
+        return
+    a = metrics(plain)
+    for name, more in (("no overlap", {}), ("overlap 2, mix 1", dict(outer__overlap=2, outer__mix=1.0))):
+        common = streaming_sets(data, **dict(base, **more))
+        tag = name.replace(" ", "_").replace(",", "")
+        srv, port = start_server(d, "server_" + tag, common, os.path.join(d, "state_" + tag))
+        if port is None:
+            return
+        isl = start_island(d, "island_" + tag, port, common, slowdown=None)
+        rc = isl.wait(120)
+        check(rc == 0 and "2 fragments" in isl.text(),
+              "%s: the island joins with 2 fragments and exits 0 (rc %s)%s" % (
+                  name, rc, "" if rc == 0 else ": " + isl.text()[-400:]))
+        b = metrics(isl.run)
+        worst = max((abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b)), default=1)
+        check(len(a) == len(b) == 30 and worst <= 1e-5,
+              "%s: 30 steps, per-step losses those of plain training (worst %.2g)" % (name, worst))
+        want = 30 // (SH // SF) + SF - 1
+        check(last_version(isl.run) == want, "%s: version %s (want %d)" % (
+            name, last_version(isl.run), want))
+        stop_server(srv)
+
+
+def streaming_island_faults(d, data):
+    # fragments 2, overlap 1, mix 0.5, int4 pushes: an island SIGKILLed after its first round is
+    # dropped by its lease while the others go on; one that joins mid-run falls in with the cycle of
+    # fragments (it waits on none that waits on it) and trains to its end.
+    common = streaming_sets(data, outer__overlap=1, outer__mix=0.5, outer__compress="int4")
+    srv, port = start_server(d, "server", common, os.path.join(d, "state"))
+    if port is None:
+        return
+    isl = [start_island(d, "island%d" % i, port, common) for i in range(3)]
+    victim = isl[2]
+    ok = wait_for(lambda: any("outer_round" in j for j in metrics(victim.run)), 60, isl)
+    if not check(ok, "the victim completes an outer round (rc %s)" % victim.p.poll()):
+        return
+    victim.kill()
+    ok = wait_for(lambda: (last_version(isl[0].run) or 0) >= 4, 60, isl[:2])
+    if not check(ok, "the survivors reach version 4"):
+        return
+    late = start_island(d, "late", port, common)
+    for i, s in enumerate(isl[:2]):
+        check_finished(s, s.wait(120), "survivor %d" % i, S_VERSION)
+    rc = late.wait(120)
+    text = late.text()
+    check(rc == 0, "the late island exits 0 (rc %s)%s" % (rc, "" if rc == 0 else ": " + text[-800:]))
+    steps = [x["step"] for x in metrics(late.run)]
+    check(steps == list(range(1, STEPS + 1)), "the late island logs steps 1..%d" % STEPS)
+    check("dropped by the server" not in text and "rejected" not in text,
+          "the late island is never dropped nor refused")
+    log = srv.text()
+    check(re.search(r"island \d+ \(\S+:%d [^)]*\) dropped: lease expired" % victim.pid, log),
+          "the server drops the victim by lease expiry")
+    final, seen = stop_server(srv), last_version(late.run)
+    check(final is not None and final == seen, "the server stops at the version the late island "
+          "saw last (%s, %s)" % (final, seen))
+
+
+def streaming_server_restarted(d, data):
+    # fragments 2, overlap 1: the server SIGKILLed mid-run and restarted on its state; the islands
+    # reconnect, push again what it lost, and end at the version of an undisturbed run.
+    common = streaming_sets(data, outer__overlap=1)
+    state = os.path.join(d, "state")
+    srv, port = start_server(d, "server", common, state)
+    if port is None:
+        return
+    isl = [start_island(d, "fast", port, common, slowdown="5"),
+           start_island(d, "slow", port, common, slowdown="25")]
+    ok = wait_for(lambda: (last_version(isl[1].run) or 0) >= 3, 60, isl + [srv])
+    if not check(ok, "the islands reach version 3"):
+        return
+    srv.kill()
+    time.sleep(0.3)
+    srv2, port2 = start_server(d, "server2", common, state, listen="127.0.0.1:%d" % port)
+    if port2 is None:
+        return
+    m = re.search(r"resumed from \S+: version (\d+)", srv2.text())
+    check(m is not None and int(m.group(1)) >= 3, "the restarted server resumes at version %s"
+          % (m and m.group(1)))
+    check_finished(isl[0], isl[0].wait(120), "fast island", S_VERSION)
+    check_finished(isl[1], isl[1].wait(120), "slow island", S_VERSION)
+    check(stop_server(srv2) == S_VERSION, "the server stops at version %d" % S_VERSION)
+
+
 def bad_config(d, data):
     common = common_sets(data, train__steps=10)
     srv, port = start_server(d, "server", common, os.path.join(d, "state"))
@@ -453,7 +564,13 @@ def bad_config(d, data):
     m = re.search(r"tensor \d+ is '([^']+)'", text)
     check(rc not in (0, None) and m is not None,
           "another model: exit %s naming tensor %s: %s" % (rc, m and m.group(1), one_line(text)))
-    check("joined" not in srv.text(), "the server let neither join")
+    frag = start_island(d, "other_fragments", port, common, slowdown=None,
+                        extra=sets(outer__inner_steps=10, outer__fragments=2))
+    rc = frag.wait(30)
+    text = frag.text()
+    check(rc not in (0, None) and "splits the model into 2 fragment(s), the server into 1" in text,
+          "other fragments: exit %s: %s" % (rc, one_line(text)))
+    check("joined" not in srv.text(), "the server let none of them join")
     # a second server on the port the first holds: refused (gRPC's SO_REUSEPORT would let both
     # serve, each with its own state, splitting the islands between them)
     r = subprocess.run([LOOM, "outer-server", CONFIG, "--listen", "127.0.0.1:%d" % port,
@@ -505,6 +622,10 @@ SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),
              ("3b. island SIGKILLed and restarted on its run dir", island_restarted),
              ("4. single island parity with plain training", single_island_parity),
              ("4b. an island of 2 plan ranks: parity with a one-process island", plan_island_parity),
+             ("6. streaming: one island of 2 fragments logs plain training's losses", streaming_parity),
+             ("7. streaming: an island SIGKILLed and one joining late (overlap, int4)",
+              streaming_island_faults),
+             ("8. streaming: server SIGKILLed and restarted", streaming_server_restarted),
              ("5. bad configuration", bad_config)]
 
 # a SIGTERM (a harness timing the test out) still goes through the finally blocks that end the processes

@@ -2,13 +2,15 @@
 // (outer/service.h) is driven as the gRPC server drives it, without the network: the input is a
 // sequence of calls, each decoded from its protobuf bytes and handed to the service.
 //
-// Input: byte 0 picks the mode (bit 0: async) and an outer learning rate (bits 1-3); then records
+// Input: byte 0 picks the mode (bit 0: async), an outer learning rate (bits 1-3) and, in sync mode,
+// streaming fragments (bit 4: two, the model's tensors named "layers.0.a" and "layers.1.b"); then
+// records
 // of [kind: 1 byte][n: 2 bytes little-endian][n bytes]. kind % 6: 0 Join, 1 Heartbeat, 2 Push,
 // 3 Await (its wait_ms is taken as 0: no sleeping), 4 Leave, 5 Pull; the n bytes are the request's
 // protobuf encoding, except for Push, whose bytes are the stream's messages, each as [m: 2 bytes
 // little-endian][m bytes of a PushRequest]. A request that does not decode is refused as gRPC
 // refuses it (the call never reaches the service); a stream message that does not decode ends
-// the stream. The server's model: "a" f32[3] and "b" f32[2,2].
+// the stream. The server's model: "a" f32[3] and "b" f32[2,2] (as above with fragments).
 #include <google/protobuf/stubs/logging.h>
 
 #include "fuzz/fuzz.h"
@@ -76,8 +78,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cfg.step_budget = 64;
   cfg.token = "t";
   cfg.verbose = false;
-  TensorList model{{"a", {3}, std::vector<float>(3, 0.5f)},
-                   {"b", {2, 2}, std::vector<float>(4, -1.0f)}};
+  const bool fragments = !(head & 1) && (head & 16);
+  cfg.fragments = fragments ? 2 : 1;
+  TensorList model{{fragments ? "layers.0.a" : "a", {3}, std::vector<float>(3, 0.5f)},
+                   {fragments ? "layers.1.b" : "b", {2, 2}, std::vector<float>(4, -1.0f)}};
   loom::fuzz::guard([&] {
     OuterService svc(cfg, model);
     for (int calls = 0; calls < 64; ++calls) {

@@ -212,7 +212,7 @@ std::function<int()> add_islands(CLI::App& app) {
     train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval);
     const double val = train::validation_loss(cfg, corpus, evaluator);
     nlohmann::json islands = nlohmann::json::array();
-    uint64_t sent = 0, received = 0;
+    uint64_t sent = 0, received = 0, peak = 0;
     for (int i = 0; i < o->islands; ++i) {
       std::ifstream in(fmt::format("{}/island_{}/metrics.jsonl", run, i));
       nlohmann::json lastm, last_outer;
@@ -224,8 +224,10 @@ std::function<int()> add_islands(CLI::App& app) {
       }
       nlohmann::json isl{{"island", i}, {"steps", lastm.value("step", 0)}};
       if (!last_outer.is_null()) {
-        for (const char* k : {"outer_round", "bytes_sent", "bytes_received", "wait_s"})
+        for (const char* k :
+             {"outer_round", "bytes_sent", "bytes_received", "peak_round_bytes", "wait_s"})
           isl[k] = last_outer[k];
+        peak = std::max(peak, last_outer.value("peak_round_bytes", uint64_t(0)));
         sent += last_outer.value("bytes_sent", uint64_t(0));
         received += last_outer.value("bytes_received", uint64_t(0));
       }
@@ -235,11 +237,15 @@ std::function<int()> add_islands(CLI::App& app) {
                            {"mode", mode},
                            {"inner_steps", cfg.outer.inner_steps},
                            {"compress", cfg.outer.compress},
+                           {"fragments", cfg.outer.fragments},
+                           {"overlap", cfg.outer.overlap},
+                           {"mix", cfg.outer.mix},
                            {"version", version},
                            {"parameters", params.total_elements()},
                            {"val_loss", val},
                            {"bytes_sent", sent},
                            {"bytes_received", received},
+                           {"peak_round_bytes", peak},
                            {"wall_s", wall},
                            {"per_island", islands}};
     write_file_atomic(run + "/summary.json", summary.dump(2) + "\n");

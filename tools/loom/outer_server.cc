@@ -59,6 +59,7 @@ std::function<int()> add_outer_server(CLI::App& app) {
     sc.mode = cfg.outer.mode;
     sc.opt = {cfg.outer.lr, cfg.outer.momentum};
     sc.inner_steps = cfg.outer.inner_steps;
+    sc.fragments = cfg.outer.fragments;
     sc.delay = cfg.outer.delay;  // 0: the live islands
     const bool async = cfg.outer.mode == train::OuterMode::async;
     sc.step_budget = async ? cfg.outer.islands * cfg.train.steps : 0;

@@ -43,20 +43,23 @@ class IslandSync : public train::OuterSync {
   }
   uint64_t id() const override { return island_->id(); }
   int64_t inner_steps() const override { return island_->inner_steps(); }
-  bool sync(int64_t steps, double seconds) override { return island_->sync(steps, seconds); }
+  bool sync(int64_t steps, double seconds, bool last) override {
+    return island_->sync(steps, seconds, last);
+  }
   nlohmann::json metrics() const override {
     return {{"outer_round", island_->rounds()},
             {"outer_version", island_->version()},
             {"bytes_sent", island_->bytes_sent()},
             {"bytes_received", island_->bytes_received()},
+            {"peak_round_bytes", island_->peak_round_bytes()},
             {"wait_s", island_->wait_s()}};
   }
   std::string summary() const override {
     return fmt::format(
-        "island {}: {} outer rounds, {} bytes sent, {} received, {:.1f} s waiting for "
-        "the server",
+        "island {}: {} outer rounds, {} bytes sent, {} received (at most {} in a round), {:.1f} "
+        "s waiting for the server",
         island_->id(), island_->rounds(), island_->bytes_sent(), island_->bytes_received(),
-        island_->wait_s());
+        island_->peak_round_bytes(), island_->wait_s());
   }
 
  private:

@@ -70,10 +70,11 @@ grpc::Status OuterClient::retrying(const char* what, F&& call) {
 }
 
 grpc::Status OuterClient::join(const std::string& name, proto::JoinReply* rep,
-                               const std::string& key) {
+                               const std::string& key, uint32_t fragments) {
   proto::JoinRequest req;
   req.set_name(name);
   req.set_key(key);
+  req.set_fragments(fragments);
   for (const auto& t : spec_) {
     auto* m = req.add_model();
     m->set_name(t.name);
@@ -89,9 +90,11 @@ grpc::Status OuterClient::heartbeat(uint64_t id, proto::HeartbeatReply* rep) {
   return stub_->Heartbeat(context(5).get(), req, rep);
 }
 
-grpc::Status OuterClient::pull(uint64_t id, TensorList& params, uint64_t* version) {
+grpc::Status OuterClient::pull(uint64_t id, uint32_t fragment, TensorList& params,
+                               uint64_t* version) {
   proto::PullRequest req;
   req.set_island_id(id);
+  req.set_fragment(fragment);
   return retrying("pull", [&]() -> grpc::Status {
     auto ctx = context(300);
     auto rd = stub_->Pull(ctx.get(), req);
@@ -154,10 +157,11 @@ grpc::Status OuterClient::leave(uint64_t id) {
   return stub_->Leave(context(5).get(), req, &rep);
 }
 
-grpc::Status OuterClient::await(uint64_t id, uint64_t base_version, uint32_t wait_ms,
-                                proto::AwaitReply* rep) {
+grpc::Status OuterClient::await(uint64_t id, uint32_t fragment, uint64_t base_version,
+                                uint32_t wait_ms, proto::AwaitReply* rep) {
   proto::AwaitRequest req;
   req.set_island_id(id);
+  req.set_fragment(fragment);
   req.set_base_version(base_version);
   req.set_wait_ms(wait_ms);
   return retrying("await",

@@ -33,14 +33,17 @@ class OuterClient {
   // `spec`: the model's tensors (names and shapes; data unused), in the server's order.
   OuterClient(ClientConfig cfg, TensorList spec);
 
-  // `key`: the island's identity across restarts (JoinRequest.key); "" for none.
-  grpc::Status join(const std::string& name, proto::JoinReply* rep, const std::string& key = "");
+  // `key`: the island's identity across restarts (JoinRequest.key); "" for none. `fragments`: the
+  // island's [outer] fragments.
+  grpc::Status join(const std::string& name, proto::JoinReply* rep, const std::string& key = "",
+                    uint32_t fragments = 1);
   grpc::Status heartbeat(uint64_t id, proto::HeartbeatReply* rep);
-  // Fills `params` (shaped like spec) and *version.
-  grpc::Status pull(uint64_t id, TensorList& params, uint64_t* version);
+  // Fills `params` (shaped like the fragment's tensors: fragments.h) and *version (the fragment's).
+  grpc::Status pull(uint64_t id, uint32_t fragment, TensorList& params, uint64_t* version);
   grpc::Status push(const proto::PushHeader& h, const TensorList& grad, proto::Encoding enc,
                     proto::PushReply* rep);
-  grpc::Status await(uint64_t id, uint64_t base_version, uint32_t wait_ms, proto::AwaitReply* rep);
+  grpc::Status await(uint64_t id, uint32_t fragment, uint64_t base_version, uint32_t wait_ms,
+                     proto::AwaitReply* rep);
   grpc::Status leave(uint64_t id);  // one try
 
   // Payload bytes of tensor data sent (pushes) and received (pulls), as encoded on the wire.

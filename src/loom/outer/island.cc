@@ -38,13 +38,16 @@ Island::Island(const train::Config& cfg, train::ParamStore& params, const std::s
     : cfg_(cfg.outer), params_(params), name_(name), key_(key) {
   TensorList spec;  // names and shapes
   for (const auto& p : params.infos()) spec.push_back({p.name, p.shape, {}});
-  global_ = zeros_like(spec);
+  split_ = split_fragments(spec, cfg.outer.fragments);
+  for (const auto& which : split_) global_.push_back(zeros_like(gather(spec, which)));
+  versions_.assign(split_.size(), 0);
+  since_.assign(split_.size(), 0);
   client_ =
       std::make_unique<OuterClient>(ClientConfig{cfg.outer.server, read_token(cfg.outer, cfg.path),
                                                  cfg.outer.tls_ca, cfg.outer.retry_s},
                                     std::move(spec));
   join();
-  pull();
+  for (int i = 0; rejoined_ && i < 3; ++i) pull_all();
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
 }
 
@@ -60,25 +63,43 @@ Island::~Island() {
 
 void Island::join() {
   proto::JoinReply r;
-  grpc::Status s = client_->join(name_, &r, key_);
+  grpc::Status s = client_->join(name_, &r, key_, uint32_t(split_.size()));
   if (!s.ok())
     throw Error(fmt::format("outer server {} refused to let this island join: {}",
                             client_->server(), s.error_message()));
   if (r.mode() != train::outer_mode_name(cfg_.mode))
     throw Error(fmt::format("outer server {} runs in {} mode, but [outer] mode = \"{}\"",
                             client_->server(), r.mode(), train::outer_mode_name(cfg_.mode)));
+  if (const uint32_t f = std::max<uint32_t>(r.fragments(), 1); f != split_.size())
+    throw Error(
+        fmt::format("outer server {} splits the model into {} fragment(s), but [outer] "
+                    "fragments = {}",
+                    client_->server(), f, split_.size()));
   id_ = r.island_id();
-  version_ = r.version();
   h_ = int64_t(r.inner_steps());
   lease_ms_ = r.lease_ms();
   done_ = r.done();
-  fmt::print(stderr, "island {}: joined {} at version {} (H = {})\n", id_.load(), client_->server(),
-             version_, h_);
+  rejoined_ = true;
+  fmt::print(stderr, "island {}: joined {} at version {} (H = {}{})\n", id_.load(),
+             client_->server(), r.version(), h_,
+             split_.size() > 1 ? fmt::format(", {} fragments", split_.size()) : "");
 }
 
-void Island::pull() {
+int64_t Island::inner_steps() const {
+  int64_t due = next_push_;
+  if (in_flight_) due = std::min(due, in_flight_->land_at);
+  return std::max<int64_t>(1, due - t_);
+}
+
+uint64_t Island::version() const {
+  uint64_t v = 0;
+  for (uint64_t x : versions_) v += x;
+  return v;
+}
+
+void Island::pull(uint32_t f, double mix) {
   for (int attempt = 0;; ++attempt) {
-    grpc::Status s = client_->pull(id_, global_, &version_);
+    grpc::Status s = client_->pull(id_, f, global_[f], &versions_[f]);
     if (s.ok()) break;
     if (s.error_code() == grpc::StatusCode::NOT_FOUND && attempt < 3) {
       join();
@@ -87,7 +108,26 @@ void Island::pull() {
     throw Error(
         fmt::format("outer server {}: pull failed: {}", client_->server(), s.error_message()));
   }
-  for (const auto& t : global_) std::memcpy(params_.data(t.name), t.data.data(), t.data.size() * 4);
+  const float a = float(mix), b = float(1 - mix);
+  for (const auto& t : global_[f]) {
+    float* local = params_.data(t.name);
+    if (mix == 0) {
+      std::memcpy(local, t.data.data(), t.data.size() * 4);
+    } else {
+      for (size_t i = 0; i < t.data.size(); ++i) local[i] = a * local[i] + b * t.data[i];
+    }
+  }
+}
+
+void Island::pull_all() {
+  rejoined_ = false;
+  for (uint32_t f = 0; f < split_.size(); ++f) pull(f, 0);
+  in_flight_.reset();
+  std::fill(since_.begin(), since_.end(), 0);
+  // the cycle goes on at the fragment whose round closes next: the first of the lowest version
+  next_ = uint32_t(std::min_element(versions_.begin(), versions_.end()) - versions_.begin());
+  next_push_ = t_ + std::max<int64_t>(1, h_ / int64_t(split_.size()));
+  seconds_ = 0;
 }
 
 void Island::heartbeat_loop() {
@@ -102,10 +142,10 @@ void Island::heartbeat_loop() {
   }
 }
 
-std::optional<proto::AwaitReply::State> Island::await(uint64_t base_version, uint32_t wait_ms,
-                                                      const std::string& what) {
+std::optional<proto::AwaitReply::State> Island::await(uint32_t f, uint64_t base_version,
+                                                      uint32_t wait_ms, const std::string& what) {
   proto::AwaitReply a;
-  grpc::Status s = client_->await(id_, base_version, wait_ms, &a);
+  grpc::Status s = client_->await(id_, f, base_version, wait_ms, &a);
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
     join();
     return std::nullopt;
@@ -117,81 +157,134 @@ std::optional<proto::AwaitReply::State> Island::await(uint64_t base_version, uin
   return a.state();
 }
 
-bool Island::sync(int64_t steps, double seconds) {
-  auto t0 = Clock::now();
-  TensorList g = global_;
-  for (auto& t : g) {
+Island::InFlight Island::push(uint32_t f, double seconds) {
+  InFlight fl;
+  fl.fragment = f;
+  fl.base_version = versions_[f];
+  fl.steps = std::max<int64_t>(since_[f], 1);
+  fl.seconds = seconds;
+  fl.land_at = t_ + cfg_.overlap;
+  fl.grad = global_[f];
+  for (auto& t : fl.grad) {
     const float* local = params_.data(t.name);
     for (size_t i = 0; i < t.data.size(); ++i) t.data[i] -= local[i];
   }
+  since_[f] = 0;
+  fl.stands = push_again(fl);
+  return fl;
+}
+
+bool Island::push_again(InFlight& fl) {
   proto::PushHeader h;
   h.set_island_id(id_);
-  h.set_base_version(version_);
-  h.set_inner_steps(uint32_t(std::max<int64_t>(steps, 1)));
-  h.set_seconds(seconds);
+  h.set_base_version(fl.base_version);
+  h.set_inner_steps(uint32_t(std::min<int64_t>(fl.steps, UINT32_MAX)));
+  h.set_seconds(fl.seconds);
+  h.set_fragment(fl.fragment);
   const proto::Encoding enc = cfg_.compress == "bf16"   ? proto::BF16
                               : cfg_.compress == "int8" ? proto::INT8
                               : cfg_.compress == "int4" ? proto::INT4
                                                         : proto::F32;
-  const std::string server = client_->server();
-  // async: the version after this push, and the one that closes its Delayed Nesterov period
-  uint64_t pushed_version = 0, period_version = 0;
-  // Pushes; returns true if the push stands (accepted, or already held by the server).
-  auto push = [&]() {
-    proto::PushReply rep;
-    grpc::Status s = client_->push(h, g, enc, &rep);
-    switch (s.error_code()) {
-      case grpc::StatusCode::OK:
-        h_ = int64_t(rep.inner_steps());
-        done_ = rep.done();
-        pushed_version = rep.version();
-        period_version = rep.period_version();
-        return true;
-      case grpc::StatusCode::ALREADY_EXISTS:
-        return true;
-      case grpc::StatusCode::NOT_FOUND:
-        fmt::print(stderr, "island {}: dropped by the server ({}); joining again\n", id_.load(),
-                   s.error_message());
-        join();
-        return false;
-      case grpc::StatusCode::FAILED_PRECONDITION:
-        fmt::print(stderr, "island {}: {}\n", id_.load(), s.error_message());
-        return false;
-      default:
-        throw Error(fmt::format("outer server {} rejected a push: {}", server, s.error_message()));
-    }
-  };
-  const bool pushed = push();
-  if (pushed && cfg_.mode == train::OuterMode::async && cfg_.grace > 0 &&
-      period_version > pushed_version) {
+  const uint64_t before = client_->bytes_sent();
+  proto::PushReply rep;
+  grpc::Status s = client_->push(h, fl.grad, enc, &rep);
+  fl.bytes += client_->bytes_sent() - before;
+  switch (s.error_code()) {
+    case grpc::StatusCode::OK:
+      h_ = int64_t(rep.inner_steps());
+      done_ = rep.done();
+      fl.pushed_version = rep.version();
+      fl.period_version = rep.period_version();
+      return true;
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return true;
+    case grpc::StatusCode::NOT_FOUND:
+      fmt::print(stderr, "island {}: dropped by the server ({}); joining again\n", id_.load(),
+                 s.error_message());
+      join();
+      return false;
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      fmt::print(stderr, "island {}: {}\n", id_.load(), s.error_message());
+      return false;
+    default:
+      throw Error(
+          fmt::format("outer server {} rejected a push: {}", client_->server(), s.error_message()));
+  }
+}
+
+void Island::land(InFlight& fl, double mix, bool counted) {
+  const uint32_t f = fl.fragment;
+  const std::string round = split_.size() > 1
+                                ? fmt::format("round {} of fragment {}", fl.base_version + 1, f)
+                                : fmt::format("round {}", fl.base_version + 1);
+  if (fl.stands && cfg_.mode == train::OuterMode::async && cfg_.grace > 0 &&
+      fl.period_version > fl.pushed_version) {
     // Wait, at most `grace` of this round's time, for the other pushes of this Delayed Nesterov
     // period: islands that push together then all start from the period's parameters (its
     // momentum step included), as DiLoCo's do, instead of each from a different part-update. An
     // island slower than the grace only costs the others that wait.
-    const auto until = Clock::now() + std::chrono::duration<double>(cfg_.grace * seconds);
+    const auto until = Clock::now() + std::chrono::duration<double>(cfg_.grace * fl.seconds);
     while (Clock::now() < until) {
       const double left_ms =
           std::chrono::duration<double, std::milli>(until - Clock::now()).count();
-      const auto st = await(period_version - 1, uint32_t(std::clamp(left_ms, 1.0, 1000.0)),
-                            fmt::format("version {}", period_version));
+      const auto st = await(f, fl.period_version - 1, uint32_t(std::clamp(left_ms, 1.0, 1000.0)),
+                            fmt::format("version {}", fl.period_version));
       if (!st || *st == proto::AwaitReply::CLOSED) break;
     }
   }
-  if (pushed && cfg_.mode == train::OuterMode::sync) {
+  if (fl.stands && cfg_.mode == train::OuterMode::sync) {
     for (;;) {
-      const auto st = await(h.base_version(), 1000, fmt::format("round {}", h.base_version() + 1));
+      const auto st = await(f, fl.base_version, 1000, round);
       if (!st || *st == proto::AwaitReply::CLOSED) break;
       if (*st == proto::AwaitReply::RESEND) {
         fmt::print(stderr,
-                   "island {}: the server holds no push of ours for round {} (it "
-                   "restarted?): pushing again\n",
-                   id_.load(), h.base_version() + 1);
-        if (!push()) break;
+                   "island {}: the server holds no push of ours for {} (it restarted?): pushing "
+                   "again\n",
+                   id_.load(), round);
+        if (!push_again(fl)) break;
       }
     }
   }
-  pull();
-  ++rounds_;
+  if (rejoined_) return;  // dropped and joined again: sync() pulls everything
+  const uint64_t before = client_->bytes_received();
+  pull(f, mix);
+  if (fl.stands) ++rounds_;
+  if (counted)
+    peak_round_bytes_ =
+        std::max(peak_round_bytes_, fl.bytes + (client_->bytes_received() - before));
+}
+
+bool Island::sync(int64_t steps, double seconds, bool last) {
+  auto t0 = Clock::now();
+  t_ += steps;
+  seconds_ += seconds;
+  for (int64_t& s : since_) s += steps;
+  const int64_t n = int64_t(split_.size());
+  // at the last step every round is taken whole (mix 0), and none counts toward the peak
+  const double mix = last ? 0 : cfg_.mix;
+  if (in_flight_ && (t_ >= in_flight_->land_at || last)) {
+    land(*in_flight_, mix, !last);
+    in_flight_.reset();
+  }
+  if (!rejoined_ && t_ >= next_push_) {
+    InFlight fl = push(next_, seconds_);
+    seconds_ = 0;
+    next_ = uint32_t((next_ + 1) % n);
+    next_push_ = t_ + std::max<int64_t>(1, h_ / n);
+    if (cfg_.overlap > 0 && !last && !rejoined_)
+      in_flight_ = std::move(fl);
+    else
+      land(fl, mix, !last);
+  }
+  // the final flush: every fragment trained since its last push, in the cycle's order
+  for (int64_t k = 0; last && k < n && !rejoined_; ++k) {
+    const uint32_t f = uint32_t((next_ + k) % n);
+    if (since_[f] == 0) continue;
+    InFlight fl = push(f, seconds_);
+    seconds_ = 0;
+    land(fl, 0, false);
+  }
+  for (int i = 0; rejoined_ && i < 3; ++i) pull_all();
   wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
   return !done_;
 }

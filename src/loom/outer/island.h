@@ -1,15 +1,27 @@
 // An island's side of the outer loop, driven by `loom train` when [outer] server is set.
 //
 // On construction it joins the server and replaces the local parameters with the global ones (so
-// every island starts from the same weights). Every H inner steps the training loop calls sync():
-// the pseudo-gradient (global - local) is pushed, in sync mode the island waits for the round to
-// close, and the new global parameters are pulled into the ParamStore. The inner optimizer state
-// never leaves the island. A heartbeat thread keeps the lease alive, also while the island waits.
+// every island starts from the same weights). The training loop calls sync() whenever
+// inner_steps() steps have passed since the last call: the island pushes a pseudo-gradient
+// (global - local) when one is due, in sync mode waits for the round to close, and pulls the new
+// global parameters into the ParamStore. The inner optimizer state never leaves the island. A
+// heartbeat thread keeps the lease alive, also while the island waits.
+//
+// Streaming DiLoCo ([outer] fragments = F > 1, fragments.h): the model is F fragments, each with
+// rounds of its own; one fragment is pushed every H/F inner steps, in cyclic order, so each is
+// pushed every H steps and a sync moves about 1/F of the model. With [outer] overlap = tau > 0 the
+// island goes on training tau steps after a push before it awaits the round and takes its result,
+// as mix x local + (1 - mix) x global (the wait for the other islands is hidden behind those steps;
+// the push itself is sent before them). A (re)joining island starts the cycle at the fragment whose
+// round closes next (the first with the lowest version), so every island waits on the fragments in
+// the same order and none waits on one that waits on it. On the run's last step the island pushes
+// every fragment it trained since its last push and takes the global parameters whole: every
+// island, and the server, end on the same parameters.
 //
 // Faults: a server that restarts is reconnected to with backoff (OuterClient); a push it lost is
 // sent again (Await says RESEND); an island the server dropped (lease expired) joins again and
 // takes the current parameters; a stale push (the round closed without it) is dropped and the
-// island takes the current parameters. Anything else is a loom::Error naming the server.
+// island takes the fragment's current parameters. Anything else is a loom::Error naming the server.
 #pragma once
 
 #include <atomic>
@@ -20,8 +32,10 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "loom/outer/client.h"
+#include "loom/outer/fragments.h"
 #include "loom/train/config.h"
 #include "loom/train/params.h"
 
@@ -40,24 +54,52 @@ class Island {
   ~Island();
 
   uint64_t id() const { return id_; }
-  int64_t inner_steps() const { return h_; }  // H for the round under way
-  uint64_t version() const { return version_; }
-  // Ends a round of `steps` inner steps that took `seconds`: push, wait (sync), pull into the
-  // ParamStore. Returns false once the server's step budget is spent (async): stop training.
-  bool sync(int64_t steps, double seconds);
+  // Inner steps until the next push or landing is due (the loop calls sync() then).
+  int64_t inner_steps() const;
+  uint64_t version() const;  // the versions pulled, summed over the fragments
+  // `steps` inner steps that took `seconds` have passed since the last call: push, wait (sync) and
+  // pull what is due; on the run's `last` step, everything (see above). Returns false once the
+  // server's step budget is spent (async): stop training.
+  bool sync(int64_t steps, double seconds, bool last);
 
-  int64_t rounds() const { return rounds_; }
-  double wait_s() const { return wait_s_; }  // time in push, await and pull, summed
+  int64_t rounds() const { return rounds_; }  // pushes that stood (fragment rounds)
+  double wait_s() const { return wait_s_; }   // time in push, await and pull, summed
   uint64_t bytes_sent() const { return client_->bytes_sent(); }
   uint64_t bytes_received() const { return client_->bytes_received(); }
+  // The most bytes one round moved (its push and its pull), the final flush left out.
+  uint64_t peak_round_bytes() const { return peak_round_bytes_; }
 
  private:
+  // A pushed fragment whose round the island has not taken yet.
+  struct InFlight {
+    uint32_t fragment = 0;
+    uint64_t base_version = 0;
+    int64_t steps = 1;  // inner steps it holds, and the wall time they took
+    double seconds = 0;
+    TensorList grad;      // kept to push again if the server lost it
+    int64_t land_at = 0;  // the island's step at which it takes the round's result
+    uint64_t bytes = 0;   // of its push, sent again included
+    bool stands = false;  // the server took it (or held it already)
+    // async: the version after the push, and the one that closes its Delayed Nesterov period
+    uint64_t pushed_version = 0, period_version = 0;
+  };
+
   void join();
-  void pull();  // global_ and the ParamStore <- the server's parameters
-  // One Await for a version past base_version, at most wait_ms: its state (and done_), or none
-  // when the server had dropped this island (it has joined again). Other failures throw naming
-  // `what` ("round 3").
-  std::optional<proto::AwaitReply::State> await(uint64_t base_version, uint32_t wait_ms,
+  // global_[f] <- the server's fragment f; the ParamStore's <- mix x its own + (1 - mix) x those
+  void pull(uint32_t f, double mix);
+  void pull_all();  // every fragment; then the cycle restarts at the next round to close
+  // Pushes fragment f's pseudo-gradient; the round is then in flight.
+  InFlight push(uint32_t f, double seconds);
+  // Sends fl's push again (after RESEND); false when it no longer stands.
+  bool push_again(InFlight& fl);
+  // Waits for fl's round (sync) or its Delayed Nesterov period's grace (async), pulls the
+  // fragment and mixes it in with weight `mix` for the local parameters; `counted`: its bytes
+  // count toward the peak.
+  void land(InFlight& fl, double mix, bool counted);
+  // One Await for fragment f's version past base_version, at most wait_ms: its state (and done_),
+  // or none when the server had dropped this island (it has joined again and pulled). Other
+  // failures throw naming `what` ("round 3").
+  std::optional<proto::AwaitReply::State> await(uint32_t f, uint64_t base_version, uint32_t wait_ms,
                                                 const std::string& what);
   void heartbeat_loop();
 
@@ -65,13 +107,22 @@ class Island {
   train::ParamStore& params_;
   std::string name_, key_;
   std::unique_ptr<OuterClient> client_;
-  TensorList global_;  // the parameters of version_, as pulled
+  Fragments split_;                 // fragment -> its tensors' indices in the model
+  std::vector<TensorList> global_;  // per fragment: its parameters as last pulled
+  std::vector<uint64_t> versions_;  // per fragment: the version of global_
+  std::vector<int64_t> since_;      // per fragment: inner steps since its last push
+  std::optional<InFlight> in_flight_;
+  uint32_t next_ = 0;      // the fragment pushed next
+  int64_t t_ = 0;          // inner steps since the island started
+  int64_t next_push_ = 0;  // the step at which it is pushed
+  double seconds_ = 0;     // the wall time of the steps since the last push
   std::atomic<uint64_t> id_{0};
-  uint64_t version_ = 0;
-  int64_t h_ = 1;
+  int64_t h_ = 1;  // H: a fragment's inner steps per round (the server's)
   bool done_ = false;
+  bool rejoined_ = false;  // join() ran inside a call: pull_all() is due
   int64_t rounds_ = 0;
   double wait_s_ = 0;
+  uint64_t peak_round_bytes_ = 0;
   uint64_t lease_ms_ = 10000;
   std::mutex mu_;
   std::condition_variable cv_;

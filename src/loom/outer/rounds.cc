@@ -24,10 +24,16 @@ Rounds::Rounds(RoundsConfig cfg, TensorList initial, Hooks hooks)
     : cfg_(std::move(cfg)), hooks_(std::move(hooks)) {
   if (cfg_.inner_steps < 1) throw Error("outer server: [outer] inner_steps must be >= 1");
   if (!(cfg_.lease_s > 0)) throw Error("outer server: [outer] lease_s must be > 0");
+  if (cfg_.mode == OuterMode::async && cfg_.fragments != 1)
+    throw Error("outer server: [outer] fragments > 1 (streaming DiLoCo) needs mode = \"sync\"");
   for (const auto& t : initial) spec_.push_back({t.name, t.shape, {}});
+  split_ = split_fragments(spec_, cfg_.fragments);
+  for (const auto& which : split_) {
+    frag_spec_.push_back(gather(spec_, which));
+    frags_.push_back({0, zeros_like(frag_spec_.back()), {}, {}});
+  }
   momentum_ = zeros_like(initial);
   buffer_ = zeros_like(initial);
-  round_sum_ = zeros_like(initial);
   params_ = std::make_shared<const TensorList>(std::move(initial));
 }
 
@@ -35,15 +41,19 @@ void Rounds::resume(OuterState saved, Time now) {
   params_ = std::make_shared<const TensorList>(std::move(saved.params));
   momentum_ = std::move(saved.momentum);
   buffer_ = std::move(saved.buffer);
-  version_ = saved.meta.version;
+  LOOM_CHECK(saved.meta.fragment_versions.size() == frags_.size())
+      << "read_state checks the fragments";
+  for (size_t f = 0; f < frags_.size(); ++f) {
+    frags_[f].version = saved.meta.fragment_versions[f];
+    frags_[f].pushed.clear();
+    for (auto& t : frags_[f].sum) std::fill(t.data.begin(), t.data.end(), 0.f);
+  }
   async_count_ = saved.meta.async_count;
   total_steps_ = saved.meta.total_steps;
   next_id_ = saved.meta.next_id;
   keys_ = std::move(saved.meta.keys);
   members_.clear();
   for (auto& [id, r] : saved.meta.members) members_[id] = {std::move(r), now + lease()};
-  round_pushed_.clear();
-  for (auto& t : round_sum_) std::fill(t.data.begin(), t.data.end(), 0.f);
 }
 
 // ---- the calls ----
@@ -74,15 +84,18 @@ std::optional<Refusal> Rounds::join(const std::string& name, const TensorList& m
   const bool again = known != keys_.end();
   const uint64_t id = again ? known->second : next_id_++;
   if (!key.empty()) keys_[key] = id;
-  // Expected from the next round if this one is under way (but every island is, in the first);
-  // a restarted island's push of the open round, if the old process made one, still counts.
-  const uint64_t joined_round = round_pushed_.empty() || version_ == 0 ? version_ : version_ + 1;
-  Member& m = members_[id] = {{name.substr(0, 200), joined_round, 0}, now + lease()};
+  // Expected from the next round of each fragment whose round is under way (but every island is,
+  // in the first); a restarted island's push of an open round, if the old process made one, still
+  // counts.
+  std::vector<uint64_t> joined;
+  for (const Fragment& f : frags_)
+    joined.push_back(f.pushed.empty() || f.version == 0 ? f.version : f.version + 1);
+  Member& m = members_[id] = {{name.substr(0, 200), std::move(joined), 0}, now + lease()};
   // saved with the next round: a member lost in a restart simply joins again
   log(fmt::format("island {} ({}) {} at version {}", id, m.record.name,
-                  again ? "rejoined (the same island, restarted)" : "joined", version_));
-  if (again) maybe_close(now);  // the round may have waited only for the old process
-  *out = {id, version_, uint32_t(cfg_.inner_steps), done()};
+                  again ? "rejoined (the same island, restarted)" : "joined", version()));
+  if (again) maybe_close(now);  // a round may have waited only for the old process
+  *out = {id, version(), uint32_t(cfg_.inner_steps), done()};
   return std::nullopt;
 }
 
@@ -91,11 +104,15 @@ std::optional<Refusal> Rounds::touch(uint64_t id, Time now) {
   return std::nullopt;
 }
 
-std::optional<Refusal> Rounds::check_header(const PushInfo& h) {
+std::optional<Refusal> Rounds::check_header(const PushInfo& h) const {
   if (h.inner_steps < 1 || !std::isfinite(h.seconds) || h.seconds < 0)
     return Refusal{RefusalKind::invalid,
                    fmt::format("push header: inner_steps {} and seconds {} must be positive",
                                h.inner_steps, h.seconds)};
+  if (h.fragment >= fragments())
+    return Refusal{RefusalKind::invalid,
+                   fmt::format("push header: fragment {}, but the server's model has {}",
+                               h.fragment, fragments())};
   return std::nullopt;
 }
 
@@ -115,26 +132,30 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
                                     Pushed* out) {
   Member* m = find_live(h.island_id, now);
   if (!m) return not_member(h.island_id);
+  if (auto r = check_header(h)) return r;
+  Fragment& frag = frags_[h.fragment];
   // the server never commits a non-finite parameter: a push that would make one is refused
   if (const std::string bad = nonfinite_in(grad); !bad.empty())
     return Refusal{RefusalKind::invalid,
                    fmt::format("push from island {}: the pseudo-gradient is not finite at {}",
                                h.island_id, bad)};
-  if (h.base_version > version_)
-    return Refusal{RefusalKind::invalid, fmt::format("push for version {}, but the server is at {}",
-                                                     h.base_version, version_)};
+  const std::string of = fragments() > 1 ? fmt::format(" of fragment {}", h.fragment) : "";
+  if (h.base_version > frag.version)
+    return Refusal{RefusalKind::invalid,
+                   fmt::format("push for version {}{}, but the server is at {}", h.base_version, of,
+                               frag.version)};
   if (cfg_.mode == OuterMode::sync) {
-    if (h.base_version != version_)
+    if (h.base_version != frag.version)
       return Refusal{RefusalKind::stale,
-                     fmt::format("stale push: made from version {}, the server is at {}: pull and "
-                                 "go on",
-                                 h.base_version, version_)};
-    if (round_pushed_.count(h.island_id))
-      return Refusal{RefusalKind::duplicate, fmt::format("island {} already pushed in round {}",
-                                                         h.island_id, version_ + 1)};
+                     fmt::format("stale push: made from version {}{}, the server is at {}: pull "
+                                 "and go on",
+                                 h.base_version, of, frag.version)};
+    if (frag.pushed.count(h.island_id))
+      return Refusal{RefusalKind::duplicate, fmt::format("island {} already pushed in round {}{}",
+                                                         h.island_id, frag.version + 1, of)};
     // checked before anything is added, so a refused push leaves the sum as it was
     for (size_t t = 0; t < grad.size(); ++t) {
-      const float* s = round_sum_[t].data.data();
+      const float* s = frag.sum[t].data.data();
       const float* x = grad[t].data.data();
       for (size_t i = 0; i < grad[t].data.size(); ++i)
         if (!std::isfinite(s[i] + x[i]))
@@ -144,13 +165,13 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
                                      h.island_id, grad[t].name, i, s[i], x[i])};
     }
     for (size_t t = 0; t < grad.size(); ++t) {
-      float* s = round_sum_[t].data.data();
+      float* s = frag.sum[t].data.data();
       const float* x = grad[t].data.data();
       for (size_t i = 0; i < grad[t].data.size(); ++i) s[i] += x[i];
     }
-    if (round_pushed_.empty()) first_push_ = now;
-    round_pushed_.insert(h.island_id);
-  } else {
+    if (frag.pushed.empty()) frag.first_push = now;
+    frag.pushed.insert(h.island_id);
+  } else {  // one fragment: the whole model
     auto next = std::make_shared<TensorList>(*params_);
     TensorList momentum = momentum_, buffer = buffer_;
     int64_t count = async_count_;
@@ -164,7 +185,7 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     buffer_ = std::move(buffer);
     async_count_ = count;
     params_ = std::move(next);
-    ++version_;
+    ++frag.version;
   }
   if (m->pushes++ > 0) {
     m->steps += double(h.inner_steps);
@@ -182,7 +203,7 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
   const uint64_t to_close = cfg_.mode == OuterMode::async && async_count_ > 0
                                 ? uint64_t(std::max<int64_t>(1, period() - async_count_))
                                 : 0;
-  *out = {version_, inner_steps_for(*m), done(), version_ + to_close};
+  *out = {frag.version, inner_steps_for(*m), done(), frag.version + to_close};
   return std::nullopt;
 }
 
@@ -209,12 +230,19 @@ void Rounds::expire(Time now) {
 
 // ---- what the calls see ----
 
-RoundState Rounds::round_state(uint64_t id, uint64_t base_version) const {
-  if (version_ > base_version) return RoundState::closed;
+RoundState Rounds::round_state(uint64_t id, uint32_t fragment, uint64_t base_version) const {
+  const Fragment& f = frags_[fragment];
+  if (f.version > base_version) return RoundState::closed;
   // async holds no rounds: an island awaits a version, and a lost push is simply lost
   if (cfg_.mode == OuterMode::async) return RoundState::pending;
-  if (!round_pushed_.count(id)) return RoundState::resend;
+  if (!f.pushed.count(id)) return RoundState::resend;
   return RoundState::pending;
+}
+
+uint64_t Rounds::version() const {
+  uint64_t v = 0;
+  for (const Fragment& f : frags_) v += f.version;
+  return v;
 }
 
 int64_t Rounds::period() const {
@@ -229,7 +257,8 @@ std::chrono::milliseconds Rounds::lease() const {
 }
 
 StateMeta Rounds::meta() const {
-  StateMeta s{cfg_.mode, version_, async_count_, total_steps_, next_id_, {}, keys_};
+  StateMeta s{cfg_.mode, version(), {}, async_count_, total_steps_, next_id_, {}, keys_};
+  for (const Fragment& f : frags_) s.fragment_versions.push_back(f.version);
   for (const auto& [id, m] : members_) s.members[id] = m.record;
   return s;
 }
@@ -260,36 +289,43 @@ uint32_t Rounds::inner_steps_for(const Member& m) const {
 }
 
 void Rounds::maybe_close(Time now) {
-  if (cfg_.mode != OuterMode::sync || round_pushed_.empty()) return;
-  if (version_ == 0 && int64_t(round_pushed_.size()) < cfg_.min_islands &&
-      now < first_push_ + std::chrono::milliseconds(int64_t(cfg_.start_grace_s * 1000)))
+  if (cfg_.mode != OuterMode::sync) return;
+  for (uint32_t f = 0; f < fragments(); ++f) close(f, now);
+}
+
+void Rounds::close(uint32_t f, Time now) {
+  Fragment& frag = frags_[f];
+  if (frag.pushed.empty()) return;
+  if (frag.version == 0 && int64_t(frag.pushed.size()) < cfg_.min_islands &&
+      now < frag.first_push + std::chrono::milliseconds(int64_t(cfg_.start_grace_s * 1000)))
     return;  // the start barrier
   for (const auto& [id, m] : members_)
-    if (m.record.joined_round <= version_ && !round_pushed_.count(id)) return;
-  const float inv = 1.f / float(round_pushed_.size());
-  for (auto& t : round_sum_)
+    if (m.record.joined[f] <= frag.version && !frag.pushed.count(id)) return;
+  const float inv = 1.f / float(frag.pushed.size());
+  for (auto& t : frag.sum)
     for (float& x : t.data) x *= inv;
+  const std::vector<size_t>& which = split_[f];
   auto next = std::make_shared<TensorList>(*params_);
-  TensorList momentum = momentum_;
-  nesterov_step(cfg_.opt, *next, momentum, round_sum_);
-  const size_t n = round_pushed_.size();
-  if (std::string bad = nonfinite_in(*next) + nonfinite_in(momentum); !bad.empty()) {
+  TensorList p = gather(*next, which), momentum = gather(momentum_, which);
+  nesterov_step(cfg_.opt, p, momentum, frag.sum);
+  const size_t n = frag.pushed.size();
+  frag.pushed.clear();
+  for (auto& t : frag.sum) std::fill(t.data.begin(), t.data.end(), 0.f);
+  const std::string of = fragments() > 1 ? fmt::format(" of fragment {}", f) : "";
+  if (std::string bad = nonfinite_in(p) + nonfinite_in(momentum); !bad.empty()) {
     // never committed (nor saved): the round is dropped, its islands push again from this version
     log(
-        fmt::format("round {} discarded: its update would make a non-finite parameter or "
+        fmt::format("round {}{} discarded: its update would make a non-finite parameter or "
                     "momentum ({})",
-                    version_ + 1, bad));
-    round_pushed_.clear();
-    for (auto& t : round_sum_) std::fill(t.data.begin(), t.data.end(), 0.f);
+                    frag.version + 1, of, bad));
     return;
   }
-  momentum_ = std::move(momentum);
+  scatter(p, which, *next);
+  scatter(momentum, which, momentum_);
   params_ = std::move(next);
-  ++version_;
-  round_pushed_.clear();
-  for (auto& t : round_sum_) std::fill(t.data.begin(), t.data.end(), 0.f);
+  ++frag.version;
   if (hooks_.on_version) hooks_.on_version();
-  log(fmt::format("round {} closed: {} island(s) pushed, {} member(s)", version_, n,
+  log(fmt::format("round {}{} closed: {} island(s) pushed, {} member(s)", frag.version, of, n,
                   members_.size()));
 }
 

@@ -12,6 +12,9 @@
 // (else `duplicate`). A round closes when every live member expected in it has pushed; the outer
 // Nesterov step is taken on the mean. With `min_islands` > 0 the first round also waits for that
 // many pushes, or `start_grace_s` after its first push (the start barrier).
+// Streaming (sync, `fragments` > 1): the model falls into fragments (fragments.h), each with
+// rounds, a version and expected members of its own, exactly as the whole model has with one
+// fragment; a push carries one fragment's tensors. version() is the sum of the fragments' versions.
 // Async: each push is applied at once with Delayed Nesterov (optimizer.h), whatever its base
 // version; the island's next H is scaled by its measured speed against the fastest island's.
 // Both: a push from a future version is `invalid`; `done` once the inner steps pushed reach
@@ -35,6 +38,7 @@
 #include <set>
 #include <string>
 
+#include "loom/outer/fragments.h"
 #include "loom/outer/optimizer.h"
 #include "loom/outer/state_file.h"
 #include "loom/outer/tensors.h"
@@ -45,6 +49,7 @@ struct RoundsConfig {
   OuterMode mode = OuterMode::sync;
   OuterOptConfig opt;
   int64_t inner_steps = 50;  // H
+  int64_t fragments = 1;     // sync: streaming DiLoCo's fragments (fragments.h)
   int64_t delay = 0;         // async: Delayed Nesterov period N; 0: the live members
   int64_t step_budget = 0;   // async: inner steps, summed over pushes, after which islands stop
   double lease_s = 10;
@@ -71,6 +76,7 @@ struct PushInfo {
   uint64_t base_version = 0;  // the version its inner steps started from
   uint32_t inner_steps = 0;   // inner steps taken since then
   double seconds = 0;         // wall time they took
+  uint32_t fragment = 0;      // whose tensors it carries (and whose version base_version is)
 };
 
 // A sync island's round, as Await reports it.
@@ -107,8 +113,9 @@ class Rounds {
   // Version 0 at `initial`, with no members. Throws loom::Error on a bad config.
   Rounds(RoundsConfig cfg, TensorList initial, Hooks hooks = {});
 
-  // Takes up a saved state (state_file.h): the tensors carry the model's names and shapes, and
-  // every member gets a fresh lease from `now`. The round in flight when it was saved is lost.
+  // Takes up a saved state (state_file.h, read for this config's mode and fragments): the tensors
+  // carry the model's names and shapes, and every member gets a fresh lease from `now`. The rounds
+  // in flight when it was saved are lost.
   void resume(OuterState saved, Time now);
 
   // ---- the calls, each at time `now` ----
@@ -121,9 +128,10 @@ class Rounds {
                               Joined* out, const std::string& key = "");
   // Renews the member's lease; `not_member` if there is no such live member.
   std::optional<Refusal> touch(uint64_t id, Time now);
-  // A push's header, checked before its tensors are read.
-  static std::optional<Refusal> check_header(const PushInfo& h);
-  // `grad`: the checked pseudo-gradient, in the model's order and shapes.
+  // A push's header, checked before its tensors are read; reads nothing a call changes.
+  std::optional<Refusal> check_header(const PushInfo& h) const;
+  // `grad`: the checked pseudo-gradient of the header's fragment, in the order and shapes of
+  // fragment_spec(h.fragment).
   std::optional<Refusal> push(const PushInfo& h, const TensorList& grad, Time now, Pushed* out);
   std::optional<Refusal> leave(uint64_t id, Time now);
   // Drops the members whose lease ran out and closes the round if nobody else is awaited (or the
@@ -132,13 +140,18 @@ class Rounds {
 
   // ---- what the calls see ----
 
-  RoundState round_state(uint64_t id, uint64_t base_version) const;
-  uint64_t version() const { return version_; }
+  RoundState round_state(uint64_t id, uint32_t fragment, uint64_t base_version) const;
+  uint64_t version() const;  // summed over the fragments
+  uint64_t version(uint32_t fragment) const { return frags_[fragment].version; }
   bool done() const;
   // The global parameters: an immutable snapshot, to be read without the lock.
   std::shared_ptr<const TensorList> params() const { return params_; }
   // The parameters' names and shapes, without data; fixed, so it may be read without the lock.
   const TensorList& spec() const { return spec_; }
+  // ... a fragment's (its tensors' indices in spec()), and how many there are; fixed too.
+  uint32_t fragments() const { return uint32_t(frag_spec_.size()); }
+  const TensorList& fragment_spec(uint32_t f) const { return frag_spec_[f]; }
+  const std::vector<size_t>& fragment_tensors(uint32_t f) const { return split_[f]; }
   size_t members() const { return members_.size(); }
   int64_t pushes() const { return accepted_; }  // accepted since start
   std::chrono::milliseconds lease() const;
@@ -151,7 +164,7 @@ class Rounds {
 
  private:
   struct Member {
-    MemberRecord record;
+    MemberRecord record;  // record.joined: a first round per fragment
     Time deadline;
     // what its pushes said, summed since it joined (or the server started), its first push left
     // out (that round holds the warm-up: the first steps allocate and fault in memory):
@@ -163,26 +176,34 @@ class Rounds {
 
   Member* find_live(uint64_t id, Time now);  // its lease renewed; nullptr if none
   uint32_t inner_steps_for(const Member& m) const;
-  void maybe_close(Time now);  // sync: closes the round if everyone expected has pushed
+  // sync: closes each fragment's round that everyone expected in it has pushed
+  void maybe_close(Time now);
+  void close(uint32_t f, Time now);  // ... fragment f's, if so
   void log(const std::string& s) const;
+
+  // A fragment's version and (sync) its open round.
+  struct Fragment {
+    uint64_t version = 0;  // rounds closed (sync), pushes applied (async, one fragment)
+    TensorList sum;        // the pushes of the open round, summed, in fragment_spec's order
+    std::set<uint64_t> pushed;
+    Time first_push;
+  };
 
   RoundsConfig cfg_;
   Hooks hooks_;
   int64_t period() const;  // async Delayed Nesterov N: [outer] delay, or the live members
   TensorList spec_;
+  Fragments split_;                    // fragment -> its tensors' indices in spec_
+  std::vector<TensorList> frag_spec_;  // fragment -> its tensors' names and shapes
+  std::vector<Fragment> frags_;
   std::shared_ptr<const TensorList> params_;
   TensorList momentum_, buffer_;  // buffer: async only
-  uint64_t version_ = 0;
-  int64_t async_count_ = 0;  // async: pushes in the open Delayed Nesterov period
-  int64_t total_steps_ = 0;  // inner steps pushed, summed
+  int64_t async_count_ = 0;       // async: pushes in the open Delayed Nesterov period
+  int64_t total_steps_ = 0;       // inner steps pushed, summed
   int64_t accepted_ = 0;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Member> members_;
   std::map<std::string, uint64_t> keys_;  // island key -> id
-  // the open sync round
-  TensorList round_sum_;
-  std::set<uint64_t> round_pushed_;
-  Time first_push_;  // of the open round
 };
 
 }  // namespace loom::outer

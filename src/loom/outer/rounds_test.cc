@@ -73,6 +73,12 @@ struct Fixture {
   }
 };
 
+// A model with layers (fragments.h): layers.0.w [3, 4], layers.1.w [2, 2], head [5], random.
+TensorList layered(uint32_t seed) {
+  return test::random_like(
+      {{"layers.0.w", {3, 4}, {}}, {"layers.1.w", {2, 2}, {}}, {"head", {5}, {}}}, seed);
+}
+
 TensorList mean(const TensorList& a, const TensorList& b) {
   TensorList m = zeros_like(a);
   for (size_t t = 0; t < m.size(); ++t)
@@ -89,14 +95,14 @@ TEST(Rounds, ASyncRoundClosesWhenEveryMemberPushedWithTheNesterovStepOnTheMean) 
   Rounds::Pushed p;
   ASSERT_FALSE(f.push(a, 0, model(2), 10, &p));
   EXPECT_EQ(p.version, 0u);  // b is awaited
-  EXPECT_EQ(f.rounds.round_state(a, 0), RoundState::pending);
-  EXPECT_EQ(f.rounds.round_state(b, 0), RoundState::resend);  // b holds no push here
+  EXPECT_EQ(f.rounds.round_state(a, 0, 0), RoundState::pending);
+  EXPECT_EQ(f.rounds.round_state(b, 0, 0), RoundState::resend);  // b holds no push here
   EXPECT_EQ(f.saved, 0);
   ASSERT_FALSE(f.push(b, 0, model(3), 20, &p));
   EXPECT_EQ(p.version, 1u);
   EXPECT_EQ(p.inner_steps, 50u);  // sync: H as configured
   EXPECT_EQ(f.saved, 1);          // the hook saw version 1 before the push returned
-  EXPECT_EQ(f.rounds.round_state(a, 0), RoundState::closed);
+  EXPECT_EQ(f.rounds.round_state(a, 0, 0), RoundState::closed);
   EXPECT_EQ(f.rounds.pushes(), 2);
 
   TensorList want = f.init, m = zeros_like(f.init);
@@ -144,10 +150,10 @@ TEST(Rounds, StaleFutureDuplicateAndUnknownPushesAreRefusedAndChangeNothing) {
   expect_refused(f.push(a, 1, model(5)), RefusalKind::duplicate,
                  fmt::format("island {} already pushed in round 2", a));
   expect_refused(f.push(12345, 1, model(5)), RefusalKind::not_member);
-  expect_refused(Rounds::check_header({a, 1, 0, 0.5}), RefusalKind::invalid,
+  expect_refused(f.rounds.check_header({a, 1, 0, 0.5}), RefusalKind::invalid,
                  "push header: inner_steps 0 and seconds 0.5 must be positive");
-  expect_refused(Rounds::check_header({a, 1, 3, -1}), RefusalKind::invalid);
-  EXPECT_FALSE(Rounds::check_header({a, 1, 3, 0.5}));
+  expect_refused(f.rounds.check_header({a, 1, 3, -1}), RefusalKind::invalid);
+  EXPECT_FALSE(f.rounds.check_header({a, 1, 3, 0.5}));
 
   EXPECT_EQ(f.rounds.version(), 1u);
   EXPECT_EQ(f.rounds.pushes(), pushes);
@@ -296,7 +302,7 @@ TEST(Rounds, AsyncAppliesEachPushAtOnceAndGivesSlowIslandsFewerSteps) {
     EXPECT_EQ(p.done, s.done) << k;
     // N = 2: the first push of a period waits for the version of the second, which closes it
     EXPECT_EQ(p.period_version, k % 2 == 0 ? k + 2 : k + 1) << k;
-    EXPECT_EQ(f.rounds.round_state(ids[s.island], p.version), RoundState::pending) << k;
+    EXPECT_EQ(f.rounds.round_state(ids[s.island], 0, p.version), RoundState::pending) << k;
     expect_same(*f.rounds.params(), want, 1e-6f);
   }
   expect_refused(f.push(ids[0], 9, model(9)), RefusalKind::invalid);  // from the future
@@ -324,7 +330,7 @@ TEST(Rounds, ResumingASavedStateKeepsMembersWithFreshLeasesAndLosesTheOpenRound)
   EXPECT_EQ(g.rounds.version(), 1u);
   EXPECT_EQ(g.rounds.members(), 2u);
   expect_same(*g.rounds.params(), *f.rounds.params());
-  EXPECT_EQ(g.rounds.round_state(a, 1), RoundState::resend);
+  EXPECT_EQ(g.rounds.round_state(a, 0, 1), RoundState::resend);
   EXPECT_EQ(g.members_at(5999), 2u);  // leases from 5000 ms
   ASSERT_FALSE(g.push(a, 1, model(4), 5500));
   ASSERT_FALSE(g.push(b, 1, model(5), 5500));
@@ -387,6 +393,78 @@ TEST(Rounds, TheAsyncPeriodFollowsTheLiveMembers) {
 TEST(Rounds, ABadConfigIsAnError) {
   EXPECT_THROW({ Rounds r({.inner_steps = 0}, model(1)); }, Error);
   EXPECT_THROW({ Rounds r({.lease_s = 0}, model(1)); }, Error);
+  // streaming fragments are sync rounds; and a model without layers has one fragment
+  EXPECT_THROW({ Rounds r({.mode = OuterMode::async, .fragments = 2}, layered(1)); }, Error);
+  EXPECT_THROW({ Rounds r({.fragments = 2}, model(1)); }, Error);
+}
+
+// Streaming DiLoCo: each fragment has rounds, a version and expected members of its own; a round
+// moves its fragment's parameters and momentum only; the state keeps every fragment's version.
+TEST(Rounds, EachFragmentHasItsOwnRounds) {
+  const TensorList init = layered(1);
+  Rounds r({.opt = {0.5, 0.5}, .fragments = 2}, init);
+  ASSERT_EQ(r.fragments(), 2u);
+  // layer 0 -> fragment 0, layer 1 -> fragment 1; the head (5) to the lighter fragment 1 (4 < 12)
+  EXPECT_EQ(r.fragment_tensors(0), std::vector<size_t>({0}));
+  EXPECT_EQ(r.fragment_tensors(1), std::vector<size_t>({1, 2}));
+  const Time t{};
+  Rounds::Joined ja, jb;
+  ASSERT_FALSE(r.join("a", init, t, &ja));
+  ASSERT_FALSE(r.join("b", init, t, &jb));
+  const uint64_t a = ja.island_id, b = jb.island_id;
+  Rounds::Pushed p;
+  auto push = [&](uint64_t id, uint32_t f, uint64_t base, const TensorList& g) {
+    return r.push({id, base, 5, 0.5, f}, gather(g, r.fragment_tensors(f)), t, &p);
+  };
+  const TensorList g1 = layered(2), g2 = layered(3);
+  ASSERT_FALSE(push(a, 0, 0, g1));
+  ASSERT_FALSE(push(a, 1, 0, g1));  // a pushes both before b pushes either
+  EXPECT_EQ(r.version(), 0u);
+  EXPECT_EQ(r.round_state(a, 1, 0), RoundState::pending);
+  EXPECT_EQ(r.round_state(b, 0, 0), RoundState::resend);
+  ASSERT_FALSE(push(b, 0, 0, g2));  // closes fragment 0's round only
+  EXPECT_EQ(p.version, 1u);
+  EXPECT_EQ(r.version(0), 1u);
+  EXPECT_EQ(r.version(1), 0u);
+  EXPECT_EQ(r.version(), 1u);
+  EXPECT_EQ(r.round_state(a, 0, 0), RoundState::closed);
+  EXPECT_EQ(r.round_state(a, 1, 0), RoundState::pending);
+  // fragment 0 moved by the Nesterov step on the mean, fragment 1 not at all
+  TensorList want = init, m = zeros_like(init);
+  const TensorList mean01 = mean(g1, g2);
+  nesterov_step({0.5, 0.5}, want, m, mean01);
+  expect_same(gather(*r.params(), {0}), gather(want, {0}), 1e-6f);
+  expect_same(gather(*r.params(), {1, 2}), gather(init, {1, 2}));
+  expect_same(gather(r.momentum(), {1, 2}), zeros_like(gather(init, {1, 2})));
+  // a push of fragment 0 from its old version is stale; of fragment 1 from a future one invalid
+  expect_refused(push(b, 0, 0, g2), RefusalKind::stale,
+                 "stale push: made from version 0 of fragment 0, the server is at 1: pull and go "
+                 "on");
+  expect_refused(push(b, 1, 1, g2), RefusalKind::invalid);
+  expect_refused(r.check_header({a, 0, 5, 0.5, 2}), RefusalKind::invalid,
+                 "push header: fragment 2, but the server's model has 2");
+  // an island joining now is expected in fragment 1's open round, as every island is in a first
+  // round, and in fragment 0's next one
+  Rounds::Joined jc;
+  ASSERT_FALSE(r.join("c", init, t, &jc));
+  ASSERT_FALSE(push(b, 1, 0, g2));
+  EXPECT_EQ(r.version(1), 0u);
+  ASSERT_FALSE(push(jc.island_id, 1, 0, g2));
+  EXPECT_EQ(r.version(1), 1u);
+  ASSERT_FALSE(push(a, 0, 1, g1));
+  ASSERT_FALSE(push(b, 0, 1, g1));
+  EXPECT_EQ(r.version(0), 1u) << "c joined before fragment 0's round 2 opened: it is expected";
+  ASSERT_FALSE(push(jc.island_id, 0, 1, g1));
+  EXPECT_EQ(r.version(0), 2u);
+  // the state keeps each fragment's version and each member's first round per fragment
+  const StateMeta meta = r.meta();
+  EXPECT_EQ(meta.version, 3u);
+  EXPECT_EQ(meta.fragment_versions, std::vector<uint64_t>({2, 1}));
+  EXPECT_EQ(meta.members.at(jc.island_id).joined, std::vector<uint64_t>({1, 0}));
+  Rounds g({.opt = {0.5, 0.5}, .fragments = 2}, init);
+  g.resume({meta, *r.params(), r.momentum(), r.buffer()}, t);
+  EXPECT_EQ(g.version(0), 2u);
+  EXPECT_EQ(g.version(1), 1u);
 }
 
 }  // namespace

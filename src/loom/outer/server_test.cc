@@ -72,7 +72,7 @@ grpc::Status push(OuterClient& c, uint64_t id, uint64_t base, const TensorList& 
 
 proto::AwaitReply::State await(OuterClient& c, uint64_t id, uint64_t base, uint32_t wait_ms = 0) {
   proto::AwaitReply a;
-  grpc::Status s = c.await(id, base, wait_ms, &a);
+  grpc::Status s = c.await(id, 0, base, wait_ms, &a);
   EXPECT_TRUE(s.ok()) << s.error_message();
   return a.state();
 }
@@ -83,7 +83,7 @@ TEST(OuterServer, SyncRoundTakesTheNesterovStepOnTheMean) {
   uint64_t ia = join(*a), ib = join(*b);
   TensorList got = zeros_like(h.init);
   uint64_t v = 99;
-  ASSERT_TRUE(a->pull(ia, got, &v).ok());
+  ASSERT_TRUE(a->pull(ia, 0, got, &v).ok());
   EXPECT_EQ(v, 0u);
   expect_same(got, h.init);
 
@@ -100,7 +100,7 @@ TEST(OuterServer, SyncRoundTakesTheNesterovStepOnTheMean) {
     for (size_t i = 0; i < mean[t].data.size(); ++i)
       mean[t].data[i] = (g1[t].data[i] + g2[t].data[i]) * 0.5f;
   nesterov_step(h.cfg.opt, want, m, mean);
-  ASSERT_TRUE(b->pull(ib, got, &v).ok());
+  ASSERT_TRUE(b->pull(ib, 0, got, &v).ok());
   EXPECT_EQ(v, 1u);
   expect_same(got, want, 1e-6f);
   EXPECT_EQ(a->bytes_sent(), uint64_t(total_elements(h.init)) * 4);
@@ -131,6 +131,28 @@ grpc::Status raw_call(const std::string& addr, const std::string& method, const 
   while (cq.Next(&tag, &ok)) {
   }
   return st;
+}
+
+// A push of the given chunks, encoded by nobody's rules: what a broken or hostile island sends.
+grpc::Status raw_push(const std::string& addr, const proto::PushHeader& h,
+                      const std::vector<proto::TensorChunk>& chunks) {
+  auto stub =
+      proto::OuterSync::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer secret");
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  proto::PushReply rep;
+  auto w = stub->Push(&ctx, &rep);
+  proto::PushRequest m;
+  *m.mutable_header() = h;
+  bool ok = w->Write(m);
+  m.clear_header();
+  for (size_t i = 0; ok && i < chunks.size(); ++i) {
+    *m.mutable_chunk() = chunks[i];
+    ok = w->Write(m);
+  }
+  w->WritesDone();
+  return w->Finish();
 }
 
 TEST(OuterServer, RejectsBadCallsAndKeepsServingWithItsStateUntouched) {
@@ -194,6 +216,35 @@ TEST(OuterServer, RejectsBadCallsAndKeepsServingWithItsStateUntouched) {
   EXPECT_EQ(s.error_code(), StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(s.error_message().find("'b' [6] there, 'b' [5] here"), std::string::npos)
       << s.error_message();
+
+  // quantised pushes whose chunks lie: a NaN scale, a scale that dequantises past f32 (inf), a
+  // count past the tensor, data a byte short, a value byte where a scale belongs
+  for (proto::Encoding enc : {proto::INT8, proto::INT4}) {
+    std::vector<proto::TensorChunk> good;
+    for_each_chunk(model(5), enc, [&](proto::TensorChunk& c) {
+      good.push_back(c);
+      return true;
+    });
+    ASSERT_EQ(good.size(), 2u);
+    const float nan_scale = std::numeric_limits<float>::quiet_NaN(), huge = 3e38f;
+    std::vector<std::pair<std::string, std::function<void(proto::TensorChunk&)>>> lies = {
+        {"NaN scale",
+         [&](proto::TensorChunk& c) {
+           c.mutable_data()->replace(0, 4, (const char*)&nan_scale, 4);
+         }},
+        {"inf after scaling",
+         [&](proto::TensorChunk& c) { c.mutable_data()->replace(0, 4, (const char*)&huge, 4); }},
+        {"count past the tensor", [](proto::TensorChunk& c) { c.set_count(c.count() + 1); }},
+        {"a byte short", [](proto::TensorChunk& c) { c.mutable_data()->pop_back(); }},
+        {"no count", [](proto::TensorChunk& c) { c.set_count(0); }},
+    };
+    for (auto& [what, lie] : lies) {
+      std::vector<proto::TensorChunk> bad = good;
+      lie(bad[0]);
+      s = raw_push(h.addr(), header(ib, 1), bad);
+      EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << what << ": " << s.error_message();
+    }
+  }
 
   // garbage bytes to every method
   std::mt19937 rng(3);
@@ -356,6 +407,80 @@ TEST(OuterServer, ARestartedServerResumesItsStateAndAsksForLostPushes) {
   EXPECT_EQ(await(*a, ia, 1), proto::AwaitReply::RESEND);
   ASSERT_TRUE(push(*a, ia, 1, model(4)).ok());
   ASSERT_TRUE(push(*b, ib, 1, model(5)).ok());
+  EXPECT_EQ(h.server->version(), 2u);
+}
+
+// Streaming DiLoCo over the wire: a push, an await and a pull name a fragment and move its tensors
+// only; a fragment the server does not have, or a push with another fragment's tensors, is refused
+// with nothing changed; a restarted server resumes every fragment's version.
+TEST(OuterServer, FragmentsArePushedAwaitedAndPulledOnTheirOwn) {
+  TempDir dir;
+  Harness h;  // restarted below with the layered model and two fragments
+  h.init = test::random_like(
+      {{"layers.0.w", {3, 4}, {}}, {"layers.1.w", {2, 2}, {}}, {"head", {5}, {}}}, 1);
+  h.cfg.fragments = 2;
+  h.cfg.state_dir = dir.path;
+  h.server.reset();
+  h.start();
+  auto a = h.client(), b = h.client();
+  proto::JoinReply jr;
+  grpc::Status s = a->join("one fragment", &jr);  // the island says 1
+  EXPECT_EQ(s.error_code(), StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message(),
+            "the island splits the model into 1 fragment(s), the server into 2: set the same "
+            "[outer] fragments");
+  ASSERT_TRUE(a->join("a", &jr, "", 2).ok());
+  EXPECT_EQ(jr.fragments(), 2u);
+  const uint64_t ia = jr.island_id();
+  ASSERT_TRUE(b->join("b", &jr, "", 2).ok());
+  const uint64_t ib = jr.island_id();
+  const std::vector<size_t> f0 = {0}, f1 = {1, 2};  // the head goes to the lighter fragment 1
+  auto push_f = [&](OuterClient& cl, uint64_t id, uint32_t f, uint64_t base, const TensorList& g) {
+    proto::PushHeader hd = header(id, base);
+    hd.set_fragment(f);
+    proto::PushReply r;
+    return cl.push(hd, g, proto::F32, &r);
+  };
+  const TensorList g = test::random_like(h.init, 2);
+  // garbage: a fragment out of range, the other fragment's tensors
+  s = push_f(*a, ia, 2, 0, gather(g, f1));
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "push header: fragment 2, but the server's model has 2");
+  s = push_f(*a, ia, 0, 0, gather(g, f1));
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << s.error_message();
+  const uint64_t sent = a->bytes_sent();
+  ASSERT_TRUE(push_f(*a, ia, 1, 0, gather(g, f1)).ok());
+  EXPECT_EQ(a->bytes_sent() - sent, 9u * 4);  // fragment 1: 4 + 5 elements
+  ASSERT_TRUE(push_f(*b, ib, 1, 0, gather(g, f1)).ok());
+  EXPECT_EQ(h.server->version(), 1u);
+  proto::AwaitReply aw;
+  ASSERT_TRUE(a->await(ia, 1, 0, 0, &aw).ok());
+  EXPECT_EQ(aw.state(), proto::AwaitReply::CLOSED);
+  EXPECT_EQ(aw.version(), 1u);
+  ASSERT_TRUE(a->await(ia, 0, 0, 0, &aw).ok());
+  EXPECT_EQ(aw.state(), proto::AwaitReply::RESEND);  // a holds no push of fragment 0's round
+  EXPECT_EQ(a->await(ia, 7, 0, 0, &aw).error_code(), StatusCode::INVALID_ARGUMENT);
+  TensorList got0 = zeros_like(gather(h.init, f0)), got1 = zeros_like(gather(h.init, f1));
+  uint64_t v = 9;
+  const uint64_t received = a->bytes_received();
+  ASSERT_TRUE(a->pull(ia, 0, got0, &v).ok());
+  EXPECT_EQ(v, 0u);
+  expect_same(got0, gather(h.init, f0));  // untouched by fragment 1's round
+  ASSERT_TRUE(a->pull(ia, 1, got1, &v).ok());
+  EXPECT_EQ(v, 1u);
+  EXPECT_EQ(a->bytes_received() - received, 21u * 4);
+  TensorList want = gather(h.init, f1), m = zeros_like(want);
+  nesterov_step(h.cfg.opt, want, m, gather(g, f1));
+  expect_same(got1, want, 1e-6f);
+  EXPECT_EQ(a->pull(ia, 2, got1, &v).error_code(), StatusCode::INVALID_ARGUMENT);
+  // a restart resumes both fragments' versions
+  h.server.reset();
+  h.start();
+  EXPECT_EQ(h.server->version(), 1u);
+  ASSERT_TRUE(a->await(ia, 1, 0, 0, &aw).ok());
+  EXPECT_EQ(aw.state(), proto::AwaitReply::CLOSED);
+  ASSERT_TRUE(push_f(*a, ia, 0, 0, gather(g, f0)).ok());
+  ASSERT_TRUE(push_f(*b, ib, 0, 0, gather(g, f0)).ok());
   EXPECT_EQ(h.server->version(), 2u);
 }
 

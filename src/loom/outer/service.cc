@@ -64,7 +64,7 @@ OuterService::OuterService(ServerConfig cfg, TensorList initial)
                }}) {
   const std::string path = state_file(cfg_.state_dir);
   if (!cfg_.state_dir.empty() && fs::exists(path)) {
-    rounds_.resume(read_state(path, cfg_.mode, rounds_.spec()), Clock::now());
+    rounds_.resume(read_state(path, cfg_.mode, rounds_.spec(), cfg_.fragments), Clock::now());
     log(fmt::format("resumed from {}: version {}, {} members", path, rounds_.version(),
                     rounds_.members()));
   }
@@ -120,6 +120,12 @@ void OuterService::stop() {
 // ---- the calls ----
 
 Status OuterService::join(const proto::JoinRequest& req, proto::JoinReply* rep) {
+  if (const uint32_t f = std::max<uint32_t>(req.fragments(), 1); f != rounds_.fragments())
+    return Status(
+        StatusCode::FAILED_PRECONDITION,
+        fmt::format("the island splits the model into {} fragment(s), the server into {}: "
+                    "set the same [outer] fragments",
+                    f, rounds_.fragments()));
   TensorList model;
   for (const auto& m : req.model())
     model.push_back({m.name(), std::vector<int64_t>(m.shape().begin(), m.shape().end()), {}});
@@ -132,6 +138,7 @@ Status OuterService::join(const proto::JoinRequest& req, proto::JoinReply* rep) 
   rep->set_lease_ms(uint64_t(rounds_.lease().count()));
   rep->set_mode(train::outer_mode_name(cfg_.mode));
   rep->set_done(j.done);
+  rep->set_fragments(rounds_.fragments());
   return Status::OK;
 }
 
@@ -145,14 +152,21 @@ Status OuterService::heartbeat(const proto::HeartbeatRequest& req, proto::Heartb
 
 Status OuterService::pull(const proto::PullRequest& req,
                           const std::function<bool(const proto::PullReply&)>& write) {
+  if (req.fragment() >= rounds_.fragments())  // fixed: no lock
+    return Status(StatusCode::INVALID_ARGUMENT,
+                  fmt::format("pull of fragment {}, but the server's model has {}", req.fragment(),
+                              rounds_.fragments()));
   std::shared_ptr<const TensorList> snap;
   uint64_t v;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
     snap = rounds_.params();
-    v = rounds_.version();
+    v = rounds_.version(req.fragment());
   }
+  if (rounds_.fragments() > 1)  // the fragment's tensors of the snapshot
+    snap =
+        std::make_shared<const TensorList>(gather(*snap, rounds_.fragment_tensors(req.fragment())));
   proto::PullReply head;
   head.set_version(v);
   if (!write(head)) return Status(StatusCode::CANCELLED, "the island went away");
@@ -170,7 +184,7 @@ Status OuterService::push(const std::function<bool(proto::PushRequest&)>& read,
   if (!read(msg) || !msg.has_header())
     return Status(StatusCode::INVALID_ARGUMENT, "a push must start with its header");
   const PushInfo h{msg.header().island_id(), msg.header().base_version(),
-                   msg.header().inner_steps(), msg.header().seconds()};
+                   msg.header().inner_steps(), msg.header().seconds(), msg.header().fragment()};
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (auto r = rounds_.touch(h.island_id, Clock::now())) return refused(*r);
@@ -189,8 +203,8 @@ Status OuterService::push(const std::function<bool(proto::PushRequest&)>& read,
       s->pushing_.erase(id);
     }
   } done{this, h.island_id};
-  if (auto r = Rounds::check_header(h)) return refused(*r);
-  Assembler as(rounds_.spec());  // the spec is fixed: no lock
+  if (auto r = rounds_.check_header(h)) return refused(*r);  // reads what is fixed: no lock
+  Assembler as(rounds_.fragment_spec(h.fragment));           // fixed too
   bool first = true;
   do {
     if (!first && msg.has_header())
@@ -221,14 +235,19 @@ Status OuterService::leave(const proto::LeaveRequest& req, proto::LeaveReply*) {
 }
 
 Status OuterService::await(const proto::AwaitRequest& req, proto::AwaitReply* rep) {
+  const uint32_t f = req.fragment();
+  if (f >= rounds_.fragments())  // fixed: no lock
+    return Status(
+        StatusCode::INVALID_ARGUMENT,
+        fmt::format("await on fragment {}, but the server's model has {}", f, rounds_.fragments()));
   std::unique_lock<std::mutex> lk(mu_);
   if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
   auto until = Clock::now() + std::chrono::milliseconds(std::min<uint32_t>(req.wait_ms(), 10000));
-  cv_.wait_until(lk, until, [&] { return rounds_.version() > req.base_version() || stopping_; });
+  cv_.wait_until(lk, until, [&] { return rounds_.version(f) > req.base_version() || stopping_; });
   if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
-  rep->set_version(rounds_.version());
+  rep->set_version(rounds_.version(f));
   rep->set_done(rounds_.done());
-  rep->set_state(await_state(rounds_.round_state(req.island_id(), req.base_version())));
+  rep->set_state(await_state(rounds_.round_state(req.island_id(), f, req.base_version())));
   return Status::OK;
 }
 

@@ -55,7 +55,8 @@ void write_state(const std::string& path, const StateMeta& meta, const TensorLis
   for (const auto& [id, m] : meta.members)
     ms.push_back({{"id", id},
                   {"name", m.name},
-                  {"joined_round", m.joined_round},
+                  {"joined_round",
+                   m.joined.size() == 1 ? nlohmann::json(m.joined[0]) : nlohmann::json(m.joined)},
                   {"sec_per_step", m.sec_per_step}});
   nlohmann::json j{{"format", 1},
                    {"mode", train::outer_mode_name(meta.mode)},
@@ -65,10 +66,12 @@ void write_state(const std::string& path, const StateMeta& meta, const TensorLis
                    {"next_id", meta.next_id},
                    {"members", ms},
                    {"keys", meta.keys}};
+  if (meta.fragment_versions.size() > 1) j["fragment_versions"] = meta.fragment_versions;
   write_safetensors(path, ts, {{"loom_outer", j.dump()}});
 }
 
-OuterState read_state(const std::string& path, OuterMode mode, const TensorList& spec) {
+OuterState read_state(const std::string& path, OuterMode mode, const TensorList& spec,
+                      int64_t fragments) {
   auto f = SafetensorsFile::open(path);
   OuterState out;
   out.meta = read_metadata(metadata_text(f, path), path, [&](const nlohmann::json& j) {
@@ -82,13 +85,25 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
                               j.at("mode").get<std::string>(), want),
                   "use another --state-dir, or the same [outer] mode");
     s.version = j.at("version").get<uint64_t>();
+    // written only with more than one fragment
+    s.fragment_versions = j.contains("fragment_versions")
+                              ? j.at("fragment_versions").get<std::vector<uint64_t>>()
+                              : std::vector<uint64_t>{s.version};
+    if (int64_t(s.fragment_versions.size()) != fragments)
+      throw Error(fmt::format("{}: the state is of a server with {} fragment(s), this one has {}",
+                              path, s.fragment_versions.size(), fragments),
+                  "use another --state-dir, or the same [outer] fragments");
     s.async_count = j.at("async_count").get<int64_t>();
     s.total_steps = j.at("total_steps").get<int64_t>();
     s.next_id = j.at("next_id").get<uint64_t>();
-    for (const auto& m : j.at("members"))
+    for (const auto& m : j.at("members")) {
+      const auto& joined = m.at("joined_round");
       s.members[m.at("id").get<uint64_t>()] = {m.at("name").get<std::string>(),
-                                               m.at("joined_round").get<uint64_t>(),
+                                               joined.is_array()
+                                                   ? joined.get<std::vector<uint64_t>>()
+                                                   : std::vector<uint64_t>{joined.get<uint64_t>()},
                                                m.at("sec_per_step").get<double>()};
+    }
     if (j.contains("keys"))  // written since islands have keys
       s.keys = j.at("keys").get<std::map<std::string, uint64_t>>();
     // counts a server can reach (2^53: exact in a double, a round a nanosecond for 100 days)
@@ -101,13 +116,22 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
                     "the file is damaged: restore it, or use another --state-dir");
     };
     field("version", s.version <= kMax);
+    uint64_t sum = 0;  // when there is no "fragment_versions", it is {version}
+    for (uint64_t v : s.fragment_versions) {
+      sum += v;
+      field("fragment_versions", v <= kMax && sum <= kMax);
+    }
+    field("version", s.version == sum);
     field("async_count", s.async_count >= 0 && uint64_t(s.async_count) <= kMax);
     field("total_steps", s.total_steps >= 0 && uint64_t(s.total_steps) <= kMax);
     uint64_t top = 0;
     for (const auto& [id, m] : s.members) {
       top = std::max(top, id);
-      field("members", id >= 1 && m.joined_round <= s.version + 1 &&
-                           std::isfinite(m.sec_per_step) && m.sec_per_step >= 0);
+      bool joined_ok = m.joined.size() == s.fragment_versions.size();
+      for (size_t f = 0; joined_ok && f < m.joined.size(); ++f)
+        joined_ok = m.joined[f] <= s.fragment_versions[f] + 1;
+      field("members",
+            id >= 1 && joined_ok && std::isfinite(m.sec_per_step) && m.sec_per_step >= 0);
     }
     field("next_id", s.next_id >= 1 && s.next_id <= kMax && s.next_id > top);
     for (const auto& [key, id] : s.keys)

@@ -7,6 +7,8 @@
 //   {"format": 1, "mode": "sync", "version": 12, "async_count": 0, "total_steps": 600,
 //    "next_id": 4,
 //    "members": [{"id": 1, "name": "host-a", "joined_round": 0, "sec_per_step": 0.2}]}
+// With streaming fragments (F > 1) "version" is the sum of "fragment_versions" (one per fragment)
+// and each member's "joined_round" is a list, a first round per fragment.
 // Leases are not kept: a restarted server gives every member a fresh one.
 //
 // Not here: when the state is written, or what a failed write does to the server (server.cc); the
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "loom/outer/tensors.h"
 #include "loom/train/config.h"
@@ -32,8 +35,9 @@ using train::OuterMode;
 // A member as the state file keeps it.
 struct MemberRecord {
   std::string name;
-  uint64_t joined_round = 0;  // the first round it is expected in
-  double sec_per_step = 0;    // measured from its pushes; 0: unknown
+  // the first round it is expected in, per fragment (one: the whole model)
+  std::vector<uint64_t> joined = {0};
+  double sec_per_step = 0;  // measured from its pushes; 0: unknown
 };
 
 // The bounds on island keys a server keeps (a hostile island could otherwise make it remember
@@ -44,10 +48,11 @@ constexpr size_t kMaxKeys = 65536;
 // Everything in the state file but the tensors.
 struct StateMeta {
   OuterMode mode = OuterMode::sync;
-  uint64_t version = 0;
-  int64_t async_count = 0;  // async: pushes in the open Delayed Nesterov period
-  int64_t total_steps = 0;  // inner steps pushed, summed
-  uint64_t next_id = 1;     // the id the next island to join gets
+  uint64_t version = 0;                     // summed over the fragments
+  std::vector<uint64_t> fragment_versions;  // one per fragment
+  int64_t async_count = 0;                  // async: pushes in the open Delayed Nesterov period
+  int64_t total_steps = 0;                  // inner steps pushed, summed
+  uint64_t next_id = 1;                     // the id the next island to join gets
   std::map<uint64_t, MemberRecord> members;
   std::map<std::string, uint64_t> keys;  // an island's key (JoinRequest.key) -> its id
 };
@@ -65,10 +70,11 @@ struct OuterState {
   TensorList params, momentum, buffer;  // buffer: zeros in sync mode
 };
 
-// Reads a state written for a server of `mode` whose model has the names and shapes of `spec`.
-// Throws loom::Error naming the file: not a state, an unknown format, another mode, a tensor of
-// another model.
-OuterState read_state(const std::string& path, OuterMode mode, const TensorList& spec);
+// Reads a state written for a server of `mode` and `fragments` whose model has the names and shapes
+// of `spec`. Throws loom::Error naming the file: not a state, an unknown format, another mode or
+// number of fragments, a tensor of another model.
+OuterState read_state(const std::string& path, OuterMode mode, const TensorList& spec,
+                      int64_t fragments = 1);
 
 // The global parameters as the file holds them (whatever the model), and the version.
 TensorList read_state_params(const std::string& path, uint64_t* version = nullptr);

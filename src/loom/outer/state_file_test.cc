@@ -49,8 +49,8 @@ StateMeta sample_meta(OuterMode mode) {
   m.async_count = 7;
   m.total_steps = 600;
   m.next_id = 4;
-  m.members[1] = {"host-a", 0, 0.25};
-  m.members[3] = {"host-c", 5, 0};
+  m.members[1] = {"host-a", {0}, 0.25};
+  m.members[3] = {"host-c", {5}, 0};
   m.keys["host-a:/runs/a"] = 1;
   return m;
 }
@@ -73,7 +73,7 @@ TEST(StateFile, AStateWrittenIsReadBackWhole) {
     ASSERT_EQ(s.meta.members.size(), 2u);
     EXPECT_EQ(s.meta.members.at(1).name, "host-a");
     EXPECT_EQ(s.meta.members.at(1).sec_per_step, 0.25);
-    EXPECT_EQ(s.meta.members.at(3).joined_round, 5u);
+    EXPECT_EQ(s.meta.members.at(3).joined, std::vector<uint64_t>{5});
     EXPECT_EQ(s.meta.keys, (std::map<std::string, uint64_t>{{"host-a:/runs/a", 1}}));
     expect_equal(s.params, p);
     expect_equal(s.momentum, m);
@@ -83,6 +83,43 @@ TEST(StateFile, AStateWrittenIsReadBackWhole) {
     expect_equal(read_state_params(path, &v), p);
     EXPECT_EQ(v, 12u);
   }
+}
+
+// Streaming fragments: each fragment's version, and each member's first round per fragment, come
+// back; a server with another number of fragments refuses the state.
+TEST(StateFile, FragmentVersionsAreKeptAndMustMatchTheServers) {
+  TempDir dir;
+  const std::string path = state_file(dir.path);
+  StateMeta meta = sample_meta(OuterMode::sync);
+  meta.version = 12;
+  meta.fragment_versions = {5, 4, 3};
+  meta.members[1].joined = {0, 0, 0};
+  meta.members[3].joined = {5, 4, 4};
+  const TensorList p = model(1);
+  write_state(path, meta, p, p, p);
+  OuterState s = read_state(path, OuterMode::sync, zeros_like(p), 3);
+  EXPECT_EQ(s.meta.version, 12u);
+  EXPECT_EQ(s.meta.fragment_versions, std::vector<uint64_t>({5, 4, 3}));
+  EXPECT_EQ(s.meta.members.at(3).joined, std::vector<uint64_t>({5, 4, 4}));
+  EXPECT_EQ(error_of([&] { read_state(path, OuterMode::sync, zeros_like(p), 2); }),
+            path +
+                ": the state is of a server with 3 fragment(s), this one has 2\n"
+                "hint: use another --state-dir, or the same [outer] fragments");
+  write_state(path, sample_meta(OuterMode::sync), p, p, p);  // one fragment
+  EXPECT_EQ(error_of([&] { read_state(path, OuterMode::sync, zeros_like(p), 3); }),
+            path +
+                ": the state is of a server with 1 fragment(s), this one has 3\n"
+                "hint: use another --state-dir, or the same [outer] fragments");
+  // versions that do not add up, a member's first round past its fragment's next
+  meta.fragment_versions = {5, 4, 4};
+  write_state(path, meta, p, p, p);
+  std::string e = error_of([&] { read_state(path, OuterMode::sync, zeros_like(p), 3); });
+  EXPECT_NE(e.find("\"version\" = 12 is not a state"), std::string::npos) << e;
+  meta.fragment_versions = {5, 4, 3};
+  meta.members[3].joined = {5, 4, 5};
+  write_state(path, meta, p, p, p);
+  e = error_of([&] { read_state(path, OuterMode::sync, zeros_like(p), 3); });
+  EXPECT_NE(e.find("\"members\""), std::string::npos) << e;
 }
 
 TEST(StateFile, AStateOfAnotherModelModeOrFormatIsRefusedNamingTheFile) {

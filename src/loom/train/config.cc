@@ -553,6 +553,19 @@ const std::vector<Section>& schema() {
            float_key(
                "momentum", [](Config& c) -> double& { return c.outer.momentum; }, below_one(), ""),
            int_key(
+               "fragments", [](Config& c) -> int64_t& { return c.outer.fragments; },
+               closed(1, 4096),
+               "streaming DiLoCo: the model's fragments (strided by layer), each synced every "
+               "inner_steps at staggered offsets (sync mode)"),
+           int_key(
+               "overlap", [](Config& c) -> int64_t& { return c.outer.overlap; }, at_least(0),
+               "streaming DiLoCo: inner steps an island goes on after pushing a fragment before it "
+               "takes the round's result (less than inner_steps / fragments)"),
+           float_key(
+               "mix", [](Config& c) -> double& { return c.outer.mix; }, closed(0, 1),
+               "streaming DiLoCo: a fragment's parameters after its round: mix x local + (1 - mix) "
+               "x global (0: the global ones)"),
+           int_key(
                "delay", [](Config& c) -> int64_t& { return c.outer.delay; }, at_least(0),
                "async Delayed Nesterov period (0: the islands that are members at each push)"),
            float_key(
@@ -760,6 +773,19 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   // the rules that involve two keys (each key's own range is the schema's)
   if (c.train.seq_len > c.model.max_seq_len)
     bad("[train] seq_len", fmt::format("exceeds [model] max_seq_len = {}", c.model.max_seq_len));
+  if (c.outer.mode == OuterMode::async && (c.outer.fragments > 1 || c.outer.overlap > 0))
+    bad(c.outer.fragments > 1 ? "[outer] fragments" : "[outer] overlap",
+        "streaming DiLoCo needs [outer] mode = \"sync\"");
+  if (c.outer.inner_steps % c.outer.fragments != 0)
+    bad("[outer] fragments",
+        fmt::format("must divide [outer] inner_steps = {} (one fragment is pushed every "
+                    "inner_steps / fragments steps), got {}",
+                    c.outer.inner_steps, c.outer.fragments));
+  if (c.outer.overlap > 0 && c.outer.overlap >= c.outer.inner_steps / c.outer.fragments)
+    bad("[outer] overlap",
+        fmt::format("must be less than [outer] inner_steps / fragments = {} (one fragment in "
+                    "flight at a time), got {}",
+                    c.outer.inner_steps / c.outer.fragments, c.outer.overlap));
   if (c.train.min_lr > c.optim.lr)
     bad("[train] min_lr",
         fmt::format("must be at most [optim] lr = {} (the schedule decays to it), "

@@ -57,7 +57,13 @@ struct OuterConfig {
   double lr = 0.7;           // outer Nesterov learning rate
   double momentum = 0.9;
   std::string compress = "f32";  // pseudo-gradients pushed as "f32", "bf16", "int8" or "int4"
-  int64_t delay = 0;             // async: Delayed Nesterov period; 0: the live islands
+  // sync, streaming DiLoCo (outer/fragments.h): the model's fragments, each synced every H steps
+  // at staggered offsets; an island goes on `overlap` inner steps after pushing a fragment before
+  // it takes the round's result, which it mixes in as mix x local + (1 - mix) x global
+  int64_t fragments = 1;
+  int64_t overlap = 0;
+  double mix = 0;
+  int64_t delay = 0;  // async: Delayed Nesterov period; 0: the live islands
   // async: after a push, how long an island waits for the rest of its Delayed Nesterov period
   // before it pulls, as a fraction of its own round's time (0: it never waits)
   double grace = 2;

@@ -82,6 +82,28 @@ TEST(ConfigSchema, OutOfRangeNamesKeyValueAndRange) {
   }
 }
 
+TEST(ConfigSchema, StreamingDiLoCoKeysAreCheckedAgainstEachOther) {
+  struct Case {
+    std::vector<std::string> sets;
+    std::string want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"outer.mode=\"async\"", "outer.fragments=2", "outer.inner_steps=10"},
+            "[outer] fragments: streaming DiLoCo needs [outer] mode = \"sync\""},
+           {{"outer.fragments=3", "outer.inner_steps=10"},
+            "[outer] fragments: must divide [outer] inner_steps = 10"},
+           {{"outer.fragments=2", "outer.inner_steps=10", "outer.overlap=5"},
+            "[outer] overlap: must be less than [outer] inner_steps / fragments = 5"},
+           {{"outer.mix=1.5"}, "[outer] mix: must be in [0, 1], got 1.5"},
+       }) {
+    const std::string err = error_of("", c.sets);
+    EXPECT_NE(err.find(c.want), std::string::npos) << c.sets[0] << " -> " << err;
+  }
+  EXPECT_EQ(error_of("", {"outer.fragments=2", "outer.inner_steps=10", "outer.overlap=4",
+                          "outer.mix=0.5"}),
+            "");
+}
+
 TEST(ConfigSchema, AFloatWhereAnIntegerBelongsIsRefused) {
   // found by fuzz/targets/config.cc: toml++ converted 1e24 to int64 (undefined behaviour)
   for (const char* body :

@@ -244,7 +244,7 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
       ++round_steps;
       round_seconds += dt;
       if (round_steps >= island->inner_steps() || last) {
-        if (!island->sync(round_steps, round_seconds)) last = true;  // the step budget is spent
+        if (!island->sync(round_steps, round_seconds, last)) last = true;  // the budget is spent
         round_steps = 0;
         round_seconds = 0;
         m.update(island->metrics());

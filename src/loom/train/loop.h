@@ -40,8 +40,9 @@ class OuterSync {
   virtual ~OuterSync() = default;
   virtual uint64_t id() const = 0;          // counts from 1
   virtual int64_t inner_steps() const = 0;  // H for the round under way
-  // Ends a round of `steps` inner steps that took `seconds`; false once the budget is spent.
-  virtual bool sync(int64_t steps, double seconds) = 0;
+  // Called once inner_steps() steps have passed since the last call (they took `seconds`), and
+  // on the run's `last` step: push, wait and pull what is due; false once the budget is spent.
+  virtual bool sync(int64_t steps, double seconds, bool last) = 0;
   virtual nlohmann::json metrics() const = 0;  // merged into the metrics line of a sync step
   virtual std::string summary() const = 0;     // one line for the end of the run
 };

@@ -25,9 +25,9 @@ bool PlanIsland::share(bool go) {
   return state[2] != 0;
 }
 
-bool PlanIsland::sync(int64_t steps, double seconds) {
+bool PlanIsland::sync(int64_t steps, double seconds, bool last) {
   runner_.push_params();  // every rank: the whole parameters in its store
-  const bool go = island_ ? island_->sync(steps, seconds) : true;
+  const bool go = island_ ? island_->sync(steps, seconds, last) : true;
   return share(go);
 }
 

@@ -28,7 +28,7 @@ class PlanIsland : public OuterSync {
 
   uint64_t id() const override { return id_; }
   int64_t inner_steps() const override { return h_; }
-  bool sync(int64_t steps, double seconds) override;
+  bool sync(int64_t steps, double seconds, bool last) override;
   nlohmann::json metrics() const override;  // rank 0's; {} on the others
   std::string summary() const override;     // rank 0's; "" on the others
 

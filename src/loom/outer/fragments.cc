@@ -1,0 +1,84 @@
+#include "loom/outer/fragments.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <optional>
+
+#include "loom/core/error.h"
+
+namespace loom::outer {
+
+namespace {
+
+// The first dot-separated component of `name` that is all digits, as a number.
+std::optional<int64_t> layer_of(const std::string& name) {
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('.', start);
+    if (end == std::string::npos) end = name.size();
+    const std::string part = name.substr(start, end - start);
+    if (!part.empty() && part.size() <= 9 &&
+        std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(uint8_t(c)); }))
+      return std::stoll(part);
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Fragments split_fragments(const TensorList& spec, int64_t f) {
+  if (f < 1) throw Error(fmt::format("[outer] fragments = {}: at least 1", f));
+  Fragments out = Fragments(size_t(f));
+  if (f == 1) {
+    for (size_t i = 0; i < spec.size(); ++i) out[0].push_back(i);
+    return out;
+  }
+  std::vector<int64_t> layers;  // the distinct layer numbers, in order of appearance
+  for (const auto& t : spec)
+    if (auto l = layer_of(t.name); l && std::find(layers.begin(), layers.end(), *l) == layers.end())
+      layers.push_back(*l);
+  if (int64_t(layers.size()) < f)
+    throw Error(fmt::format("[outer] fragments = {}: the model has {} layer(s); a fragment holds "
+                            "at least one",
+                            f, layers.size()),
+                "set [outer] fragments to at most the number of layers");
+  std::vector<int64_t> size(size_t(f), 0);
+  std::vector<size_t> rest;
+  for (size_t i = 0; i < spec.size(); ++i) {
+    if (auto l = layer_of(spec[i].name)) {
+      const size_t p =
+          size_t(std::find(layers.begin(), layers.end(), *l) - layers.begin()) % size_t(f);
+      out[p].push_back(i);
+      size[p] += numel(spec[i].shape);
+    } else {
+      rest.push_back(i);
+    }
+  }
+  // largest first, each to the lightest fragment (ties: the lowest)
+  std::stable_sort(rest.begin(), rest.end(),
+                   [&](size_t a, size_t b) { return numel(spec[a].shape) > numel(spec[b].shape); });
+  for (size_t i : rest) {
+    const size_t p = size_t(std::min_element(size.begin(), size.end()) - size.begin());
+    out[p].push_back(i);
+    size[p] += numel(spec[i].shape);
+  }
+  for (auto& p : out) std::sort(p.begin(), p.end());
+  return out;
+}
+
+TensorList gather(const TensorList& all, const std::vector<size_t>& which) {
+  TensorList out;
+  out.reserve(which.size());
+  for (size_t i : which) out.push_back(all[i]);
+  return out;
+}
+
+void scatter(const TensorList& part, const std::vector<size_t>& which, TensorList& all) {
+  LOOM_CHECK(part.size() == which.size()) << "a fragment of " << which.size() << " tensors";
+  for (size_t k = 0; k < which.size(); ++k) all[which[k]].data = part[k].data;
+}
+
+}  // namespace loom::outer
