@@ -34,6 +34,9 @@ VARIANTS = [  # name, [outer] settings beyond plain DiLoCo's
     ("f4-int4-tau2-mix0.5", ["outer.fragments=4", "outer.compress=\"int4\"", "outer.overlap=2",
                              "outer.mix=0.5"]),
     ("f4-int4-tau2-mix0", ["outer.fragments=4", "outer.compress=\"int4\"", "outer.overlap=2"]),
+    ("f4-int4-tau1-mix0.5", ["outer.fragments=4", "outer.compress=\"int4\"", "outer.overlap=1",
+                             "outer.mix=0.5"]),
+    ("f4-int4-tau1-mix0", ["outer.fragments=4", "outer.compress=\"int4\"", "outer.overlap=1"]),
 ]
 
 

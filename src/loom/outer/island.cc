@@ -164,17 +164,18 @@ Island::InFlight Island::push(uint32_t f, double seconds) {
   fl.steps = std::max<int64_t>(since_[f], 1);
   fl.seconds = seconds;
   fl.land_at = t_ + cfg_.overlap;
-  fl.grad = global_[f];
-  for (auto& t : fl.grad) {
+  auto grad = std::make_shared<TensorList>(global_[f]);
+  for (auto& t : *grad) {
     const float* local = params_.data(t.name);
     for (size_t i = 0; i < t.data.size(); ++i) t.data[i] -= local[i];
   }
+  fl.grad = std::move(grad);
   since_[f] = 0;
-  fl.stands = push_again(fl);
+  send(fl);
   return fl;
 }
 
-bool Island::push_again(InFlight& fl) {
+void Island::send(InFlight& fl) {
   proto::PushHeader h;
   h.set_island_id(id_);
   h.set_base_version(fl.base_version);
@@ -185,10 +186,21 @@ bool Island::push_again(InFlight& fl) {
                               : cfg_.compress == "int8" ? proto::INT8
                               : cfg_.compress == "int4" ? proto::INT4
                                                         : proto::F32;
-  const uint64_t before = client_->bytes_sent();
-  proto::PushReply rep;
-  grpc::Status s = client_->push(h, fl.grad, enc, &rep);
-  fl.bytes += client_->bytes_sent() - before;
+  // one push at a time: the client's byte count before and after is this push's
+  fl.sending = std::async(std::launch::async, [this, h, enc, grad = fl.grad] {
+    Sent out;
+    const uint64_t before = client_->bytes_sent();
+    out.status = client_->push(h, *grad, enc, &out.reply);
+    out.bytes = client_->bytes_sent() - before;
+    return out;
+  });
+}
+
+bool Island::sent(InFlight& fl) {
+  Sent r = fl.sending.get();  // a loom::Error of the push (the server gone for good) throws here
+  fl.bytes += r.bytes;
+  const grpc::Status& s = r.status;
+  const proto::PushReply& rep = r.reply;
   switch (s.error_code()) {
     case grpc::StatusCode::OK:
       h_ = int64_t(rep.inner_steps());
@@ -214,6 +226,7 @@ bool Island::push_again(InFlight& fl) {
 
 void Island::land(InFlight& fl, double mix, bool counted) {
   const uint32_t f = fl.fragment;
+  fl.stands = sent(fl);
   const std::string round = split_.size() > 1
                                 ? fmt::format("round {} of fragment {}", fl.base_version + 1, f)
                                 : fmt::format("round {}", fl.base_version + 1);
@@ -241,7 +254,8 @@ void Island::land(InFlight& fl, double mix, bool counted) {
                    "island {}: the server holds no push of ours for {} (it restarted?): pushing "
                    "again\n",
                    id_.load(), round);
-        if (!push_again(fl)) break;
+        send(fl);
+        if (!(fl.stands = sent(fl))) break;
       }
     }
   }
@@ -270,11 +284,11 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
     InFlight fl = push(next_, seconds_);
     seconds_ = 0;
     next_ = uint32_t((next_ + 1) % n);
-    next_push_ = t_ + std::max<int64_t>(1, h_ / n);
-    if (cfg_.overlap > 0 && !last && !rejoined_)
+    if (cfg_.overlap > 0 && !last)
       in_flight_ = std::move(fl);
     else
       land(fl, mix, !last);
+    next_push_ = t_ + std::max<int64_t>(1, h_ / n);  // h_ as the push's reply set it (async)
   }
   // the final flush: every fragment trained since its last push, in the cycle's order
   for (int64_t k = 0; last && k < n && !rejoined_; ++k) {

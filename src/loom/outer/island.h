@@ -11,12 +11,12 @@
 // rounds of its own; one fragment is pushed every H/F inner steps, in cyclic order, so each is
 // pushed every H steps and a sync moves about 1/F of the model. With [outer] overlap = tau > 0 the
 // island goes on training tau steps after a push before it awaits the round and takes its result,
-// as mix x local + (1 - mix) x global (the wait for the other islands is hidden behind those steps;
-// the push itself is sent before them). A (re)joining island starts the cycle at the fragment whose
-// round closes next (the first with the lowest version), so every island waits on the fragments in
-// the same order and none waits on one that waits on it. On the run's last step the island pushes
-// every fragment it trained since its last push and takes the global parameters whole: every
-// island, and the server, end on the same parameters.
+// as mix x local + (1 - mix) x global: the push streams on a thread of its own, and the push and
+// the wait for the other islands are hidden behind those steps. A (re)joining island starts the
+// cycle at the fragment whose round closes next (the first with the lowest version), so every
+// island waits on the fragments in the same order and none waits on one that waits on it. On the
+// run's last step the island pushes every fragment it trained since its last push and takes the
+// global parameters whole: every island, and the server, end on the same parameters.
 //
 // Faults: a server that restarts is reconnected to with backoff (OuterClient); a push it lost is
 // sent again (Await says RESEND); an island the server dropped (lease expired) joins again and
@@ -27,6 +27,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -70,16 +71,23 @@ class Island {
   uint64_t peak_round_bytes() const { return peak_round_bytes_; }
 
  private:
+  // What a push's call returned (on the thread that sent it).
+  struct Sent {
+    grpc::Status status;
+    proto::PushReply reply;
+    uint64_t bytes = 0;
+  };
   // A pushed fragment whose round the island has not taken yet.
   struct InFlight {
     uint32_t fragment = 0;
     uint64_t base_version = 0;
     int64_t steps = 1;  // inner steps it holds, and the wall time they took
     double seconds = 0;
-    TensorList grad;      // kept to push again if the server lost it
-    int64_t land_at = 0;  // the island's step at which it takes the round's result
-    uint64_t bytes = 0;   // of its push, sent again included
-    bool stands = false;  // the server took it (or held it already)
+    std::shared_ptr<const TensorList> grad;  // kept to push again if the server lost it
+    int64_t land_at = 0;                     // the island's step at which it takes the round
+    std::future<Sent> sending;               // the push under way on a thread of its own
+    uint64_t bytes = 0;                      // of its push, sent again included
+    bool stands = false;                     // the server took it (or held it already)
     // async: the version after the push, and the one that closes its Delayed Nesterov period
     uint64_t pushed_version = 0, period_version = 0;
   };
@@ -88,10 +96,12 @@ class Island {
   // global_[f] <- the server's fragment f; the ParamStore's <- mix x its own + (1 - mix) x those
   void pull(uint32_t f, double mix);
   void pull_all();  // every fragment; then the cycle restarts at the next round to close
-  // Pushes fragment f's pseudo-gradient; the round is then in flight.
+  // Starts pushing fragment f's pseudo-gradient on a thread of its own (the training goes on
+  // while it streams); the round is then in flight.
   InFlight push(uint32_t f, double seconds);
-  // Sends fl's push again (after RESEND); false when it no longer stands.
-  bool push_again(InFlight& fl);
+  void send(InFlight& fl);  // starts fl's push (again, after RESEND)
+  // Waits for fl's push to end and acts on the server's answer; false when it does not stand.
+  bool sent(InFlight& fl);
   // Waits for fl's round (sync) or its Delayed Nesterov period's grace (async), pulls the
   // fragment and mixes it in with weight `mix` for the local parameters; `counted`: its bytes
   // count toward the peak.
