@@ -207,13 +207,14 @@ put("outer_requests", "rejoin_key", b"\x00" + call(0, join(model, b"host:/runs/a
 # streaming: two fragments; both islands push fragment 1 (its round closes), then one pushes
 # fragment 0 int4; awaits and pulls name a fragment
 layered = [("layers.0.a", [3]), ("layers.1.b", [2, 2])]
-put("outer_requests", "fragments", b"\x10" + call(0, join(layered, fragments=2)) +
+put("outer_requests", "fragments", b"\x30" + call(0, join(layered, fragments=2)) +
     call(0, join(layered, fragments=2)) + call(0, join(layered)) +
     call(2, push(1, 0, 4, [chunk("layers.1.b", 0, [1.0, 0.0, -1.0, 0.5])], 1)) +
     call(2, push(2, 0, 4, [qchunk("layers.1.b", 0, [1, -2, 3, 0], 4)], 1)) +
     call(3, field(1, 0, 1) + field(4, 0, 1)) +
     call(2, push(1, 0, 4, [qchunk("layers.0.a", 0, [0.1, -0.2, 0.3], 4)], 0)) +
-    call(3, field(1, 0, 2) + field(4, 0, 0)) + call(5, field(1, 0, 1) + field(2, 0, 1)) +
+    call(3, field(1, 0, 2) + field(4, 0, 0)) +
+    call(5, field(1, 0, 1) + field(2, 0, 1) + field(4, 0, 1)) +  # the update from version 0
     call(5, field(1, 0, 1) + field(2, 0, 5)))
 
 

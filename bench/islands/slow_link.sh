@@ -107,7 +107,10 @@ run() {  # run VARIANT RATE
     --listen "$NET.1:0" --state-dir "$d/server" --port-file "$d/port" "${common[@]}" \
     ${variants[$v]} >"$d/server.log" 2>&1 &
   local server=$!
-  for ((i = 0; i < 300 && ! -s $d/port; i++)); do sleep 0.1; done
+  for ((i = 0; i < 300; i++)); do
+    [[ -s $d/port ]] && break
+    sleep 0.1
+  done
   [[ -s $d/port ]] || die "the outer server did not start: $(tail -3 "$d/server.log")"
   port=$(cat "$d/port")
   local t0 pids=()

@@ -29,6 +29,7 @@ CONFIG = os.path.join(ROOT, "configs/tiny-llama.toml")
 N, H = 4, 32
 VARIANTS = [  # name, [outer] settings beyond plain DiLoCo's
     ("plain", []),
+    ("int4", ["outer.compress=\"int4\""]),
     ("f4", ["outer.fragments=4"]),
     ("f4-int4", ["outer.fragments=4", "outer.compress=\"int4\""]),
     ("f4-int4-tau2-mix0.5", ["outer.fragments=4", "outer.compress=\"int4\"", "outer.overlap=2",

@@ -91,21 +91,24 @@ grpc::Status OuterClient::heartbeat(uint64_t id, proto::HeartbeatReply* rep) {
 }
 
 grpc::Status OuterClient::pull(uint64_t id, uint32_t fragment, TensorList& params,
-                               uint64_t* version) {
+                               uint64_t* version, bool want_update) {
   proto::PullRequest req;
   req.set_island_id(id);
   req.set_fragment(fragment);
+  req.set_have_version(*version);
+  req.set_want_update(want_update);
   return retrying("pull", [&]() -> grpc::Status {
     auto ctx = context(300);
     auto rd = stub_->Pull(ctx.get(), req);
     proto::PullReply r;
     Assembler as(params);
-    bool head = false;
+    bool head = false, update = false;
     uint64_t v = 0;
     while (rd->Read(&r)) {
       if (!head) {
         head = true;
         v = r.version();
+        update = r.update();
       }
       if (r.has_chunk()) {
         std::string err = as.add(r.chunk());
@@ -120,8 +123,17 @@ grpc::Status OuterClient::pull(uint64_t id, uint32_t fragment, TensorList& param
     if (!s.ok()) return s;
     if (std::string err = as.finish(); !err.empty())
       throw Error(fmt::format("outer server {}: bad pull: {}", cfg_.server, err));
+    if (update && !want_update)
+      throw Error(fmt::format("outer server {}: bad pull: an update this island did not ask for",
+                              cfg_.server));
     received_ += as.bytes_received();
-    params = std::move(as.tensors());
+    if (update) {  // the parameters of *version plus the update, as the server committed them
+      for (size_t t = 0; t < params.size(); ++t)
+        for (size_t i = 0; i < params[t].data.size(); ++i)
+          params[t].data[i] += as.tensors()[t].data[i];
+    } else {
+      params = std::move(as.tensors());
+    }
     *version = v;
     return s;
   });

@@ -39,7 +39,10 @@ class OuterClient {
                     uint32_t fragments = 1);
   grpc::Status heartbeat(uint64_t id, proto::HeartbeatReply* rep);
   // Fills `params` (shaped like the fragment's tensors: fragments.h) and *version (the fragment's).
-  grpc::Status pull(uint64_t id, uint32_t fragment, TensorList& params, uint64_t* version);
+  // `want_update`: params holds the fragment's parameters of *version, and the server may send
+  // the quantised update from there (added to them) instead of the parameters.
+  grpc::Status pull(uint64_t id, uint32_t fragment, TensorList& params, uint64_t* version,
+                    bool want_update = false);
   grpc::Status push(const proto::PushHeader& h, const TensorList& grad, proto::Encoding enc,
                     proto::PushReply* rep);
   grpc::Status await(uint64_t id, uint32_t fragment, uint64_t base_version, uint32_t wait_ms,

@@ -41,6 +41,7 @@ Island::Island(const train::Config& cfg, train::ParamStore& params, const std::s
   split_ = split_fragments(spec, cfg.outer.fragments);
   for (const auto& which : split_) global_.push_back(zeros_like(gather(spec, which)));
   versions_.assign(split_.size(), 0);
+  held_.assign(split_.size(), false);
   since_.assign(split_.size(), 0);
   client_ =
       std::make_unique<OuterClient>(ClientConfig{cfg.outer.server, read_token(cfg.outer, cfg.path),
@@ -99,8 +100,13 @@ uint64_t Island::version() const {
 
 void Island::pull(uint32_t f, double mix) {
   for (int attempt = 0;; ++attempt) {
-    grpc::Status s = client_->pull(id_, f, global_[f], &versions_[f]);
-    if (s.ok()) break;
+    // an update (quantised, from the version held) once global_[f] holds a version's parameters
+    const bool update = held_[f] && (cfg_.compress == "int8" || cfg_.compress == "int4");
+    grpc::Status s = client_->pull(id_, f, global_[f], &versions_[f], update);
+    if (s.ok()) {
+      held_[f] = true;
+      break;
+    }
     if (s.error_code() == grpc::StatusCode::NOT_FOUND && attempt < 3) {
       join();
       continue;

@@ -120,6 +120,7 @@ class Island {
   Fragments split_;                 // fragment -> its tensors' indices in the model
   std::vector<TensorList> global_;  // per fragment: its parameters as last pulled
   std::vector<uint64_t> versions_;  // per fragment: the version of global_
+  std::vector<bool> held_;          // per fragment: global_ holds a version pulled (not zeros)
   std::vector<int64_t> since_;      // per fragment: inner steps since its last push
   std::optional<InFlight> in_flight_;
   uint32_t next_ = 0;      // the fragment pushed next

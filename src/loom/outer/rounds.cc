@@ -46,6 +46,7 @@ void Rounds::resume(OuterState saved, Time now) {
   for (size_t f = 0; f < frags_.size(); ++f) {
     frags_[f].version = saved.meta.fragment_versions[f];
     frags_[f].pushed.clear();
+    frags_[f].update.reset();
     for (auto& t : frags_[f].sum) std::fill(t.data.begin(), t.data.end(), 0.f);
   }
   async_count_ = saved.meta.async_count;
@@ -176,6 +177,7 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     TensorList momentum = momentum_, buffer = buffer_;
     int64_t count = async_count_;
     delayed_nesterov_push(cfg_.opt, period(), *next, momentum, buffer, count, grad);
+    auto update = quantize_update(*params_, *next);
     if (std::string bad = nonfinite_in(*next) + nonfinite_in(momentum); !bad.empty())
       return Refusal{RefusalKind::invalid,
                      fmt::format("push from island {}: the update would make a non-finite "
@@ -186,6 +188,7 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     async_count_ = count;
     params_ = std::move(next);
     ++frag.version;
+    frag.update = std::move(update);
   }
   if (m->pushes++ > 0) {
     m->steps += double(h.inner_steps);
@@ -237,6 +240,28 @@ RoundState Rounds::round_state(uint64_t id, uint32_t fragment, uint64_t base_ver
   if (cfg_.mode == OuterMode::async) return RoundState::pending;
   if (!f.pushed.count(id)) return RoundState::resend;
   return RoundState::pending;
+}
+
+std::shared_ptr<const std::vector<proto::TensorChunk>> Rounds::update(uint32_t f,
+                                                                      uint64_t from) const {
+  const Fragment& frag = frags_[f];
+  return frag.version == from + 1 ? frag.update : nullptr;
+}
+
+std::shared_ptr<const std::vector<proto::TensorChunk>> Rounds::quantize_update(
+    const TensorList& old, TensorList& next) const {
+  if (cfg_.update_encoding != proto::INT8 && cfg_.update_encoding != proto::INT4) return nullptr;
+  if (!nonfinite_in(next).empty()) return nullptr;  // refused by the caller
+  TensorList delta = next;
+  for (size_t t = 0; t < delta.size(); ++t)
+    for (size_t i = 0; i < delta[t].data.size(); ++i) delta[t].data[i] -= old[t].data[i];
+  if (!nonfinite_in(delta).empty()) return nullptr;  // no update kept: islands pull it whole
+  Encoded e = encode(delta, cfg_.update_encoding);
+  // what an island computes from the chunks: old + decoded, in f32, element by element
+  for (size_t t = 0; t < next.size(); ++t)
+    for (size_t i = 0; i < next[t].data.size(); ++i)
+      next[t].data[i] = old[t].data[i] + e.decoded[t].data[i];
+  return std::make_shared<const std::vector<proto::TensorChunk>>(std::move(e.chunks));
 }
 
 uint64_t Rounds::version() const {
@@ -306,8 +331,10 @@ void Rounds::close(uint32_t f, Time now) {
     for (float& x : t.data) x *= inv;
   const std::vector<size_t>& which = split_[f];
   auto next = std::make_shared<TensorList>(*params_);
-  TensorList p = gather(*next, which), momentum = gather(momentum_, which);
+  const TensorList old = gather(*next, which);
+  TensorList p = old, momentum = gather(momentum_, which);
   nesterov_step(cfg_.opt, p, momentum, frag.sum);
+  auto update = quantize_update(old, p);
   const size_t n = frag.pushed.size();
   frag.pushed.clear();
   for (auto& t : frag.sum) std::fill(t.data.begin(), t.data.end(), 0.f);
@@ -324,6 +351,7 @@ void Rounds::close(uint32_t f, Time now) {
   scatter(momentum, which, momentum_);
   params_ = std::move(next);
   ++frag.version;
+  frag.update = std::move(update);
   if (hooks_.on_version) hooks_.on_version();
   log(fmt::format("round {}{} closed: {} island(s) pushed, {} member(s)", frag.version, of, n,
                   members_.size()));

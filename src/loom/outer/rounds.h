@@ -50,8 +50,11 @@ struct RoundsConfig {
   OuterOptConfig opt;
   int64_t inner_steps = 50;  // H
   int64_t fragments = 1;     // sync: streaming DiLoCo's fragments (fragments.h)
-  int64_t delay = 0;         // async: Delayed Nesterov period N; 0: the live members
-  int64_t step_budget = 0;   // async: inner steps, summed over pushes, after which islands stop
+  // INT8, INT4: every update of the global parameters is committed as its quantised encoding
+  // decodes, and kept, so an island one version behind pulls the update in that encoding
+  proto::Encoding update_encoding = proto::F32;
+  int64_t delay = 0;        // async: Delayed Nesterov period N; 0: the live members
+  int64_t step_budget = 0;  // async: inner steps, summed over pushes, after which islands stop
   double lease_s = 10;
   int64_t min_islands = 0;    // sync: pushes the first round waits for ([outer] islands)
   double start_grace_s = 60;  // ... at most this long after its first push
@@ -146,6 +149,10 @@ class Rounds {
   bool done() const;
   // The global parameters: an immutable snapshot, to be read without the lock.
   std::shared_ptr<const TensorList> params() const { return params_; }
+  // The quantised update that took fragment f from version `from` to its current version (its
+  // chunks, in fragment_spec(f)'s order: current = from + their decoding, bit for bit); null
+  // when there is none (the fragment is not at from + 1, or updates are not quantised).
+  std::shared_ptr<const std::vector<proto::TensorChunk>> update(uint32_t f, uint64_t from) const;
   // The parameters' names and shapes, without data; fixed, so it may be read without the lock.
   const TensorList& spec() const { return spec_; }
   // ... a fragment's (its tensors' indices in spec()), and how many there are; fixed too.
@@ -187,7 +194,13 @@ class Rounds {
     TensorList sum;        // the pushes of the open round, summed, in fragment_spec's order
     std::set<uint64_t> pushed;
     Time first_push;
+    // the quantised update to `version` (update_encoding), null when none
+    std::shared_ptr<const std::vector<proto::TensorChunk>> update;
   };
+  // With quantised updates: `next` (the fragment's new parameters) <- old + the decoding of the
+  // quantised next - old; returns its chunks (null without quantised updates).
+  std::shared_ptr<const std::vector<proto::TensorChunk>> quantize_update(const TensorList& old,
+                                                                         TensorList& next) const;
 
   RoundsConfig cfg_;
   Hooks hooks_;

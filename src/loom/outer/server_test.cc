@@ -484,6 +484,57 @@ TEST(OuterServer, FragmentsArePushedAwaitedAndPulledOnTheirOwn) {
   EXPECT_EQ(h.server->version(), 2u);
 }
 
+// Quantised updates: with int4 pushes the server commits each update as its int4 encoding decodes,
+// and an island one version behind pulls that update (7x fewer bytes) and lands on the server's
+// parameters bit for bit; an island further behind, or one that does not ask, pulls them whole.
+TEST(OuterServer, AnIslandOneVersionBehindPullsTheQuantisedUpdate) {
+  ServerConfig c;
+  c.update_encoding = proto::INT4;
+  Harness h(c);
+  h.init = test::random_like({{"w", {300}, {}}, {"b", {77}, {}}}, 1);
+  h.server.reset();
+  h.start();
+  auto a = h.client(), b = h.client();
+  const uint64_t ia = join(*a), ib = join(*b);
+  TensorList held = zeros_like(h.init);
+  uint64_t v = 0;
+  ASSERT_TRUE(a->pull(ia, 0, held, &v).ok());  // version 0, whole
+  const TensorList g = test::random_like(h.init, 2);
+  for (uint64_t round = 0; round < 2; ++round) {
+    ASSERT_TRUE(push(*a, ia, round, g).ok());
+    ASSERT_TRUE(push(*b, ib, round, g).ok());
+  }
+  ASSERT_EQ(h.server->version(), 2u);
+  // a holds version 0: two behind, so the parameters come whole (f32)
+  uint64_t before = a->bytes_received();
+  TensorList whole = held;
+  uint64_t vw = v;
+  ASSERT_TRUE(a->pull(ia, 0, whole, &vw, true).ok());
+  EXPECT_EQ(vw, 2u);
+  EXPECT_EQ(a->bytes_received() - before, 377u * 4);
+  expect_same(whole, h.server->params());
+  // one more round: from version 2 the update comes int4, and lands bit for bit
+  TensorList at2 = whole;
+  ASSERT_TRUE(push(*a, ia, 2, g).ok());
+  ASSERT_TRUE(push(*b, ib, 2, g).ok());
+  before = a->bytes_received();
+  ASSERT_TRUE(a->pull(ia, 0, whole, &vw, true).ok());
+  EXPECT_EQ(vw, 3u);
+  EXPECT_EQ(a->bytes_received() - before,
+            quantized_bytes(proto::INT4, 300) + quantized_bytes(proto::INT4, 77));
+  expect_same(whole, h.server->params());  // tolerance 0
+  bool moved = false;                      // and the round moved them
+  for (size_t t = 0; t < at2.size(); ++t)
+    for (size_t i = 0; i < at2[t].data.size(); ++i)
+      moved = moved || whole[t].data[i] != at2[t].data[i];
+  EXPECT_TRUE(moved);
+  // not asked for: whole
+  TensorList plain = at2;
+  uint64_t vp = 2;
+  ASSERT_TRUE(b->pull(ib, 0, plain, &vp).ok());
+  expect_same(plain, h.server->params());
+}
+
 TEST(OuterServer, AStateOfAnotherModelOrModeIsRefused) {
   TempDir dir;
   ServerConfig c;

@@ -157,12 +157,26 @@ Status OuterService::pull(const proto::PullRequest& req,
                   fmt::format("pull of fragment {}, but the server's model has {}", req.fragment(),
                               rounds_.fragments()));
   std::shared_ptr<const TensorList> snap;
+  std::shared_ptr<const std::vector<proto::TensorChunk>> update;
   uint64_t v;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
     snap = rounds_.params();
     v = rounds_.version(req.fragment());
+    if (req.want_update()) update = rounds_.update(req.fragment(), req.have_version());
+  }
+  if (update) {  // the quantised update from the island's version
+    proto::PullReply head;
+    head.set_version(v);
+    head.set_update(true);
+    if (!write(head)) return Status(StatusCode::CANCELLED, "the island went away");
+    proto::PullReply r;
+    for (const proto::TensorChunk& c : *update) {
+      *r.mutable_chunk() = c;
+      if (!write(r)) return Status(StatusCode::CANCELLED, "the island went away");
+    }
+    return Status::OK;
   }
   if (rounds_.fragments() > 1)  // the fragment's tensors of the snapshot
     snap =

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "loom/core/dtype.h"
+#include "loom/core/error.h"
 #include "loom/core/file.h"
 
 namespace loom::outer {
@@ -99,6 +100,20 @@ bool for_each_chunk(const TensorList& tensors, proto::Encoding enc,
     }
   }
   return true;
+}
+
+Encoded encode(const TensorList& tensors, proto::Encoding enc) {
+  Encoded e;
+  Assembler as(tensors);
+  for_each_chunk(tensors, enc, [&](proto::TensorChunk& c) {
+    const std::string err = as.add(c);
+    LOOM_CHECK(err.empty()) << "a chunk this process encoded does not decode: " << err;
+    e.chunks.push_back(c);
+    return true;
+  });
+  LOOM_CHECK(as.finish().empty()) << as.finish();
+  e.decoded = std::move(as.tensors());
+  return e;
 }
 
 Assembler::Assembler(const TensorList& expected) : out_(zeros_like(expected)) {}

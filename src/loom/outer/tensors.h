@@ -44,6 +44,14 @@ int64_t chunk_elements(proto::Encoding enc);
 bool for_each_chunk(const TensorList& tensors, proto::Encoding enc,
                     const std::function<bool(proto::TensorChunk&)>& emit);
 
+// `tensors` encoded as a stream carries them (its chunks), and what those chunks decode to: a
+// quantised update is committed as `decoded`, so that whoever decodes `chunks` gets it bit for bit.
+struct Encoded {
+  std::vector<proto::TensorChunk> chunks;
+  TensorList decoded;
+};
+Encoded encode(const TensorList& tensors, proto::Encoding enc);
+
 class Assembler {
  public:
   // Receives into zero-filled tensors with the names and shapes of `expected` (its data unused).
