@@ -7,20 +7,23 @@
 //
 // Calls (outer.proto), each refused with UNAUTHENTICATED unless it carries the shared token:
 //   Join       a new island: gets an id, the version, its H and the lease; its model (tensor
-//              names and shapes) must be the server's (FAILED_PRECONDITION otherwise, naming the
-//              tensor).
+//              names and shapes) and its fragments must be the server's (FAILED_PRECONDITION
+//              otherwise, naming the tensor or the fragments).
 //   Heartbeat  renews the lease (so does every other call). A member whose lease runs out is
 //              dropped: a sync round never waits for it again; it must Join afresh (NOT_FOUND
 //              until then).
-//   Pull       streams the current global parameters (f32) and their version.
-//   Push       streams a pseudo-gradient (global - local; f32 or bf16). Every chunk is checked
+//   Pull       streams one fragment's global parameters (f32) and its version; or, to an island
+//              one version behind that asks, the quantised update from its version (int8, int4).
+//   Push       streams a fragment's pseudo-gradient (global - local; f32, bf16, int8 or int4;
+//              the whole model with one fragment). Every chunk is checked
 //              (names, order, shapes, lengths, finite values) before anything is applied; a bad
 //              push is INVALID_ARGUMENT naming the tensor and leaves the state untouched.
 //              sync: a stale push is FAILED_PRECONDITION, a second one in a round ALREADY_EXISTS.
 //              async: applied at once; one from the future is INVALID_ARGUMENT. The reply tells
 //              the island its next H, and `done` once the pushed inner steps reach the budget.
-//   Await      sync: waits up to wait_ms for the island's round to close: CLOSED, PENDING, or
-//              RESEND when the server holds no push from it for that round (it restarted).
+//   Await      sync: waits up to wait_ms for the island's round of a fragment to close: CLOSED,
+//              PENDING, or RESEND when the server holds no push from it for that round (it
+//              restarted).
 //   Leave      an island that has finished leaves at once, so no round waits for its lease.
 //
 // Durability: after every round (sync) or push (async), before any caller can see the new version,
