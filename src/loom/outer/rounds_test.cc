@@ -390,6 +390,61 @@ TEST(Rounds, TheAsyncPeriodFollowsTheLiveMembers) {
   EXPECT_EQ(p.period_version, 5u);
 }
 
+// Quantised updates: every commit (a sync round of a fragment, an async push) is old + the decoding
+// of the update's int4 chunks, bit for bit, and the chunks are kept for one version only.
+TEST(Rounds, QuantisedUpdatesAreCommittedAsTheirChunksDecode) {
+  auto decoded = [](const TensorList& spec, const std::vector<proto::TensorChunk>& chunks) {
+    Assembler as(spec);
+    for (const auto& c : chunks) EXPECT_EQ(as.add(c), "");
+    EXPECT_EQ(as.finish(), "");
+    return as.tensors();
+  };
+  auto expect_bitwise = [](const TensorList& a, const TensorList& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t t = 0; t < a.size(); ++t)
+      for (size_t i = 0; i < a[t].data.size(); ++i)
+        ASSERT_EQ(a[t].data[i], b[t].data[i]) << a[t].name << "[" << i << "]";
+  };
+  const Time t{};
+  {  // sync, two fragments
+    const TensorList init = layered(1);
+    Rounds r({.fragments = 2, .update_encoding = proto::INT4}, init);
+    Rounds::Joined j;
+    ASSERT_FALSE(r.join("a", init, t, &j));
+    const TensorList g = gather(layered(2), r.fragment_tensors(1));
+    Rounds::Pushed p;
+    ASSERT_FALSE(r.push({j.island_id, 0, 5, 0.5, 1}, g, t, &p));
+    ASSERT_EQ(r.version(1), 1u);
+    EXPECT_EQ(r.update(0, 0), nullptr);  // fragment 0 has not moved
+    auto u = r.update(1, 0);
+    ASSERT_NE(u, nullptr);
+    EXPECT_EQ(u->front().encoding(), proto::INT4);
+    TensorList want = gather(init, r.fragment_tensors(1));
+    const TensorList d = decoded(want, *u);
+    for (size_t k = 0; k < want.size(); ++k)
+      for (size_t i = 0; i < want[k].data.size(); ++i) want[k].data[i] += d[k].data[i];
+    expect_bitwise(gather(*r.params(), r.fragment_tensors(1)), want);
+    ASSERT_FALSE(r.push({j.island_id, 1, 5, 0.5, 1}, g, t, &p));
+    EXPECT_EQ(r.update(1, 0), nullptr);  // two versions on: none
+    EXPECT_NE(r.update(1, 1), nullptr);
+  }
+  {  // async: each push
+    const TensorList init = model(1);
+    Rounds r({.mode = OuterMode::async, .update_encoding = proto::INT8}, init);
+    Rounds::Joined j;
+    ASSERT_FALSE(r.join("a", init, t, &j));
+    Rounds::Pushed p;
+    ASSERT_FALSE(r.push({j.island_id, 0, 5, 0.5}, model(2), t, &p));
+    auto u = r.update(0, 0);
+    ASSERT_NE(u, nullptr);
+    TensorList want = init;
+    const TensorList d = decoded(init, *u);
+    for (size_t k = 0; k < want.size(); ++k)
+      for (size_t i = 0; i < want[k].data.size(); ++i) want[k].data[i] += d[k].data[i];
+    expect_bitwise(*r.params(), want);
+  }
+}
+
 TEST(Rounds, ABadConfigIsAnError) {
   EXPECT_THROW({ Rounds r({.inner_steps = 0}, model(1)); }, Error);
   EXPECT_THROW({ Rounds r({.lease_s = 0}, model(1)); }, Error);
