@@ -61,9 +61,8 @@ std::function<int()> add_outer_server(CLI::App& app) {
     sc.inner_steps = cfg.outer.inner_steps;
     sc.fragments = cfg.outer.fragments;
     // quantised pushes: the updates islands pull are quantised the same way
-    sc.update_encoding = cfg.outer.compress == "int8"   ? outer::proto::INT8
-                         : cfg.outer.compress == "int4" ? outer::proto::INT4
-                                                        : outer::proto::F32;
+    const outer::proto::Encoding enc = outer::encoding_of(cfg.outer.compress);
+    sc.update_encoding = outer::quantized(enc) ? enc : outer::proto::F32;
     sc.delay = cfg.outer.delay;  // 0: the live islands
     const bool async = cfg.outer.mode == train::OuterMode::async;
     sc.step_budget = async ? cfg.outer.islands * cfg.train.steps : 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <optional>
 
 #include "loom/core/error.h"
@@ -36,26 +37,27 @@ Fragments split_fragments(const TensorList& spec, int64_t f) {
     for (size_t i = 0; i < spec.size(); ++i) out[0].push_back(i);
     return out;
   }
-  std::vector<int64_t> layers;  // the distinct layer numbers, in order of appearance
-  for (const auto& t : spec)
-    if (auto l = layer_of(t.name); l && std::find(layers.begin(), layers.end(), *l) == layers.end())
-      layers.push_back(*l);
-  if (int64_t(layers.size()) < f)
+  // each tensor's layer as its ordinal among the distinct layers, in order of appearance
+  std::map<int64_t, size_t> ordinal;
+  std::vector<std::optional<size_t>> layer(spec.size());
+  for (size_t i = 0; i < spec.size(); ++i)
+    if (auto l = layer_of(spec[i].name))
+      layer[i] = ordinal.emplace(*l, ordinal.size()).first->second;
+  if (int64_t(ordinal.size()) < f)
     throw Error(fmt::format("[outer] fragments = {}: the model has {} layer(s); a fragment holds "
                             "at least one",
-                            f, layers.size()),
+                            f, ordinal.size()),
                 "set [outer] fragments to at most the number of layers");
   std::vector<int64_t> size(size_t(f), 0);
   std::vector<size_t> rest;
   for (size_t i = 0; i < spec.size(); ++i) {
-    if (auto l = layer_of(spec[i].name)) {
-      const size_t p =
-          size_t(std::find(layers.begin(), layers.end(), *l) - layers.begin()) % size_t(f);
-      out[p].push_back(i);
-      size[p] += numel(spec[i].shape);
-    } else {
+    if (!layer[i]) {
       rest.push_back(i);
+      continue;
     }
+    const size_t p = *layer[i] % size_t(f);
+    out[p].push_back(i);
+    size[p] += numel(spec[i].shape);
   }
   // largest first, each to the lightest fragment (ties: the lowest)
   std::stable_sort(rest.begin(), rest.end(),

@@ -48,7 +48,7 @@ Island::Island(const train::Config& cfg, train::ParamStore& params, const std::s
                                                  cfg.outer.tls_ca, cfg.outer.retry_s},
                                     std::move(spec));
   join();
-  for (int i = 0; rejoined_ && i < 3; ++i) pull_all();
+  pull_all();
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
 }
 
@@ -101,7 +101,7 @@ uint64_t Island::version() const {
 void Island::pull(uint32_t f, double mix) {
   for (int attempt = 0;; ++attempt) {
     // an update (quantised, from the version held) once global_[f] holds a version's parameters
-    const bool update = held_[f] && (cfg_.compress == "int8" || cfg_.compress == "int4");
+    const bool update = held_[f] && quantized(encoding_of(cfg_.compress));
     grpc::Status s = client_->pull(id_, f, global_[f], &versions_[f], update);
     if (s.ok()) {
       held_[f] = true;
@@ -126,8 +126,11 @@ void Island::pull(uint32_t f, double mix) {
 }
 
 void Island::pull_all() {
-  rejoined_ = false;
-  for (uint32_t f = 0; f < split_.size(); ++f) pull(f, 0);
+  // a join during the pulls (dropped again) starts them over, at most 3 times
+  for (int i = 0; rejoined_ && i < 3; ++i) {
+    rejoined_ = false;
+    for (uint32_t f = 0; f < split_.size(); ++f) pull(f, 0);
+  }
   in_flight_.reset();
   std::fill(since_.begin(), since_.end(), 0);
   // the cycle goes on at the fragment whose round closes next: the first of the lowest version
@@ -188,10 +191,7 @@ void Island::send(InFlight& fl) {
   h.set_inner_steps(uint32_t(std::min<int64_t>(fl.steps, UINT32_MAX)));
   h.set_seconds(fl.seconds);
   h.set_fragment(fl.fragment);
-  const proto::Encoding enc = cfg_.compress == "bf16"   ? proto::BF16
-                              : cfg_.compress == "int8" ? proto::INT8
-                              : cfg_.compress == "int4" ? proto::INT4
-                                                        : proto::F32;
+  const proto::Encoding enc = encoding_of(cfg_.compress);
   // one push at a time: the client's byte count before and after is this push's
   fl.sending = std::async(std::launch::async, [this, h, enc, grad = fl.grad] {
     Sent out;
@@ -304,7 +304,7 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
     seconds_ = 0;
     land(fl, 0, false);
   }
-  for (int i = 0; rejoined_ && i < 3; ++i) pull_all();
+  if (rejoined_) pull_all();
   wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
   return !done_;
 }

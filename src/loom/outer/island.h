@@ -95,7 +95,8 @@ class Island {
   void join();
   // global_[f] <- the server's fragment f; the ParamStore's <- mix x its own + (1 - mix) x those
   void pull(uint32_t f, double mix);
-  void pull_all();  // every fragment; then the cycle restarts at the next round to close
+  // after a join: every fragment; then the cycle restarts at the next round to close
+  void pull_all();
   // Starts pushing fragment f's pseudo-gradient on a thread of its own (the training goes on
   // while it streams); the round is then in flight.
   InFlight push(uint32_t f, double seconds);

@@ -250,12 +250,13 @@ std::shared_ptr<const std::vector<proto::TensorChunk>> Rounds::update(uint32_t f
 
 std::shared_ptr<const std::vector<proto::TensorChunk>> Rounds::quantize_update(
     const TensorList& old, TensorList& next) const {
-  if (cfg_.update_encoding != proto::INT8 && cfg_.update_encoding != proto::INT4) return nullptr;
-  if (!nonfinite_in(next).empty()) return nullptr;  // refused by the caller
+  if (!quantized(cfg_.update_encoding)) return nullptr;
   TensorList delta = next;
   for (size_t t = 0; t < delta.size(); ++t)
     for (size_t i = 0; i < delta[t].data.size(); ++i) delta[t].data[i] -= old[t].data[i];
-  if (!nonfinite_in(delta).empty()) return nullptr;  // no update kept: islands pull it whole
+  // a non-finite next makes a non-finite delta (the caller refuses it); a finite next can too, by
+  // overflow: then no update is kept, and islands pull the parameters whole
+  if (!nonfinite_in(delta).empty()) return nullptr;
   Encoded e = encode(delta, cfg_.update_encoding);
   // what an island computes from the chunks: old + decoded, in f32, element by element
   for (size_t t = 0; t < next.size(); ++t)

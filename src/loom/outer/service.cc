@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "loom/core/error.h"
 
@@ -38,6 +39,13 @@ Status refused(const Refusal& r) {
       return Status(StatusCode::ALREADY_EXISTS, r.message);
   }
   return Status(StatusCode::INTERNAL, r.message);
+}
+
+// A call naming a fragment the server's model does not have; none when it has it.
+std::optional<Status> no_such_fragment(const char* call, uint32_t f, uint32_t fragments) {
+  if (f < fragments) return std::nullopt;
+  return Status(StatusCode::INVALID_ARGUMENT,
+                fmt::format("{} fragment {}, but the server's model has {}", call, f, fragments));
 }
 
 proto::AwaitReply::State await_state(RoundState s) {
@@ -152,10 +160,8 @@ Status OuterService::heartbeat(const proto::HeartbeatRequest& req, proto::Heartb
 
 Status OuterService::pull(const proto::PullRequest& req,
                           const std::function<bool(const proto::PullReply&)>& write) {
-  if (req.fragment() >= rounds_.fragments())  // fixed: no lock
-    return Status(StatusCode::INVALID_ARGUMENT,
-                  fmt::format("pull of fragment {}, but the server's model has {}", req.fragment(),
-                              rounds_.fragments()));
+  // the fragments are fixed: no lock
+  if (auto bad = no_such_fragment("pull of", req.fragment(), rounds_.fragments())) return *bad;
   std::shared_ptr<const TensorList> snap;
   std::shared_ptr<const std::vector<proto::TensorChunk>> update;
   uint64_t v;
@@ -250,10 +256,7 @@ Status OuterService::leave(const proto::LeaveRequest& req, proto::LeaveReply*) {
 
 Status OuterService::await(const proto::AwaitRequest& req, proto::AwaitReply* rep) {
   const uint32_t f = req.fragment();
-  if (f >= rounds_.fragments())  // fixed: no lock
-    return Status(
-        StatusCode::INVALID_ARGUMENT,
-        fmt::format("await on fragment {}, but the server's model has {}", f, rounds_.fragments()));
+  if (auto bad = no_such_fragment("await on", f, rounds_.fragments())) return *bad;  // no lock
   std::unique_lock<std::mutex> lk(mu_);
   if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
   auto until = Clock::now() + std::chrono::milliseconds(std::min<uint32_t>(req.wait_ms(), 10000));

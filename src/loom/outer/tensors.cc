@@ -28,7 +28,6 @@ int64_t total_elements(const TensorList& t) {
 
 namespace {
 
-bool quantized(proto::Encoding e) { return e == proto::INT8 || e == proto::INT4; }
 int qmax(proto::Encoding e) { return e == proto::INT8 ? 127 : 7; }
 int64_t blocks(int64_t n) { return (n + kQuantBlock - 1) / kQuantBlock; }
 
@@ -55,6 +54,15 @@ void quantize(proto::Encoding e, const float* x, int64_t n, std::string& out) {
 }
 
 }  // namespace
+
+proto::Encoding encoding_of(const std::string& compress) {
+  if (compress == "bf16") return proto::BF16;
+  if (compress == "int8") return proto::INT8;
+  if (compress == "int4") return proto::INT4;
+  return proto::F32;
+}
+
+bool quantized(proto::Encoding e) { return e == proto::INT8 || e == proto::INT4; }
 
 size_t quantized_bytes(proto::Encoding e, int64_t n) {
   return size_t(4 * blocks(n) + (e == proto::INT8 ? n : (n + 1) / 2));

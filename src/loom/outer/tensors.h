@@ -31,7 +31,11 @@ constexpr size_t kChunkBytes = size_t(1) << 20;
 // Tensors of the same names and shapes, zero-filled (`t` may be a spec without data).
 TensorList zeros_like(const TensorList& t);
 int64_t total_elements(const TensorList& t);
-// Quantised encodings (INT8, INT4): elements per scale, and a chunk's bytes for n elements.
+// [outer] compress ("f32", "bf16", "int8", "int4") as the encoding on the wire.
+proto::Encoding encoding_of(const std::string& compress);
+// Quantised encodings (INT8, INT4): whether `e` is one, elements per scale, and a chunk's bytes
+// for n elements.
+bool quantized(proto::Encoding e);
 constexpr int64_t kQuantBlock = 64;
 size_t quantized_bytes(proto::Encoding e, int64_t n);
 // Elements of `enc` that fit a chunk of at most kChunkBytes (a multiple of kQuantBlock when
