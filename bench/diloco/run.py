@@ -27,7 +27,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "islands"))
-from runs import last_val, run_islands  # noqa: E402
+from runs import LOOM, island_env, last_val, run_islands  # noqa: E402
 
 CONFIG = os.path.join(HERE, "diloco.toml")
 N = 4
@@ -47,7 +47,7 @@ def metrics(run_dir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", default=os.path.join(ROOT, "build/release/tools/loom/loom"))
+    ap.add_argument("--loom", default=LOOM)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs/diloco"))
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--hs", default="10,50,100")
@@ -56,8 +56,7 @@ def main():
     if os.path.exists(a.out):
         shutil.rmtree(a.out)
     os.makedirs(a.out)
-    env = dict(os.environ, OMP_WAIT_POLICY="passive")
-    env.setdefault("LOOM_OUTER_TOKEN", os.urandom(16).hex())
+    env = island_env()
     common = ["--set", "train.steps=%d" % a.steps]
     results = {"config": os.path.relpath(CONFIG, ROOT), "steps": a.steps, "islands": N, "runs": []}
 

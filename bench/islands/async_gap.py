@@ -18,7 +18,7 @@ import shutil
 import statistics
 import sys
 
-from runs import ROOT, run_islands
+from runs import LOOM, ROOT, run_islands
 
 TINY = "configs/tiny-llama.toml"
 
@@ -42,7 +42,7 @@ def islands(loom, out, name, mode, grace, slow, steps, h, config):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", default=os.path.join(ROOT, "build/release/tools/loom/loom"))
+    ap.add_argument("--loom", default=LOOM)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs/async_gap"))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--graces", default="0,1")

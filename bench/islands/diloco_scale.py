@@ -20,7 +20,7 @@ import os
 import shutil
 import sys
 
-from runs import ROOT, last_val, run_islands, timed
+from runs import LOOM, ROOT, island_env, last_val, run_islands, timed
 
 CONFIG = os.path.join(ROOT, "configs/tiny-llama.toml")
 N = 4
@@ -28,7 +28,7 @@ N = 4
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", default=os.path.join(ROOT, "build/release/tools/loom/loom"))
+    ap.add_argument("--loom", default=LOOM)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs/diloco_scale"))
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--long-steps", type=int, default=10000)
@@ -37,8 +37,7 @@ def main():
     a = ap.parse_args()
     shutil.rmtree(a.out, ignore_errors=True)
     os.makedirs(a.out)
-    env = dict(os.environ, OMP_WAIT_POLICY="passive")
-    env.setdefault("LOOM_OUTER_TOKEN", os.urandom(16).hex())
+    env = island_env()
     # every run's: the data, the validation batches, the warmup
     data = ["data.path=" + os.path.join(ROOT, "data/gutenberg"), "train.eval_batches=16",
             "train.warmup_steps=100"]

@@ -8,6 +8,15 @@ import subprocess
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOOM = os.path.join(ROOT, "build/release/tools/loom/loom")  # the benchmarks' default --loom
+
+
+def island_env(**more):
+    """The environment islands run in: passive OpenMP waits (many processes share the cores), a
+    shared token ($LOOM_OUTER_TOKEN, else a random one), and `more`."""
+    env = dict(os.environ, OMP_WAIT_POLICY="passive", **more)
+    env.setdefault("LOOM_OUTER_TOKEN", os.urandom(16).hex())
+    return env
 
 
 def last_val(run_dir):

@@ -23,7 +23,7 @@ import shutil
 import statistics
 import sys
 
-from runs import ROOT, run_islands
+from runs import LOOM, ROOT, island_env, run_islands
 
 CONFIG = os.path.join(ROOT, "configs/tiny-llama.toml")
 N, H = 4, 32
@@ -43,7 +43,7 @@ VARIANTS = [  # name, [outer] settings beyond plain DiLoCo's
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", default=os.path.join(ROOT, "build/release/tools/loom/loom"))
+    ap.add_argument("--loom", default=LOOM)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs/streaming"))
     ap.add_argument("--steps", type=int, default=3200)
     ap.add_argument("--seeds", default="1,2,3")
@@ -56,8 +56,7 @@ def main():
     outers = [tuple(float(x) for x in o.split(":")) for o in a.outer.split(",")]
     shutil.rmtree(a.out, ignore_errors=True)
     os.makedirs(a.out)
-    env = dict(os.environ, OMP_WAIT_POLICY="passive")
-    env.setdefault("LOOM_OUTER_TOKEN", os.urandom(16).hex())
+    env = island_env()
     common = ["model.n_layers=4", "data.path=" + os.path.join(ROOT, "data/gutenberg"),
               "train.eval_batches=16", "train.warmup_steps=100", f"train.steps={a.steps}",
               f"outer.inner_steps={H}"]

@@ -39,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "peer"))
 import torch_lm  # noqa: E402
+from runs import LOOM, island_env  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "tiny-llama.toml")
 DATA = os.path.join(ROOT, "data", "gutenberg")
@@ -194,7 +195,7 @@ def replica(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--loom", default=os.path.join(ROOT, "build/release/tools/loom/loom"))
+    ap.add_argument("--loom", default=LOOM)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs/torchft_peer"))
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--h", type=int, default=30)
@@ -228,8 +229,7 @@ def main():
     torch_lm.init_for_bench(model, torch.Generator().manual_seed(args.seed))
     init = os.path.join(args.out, "init.safetensors")
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, init)
-    env = dict(os.environ, OMP_WAIT_POLICY="passive", OMP_NUM_THREADS="1")
-    env.setdefault("LOOM_OUTER_TOKEN", os.urandom(16).hex())
+    env = island_env(OMP_NUM_THREADS="1")
     result = {"steps": args.steps, "h": args.h, "islands": args.islands, "outer_lr": args.outer_lr,
               "outer_momentum": args.outer_momentum, "seed": args.seed, "layers": m.n_layers,
               "fragments": args.fragments, "overlap": args.overlap, "mix": args.mix,
