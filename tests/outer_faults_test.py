@@ -207,17 +207,27 @@ def common_sets(data, **more):
 
 # ---- the scenarios ----
 
-def island_killed(d, data):
-    common = common_sets(data)
+def kill_one_of_three(d, common):
+    """A server and 3 islands on `common`; island 2 SIGKILLed once it has completed an outer round.
+    (server, port, islands, victim), or None when that did not happen."""
     srv, port = start_server(d, "server", common, os.path.join(d, "state"))
     if port is None:
-        return
+        return None
     isl = [start_island(d, "island%d" % i, port, common) for i in range(3)]
     victim = isl[2]
     ok = wait_for(lambda: any("outer_round" in j for j in metrics(victim.run)), 60, isl)
     if not check(ok, "the victim completes an outer round (rc %s)" % victim.p.poll()):
-        return
+        return None
     victim.kill()
+    return srv, port, isl, victim
+
+
+def island_killed(d, data):
+    common = common_sets(data)
+    started = kill_one_of_three(d, common)
+    if started is None:
+        return
+    srv, _, isl, victim = started
     killed_at = metrics(victim.run)
     check(victim.p.returncode == -signal.SIGKILL and killed_at[-1]["step"] < STEPS,
           "victim (pid %d) SIGKILLed mid-run, after step %d, version %s"
@@ -489,15 +499,10 @@ def streaming_island_faults(d, data):
     # dropped by its lease while the others go on; one that joins mid-run falls in with the cycle of
     # fragments (it waits on none that waits on it) and trains to its end.
     common = streaming_sets(data, outer__overlap=1, outer__mix=0.5, outer__compress="int4")
-    srv, port = start_server(d, "server", common, os.path.join(d, "state"))
-    if port is None:
+    started = kill_one_of_three(d, common)
+    if started is None:
         return
-    isl = [start_island(d, "island%d" % i, port, common) for i in range(3)]
-    victim = isl[2]
-    ok = wait_for(lambda: any("outer_round" in j for j in metrics(victim.run)), 60, isl)
-    if not check(ok, "the victim completes an outer round (rc %s)" % victim.p.poll()):
-        return
-    victim.kill()
+    srv, port, isl, victim = started
     ok = wait_for(lambda: (last_version(isl[0].run) or 0) >= 4, 60, isl[:2])
     if not check(ok, "the survivors reach version 4"):
         return
