@@ -52,13 +52,7 @@ cleanup() {
   local rc=$?
   set +e
   trap - EXIT INT TERM HUP
-  for ns in "$NS_A" "$NS_B"; do
-    if [[ -e /run/netns/$ns ]]; then
-      mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
-      ((${#pids[@]})) && kill -KILL "${pids[@]}" 2>/dev/null
-      ip netns del "$ns"  # takes its end of the veth pair, and so the pair, with it
-    fi
-  done
+  netns_remove "$NS_A" "$NS_B"
   rm -rf "$TMP"
   exit $rc
 }
@@ -68,18 +62,7 @@ trap 'exit 143' TERM
 trap 'exit 129' HUP
 
 # --- the link ---
-ip netns add "$NS_A" || die "cannot create network namespace $NS_A"
-ip netns add "$NS_B" || die "cannot create network namespace $NS_B"
-ip link add ovA$$ netns "$NS_A" type veth peer name ovB$$ netns "$NS_B" ||
-  die "cannot create a veth pair between $NS_A and $NS_B"
-ip -n "$NS_A" link set ovA$$ name eth0
-ip -n "$NS_B" link set ovB$$ name eth0
-ip -n "$NS_A" addr add "$NET.1/24" dev eth0
-ip -n "$NS_B" addr add "$NET.2/24" dev eth0
-for ns in "$NS_A" "$NS_B"; do
-  ip -n "$ns" link set lo up
-  ip -n "$ns" link set eth0 mtu "${MTU:-9000}" up
-done
+netns_pair "$NS_A" "$NS_B" "$NET" "${MTU:-9000}" || die "cannot join $NS_A and $NS_B"
 # a TCP round trip from A to B before MPI uses the link
 netns_reachable "$NS_A" "$NS_B" "$NET.2" ||
   die "namespace $NS_A cannot reach $NET.2 in $NS_B over the veth pair"
@@ -87,14 +70,14 @@ netns_reachable "$NS_A" "$NS_B" "$NET.2" ||
 set_rate() {  # set_rate GBIT|unlimited: tbf on both ends' egress (a burst of 1 ms of traffic,
 #   at least 64 KiB: a larger bucket refills while compute runs and lets a short collective pass at
 #   more than the rate, which flatters many small collectives against few large ones)
-  local rate=$1 ns
-  for ns in "$NS_A" "$NS_B"; do
-    ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
-    [[ $rate == unlimited ]] && continue
-    local burst
+  local rate=$1 ns burst=0 spec=unlimited
+  if [[ $rate != unlimited ]]; then
     burst=$(python3 -c "print(max(int(float('$rate') * 1e9 / 8 / 1000), 65536))")
-    ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "${rate}gbit" burst "$burst" \
-      latency "${TBF_LATENCY:-100ms}" || die "tc cannot limit $ns's eth0 to ${rate}gbit"
+    spec=${rate}gbit
+  fi
+  for ns in "$NS_A" "$NS_B"; do
+    netns_tbf "$ns" "$spec" "$burst" "${TBF_LATENCY:-100ms}" ||
+      die "tc cannot limit $ns's eth0 to $spec"
   done
 }
 

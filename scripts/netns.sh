@@ -1,5 +1,15 @@
 # Shell helpers for "hosts" that are network namespaces of this machine, sourced by
-# tests/two_host_test.sh and bench/overlap_bench.sh (which make the namespaces and links themselves).
+# tests/two_host_test.sh (which makes its namespaces and bridge itself), bench/overlap_bench.sh and
+# bench/islands/slow_link.sh.
+#
+#   netns_pair NS_A NS_B NET [MTU]     makes namespaces NS_A and NS_B joined by a veth pair whose ends
+#                                      are both named eth0, NET.1/24 in NS_A and NET.2/24 in NS_B, lo
+#                                      and eth0 up (eth0's MTU set when given); non-zero, saying which
+#                                      step failed, when one does.
+#   netns_remove NS...                 kills what still runs in each namespace that exists and deletes
+#                                      it (its end of a veth pair, and so the pair, with it).
+#   netns_tbf NS RATE BURST LATENCY    tc's token bucket filter on NS's eth0 egress (RATE as tc says
+#                                      it: 20mbit, 1gbit); RATE "unlimited" removes it.
 #
 #   netns_reachable NS_FROM NS_TO IP   a TCP round trip from NS_FROM to IP (in NS_TO), tried for up to
 #                                      15 s: 0 when it answers. Run before MPI uses the link, so that
@@ -31,6 +41,42 @@ sys.exit(c.recv(16) != b"ping")' "$ip" 2>/dev/null; then
   done
   wait "$echo_pid" || true
   ((ok))
+}
+
+netns_pair() {
+  local a=$1 b=$2 net=$3 mtu=${4:-} ns
+  ip netns add "$a" || { echo "netns: cannot create network namespace $a" >&2; return 1; }
+  ip netns add "$b" || { echo "netns: cannot create network namespace $b" >&2; return 1; }
+  # temporary names, unique per pair: interface names are at most 15 characters
+  ip link add "v$a" netns "$a" type veth peer name "v$b" netns "$b" ||
+    { echo "netns: cannot create a veth pair between $a and $b" >&2; return 1; }
+  ip -n "$a" link set "v$a" name eth0
+  ip -n "$b" link set "v$b" name eth0
+  ip -n "$a" addr add "$net.1/24" dev eth0
+  ip -n "$b" addr add "$net.2/24" dev eth0
+  for ns in "$a" "$b"; do
+    ip -n "$ns" link set lo up
+    [[ -n $mtu ]] && ip -n "$ns" link set eth0 mtu "$mtu"
+    ip -n "$ns" link set eth0 up
+  done
+}
+
+netns_remove() {
+  local ns pids
+  for ns in "$@"; do
+    [[ -e /run/netns/$ns ]] || continue
+    mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
+    ((${#pids[@]})) && kill -KILL "${pids[@]}" 2>/dev/null
+    ip netns del "$ns"
+  done
+  return 0
+}
+
+netns_tbf() {
+  local ns=$1 rate=$2 burst=$3 latency=$4
+  ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
+  [[ $rate == unlimited ]] && return 0
+  ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency "$latency"
 }
 
 netns_agent() {

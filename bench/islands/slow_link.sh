@@ -42,13 +42,7 @@ cleanup() {
   local rc=$?
   set +e
   trap - EXIT INT TERM HUP
-  for ns in "$NS_S" "$NS_I"; do
-    if [[ -e /run/netns/$ns ]]; then
-      mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
-      ((${#pids[@]})) && kill -KILL "${pids[@]}" 2>/dev/null
-      ip netns del "$ns"  # takes its end of the veth pair, and so the pair, with it
-    fi
-  done
+  netns_remove "$NS_S" "$NS_I"
   rm -rf "$TMP"
   exit $rc
 }
@@ -57,29 +51,18 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
-ip netns add "$NS_S" || die "cannot create network namespace $NS_S"
-ip netns add "$NS_I" || die "cannot create network namespace $NS_I"
-ip link add slS$$ netns "$NS_S" type veth peer name slI$$ netns "$NS_I" ||
-  die "cannot create a veth pair between $NS_S and $NS_I"
-ip -n "$NS_S" link set slS$$ name eth0
-ip -n "$NS_I" link set slI$$ name eth0
-ip -n "$NS_S" addr add "$NET.1/24" dev eth0
-ip -n "$NS_I" addr add "$NET.2/24" dev eth0
-for ns in "$NS_S" "$NS_I"; do
-  ip -n "$ns" link set lo up
-  ip -n "$ns" link set eth0 up
-done
+netns_pair "$NS_S" "$NS_I" "$NET" || die "cannot join $NS_S and $NS_I"
 netns_reachable "$NS_I" "$NS_S" "$NET.1" ||
   die "namespace $NS_I cannot reach $NET.1 in $NS_S over the veth pair"
 
 set_rate() {  # set_rate MBIT|unlimited: tbf on both ends' egress, a burst of 10 ms of traffic
-  local rate=$1 ns burst
-  for ns in "$NS_S" "$NS_I"; do
-    ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
-    [[ $rate == unlimited ]] && continue
+  local rate=$1 ns burst=0 spec=unlimited
+  if [[ $rate != unlimited ]]; then
     burst=$(python3 -c "print(max(int(float('$rate') * 1e6 / 8 / 100), 16384))")
-    ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "${rate}mbit" burst "$burst" \
-      latency 200ms || die "tc cannot limit $ns's eth0 to ${rate}mbit"
+    spec=${rate}mbit
+  fi
+  for ns in "$NS_S" "$NS_I"; do
+    netns_tbf "$ns" "$spec" "$burst" 200ms || die "tc cannot limit $ns's eth0 to $spec"
   done
 }
 
