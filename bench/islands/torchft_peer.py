@@ -5,7 +5,7 @@
         [--islands 4] [--outer-lr 1.0] [--outer-momentum 0.5] [--out runs/torchft_peer]
         [--layers 4 --fragments 4 [--overlap 2 --mix 0.5]]
 
-Needs PyTorch 2.x and torchft (`bench/peer/setup_venv.sh`, then `pip install torchft`); Debian's
+Needs PyTorch 2.x and torchft (`bench/peer/setup_venv.sh` installs both, pinned); Debian's
 PyTorch 1.13 has neither. Both sides train configs/tiny-llama.toml, byte-level, on the default
 Gutenberg text, from the same initial weights (written here, normal(0, 0.02), and given to Loom as
 `[model] init`), with the same inner AdamW (lr, betas, weight decay on matrices, grad clip 1.0),
