@@ -7,6 +7,10 @@ same tokens per step, the same steps, the same lr schedule), every run's validat
 
     bench/islands/diloco_scale.py [--loom build/release/tools/loom/loom] [--out runs/diloco_scale]
         [--steps 3000] [--long-steps 10000] [--lrs 0.4,0.7,1.0] [--momentum 0.9]
+        [--config configs/tiny-llama.toml --data data/gutenberg --batch 4 --seq 64]
+
+At 1.26M parameters (bench/diloco/diloco.toml, BPE 2048, 20 tokens per parameter at 6,200 steps):
+    --config bench/diloco/diloco.toml --data data/gutenberg-bpe2048 --batch 8 --seq 128
 
 Runs: dp (baseline, --steps), h30 for each outer lr (4 islands, H = 30), m1 (one island of batch
 16, H = 30, the best lr), and, at --long-steps, dp-long and h100 (4 islands, H = 100, best lr).
@@ -22,7 +26,6 @@ import sys
 
 from runs import LOOM, ROOT, island_env, last_val, run_islands, timed
 
-CONFIG = os.path.join(ROOT, "configs/tiny-llama.toml")
 N = 4
 
 
@@ -34,12 +37,16 @@ def main():
     ap.add_argument("--long-steps", type=int, default=10000)
     ap.add_argument("--lrs", default="0.4,0.7,1.0")
     ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs/tiny-llama.toml"))
+    ap.add_argument("--data", default=os.path.join(ROOT, "data/gutenberg"))
+    ap.add_argument("--batch", type=int, default=4, help="each island's batch")
+    ap.add_argument("--seq", type=int, default=64, help="tokens per sequence ([train] seq_len)")
     a = ap.parse_args()
     shutil.rmtree(a.out, ignore_errors=True)
     os.makedirs(a.out)
     env = island_env()
     # every run's: the data, the validation batches, the warmup
-    data = ["data.path=" + os.path.join(ROOT, "data/gutenberg"), "train.eval_batches=16",
+    data = ["data.path=" + a.data, f"train.seq_len={a.seq}", "train.eval_batches=16",
             "train.warmup_steps=100"]
     rows = []
     params = []  # the model's, from an islands summary
@@ -50,15 +57,16 @@ def main():
 
     def dp(name, steps):
         run = os.path.join(a.out, name)
-        wall = timed([a.loom, "train", CONFIG, "--run-dir", run, "--set", "train.batch_size=16",
+        wall = timed([a.loom, "train", a.config, "--run-dir", run,
+                      "--set", f"train.batch_size={N * a.batch}",
                       "--set", f"train.steps={steps}"] + [x for d in data for x in ("--set", d)],
                      dict(env, OMP_NUM_THREADS="2"),
                      quiet=True)
         record({"run": name, "steps": steps, "val_loss": last_val(run), "wall_s": round(wall, 1),
                 "bytes": 0})
 
-    def islands(name, steps, h, lr, m=N, batch=4):
-        s = run_islands(a.loom, CONFIG, os.path.join(a.out, name), m,
+    def islands(name, steps, h, lr, m=N, batch=a.batch):
+        s = run_islands(a.loom, a.config, os.path.join(a.out, name), m,
                         [f"train.steps={steps}", f"train.batch_size={batch}",
                          f"outer.inner_steps={h}", f"outer.lr={lr}",
                          f"outer.momentum={a.momentum}"] + data, env=env, quiet=True)
@@ -72,14 +80,14 @@ def main():
     for lr in lrs:
         islands(f"h30-lr{lr}", a.steps, 30, lr)
     best = min((r for r in rows if r["run"].startswith("h30")), key=lambda r: r["val_loss"])
-    islands("m1", a.steps, 30, best["outer_lr"], m=1, batch=16)
+    islands("m1", a.steps, 30, best["outer_lr"], m=1, batch=N * a.batch)
     if a.long_steps:
         dp("dp-long", a.long_steps)
         islands("h100", a.long_steps, 100, best["outer_lr"])
     base = {r["steps"]: r["val_loss"] for r in rows if r["run"].startswith("dp")}
     for r in rows:
         r["vs_dp"] = round(100 * (r["val_loss"] / base[r["steps"]] - 1), 2)
-        r["tokens_per_param"] = round(r["steps"] * 4 * 64 * N / params[0], 1)
+        r["tokens_per_param"] = round(r["steps"] * a.batch * a.seq * N / params[0], 1)
         # a ring all-reduce of the f32 gradients every step: each rank sends and receives
         # 2 (N-1)/N of them
         r["ring_allreduce_bytes"] = 2 * 2 * (N - 1) / N * params[0] * 4 * N * r["steps"]

@@ -70,11 +70,14 @@ grpc::Status OuterClient::retrying(const char* what, F&& call) {
 }
 
 grpc::Status OuterClient::join(const std::string& name, proto::JoinReply* rep,
-                               const std::string& key, uint32_t fragments) {
+                               const std::string& key, uint32_t fragments, uint32_t paths,
+                               uint32_t path) {
   proto::JoinRequest req;
   req.set_name(name);
   req.set_key(key);
   req.set_fragments(fragments);
+  req.set_paths(paths);
+  req.set_path(path);
   for (const auto& t : spec_) {
     auto* m = req.add_model();
     m->set_name(t.name);

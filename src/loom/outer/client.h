@@ -34,9 +34,9 @@ class OuterClient {
   OuterClient(ClientConfig cfg, TensorList spec);
 
   // `key`: the island's identity across restarts (JoinRequest.key); "" for none. `fragments`: the
-  // island's [outer] fragments.
+  // island's [outer] fragments. `paths`, `path`: DiPaCo's (JoinRequest), 0 and 0 without.
   grpc::Status join(const std::string& name, proto::JoinReply* rep, const std::string& key = "",
-                    uint32_t fragments = 1);
+                    uint32_t fragments = 1, uint32_t paths = 0, uint32_t path = 0);
   grpc::Status heartbeat(uint64_t id, proto::HeartbeatReply* rep);
   // Fills `params` (shaped like the fragment's tensors: fragments.h) and *version (the fragment's).
   // `want_update`: params holds the fragment's parameters of *version, and the server may send

@@ -11,9 +11,6 @@
 
 namespace loom::outer {
 
-namespace {
-
-// The first dot-separated component of `name` that is all digits, as a number.
 std::optional<int64_t> layer_of(const std::string& name) {
   size_t start = 0;
   while (start <= name.size()) {
@@ -27,8 +24,6 @@ std::optional<int64_t> layer_of(const std::string& name) {
   }
   return std::nullopt;
 }
-
-}  // namespace
 
 Fragments split_fragments(const TensorList& spec, int64_t f) {
   if (f < 1) throw Error(fmt::format("[outer] fragments = {}: at least 1", f));

@@ -14,11 +14,17 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "loom/outer/tensors.h"
 
 namespace loom::outer {
+
+// A tensor name's layer: its first dot-separated component that is all digits ("model.layers.3.mlp"
+// -> 3); none for the embeddings, the final norm and the head.
+std::optional<int64_t> layer_of(const std::string& name);
 
 // fragment -> the indices (into `spec`) of its tensors, in increasing order. Throws loom::Error
 // when F < 1, or when F exceeds what the model can fill (a fragment would be empty).

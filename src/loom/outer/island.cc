@@ -64,7 +64,8 @@ Island::~Island() {
 
 void Island::join() {
   proto::JoinReply r;
-  grpc::Status s = client_->join(name_, &r, key_, uint32_t(split_.size()));
+  grpc::Status s = client_->join(name_, &r, key_, uint32_t(split_.size()), uint32_t(cfg_.paths()),
+                                 uint32_t(cfg_.path));
   if (!s.ok())
     throw Error(fmt::format("outer server {} refused to let this island join: {}",
                             client_->server(), s.error_message()));
@@ -76,14 +77,18 @@ void Island::join() {
         fmt::format("outer server {} splits the model into {} fragment(s), but [outer] "
                     "fragments = {}",
                     client_->server(), f, split_.size()));
+  if (int64_t(r.paths()) != cfg_.paths())
+    throw Error(fmt::format("outer server {} has {} DiPaCo path(s), but [outer] modules make {}",
+                            client_->server(), r.paths(), cfg_.paths()));
   id_ = r.island_id();
   h_ = int64_t(r.inner_steps());
   lease_ms_ = r.lease_ms();
   done_ = r.done();
   rejoined_ = true;
-  fmt::print(stderr, "island {}: joined {} at version {} (H = {}{})\n", id_.load(),
+  fmt::print(stderr, "island {}: joined {} at version {} (H = {}{}{})\n", id_.load(),
              client_->server(), r.version(), h_,
-             split_.size() > 1 ? fmt::format(", {} fragments", split_.size()) : "");
+             split_.size() > 1 ? fmt::format(", {} fragments", split_.size()) : "",
+             cfg_.paths() ? fmt::format(", path {} of {}", cfg_.path, cfg_.paths()) : "");
 }
 
 int64_t Island::inner_steps() const {

@@ -26,11 +26,25 @@ Rounds::Rounds(RoundsConfig cfg, TensorList initial, Hooks hooks)
   if (!(cfg_.lease_s > 0)) throw Error("outer server: [outer] lease_s must be > 0");
   if (cfg_.mode == OuterMode::async && cfg_.fragments != 1)
     throw Error("outer server: [outer] fragments > 1 (streaming DiLoCo) needs mode = \"sync\"");
+  if (!cfg_.modules.empty()) {
+    if (cfg_.mode != OuterMode::sync || cfg_.fragments != 1)
+      throw Error("outer server: [outer] modules (DiPaCo) needs mode = \"sync\" and fragments = 1");
+    if (quantized(cfg_.update_encoding))
+      throw Error("outer server: DiPaCo's islands pull f32 parameters, not quantised updates");
+    for (const auto& t : initial) model_spec_.push_back({t.name, t.shape, {}});
+    paths_ = dipaco_paths(model_spec_, cfg_.modules);
+    initial = module_table(paths_, initial);
+  }
   for (const auto& t : initial) spec_.push_back({t.name, t.shape, {}});
   split_ = split_fragments(spec_, cfg_.fragments);
   for (const auto& which : split_) {
     frag_spec_.push_back(gather(spec_, which));
-    frags_.push_back({0, zeros_like(frag_spec_.back()), {}, {}});
+    frags_.push_back({0,
+                      zeros_like(frag_spec_.back()),
+                      std::vector<int64_t>(frag_spec_.back().size(), 0),
+                      {},
+                      {},
+                      {}});
   }
   momentum_ = zeros_like(initial);
   buffer_ = zeros_like(initial);
@@ -48,7 +62,14 @@ void Rounds::resume(OuterState saved, Time now) {
     frags_[f].pushed.clear();
     frags_[f].update.reset();
     for (auto& t : frags_[f].sum) std::fill(t.data.begin(), t.data.end(), 0.f);
+    std::fill(frags_[f].count.begin(), frags_[f].count.end(), 0);
   }
+  for (const auto& [id, r] : saved.meta.members)
+    if (r.path >= std::max<size_t>(paths_.count(), 1))
+      throw Error(
+          fmt::format("outer state: member {} trains path {}, but the server's model has "
+                      "{} path(s)",
+                      id, r.path, std::max<size_t>(paths_.count(), 1)));
   async_count_ = saved.meta.async_count;
   total_steps_ = saved.meta.total_steps;
   next_id_ = saved.meta.next_id;
@@ -60,8 +81,9 @@ void Rounds::resume(OuterState saved, Time now) {
 // ---- the calls ----
 
 std::optional<Refusal> Rounds::join(const std::string& name, const TensorList& model, Time now,
-                                    Joined* out, const std::string& key) {
-  const TensorList& p = *params_;
+                                    Joined* out, const std::string& key, uint32_t path) {
+  // with modules, an island's model is a path: the model's names and shapes
+  const TensorList& p = paths_.count() ? model_spec_ : spec_;
   if (model.size() != p.size())
     return Refusal{
         RefusalKind::other_model,
@@ -74,6 +96,10 @@ std::optional<Refusal> Rounds::join(const std::string& name, const TensorList& m
                                  i, model[i].name, shape_str(model[i].shape), p[i].name,
                                  shape_str(p[i].shape))};
   }
+  if (const size_t n = std::max<size_t>(paths_.count(), 1); path >= n)
+    return Refusal{
+        RefusalKind::invalid,
+        fmt::format("the island trains path {}, but the server's model has {} path(s)", path, n)};
   if (key.size() > kMaxKeyBytes)
     return Refusal{RefusalKind::invalid,
                    fmt::format("an island key of {} bytes: at most {}", key.size(), kMaxKeyBytes)};
@@ -91,10 +117,11 @@ std::optional<Refusal> Rounds::join(const std::string& name, const TensorList& m
   std::vector<uint64_t> joined;
   for (const Fragment& f : frags_)
     joined.push_back(f.pushed.empty() || f.version == 0 ? f.version : f.version + 1);
-  Member& m = members_[id] = {{name.substr(0, 200), std::move(joined), 0}, now + lease()};
+  Member& m = members_[id] = {{name.substr(0, 200), std::move(joined), 0, path}, now + lease()};
   // saved with the next round: a member lost in a restart simply joins again
-  log(fmt::format("island {} ({}) {} at version {}", id, m.record.name,
-                  again ? "rejoined (the same island, restarted)" : "joined", version()));
+  log(fmt::format("island {} ({}) {} at version {}{}", id, m.record.name,
+                  again ? "rejoined (the same island, restarted)" : "joined", version(),
+                  paths_.count() ? " on path " + paths_.name(path) : ""));
   if (again) maybe_close(now);  // a round may have waited only for the old process
   *out = {id, version(), uint32_t(cfg_.inner_steps), done()};
   return std::nullopt;
@@ -154,9 +181,12 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     if (frag.pushed.count(h.island_id))
       return Refusal{RefusalKind::duplicate, fmt::format("island {} already pushed in round {}{}",
                                                          h.island_id, frag.version + 1, of)};
+    // where each pushed tensor goes in the fragment: itself, or with modules its path's module's
+    const std::vector<size_t>* path = paths_.count() ? &paths_.path[m->record.path] : nullptr;
+    auto at = [&](size_t t) { return path ? (*path)[t] : t; };
     // checked before anything is added, so a refused push leaves the sum as it was
     for (size_t t = 0; t < grad.size(); ++t) {
-      const float* s = frag.sum[t].data.data();
+      const float* s = frag.sum[at(t)].data.data();
       const float* x = grad[t].data.data();
       for (size_t i = 0; i < grad[t].data.size(); ++i)
         if (!std::isfinite(s[i] + x[i]))
@@ -166,9 +196,10 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
                                      h.island_id, grad[t].name, i, s[i], x[i])};
     }
     for (size_t t = 0; t < grad.size(); ++t) {
-      float* s = frag.sum[t].data.data();
+      float* s = frag.sum[at(t)].data.data();
       const float* x = grad[t].data.data();
       for (size_t i = 0; i < grad[t].data.size(); ++i) s[i] += x[i];
+      ++frag.count[at(t)];
     }
     if (frag.pushed.empty()) frag.first_push = now;
     frag.pushed.insert(h.island_id);
@@ -265,6 +296,17 @@ std::shared_ptr<const std::vector<proto::TensorChunk>> Rounds::quantize_update(
   return std::make_shared<const std::vector<proto::TensorChunk>>(std::move(e.chunks));
 }
 
+TensorList Rounds::pulled(const TensorList& params, uint32_t f, uint32_t path) const {
+  if (paths_.count()) return path_view(paths_, path, params, model_spec_);
+  return fragments() > 1 ? gather(params, split_[f]) : params;
+}
+
+std::optional<uint32_t> Rounds::path_of(uint64_t id) const {
+  auto it = members_.find(id);
+  if (it == members_.end()) return std::nullopt;
+  return it->second.record.path;
+}
+
 uint64_t Rounds::version() const {
   uint64_t v = 0;
   for (const Fragment& f : frags_) v += f.version;
@@ -327,18 +369,25 @@ void Rounds::close(uint32_t f, Time now) {
     return;  // the start barrier
   for (const auto& [id, m] : members_)
     if (m.record.joined[f] <= frag.version && !frag.pushed.count(id)) return;
-  const float inv = 1.f / float(frag.pushed.size());
-  for (auto& t : frag.sum)
-    for (float& x : t.data) x *= inv;
-  const std::vector<size_t>& which = split_[f];
+  // each tensor's mean over the pushes that carried it (all of them, but with modules); a tensor
+  // none carried (a module on no path that pushed) keeps its parameters and momentum
+  std::vector<size_t> carried, which;  // positions in the fragment; indices in spec_
+  for (size_t k = 0; k < frag.sum.size(); ++k) {
+    if (frag.count[k] == 0) continue;
+    const float inv = 1.f / float(frag.count[k]);
+    for (float& x : frag.sum[k].data) x *= inv;
+    carried.push_back(k);
+    which.push_back(split_[f][k]);
+  }
   auto next = std::make_shared<TensorList>(*params_);
   const TensorList old = gather(*next, which);
   TensorList p = old, momentum = gather(momentum_, which);
-  nesterov_step(cfg_.opt, p, momentum, frag.sum);
+  nesterov_step(cfg_.opt, p, momentum, gather(frag.sum, carried));
   auto update = quantize_update(old, p);
   const size_t n = frag.pushed.size();
   frag.pushed.clear();
   for (auto& t : frag.sum) std::fill(t.data.begin(), t.data.end(), 0.f);
+  std::fill(frag.count.begin(), frag.count.end(), 0);
   const std::string of = fragments() > 1 ? fmt::format(" of fragment {}", f) : "";
   if (std::string bad = nonfinite_in(p) + nonfinite_in(momentum); !bad.empty()) {
     // never committed (nor saved): the round is dropped, its islands push again from this version

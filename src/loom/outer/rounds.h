@@ -15,6 +15,11 @@
 // Streaming (sync, `fragments` > 1): the model falls into fragments (fragments.h), each with
 // rounds, a version and expected members of its own, exactly as the whole model has with one
 // fragment; a push carries one fragment's tensors. version() is the sum of the fragments' versions.
+// DiPaCo (sync, `modules` set: paths.h): the server holds the module table, every member trains
+// one path and pushes that path's tensors (the model's names and order); a round closes when every
+// expected member has pushed, and each tensor of the table takes the mean of the pushes that
+// carried it (a module's outer gradient averaged over the paths through it that pushed); a module
+// no push carried keeps its parameters and momentum. A member pulls its path's tensors.
 // Async: each push is applied at once with Delayed Nesterov (optimizer.h), whatever its base
 // version; the island's next H is scaled by its measured speed against the fastest island's.
 // Both: a push from a future version is `invalid`; `done` once the inner steps pushed reach
@@ -40,6 +45,7 @@
 
 #include "loom/outer/fragments.h"
 #include "loom/outer/optimizer.h"
+#include "loom/outer/paths.h"
 #include "loom/outer/state_file.h"
 #include "loom/outer/tensors.h"
 
@@ -48,8 +54,9 @@ namespace loom::outer {
 struct RoundsConfig {
   OuterMode mode = OuterMode::sync;
   OuterOptConfig opt;
-  int64_t inner_steps = 50;  // H
-  int64_t fragments = 1;     // sync: streaming DiLoCo's fragments (fragments.h)
+  int64_t inner_steps = 50;      // H
+  int64_t fragments = 1;         // sync: streaming DiLoCo's fragments (fragments.h)
+  std::vector<int64_t> modules;  // sync: DiPaCo's modules per level (paths.h); empty: none
   // INT8, INT4: every update of the global parameters is committed as its quantised encoding
   // decodes, and kept, so an island one version behind pulls the update in that encoding
   proto::Encoding update_encoding = proto::F32;
@@ -113,7 +120,8 @@ class Rounds {
     uint64_t period_version = 0;
   };
 
-  // Version 0 at `initial`, with no members. Throws loom::Error on a bad config.
+  // Version 0 at `initial` (the model's tensors; with modules, every module of the table starts as
+  // the model's), with no members. Throws loom::Error on a bad config.
   Rounds(RoundsConfig cfg, TensorList initial, Hooks hooks = {});
 
   // Takes up a saved state (state_file.h, read for this config's mode and fragments): the tensors
@@ -127,14 +135,15 @@ class Rounds {
   // the island's identity across restarts (JoinRequest.key); a key seen before gets its island's
   // id back, and a round under way stops waiting for the old process (the island is expected from
   // the next round, as one joining mid-round is). At most kMaxKeys keys of kMaxKeyBytes.
+  // `path`: the DiPaCo path it trains (0 without modules).
   std::optional<Refusal> join(const std::string& name, const TensorList& model, Time now,
-                              Joined* out, const std::string& key = "");
+                              Joined* out, const std::string& key = "", uint32_t path = 0);
   // Renews the member's lease; `not_member` if there is no such live member.
   std::optional<Refusal> touch(uint64_t id, Time now);
   // A push's header, checked before its tensors are read; reads nothing a call changes.
   std::optional<Refusal> check_header(const PushInfo& h) const;
   // `grad`: the checked pseudo-gradient of the header's fragment, in the order and shapes of
-  // fragment_spec(h.fragment).
+  // push_spec(h.fragment) (with modules: the island's path).
   std::optional<Refusal> push(const PushInfo& h, const TensorList& grad, Time now, Pushed* out);
   std::optional<Refusal> leave(uint64_t id, Time now);
   // Drops the members whose lease ran out and closes the round if nobody else is awaited (or the
@@ -159,6 +168,17 @@ class Rounds {
   uint32_t fragments() const { return uint32_t(frag_spec_.size()); }
   const TensorList& fragment_spec(uint32_t f) const { return frag_spec_[f]; }
   const std::vector<size_t>& fragment_tensors(uint32_t f) const { return split_[f]; }
+  // What a push of fragment f carries, and a pull returns: fragment_spec(f), or with modules the
+  // model's names and shapes (any path's). Fixed.
+  const TensorList& push_spec(uint32_t f) const {
+    return paths_.count() ? model_spec_ : frag_spec_[f];
+  }
+  // ... taken from `params` (a snapshot of params()) for a member of `path`. Fixed too.
+  TensorList pulled(const TensorList& params, uint32_t f, uint32_t path) const;
+  // The DiPaCo layout (count() 0 without modules); fixed.
+  const Paths& paths() const { return paths_; }
+  // A live member's path (0 without modules); none if no such member.
+  std::optional<uint32_t> path_of(uint64_t id) const;
   size_t members() const { return members_.size(); }
   int64_t pushes() const { return accepted_; }  // accepted since start
   std::chrono::milliseconds lease() const;
@@ -190,8 +210,9 @@ class Rounds {
 
   // A fragment's version and (sync) its open round.
   struct Fragment {
-    uint64_t version = 0;  // rounds closed (sync), pushes applied (async, one fragment)
-    TensorList sum;        // the pushes of the open round, summed, in fragment_spec's order
+    uint64_t version = 0;        // rounds closed (sync), pushes applied (async, one fragment)
+    TensorList sum;              // the pushes of the open round, summed, in fragment_spec's order
+    std::vector<int64_t> count;  // ... how many pushes carried each tensor
     std::set<uint64_t> pushed;
     Time first_push;
     // the quantised update to `version` (update_encoding), null when none
@@ -209,6 +230,8 @@ class Rounds {
   Fragments split_;                    // fragment -> its tensors' indices in spec_
   std::vector<TensorList> frag_spec_;  // fragment -> its tensors' names and shapes
   std::vector<Fragment> frags_;
+  Paths paths_;            // DiPaCo: the module table's layout
+  TensorList model_spec_;  // DiPaCo: the model's names and shapes (what a path is)
   std::shared_ptr<const TensorList> params_;
   TensorList momentum_, buffer_;  // buffer: async only
   int64_t async_count_ = 0;       // async: pushes in the open Delayed Nesterov period

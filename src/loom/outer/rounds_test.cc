@@ -524,3 +524,97 @@ TEST(Rounds, EachFragmentHasItsOwnRounds) {
 
 }  // namespace
 }  // namespace loom::outer
+
+namespace loom::outer {
+namespace {
+
+// A model of two blocks and a head, its values those of `seed`, every value of a pseudo-gradient c.
+TensorList filled(const TensorList& spec, float c) {
+  TensorList t = zeros_like(spec);
+  for (auto& x : t)
+    for (float& v : x.data) v = c;
+  return t;
+}
+
+// DiPaCo: every island pushes its path; each module's outer gradient is the mean over the paths
+// through it that pushed; a module no push carried keeps its parameters and momentum; a member
+// pulls its path; the state keeps each member's path.
+TEST(Rounds, DiPaCoAveragesEachModuleOverThePathsThroughIt) {
+  const TensorList init = layered(1);  // layers.0 (level 0), layers.1 and the head (level 1)
+  const OuterOptConfig opt{1.0, 0.0};  // p - mean
+  Rounds r({.opt = opt, .modules = {2, 2}}, init);
+  ASSERT_EQ(r.paths().count(), 4u);
+  ASSERT_EQ(r.spec().size(), 2 * 1 + 2 * 2u);  // the module table
+  const Time t{};
+  // a join with the table's names, or a path that does not exist, is refused
+  Rounds::Joined j;
+  expect_refused(r.join("x", r.spec(), t, &j), RefusalKind::other_model);
+  expect_refused(r.join("x", init, t, &j, "", 4), RefusalKind::invalid,
+                 "the island trains path 4, but the server's model has 4 path(s)");
+  // islands on paths 0 (0.0), 1 (0.1), 3 (1.1); none on 2 (1.0)
+  std::vector<uint64_t> id;
+  for (uint32_t p : {0u, 1u, 3u}) {
+    ASSERT_FALSE(r.join("p" + std::to_string(p), init, t, &j, "", p));
+    id.push_back(j.island_id);
+  }
+  EXPECT_EQ(r.path_of(id[2]), 3u);
+  Rounds::Pushed out;
+  const float g[] = {1, 2, 4};  // each island's pseudo-gradient, every value
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_FALSE(r.push({id[i], 0, 5, 0.5}, filled(init, g[i]), t, &out));
+    EXPECT_EQ(r.version(), i == 2 ? 1u : 0u);
+  }
+  // level 0: module 0 on paths 0, 1 (mean 1.5), module 1 on path 3 (4); level 1: module 0 on
+  // path 0 (1), module 1 on paths 1, 3 (3)
+  const std::vector<std::pair<size_t, float>> moved{{0, 1.5f}, {1, 4.f}};
+  auto view = [&](uint32_t p) { return r.pulled(*r.params(), 0, p); };
+  for (uint32_t p = 0; p < 4; ++p) {
+    const TensorList v = view(p);
+    const std::vector<int64_t> d = r.paths().digits(p);
+    const float want[] = {d[0] == 0 ? 1.5f : 4.f, d[1] == 0 ? 1.f : 3.f};
+    ASSERT_EQ(v.size(), init.size());
+    for (size_t k = 0; k < init.size(); ++k) {
+      EXPECT_EQ(v[k].name, init[k].name);
+      const float step = want[k == 0 ? 0 : 1];
+      for (size_t i = 0; i < init[k].data.size(); ++i)
+        EXPECT_FLOAT_EQ(v[k].data[i], init[k].data[i] - step) << "path " << p << " " << v[k].name;
+    }
+  }
+  // no other round: module 1 of level 0 keeps (momentum 0 here: the mean moved it exactly once)
+  // a second round with only path 0 and 1 pushing moves level 0's module 1 not at all
+  Rounds r2({.opt = {0.5, 0.5}, .modules = {2, 2}}, init);
+  std::vector<uint64_t> id2;
+  for (uint32_t p : {0u, 1u}) {
+    ASSERT_FALSE(r2.join("p", init, t, &j, "", p));
+    id2.push_back(j.island_id);
+  }
+  for (size_t i = 0; i < 2; ++i)
+    ASSERT_FALSE(r2.push({id2[i], 0, 5, 0.5}, filled(init, 1), t, &out));
+  EXPECT_EQ(r2.version(), 1u);
+  const TensorList v2 = r2.pulled(*r2.params(), 0, 2);  // module 1 at level 0: no push carried it
+  expect_same(gather(v2, {0}), gather(init, {0}));
+  EXPECT_FALSE(std::isnan(r2.momentum()[1].data[0]));
+  for (float x : r2.momentum()[1].data) EXPECT_EQ(x, 0.f) << "an untouched module's momentum";
+  for (float x : r2.momentum()[0].data) EXPECT_NE(x, 0.f);
+  // the state keeps each member's path; a restored server checks it
+  const StateMeta meta = r.meta();
+  EXPECT_EQ(meta.members.at(id[2]).path, 3u);
+  Rounds back({.opt = opt, .modules = {2, 2}}, init);
+  back.resume({meta, *r.params(), r.momentum(), r.buffer()}, t);
+  EXPECT_EQ(back.path_of(id[2]), 3u);
+  StateMeta bad = meta;
+  bad.members.at(id[2]).path = 4;
+  Rounds other({.opt = opt, .modules = {2, 2}}, init);
+  EXPECT_THROW(other.resume({bad, *r.params(), r.momentum(), r.buffer()}, t), Error);
+}
+
+TEST(Rounds, DiPaCoNeedsSyncRoundsOfOneFragmentAndF32Pulls) {
+  const TensorList init = layered(1);
+  EXPECT_THROW({ Rounds r({.mode = OuterMode::async, .modules = {2}}, init); }, Error);
+  EXPECT_THROW({ Rounds r({.fragments = 2, .modules = {2}}, init); }, Error);
+  EXPECT_THROW({ Rounds r({.modules = {2}, .update_encoding = proto::INT4}, init); }, Error);
+  EXPECT_THROW({ Rounds r({.modules = {2, 2, 2}}, init); }, Error);  // 3 levels, 2 blocks
+}
+
+}  // namespace
+}  // namespace loom::outer

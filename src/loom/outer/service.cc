@@ -134,12 +134,18 @@ Status OuterService::join(const proto::JoinRequest& req, proto::JoinReply* rep) 
         fmt::format("the island splits the model into {} fragment(s), the server into {}: "
                     "set the same [outer] fragments",
                     f, rounds_.fragments()));
+  if (req.paths() != rounds_.paths().count())
+    return Status(StatusCode::FAILED_PRECONDITION,
+                  fmt::format("the island's [outer] modules make {} path(s), the server's {}: set "
+                              "the same [outer] modules (none: not DiPaCo)",
+                              req.paths(), rounds_.paths().count()));
   TensorList model;
   for (const auto& m : req.model())
     model.push_back({m.name(), std::vector<int64_t>(m.shape().begin(), m.shape().end()), {}});
   std::lock_guard<std::mutex> lk(mu_);
   Rounds::Joined j;
-  if (auto r = rounds_.join(req.name(), model, Clock::now(), &j, req.key())) return refused(*r);
+  if (auto r = rounds_.join(req.name(), model, Clock::now(), &j, req.key(), req.path()))
+    return refused(*r);
   rep->set_island_id(j.island_id);
   rep->set_version(j.version);
   rep->set_inner_steps(j.inner_steps);
@@ -147,6 +153,7 @@ Status OuterService::join(const proto::JoinRequest& req, proto::JoinReply* rep) 
   rep->set_mode(train::outer_mode_name(cfg_.mode));
   rep->set_done(j.done);
   rep->set_fragments(rounds_.fragments());
+  rep->set_paths(uint32_t(rounds_.paths().count()));
   return Status::OK;
 }
 
@@ -165,9 +172,11 @@ Status OuterService::pull(const proto::PullRequest& req,
   std::shared_ptr<const TensorList> snap;
   std::shared_ptr<const std::vector<proto::TensorChunk>> update;
   uint64_t v;
+  uint32_t path = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
+    path = *rounds_.path_of(req.island_id());
     snap = rounds_.params();
     v = rounds_.version(req.fragment());
     if (req.want_update()) update = rounds_.update(req.fragment(), req.have_version());
@@ -184,9 +193,8 @@ Status OuterService::pull(const proto::PullRequest& req,
     }
     return Status::OK;
   }
-  if (rounds_.fragments() > 1)  // the fragment's tensors of the snapshot
-    snap =
-        std::make_shared<const TensorList>(gather(*snap, rounds_.fragment_tensors(req.fragment())));
+  if (rounds_.fragments() > 1 || rounds_.paths().count())  // the fragment's or path's tensors
+    snap = std::make_shared<const TensorList>(rounds_.pulled(*snap, req.fragment(), path));
   proto::PullReply head;
   head.set_version(v);
   if (!write(head)) return Status(StatusCode::CANCELLED, "the island went away");
@@ -224,7 +232,7 @@ Status OuterService::push(const std::function<bool(proto::PushRequest&)>& read,
     }
   } done{this, h.island_id};
   if (auto r = rounds_.check_header(h)) return refused(*r);  // reads what is fixed: no lock
-  Assembler as(rounds_.fragment_spec(h.fragment));           // fixed too
+  Assembler as(rounds_.push_spec(h.fragment));               // fixed too
   bool first = true;
   do {
     if (!first && msg.has_header())

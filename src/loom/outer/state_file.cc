@@ -12,6 +12,7 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/safetensors.h"
+#include "loom/outer/paths.h"
 
 namespace loom::outer {
 
@@ -52,12 +53,14 @@ void write_state(const std::string& path, const StateMeta& meta, const TensorLis
   add("momentum.", momentum);
   if (meta.mode == OuterMode::async) add("buffer.", buffer);
   nlohmann::json ms = nlohmann::json::array();
-  for (const auto& [id, m] : meta.members)
+  for (const auto& [id, m] : meta.members) {
     ms.push_back({{"id", id},
                   {"name", m.name},
                   {"joined_round",
                    m.joined.size() == 1 ? nlohmann::json(m.joined[0]) : nlohmann::json(m.joined)},
                   {"sec_per_step", m.sec_per_step}});
+    if (m.path) ms.back()["path"] = m.path;  // DiPaCo
+  }
   nlohmann::json j{{"format", 1},
                    {"mode", train::outer_mode_name(meta.mode)},
                    {"version", meta.version},
@@ -98,11 +101,16 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
     s.next_id = j.at("next_id").get<uint64_t>();
     for (const auto& m : j.at("members")) {
       const auto& joined = m.at("joined_round");
+      const uint64_t on = m.value("path", uint64_t(0));
+      if (on >= uint64_t(kMaxPaths))
+        throw Error(fmt::format("{}: member {}'s path {} is not one a server could have", path,
+                                m.at("id").dump(), on),
+                    "the file is damaged: restore it, or use another --state-dir");
       s.members[m.at("id").get<uint64_t>()] = {m.at("name").get<std::string>(),
                                                joined.is_array()
                                                    ? joined.get<std::vector<uint64_t>>()
                                                    : std::vector<uint64_t>{joined.get<uint64_t>()},
-                                               m.at("sec_per_step").get<double>()};
+                                               m.at("sec_per_step").get<double>(), uint32_t(on)};
     }
     if (j.contains("keys"))  // written since islands have keys
       s.keys = j.at("keys").get<std::map<std::string, uint64_t>>();

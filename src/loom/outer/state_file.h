@@ -38,6 +38,7 @@ struct MemberRecord {
   // the first round it is expected in, per fragment (one: the whole model)
   std::vector<uint64_t> joined = {0};
   double sec_per_step = 0;  // measured from its pushes; 0: unknown
+  uint32_t path = 0;        // DiPaCo: the path it trains
 };
 
 // The bounds on island keys a server keeps (a hostile island could otherwise make it remember

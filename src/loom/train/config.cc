@@ -205,6 +205,33 @@ Key string_choice_key(std::string name, F field, std::vector<std::string> choice
   auto assign = [field, choices](Config& c, size_t i) { field(c) = choices[i]; };
   return choice_key(std::move(name), choices, assign, default_of(field), std::move(meaning));
 }
+// A list of integers, each in `range`, at most `max_len` of them.
+template <class F>
+Key int_list_key(std::string name, F field, Range range, size_t max_len, std::string meaning) {
+  return {std::move(name),
+          "int list",
+          [field, range, max_len](Config& c, const toml::node& n, const std::string& where) {
+            const toml::array* a = n.as_array();
+            if (!a) throw Error(where + ": expected a list of integers, as [2, 2]");
+            if (a->size() > max_len)
+              throw Error(fmt::format("{}: at most {} entries, got {}", where, max_len, a->size()));
+            std::vector<int64_t> v;
+            for (const toml::node& e : *a) {
+              auto x = integer_in(e);
+              if (!x) throw Error(where + ": expected a list of integers, as [2, 2]");
+              if (!range.contains(double(*x)))
+                throw Error(fmt::format("{}: each entry must be in {}, got {}", where,
+                                        range_text(range), *x));
+              v.push_back(*x);
+            }
+            field(c) = std::move(v);
+          },
+          nullptr,
+          range,
+          "none",
+          std::move(meaning)};
+}
+
 template <class F, class E>
 Key enum_key(std::string name, F field, std::vector<E> values, const char* (*spell)(E),
              std::string meaning) {
@@ -565,6 +592,18 @@ const std::vector<Section>& schema() {
                "mix", [](Config& c) -> double& { return c.outer.mix; }, closed(0, 1),
                "streaming DiLoCo: a fragment's parameters after its round: mix x local + (1 - mix) "
                "x global (0: the global ones)"),
+           int_list_key(
+               "modules", [](Config& c) -> std::vector<int64_t>& { return c.outer.modules; },
+               closed(1, 64), 8,
+               "DiPaCo: modules per level, as [2, 2] (the blocks cut into that many levels; a "
+               "path takes one module per level); sync mode, one fragment"),
+           int_key(
+               "path", [](Config& c) -> int64_t& { return c.outer.path; }, closed(0, 4095),
+               "DiPaCo: the path this island trains (less than the product of modules)"),
+           string_key(
+               "router", [](Config& c) -> std::string& { return c.outer.router; },
+               "DiPaCo: the directory `loom dipaco route` wrote (`loom islands` gives island i "
+               "path i mod paths, and that path's data)"),
            int_key(
                "delay", [](Config& c) -> int64_t& { return c.outer.delay; }, at_least(0),
                "async Delayed Nesterov period (0: the islands that are members at each push)"),
@@ -786,6 +825,24 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
         fmt::format("must be less than [outer] inner_steps / fragments = {} (one fragment in "
                     "flight at a time), got {}",
                     c.outer.inner_steps / c.outer.fragments, c.outer.overlap));
+  if (!c.outer.modules.empty()) {
+    const char* rule = "DiPaCo ([outer] modules) needs mode = \"sync\", one fragment, no overlap";
+    if (c.outer.mode != OuterMode::sync) bad("[outer] mode", rule);
+    if (c.outer.fragments != 1) bad("[outer] fragments", rule);
+    if (c.outer.overlap != 0) bad("[outer] overlap", rule);
+    int64_t paths = 1;
+    for (int64_t m : c.outer.modules)
+      if ((paths *= m) > 4096)
+        bad("[outer] modules", "more than 4096 paths (the product of the modules per level)");
+  }
+  if (c.outer.path >= std::max<int64_t>(c.outer.paths(), 1))
+    bad("[outer] path",
+        c.outer.modules.empty()
+            ? fmt::format("{}: a DiPaCo path needs [outer] modules", c.outer.path)
+            : fmt::format("must be less than the {} paths of [outer] modules, got {}",
+                          c.outer.paths(), c.outer.path));
+  if (!c.outer.router.empty() && c.outer.modules.empty())
+    bad("[outer] router", "a DiPaCo router needs [outer] modules");
   if (c.train.min_lr > c.optim.lr)
     bad("[train] min_lr",
         fmt::format("must be at most [optim] lr = {} (the schedule decays to it), "

@@ -63,6 +63,19 @@ struct OuterConfig {
   int64_t fragments = 1;
   int64_t overlap = 0;
   double mix = 0;
+  // sync, DiPaCo (outer/paths.h): modules per level (empty: not DiPaCo), the path this island
+  // trains, and the directory `loom dipaco route` wrote (`loom islands` gives each island a path
+  // and that path's data from it)
+  std::vector<int64_t> modules;
+  int64_t path = 0;
+  std::string router;
+  // DiPaCo's paths: the product of `modules`, 0 without
+  int64_t paths() const {
+    if (modules.empty()) return 0;
+    int64_t n = 1;
+    for (int64_t m : modules) n *= m;
+    return n;
+  }
   int64_t delay = 0;  // async: Delayed Nesterov period; 0: the live islands
   // async: after a push, how long an island waits for the rest of its Delayed Nesterov period
   // before it pulls, as a fraction of its own round's time (0: it never waits)
