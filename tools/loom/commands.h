@@ -20,5 +20,6 @@ std::function<int()> add_data(CLI::App& app);          // data.cc
 std::function<int()> add_outer_server(CLI::App& app);  // outer_server.cc
 std::function<int()> add_islands(CLI::App& app);       // islands.cc
 std::function<int()> add_config(CLI::App& app);        // config.cc
+std::function<int()> add_dipaco(CLI::App& app);        // dipaco.cc
 
 }  // namespace loom::cli

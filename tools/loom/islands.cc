@@ -7,6 +7,12 @@
 //   RUN/summary.json val_loss of the global parameters, version, bytes, wall time, per-island
 //   figures
 //
+// DiPaCo ([outer] modules and router, src/loom/outer/paths.h): island i trains path i mod P on the
+// router's ROUTER/path_<p> data (so --islands must be a multiple of the P paths); at the end each
+// path's global parameters are written as RUN/path_<p>/ (model.safetensors, and the config.toml of
+// an island of that path: what `loom sample RUN --path` and `loom dipaco eval RUN` read), and
+// val_loss is the mean over the paths of each one's loss on its own validation documents.
+//
 // The shared token is $LOOM_OUTER_TOKEN when set (or [outer] token_file), else a fresh random one
 // handed to the children in their environment. Each island gets OMP_NUM_THREADS = cores / N unless
 // the variable is set, and OpenMP threads that sleep rather than spin while waiting.
@@ -27,7 +33,10 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/data/text_corpus.h"
+#include "loom/dipaco/router.h"
+#include "loom/outer/paths.h"
 #include "loom/outer/server.h"
+#include "loom/train/checkpoint.h"
 #include "loom/train/config.h"
 #include "loom/train/evaluate.h"
 #include "loom/train/params.h"
@@ -116,6 +125,24 @@ std::function<int()> add_islands(CLI::App& app) {
                   "point it at a text file, a directory of .txt files, or a loom data prepare "
                   "directory");
     data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, cfg.train.seq_len);
+    const int64_t P = cfg.outer.paths();  // DiPaCo's paths; 0: not DiPaCo
+    std::string router;                   // ... and its router directory, absolute
+    if (P) {
+      if (cfg.outer.router.empty())
+        throw Error(fmt::format("{}: DiPaCo islands need [outer] router", o->config),
+                    "write one with loom dipaco route CONFIG --base RUN --out DIR");
+      router = fs::absolute(cfg.outer.router).string();
+      const int64_t routed = dipaco::read_router(router).paths();
+      if (routed != P)
+        throw Error(fmt::format("router {} routes to {} paths, [outer] modules make {}", router,
+                                routed, P));
+      if (o->islands % P != 0)
+        throw Error(
+            fmt::format("--islands {}: DiPaCo needs a multiple of the {} paths (island i "
+                        "trains path i mod {})",
+                        o->islands, P, P));
+      sets.push_back("outer.router=" + router);  // the islands run in their own directories
+    }
     const std::string run = o->run_dir.empty()
                                 ? "runs/" + fs::path(o->config).stem().string() + "-islands"
                                 : o->run_dir;
@@ -173,6 +200,9 @@ std::function<int()> add_islands(CLI::App& app) {
       fs::create_directories(dir, ec);
       auto a = with_sets({exe, "train", o->config, "--run-dir", dir, "--set",
                           fmt::format("outer.server=127.0.0.1:{}", port)});
+      if (P)
+        a.insert(a.end(), {"--set", fmt::format("outer.path={}", i % P), "--set",
+                           fmt::format("data.path={}/path_{}", router, i % P)});
       if (slow.count(i)) a.insert(a.end(), {"--slowdown", slow[i]});
       kids.push_back(spawn(a, dir + "/log.txt"));
     }
@@ -205,12 +235,44 @@ std::function<int()> add_islands(CLI::App& app) {
     uint64_t version = 0;
     outer::TensorList global = outer::read_state_params(outer::state_file(sdir), &version);
     train::ParamStore params(cfg.model);
-    for (const auto& t : global) {
-      float* d = params.data(t.name);
-      std::copy(t.data.begin(), t.data.end(), d);
+    double val = 0;
+    nlohmann::json per_path = nlohmann::json::array();
+    if (!P) {
+      for (const auto& t : global) {
+        float* d = params.data(t.name);
+        std::copy(t.data.begin(), t.data.end(), d);
+      }
+      train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval);
+      val = train::validation_loss(cfg, corpus, evaluator);
+    } else {  // each path, on its own validation documents; written as RUN/path_<p>
+      outer::TensorList model;
+      for (const auto& p : params.infos()) model.push_back({p.name, p.shape, {}});
+      const outer::Paths layout = outer::dipaco_paths(model, cfg.outer.modules);
+      std::map<std::string, size_t> at;
+      for (size_t k = 0; k < global.size(); ++k) at[global[k].name] = k;
+      outer::TensorList table;
+      for (const auto& t : layout.table) {
+        auto it = at.find(t.name);
+        if (it == at.end())
+          throw Error(fmt::format("{}: no module tensor {}", outer::state_file(sdir), t.name));
+        table.push_back(std::move(global[it->second]));
+      }
+      for (int64_t p = 0; p < P; ++p) {
+        for (const auto& t : outer::path_view(layout, size_t(p), table, model))
+          std::copy(t.data.begin(), t.data.end(), params.data(t.name));
+        const std::string pdir = fmt::format("{}/path_{}", run, p);
+        fs::create_directories(pdir, ec);
+        params.save(pdir + "/model.safetensors");
+        fs::copy_file(fmt::format("{}/island_{}/config.toml", run, p), pdir + "/config.toml",
+                      fs::copy_options::overwrite_existing);
+        train::Config pc = train::load_run_config(pdir);
+        data::TextCorpus pdata = data::TextCorpus::open(pc.data.path, pc.train.seq_len);
+        train::StepRunner evaluator(pc, params, train::StepRunner::Mode::eval);
+        const double v = train::validation_loss(pc, pdata, evaluator);
+        per_path.push_back({{"path", p}, {"name", layout.name(size_t(p))}, {"val_loss", v}});
+        val += v / double(P);
+      }
     }
-    train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval);
-    const double val = train::validation_loss(cfg, corpus, evaluator);
     nlohmann::json islands = nlohmann::json::array();
     uint64_t sent = 0, received = 0, peak = 0;
     for (int i = 0; i < o->islands; ++i) {
@@ -248,6 +310,11 @@ std::function<int()> add_islands(CLI::App& app) {
                            {"peak_round_bytes", peak},
                            {"wall_s", wall},
                            {"per_island", islands}};
+    if (P) {
+      summary["modules"] = cfg.outer.modules;
+      summary["router"] = router;
+      summary["per_path"] = per_path;
+    }
     write_file_atomic(run + "/summary.json", summary.dump(2) + "\n");
     fmt::print(
         "{} islands, {} mode, H = {}: global parameters at version {}: val loss {:.4f}; "

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   add(loom::cli::add_outer_server);
   add(loom::cli::add_islands);
   add(loom::cli::add_config);
+  add(loom::cli::add_dipaco);
 #endif
   try {
     app.parse(argc, argv);

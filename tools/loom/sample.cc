@@ -15,6 +15,11 @@
 // feed "ab" (positions 0-1) -> c; feed c (2) -> d; feed d (3) -> e; the cache is full: keep "de",
 // feed it at 0-1 -> f; feed f (2) ...
 //
+// DiPaCo (--path): RUN is a `loom islands` run of DiPaCo paths (RUN/path_<p>/, src/loom/outer/
+// paths.h); --path N samples from path N, --path auto from the path the run's router sends the
+// prompt to (the base model's features of its first tokens, the nearest centroid:
+// src/loom/dipaco/router.h). The path chosen goes to stderr.
+//
 // Invariant: the output is a function of (checkpoint, prompt, flags) alone; a given --seed gives
 // the same bytes every run. With bytes, sampling draws only from the 256 byte tokens (a larger
 // vocabulary's extra ids are never trained on byte-level text and could not be written as bytes);
@@ -35,6 +40,7 @@
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/dipaco/router.h"
 #include "loom/tokenizer/tokenizer.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/decode.h"
@@ -109,7 +115,7 @@ void put(const void* bytes, size_t n) {
 
 std::function<int()> add_sample(CLI::App& app) {
   struct Opts {
-    std::string run_dir, prompt, checkpoint;
+    std::string run_dir, prompt, checkpoint, path;
     int64_t max_tokens = 200;
     double temperature = 0.8;
     int64_t top_k = 40;
@@ -141,6 +147,9 @@ std::function<int()> add_sample(CLI::App& app) {
   s->add_option("--context", o->context,
                 "tokens of context the model sees (default: [model] max_seq_len, at most 512)")
       ->check(CLI::PositiveNumber);
+  s->add_option("--path", o->path,
+                "DiPaCo: RUN is a loom islands run of paths; sample from path N, or auto: the "
+                "one the router sends the prompt to");
   s->add_flag("--stats", o->stats,
               "print a JSON line of timings to stderr at the end: load, prompt and generation "
               "seconds and tokens/s");
@@ -150,7 +159,39 @@ std::function<int()> add_sample(CLI::App& app) {
       return std::chrono::duration<double>(b - a).count();
     };
     const auto t_start = Clock::now();
-    const std::string& run = o->run_dir;
+    std::string run = o->run_dir;
+    if (!o->path.empty()) {  // DiPaCo: one path's model
+      train::Config pc = train::load_run_config(run + "/path_0");
+      if (pc.outer.router.empty())
+        throw Error(
+            fmt::format("{}: not a DiPaCo run ([outer] router is not set in "
+                        "path_0/config.toml)",
+                        run));
+      const dipaco::Router router = dipaco::read_router(pc.outer.router);
+      int64_t p = -1;
+      if (o->path == "auto") {
+        std::vector<int32_t> head = run_tokenizer(run + "/path_0", pc).encode(o->prompt);
+        if (head.empty()) head = run_tokenizer(run + "/path_0", pc).encode("\n");
+        if (int64_t(head.size()) > router.prefix) head.resize(size_t(router.prefix));
+        train::ParamStore base(pc.model);
+        base.load(pc.outer.router + "/base.safetensors");
+        p = router.route(dipaco::features(pc.model, base, {head}, router.prefix).data());
+      } else {
+        try {
+          size_t used = 0;
+          p = std::stoll(o->path, &used);
+          if (used != o->path.size()) p = -1;
+        } catch (const std::exception&) {
+          p = -1;
+        }
+        if (p < 0 || p >= router.paths())
+          throw Error(fmt::format("--path {}: expected auto or a path in [0, {})", o->path,
+                                  router.paths()));
+      }
+      fmt::print(stderr, "dipaco: path {} ({})\n", p, o->path == "auto" ? "routed" : "chosen");
+      run = fmt::format("{}/path_{}", run, p);
+      if (o->checkpoint.empty()) o->checkpoint = run;
+    }
     // a run directory (config.toml, checkpoints), or a Hugging Face model directory (config.json,
     // weights, tokenizer.json: a pretrained model as it is)
     const bool hf = train::is_hf_dir(run) && !fs::exists(run + "/config.toml");

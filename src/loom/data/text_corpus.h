@@ -43,6 +43,10 @@ class TextCorpus {
   void sample(Split split, uint64_t seed, int64_t step, int rank, int64_t B, int64_t T,
               int32_t* tokens) const;
   int64_t size(Split s) const { return (s == Split::train ? train_ : val_).size(); }
+  // tokens [start, start + n) of a split, start + n <= size(s)
+  void read(Split s, int64_t start, int64_t n, int32_t* out) const {
+    (s == Split::train ? train_ : val_).read(start, n, out);
+  }
   const std::vector<std::string>& val_files() const { return val_files_; }
   // prepared: meta.json's path (for messages), "" for text
   const std::string& meta_path() const { return meta_; }

@@ -284,6 +284,8 @@ void StepRunner::collect_forward_outputs(int64_t i) {
 
 const float* StepRunner::logits() const {
   LOOM_CHECK(!blocks_) << "logits of a sharded run";
+  // an eval step's logits are not one of its outputs: their buffer is reused after the loss
+  LOOM_CHECK(mode_ != Mode::eval) << "the logits of an eval step are not kept: use Mode::infer";
   return exec_->ptr<float>(out(step_.c.model.logits));
 }
 

@@ -61,7 +61,7 @@ class StepRunner {
   void set_trace(runtime::Trace* trace);
   // Communication the step's executors saw, summed over steps (runtime::Executor::comm_stats).
   runtime::Executor::CommStats comm_stats() const;
-  const float* logits() const;
+  const float* logits() const;  // the last step's (B, T, V); not kept by Mode::eval
   // The last step's cross-entropy alone (the loss less an MoE model's auxiliary losses; = the
   // loss for a dense model), averaged over micro-batches like the loss.
   float ce_loss() const { return ce_loss_; }
