@@ -141,9 +141,10 @@ def spec(name, shape):
     return field(1, 2, name.encode()) + field(2, 2, b"".join(varint(d) for d in shape))
 
 
-def join(model, key=b"", fragments=0):
+def join(model, key=b"", fragments=0, paths=0, path=0):
     return (field(1, 2, b"island") + b"".join(field(2, 2, spec(n, s)) for n, s in model) +
-            (field(3, 2, key) if key else b"") + (field(4, 0, fragments) if fragments else b""))
+            (field(3, 2, key) if key else b"") + (field(4, 0, fragments) if fragments else b"") +
+            (field(5, 0, paths) if paths else b"") + (field(6, 0, path) if path else b""))
 
 
 def chunk(name, offset, values, bf16=False):
@@ -217,6 +218,16 @@ put("outer_requests", "fragments", b"\x30" + call(0, join(layered, fragments=2))
     call(5, field(1, 0, 1) + field(2, 0, 1) + field(4, 0, 1)) +  # the update from version 0
     call(5, field(1, 0, 1) + field(2, 0, 5)))
 
+# DiPaCo, modules [1, 2]: islands on paths 0 and 1 (and one on a path that does not exist) push
+# their paths (the model's names); awaits and pulls of a member's path
+put("outer_requests", "dipaco", b"\x40" + call(0, join(layered, paths=2)) +
+    call(0, join(layered, paths=2, path=1)) + call(0, join(layered, paths=2, path=2)) +
+    call(0, join(layered)) +
+    call(2, push(1, 0, 4, [chunk("layers.0.a", 0, [0.1, -0.2, 0.3]),
+                           chunk("layers.1.b", 0, [1.0, 0.0, -1.0, 0.5])])) +
+    call(2, push(2, 0, 4, [chunk("layers.0.a", 0, [0.5, 0.5, 0.5]),
+                           chunk("layers.1.b", 0, [1, 2, 3, 4])])) +
+    call(3, field(1, 0, 1)) + call(5, field(1, 0, 2)) + call(5, field(1, 0, 1)))
 
 # ---- metrics: lines as loom train writes them, MoE fields, a torn last line ----
 lines = []

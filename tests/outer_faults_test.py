@@ -21,6 +21,11 @@
    losses (no overlap; overlap 2 with mix 1); with overlap, mix and int4 pushes an island killed is
    dropped and one joining late falls in with the fragments' cycle; the server killed and restarted
    loses no round.
+9. DiPaCo (modules [1, 2]: two paths sharing level 0): one island on a path with outer lr 1 and
+   momentum 0 logs plain training's losses; of three islands (paths 0, 1, 1) one SIGKILLed is dropped
+   while the others go on, and one joining late on path 0 trains to its end; the server SIGKILLed
+   and restarted resumes every member's path and loses no round; an island of other modules is
+   refused.
 5. Bad configuration: a wrong token (the island exits non-zero, quickly, saying "token"), a server
    without a token (exit 1 naming LOOM_OUTER_TOKEN), an island whose model differs (exit non-zero
    naming a tensor), a server that cannot write its state (exit 1, nothing left behind).
@@ -28,7 +33,7 @@
 Every process is started with OMP_NUM_THREADS=1 and passive OpenMP waits (many share the cores), every
 wait has a deadline, and every process is killed and reaped before its scenario ends.
 
-    outer_faults_test.py LOOM_BINARY SOURCE_DIR
+    outer_faults_test.py LOOM_BINARY SOURCE_DIR [ONLY]   (ONLY: the scenarios whose name starts so)
 """
 import json
 import os
@@ -44,6 +49,7 @@ import traceback
 from textdata import write_pseudo_english
 
 LOOM, SRC = sys.argv[1], sys.argv[2]
+ONLY = sys.argv[3] if len(sys.argv) > 3 else ""
 CONFIG = os.path.join(SRC, "configs", "tiny-llama.toml")
 TOKEN = "outer-faults-test-token"
 H, STEPS, LEASE = 5, 60, 1.5
@@ -550,6 +556,97 @@ def streaming_server_restarted(d, data):
     check(stop_server(srv2) == S_VERSION, "the server stops at version %d" % S_VERSION)
 
 
+DIPACO = dict(outer__modules="[1,2]")
+
+
+def dipaco_island(d, name, port, common, path, slowdown=SLOW):
+    return start_island(d, name, port, common, slowdown=slowdown, extra=sets(outer__path=path))
+
+
+def dipaco_parity(d, data):
+    base = dict(train__steps=30, outer__lr=1.0, outer__momentum=0.0)
+    plain = os.path.join(d, "plain")
+    p = Proc([LOOM, "train", CONFIG, "--run-dir", plain] + common_sets(data, **base),
+             os.path.join(d, "plain.log"))
+    if not check(p.wait(120) == 0, "plain loom train exits 0"):
+        return
+    common = common_sets(data, **dict(base, **DIPACO))
+    srv, port = start_server(d, "server", common, os.path.join(d, "state"))
+    if port is None:
+        return
+    isl = dipaco_island(d, "island", port, common, 1, slowdown=None)
+    rc = isl.wait(120)
+    check(rc == 0 and "path 1 of 2" in isl.text(), "the island joins on path 1 of 2 and exits 0 "
+          "(rc %s)%s" % (rc, "" if rc == 0 else ": " + isl.text()[-400:]))
+    a, b = metrics(plain), metrics(isl.run)
+    worst = max((abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b)), default=1)
+    check(len(a) == len(b) == 30 and worst <= 1e-5,
+          "30 steps, per-step losses those of plain training (worst %.2g)" % worst)
+    stop_server(srv)
+
+
+def dipaco_island_faults(d, data):
+    common = common_sets(data, **DIPACO)
+    srv, port = start_server(d, "server", common, os.path.join(d, "state"))
+    if port is None:
+        return
+    isl = [dipaco_island(d, "island%d" % i, port, common, p) for i, p in enumerate((0, 1, 1))]
+    victim = isl[2]
+    ok = wait_for(lambda: any("outer_round" in j for j in metrics(victim.run)), 60, isl)
+    if not check(ok, "the victim completes an outer round (rc %s)" % victim.p.poll()):
+        return
+    victim.kill()
+    ok = wait_for(lambda: (last_version(isl[0].run) or 0) >= 4, 60, isl[:2])
+    if not check(ok, "the survivors reach version 4"):
+        return
+    late = dipaco_island(d, "late", port, common, 0)
+    for i, s in enumerate(isl[:2]):
+        check_finished(s, s.wait(120), "survivor %d (path %d)" % (i, i))
+    rc = late.wait(120)
+    text = late.text()
+    check(rc == 0 and "path 0 of 2" in text,
+          "the late island joins on path 0 and exits 0 (rc %s)%s" % (
+              rc, "" if rc == 0 else ": " + text[-800:]))
+    check([x["step"] for x in metrics(late.run)] == list(range(1, STEPS + 1)),
+          "the late island logs steps 1..%d" % STEPS)
+    log = srv.text()
+    check(re.search(r"island \d+ \(\S+:%d [^)]*\) dropped: lease expired" % victim.pid, log),
+          "the server drops the victim by lease expiry")
+    check(re.search(r"joined at version \d+ on path 0", log), "the server logs the late island's "
+          "path")
+    final, seen = stop_server(srv), last_version(late.run)
+    check(final is not None and final == seen, "the server stops at the version the late island "
+          "saw last (%s, %s)" % (final, seen))
+
+
+def dipaco_server_restarted(d, data):
+    common = common_sets(data, **DIPACO)
+    state = os.path.join(d, "state")
+    srv, port = start_server(d, "server", common, state)
+    if port is None:
+        return
+    isl = [dipaco_island(d, "fast", port, common, 0, slowdown="5"),
+           dipaco_island(d, "slow", port, common, 1, slowdown="25")]
+    ok = wait_for(lambda: (last_version(isl[1].run) or 0) >= 2, 60, isl + [srv])
+    if not check(ok, "the islands reach version 2"):
+        return
+    srv.kill()
+    time.sleep(0.3)
+    srv2, port2 = start_server(d, "server2", common, state, listen="127.0.0.1:%d" % port)
+    if port2 is None:
+        return
+    m = re.search(r"resumed from \S+: version (\d+)", srv2.text())
+    check(m is not None and int(m.group(1)) >= 2, "the restarted server resumes at version %s"
+          % (m and m.group(1)))
+    check_finished(isl[0], isl[0].wait(120), "fast island (path 0)")
+    check_finished(isl[1], isl[1].wait(120), "slow island (path 1)")
+    check(stop_server(srv2) == STEPS // H, "the server stops at version %d" % (STEPS // H))
+    r = subprocess.run([LOOM, "dipaco", "eval", d], env=env(), capture_output=True, text=True,
+                       timeout=60)
+    check(r.returncode != 0 and "path_0" in r.stderr, "dipaco eval of a directory without paths: "
+          "exit %s: %s" % (r.returncode, one_line(r.stderr)))
+
+
 def bad_config(d, data):
     common = common_sets(data, train__steps=10)
     srv, port = start_server(d, "server", common, os.path.join(d, "state"))
@@ -575,6 +672,12 @@ def bad_config(d, data):
     text = frag.text()
     check(rc not in (0, None) and "splits the model into 2 fragment(s), the server into 1" in text,
           "other fragments: exit %s: %s" % (rc, one_line(text)))
+    paths = start_island(d, "other_modules", port, common, slowdown=None,
+                         extra=sets(outer__modules="[2]", outer__path=1))
+    rc = paths.wait(30)
+    text = paths.text()
+    check(rc not in (0, None) and "modules make 2 path(s), the server's 0" in text,
+          "DiPaCo island, plain server: exit %s: %s" % (rc, one_line(text)))
     check("joined" not in srv.text(), "the server let none of them join")
     # a second server on the port the first holds: refused (gRPC's SO_REUSEPORT would let both
     # serve, each with its own state, splitting the islands between them)
@@ -631,6 +734,9 @@ SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),
              ("7. streaming: an island SIGKILLed and one joining late (overlap, int4)",
               streaming_island_faults),
              ("8. streaming: server SIGKILLed and restarted", streaming_server_restarted),
+             ("9. DiPaCo: one island on a path logs plain training's losses", dipaco_parity),
+             ("9b. DiPaCo: an island SIGKILLed and one joining late", dipaco_island_faults),
+             ("9c. DiPaCo: server SIGKILLed and restarted", dipaco_server_restarted),
              ("5. bad configuration", bad_config)]
 
 # a SIGTERM (a harness timing the test out) still goes through the finally blocks that end the processes
@@ -639,6 +745,8 @@ with tempfile.TemporaryDirectory() as tmp:
     data = os.path.join(tmp, "text.txt")
     write_pseudo_english(data)
     for i, (name, fn) in enumerate(SCENARIOS):
+        if not name.startswith(ONLY):
+            continue
         d = os.path.join(tmp, "s%d" % (i + 1))
         os.makedirs(d)
         print("== %s" % name, flush=True)

@@ -4,7 +4,8 @@
 //
 // Input: byte 0 picks the mode (bit 0: async), an outer learning rate (bits 1-3) and, in sync mode,
 // streaming fragments (bit 4: two, the model's tensors named "layers.0.a" and "layers.1.b") and
-// int4 updates for pulls (bit 5); then records
+// int4 updates for pulls (bit 5), or DiPaCo (bit 6 without bits 4 and 5: modules [1, 2], the
+// tensors named as with fragments); then records
 // of [kind: 1 byte][n: 2 bytes little-endian][n bytes]. kind % 6: 0 Join, 1 Heartbeat, 2 Push,
 // 3 Await (its wait_ms is taken as 0: no sleeping), 4 Leave, 5 Pull; the n bytes are the request's
 // protobuf encoding, except for Push, whose bytes are the stream's messages, each as [m: 2 bytes
@@ -79,10 +80,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cfg.token = "t";
   cfg.verbose = false;
   const bool fragments = !(head & 1) && (head & 16);
+  const bool dipaco = !(head & 1) && !(head & 48) && (head & 64);
   cfg.fragments = fragments ? 2 : 1;
+  if (dipaco) cfg.modules = {1, 2};
   cfg.update_encoding = head & 32 ? proto::INT4 : proto::F32;
-  TensorList model{{fragments ? "layers.0.a" : "a", {3}, std::vector<float>(3, 0.5f)},
-                   {fragments ? "layers.1.b" : "b", {2, 2}, std::vector<float>(4, -1.0f)}};
+  const bool layered = fragments || dipaco;
+  TensorList model{{layered ? "layers.0.a" : "a", {3}, std::vector<float>(3, 0.5f)},
+                   {layered ? "layers.1.b" : "b", {2, 2}, std::vector<float>(4, -1.0f)}};
   loom::fuzz::guard([&] {
     OuterService svc(cfg, model);
     for (int calls = 0; calls < 64; ++calls) {

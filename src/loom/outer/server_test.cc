@@ -484,6 +484,92 @@ TEST(OuterServer, FragmentsArePushedAwaitedAndPulledOnTheirOwn) {
   EXPECT_EQ(h.server->version(), 2u);
 }
 
+// DiPaCo over the wire: a join says its paths and path (another number of paths, or a path out of
+// range, is refused); each island pushes and pulls its path under the model's names; a module is
+// averaged over the paths through it that pushed; garbage pushes change nothing; the members' paths
+// survive a restart; the global parameters a dense reader asks for are refused by name.
+TEST(OuterServer, DiPaCoPathsArePushedAndPulledUnderTheModelsNames) {
+  TempDir dir;
+  Harness h;  // restarted below with the layered model and 2 x 2 modules
+  h.init = test::random_like(
+      {{"layers.0.w", {3, 4}, {}}, {"layers.1.w", {2, 2}, {}}, {"head", {5}, {}}}, 1);
+  h.cfg.modules = {2, 2};
+  h.cfg.opt = {1.0, 0.0};  // p - mean: each module moves by its paths' mean
+  h.cfg.state_dir = dir.path;
+  h.server.reset();
+  h.start();
+  auto a = h.client(), b = h.client(), c = h.client();
+  proto::JoinReply jr;
+  grpc::Status s = a->join("plain", &jr);  // an island without modules
+  EXPECT_EQ(s.error_code(), StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message(),
+            "the island's [outer] modules make 0 path(s), the server's 4: set the same [outer] "
+            "modules (none: not DiPaCo)");
+  s = a->join("path 4", &jr, "", 1, 4, 4);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "the island trains path 4, but the server's model has 4 path(s)");
+  // paths 0 (modules 0.0), 1 (0.1) and 3 (1.1)
+  ASSERT_TRUE(a->join("a", &jr, "", 1, 4, 0).ok());
+  EXPECT_EQ(jr.paths(), 4u);
+  const uint64_t ia = jr.island_id();
+  ASSERT_TRUE(b->join("b", &jr, "", 1, 4, 1).ok());
+  const uint64_t ib = jr.island_id();
+  ASSERT_TRUE(c->join("c", &jr, "c-key", 1, 4, 3).ok());
+  const uint64_t ic = jr.island_id();
+  auto filled = [&](float v) {
+    TensorList t = zeros_like(h.init);
+    for (auto& x : t) std::fill(x.data.begin(), x.data.end(), v);
+    return t;
+  };
+  // garbage: a push short of a tensor, one with a non-finite value: refused, nothing summed
+  TensorList shortg = filled(1);
+  shortg.pop_back();
+  proto::PushReply r;
+  EXPECT_EQ(c->push(header(ic, 0), shortg, proto::F32, &r).error_code(),
+            StatusCode::INVALID_ARGUMENT);
+  TensorList nan = filled(1);
+  nan[1].data[2] = std::nanf("");
+  EXPECT_EQ(c->push(header(ic, 0), nan, proto::F32, &r).error_code(), StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(push(*a, ia, 0, filled(1)).ok());
+  ASSERT_TRUE(push(*b, ib, 0, filled(2)).ok());
+  EXPECT_EQ(h.server->version(), 0u);
+  ASSERT_TRUE(push(*c, ic, 0, filled(4)).ok());
+  EXPECT_EQ(h.server->version(), 1u);
+  // level 0 (layers.0): module 0 on paths 0, 1 (mean 1.5), module 1 on path 3 (4); level 1
+  // (layers.1, head): module 0 on path 0 (1), module 1 on paths 1, 3 (3)
+  auto pulled = [&](OuterClient& cl, uint64_t id) {
+    TensorList got = zeros_like(h.init);
+    uint64_t v = 9;
+    grpc::Status st = cl.pull(id, 0, got, &v);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(v, 1u);
+    return got;
+  };
+  auto expect_moved = [&](const TensorList& got, float level0, float level1) {
+    for (size_t k = 0; k < got.size(); ++k)
+      for (size_t i = 0; i < got[k].data.size(); ++i)
+        EXPECT_FLOAT_EQ(got[k].data[i], h.init[k].data[i] - (k == 0 ? level0 : level1))
+            << got[k].name;
+  };
+  expect_moved(pulled(*a, ia), 1.5f, 1.f);
+  expect_moved(pulled(*b, ib), 1.5f, 3.f);
+  expect_moved(pulled(*c, ic), 4.f, 3.f);
+  const uint64_t received = a->bytes_received();
+  pulled(*a, ia);
+  EXPECT_EQ(a->bytes_received() - received, 21u * 4) << "a path is the model's size";
+  // the server's parameters are the module table: 2 x 12 + 2 x 9 elements
+  int64_t n = 0;
+  for (const auto& t : h.server->params()) n += numel(t.shape);
+  EXPECT_EQ(n, 2 * 12 + 2 * 9);
+  // a restart keeps every member's path: c (rejoining under its key) still pulls path 3
+  h.server.reset();
+  h.start();
+  ASSERT_TRUE(c->join("c again", &jr, "c-key", 1, 4, 3).ok());
+  EXPECT_EQ(jr.island_id(), ic);
+  expect_moved(pulled(*c, ic), 4.f, 3.f);
+  expect_moved(pulled(*b, ib), 1.5f, 3.f);
+}
+
 // Quantised updates: with int4 pushes the server commits each update as its int4 encoding decodes,
 // and an island one version behind pulls that update (7x fewer bytes) and lands on the server's
 // parameters bit for bit; an island further behind, or one that does not ask, pulls them whole.
