@@ -6,8 +6,9 @@ groups) and tiny-llama.toml with modules [1, 2] (two paths sharing level 0):
   the other kind to the other (the router separates what the base model sees as different), and
   writes each path's documents as a data directory;
 - `loom islands` trains the two paths (one island each) and writes RUN/path_0, RUN/path_1;
-- `loom dipaco eval` routes the held-out documents to the path of their kind, which scores them
-  better than the mean path;
+- `loom dipaco eval` routes the held-out documents (every 20th of the training split, of both kinds,
+  and the validation file's, digits) to the path of their kind, which scores them better than the
+  mean path;
 - `loom sample RUN --path auto` routes a prompt of each kind to its kind's path; --path N picks one;
 - bad input is a clear error: no [outer] modules, a router directory already there, islands not a
   multiple of the paths, an island count the router does not have, a path out of range, a run that is
@@ -123,14 +124,19 @@ with tempfile.TemporaryDirectory() as d:
     # ---- the held-out documents, and prompts ----
     r = run("dipaco", "eval", runs, "--dense", base)
     if check(r.returncode == 0, "dipaco eval exits 0", r.stderr[-500:]):
-        e = json.loads(r.stdout)
-        check(e["docs"] > 0 and e["routed_beats_mean_path"] == 1.0
-              and e["routed_loss"] < e["mean_path_loss"],
-              "every held-out (digit) document goes to a path that beats the mean path: routed "
-              "%.3f, mean path %.3f, %s of %d" % (e["routed_loss"], e["mean_path_loss"],
-                                                  e["routed_beats_mean_path"], e["docs"]))
-        routed = [p["path"] for p in e["per_path"] if p["routed_docs"]]
-        check(routed == [digit_path], "... the digits' path %d (routed to %s)" % (digit_path, routed))
+        out = json.loads(r.stdout)
+        for name in ("heldout", "val"):
+            e = out[name]
+            check(e["docs"] > 0 and e["routed_beats_mean_path"] == 1.0
+                  and e["routed_loss"] < e["mean_path_loss"] and "dense_loss" in e,
+                  "%s: every document goes to a path that beats the mean path: routed %.3f, mean "
+                  "path %.3f, %s of %d" % (name, e["routed_loss"], e["mean_path_loss"],
+                                           e["routed_beats_mean_path"], e["docs"]))
+        held = [p["routed_docs"] for p in out["heldout"]["per_path"]]
+        check(min(held) > 0, "held-out documents of both kinds, routed to both paths: %s" % held)
+        routed = [p["path"] for p in out["val"]["per_path"] if p["routed_docs"]]
+        check(routed == [digit_path], "the validation file's digits go to path %d (routed to %s)"
+              % (digit_path, routed))
     for prompt, want in (("1024 2048 4096 8192", digit_path), ("the cat sat on a mat", 1 - digit_path)):
         r = subprocess.run([LOOM, "sample", runs, "--path", "auto", "--prompt", prompt,
                             "--max-tokens", "8", "--temperature", "0"], env=env,

@@ -7,17 +7,20 @@
 
 1. base: the dense model trained alone for --base-steps (one process, batch 4 x --batch), the
    starting point of every run below and the router's feature model;
-2. `loom dipaco route`: the corpus's documents (512 tokens) clustered into the paths of --modules
-   by the base model's features of their first 32 tokens;
+2. `loom dipaco route`: the corpus's training documents (512 tokens), every 20th held out, the rest
+   clustered into the paths of --modules by the base model's features of their first 32 tokens;
 3. dipaco: one island per path, each --steps inner steps of batch --batch on its path's documents,
    H = --h, outer Nesterov (--lr, --momentum) per module;
-4. dense-diloco: as many islands training the one dense model on all the documents (the same
-   islands, steps, batch, H and outer optimizer: equal steps, tokens and communication);
-5. dense-dp: the dense model in one process with the islands' batches together (batch
-   islands x --batch), --steps steps: the same tokens with no communication at all;
-6. `loom dipaco eval`: every full held-out document (the validation book, never trained on) routed
-   by its first tokens and scored by its path, by every path (the mean path, the oracle best), and
-   by each dense model.
+4. dense-diloco: as many islands training the one dense model on every path's documents together
+   (ROUTER/all; the same islands, steps, batch, H and outer optimizer: equal steps, tokens and
+   communication);
+5. dense-dp: the dense model in one process on ROUTER/all with the islands' batches together
+   (batch islands x --batch), --steps steps: the same tokens with no communication at all;
+6. `loom dipaco eval`: the held-out training documents (the training distribution) and the
+   validation book's (a book no model trained on), each routed by its first tokens and scored by
+   its path, by every path (the mean path, the oracle best), and by each dense model.
+The base model trained on the whole training split, held-out documents included: every run starts
+from it, so none gains by it over another.
 
 Prints one JSON line per run and the comparison; writes OUT/results.json.
 """
@@ -81,15 +84,16 @@ def main():
     record({"run": "dipaco", "islands": paths, "rounds": s["version"],
             "per_path": s["per_path"], "wall_s": round(s["wall_s"], 1),
             "bytes": s["bytes_sent"] + s["bytes_received"]})
+    alldata = [f"data.path={os.path.join(router, 'all')}"]
     d = run_islands(a.loom, a.config, os.path.join(a.out, "dense-diloco"), paths,
-                    common + outer + [f"model.init={init}"], env=env, quiet=True)
+                    common + outer + [f"model.init={init}"] + alldata, env=env, quiet=True)
     record({"run": "dense-diloco", "islands": paths, "rounds": d["version"],
             "val_loss": d["val_loss"], "wall_s": round(d["wall_s"], 1),
             "bytes": d["bytes_sent"] + d["bytes_received"], "parameters": d["parameters"]})
     dp = os.path.join(a.out, "dense-dp")
     wall = timed([a.loom, "train", a.config, "--run-dir", dp] +
-                 sets(common + [f"model.init={init}", f"train.steps={a.steps}",
-                                f"train.batch_size={paths * a.batch}"]),
+                 sets(common + alldata + [f"model.init={init}", f"train.steps={a.steps}",
+                                          f"train.batch_size={paths * a.batch}"]),
                  dict(env, OMP_NUM_THREADS="2"), quiet=True)
     record({"run": "dense-dp", "steps": a.steps, "wall_s": round(wall, 1)})
 
@@ -100,22 +104,24 @@ def main():
                              "--dense", dense], check=True, env=env, cwd=ROOT,
                             capture_output=True, text=True)
         scores[name] = json.loads(ev.stdout)
-    e = scores["dense-diloco"]
-    result = {"run": "eval", "docs": e["docs"], "routed_loss": e["routed_loss"],
-              "mean_path_loss": e["mean_path_loss"], "best_path_loss": e["best_path_loss"],
-              "routed_beats_mean_path": e["routed_beats_mean_path"],
-              "dense_diloco_loss": e["dense_loss"], "dense_dp_loss": scores["dense-dp"]["dense_loss"],
-              "per_path": e["per_path"]}
-    result["routed_vs_dense_diloco_pct"] = round(100 * (e["routed_loss"] / e["dense_loss"] - 1), 2)
-    result["routed_vs_dense_dp_pct"] = round(
-        100 * (e["routed_loss"] / scores["dense-dp"]["dense_loss"] - 1), 2)
-    record(result)
+    for which in ("heldout", "val"):
+        e = scores["dense-diloco"][which]
+        dp_loss = scores["dense-dp"][which]["dense_loss"]
+        result = {"run": "eval-" + which, "docs": e["docs"], "routed_loss": e["routed_loss"],
+                  "mean_path_loss": e["mean_path_loss"], "best_path_loss": e["best_path_loss"],
+                  "routed_beats_mean_path": e["routed_beats_mean_path"],
+                  "dense_diloco_loss": e["dense_loss"], "dense_dp_loss": dp_loss,
+                  "per_path": e["per_path"],
+                  "routed_vs_dense_diloco_pct": round(100 * (e["routed_loss"] / e["dense_loss"] - 1), 2),
+                  "routed_vs_dense_dp_pct": round(100 * (e["routed_loss"] / dp_loss - 1), 2)}
+        record(result)
+        print("%s: routed paths %.4f | mean path %.4f | best path %.4f | dense DiLoCo %.4f | dense DP"
+              " %.4f | routed beats the mean path on %.0f%% of %d documents" % (
+                  which, e["routed_loss"], e["mean_path_loss"], e["best_path_loss"],
+                  e["dense_loss"], dp_loss, 100 * e["routed_beats_mean_path"], e["docs"]),
+              flush=True)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=2)
-    print("routed paths %.4f | mean path %.4f | best path %.4f | dense DiLoCo %.4f | dense DP %.4f"
-          " | routed beats the mean path on %.0f%% of %d held-out documents" % (
-              e["routed_loss"], e["mean_path_loss"], e["best_path_loss"], e["dense_loss"],
-              scores["dense-dp"]["dense_loss"], 100 * e["routed_beats_mean_path"], e["docs"]))
 
 
 if __name__ == "__main__":
