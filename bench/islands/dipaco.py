@@ -83,6 +83,7 @@ def main():
                                       f"outer.router={router}"], env=env, quiet=True)
     record({"run": "dipaco", "islands": paths, "rounds": s["version"],
             "per_path": s["per_path"], "wall_s": round(s["wall_s"], 1),
+            "parameters": s["parameters"], "table_parameters": s.get("table_parameters"),
             "bytes": s["bytes_sent"] + s["bytes_received"]})
     alldata = [f"data.path={os.path.join(router, 'all')}"]
     d = run_islands(a.loom, a.config, os.path.join(a.out, "dense-diloco"), paths,

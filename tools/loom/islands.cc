@@ -237,6 +237,7 @@ std::function<int()> add_islands(CLI::App& app) {
     train::ParamStore params(cfg.model);
     double val = 0;
     nlohmann::json per_path = nlohmann::json::array();
+    int64_t table_parameters = 0;  // DiPaCo: the module table's, every module once
     if (!P) {
       for (const auto& t : global) {
         float* d = params.data(t.name);
@@ -255,6 +256,7 @@ std::function<int()> add_islands(CLI::App& app) {
         auto it = at.find(t.name);
         if (it == at.end())
           throw Error(fmt::format("{}: no module tensor {}", outer::state_file(sdir), t.name));
+        table_parameters += numel(t.shape);
         table.push_back(std::move(global[it->second]));
       }
       for (int64_t p = 0; p < P; ++p) {
@@ -314,6 +316,7 @@ std::function<int()> add_islands(CLI::App& app) {
       summary["modules"] = cfg.outer.modules;
       summary["router"] = router;
       summary["per_path"] = per_path;
+      summary["table_parameters"] = table_parameters;
     }
     write_file_atomic(run + "/summary.json", summary.dump(2) + "\n");
     fmt::print(
