@@ -47,6 +47,9 @@ def main():
     ap.add_argument("--lr", type=float, default=1.0)
     ap.add_argument("--momentum", type=float, default=0.5)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prefix", type=int, default=32, help="tokens the router's features read")
+    ap.add_argument("--doc-tokens", type=int, default=512)
+    ap.add_argument("--set", action="append", default=[], help="a config override for every run")
     a = ap.parse_args()
     shutil.rmtree(a.out, ignore_errors=True)
     os.makedirs(a.out)
@@ -55,7 +58,7 @@ def main():
     paths = 1
     for m in modules:
         paths *= m
-    common = [f"data.path={a.data}", "train.eval_batches=16", "checkpoint.every=0"]
+    common = [f"data.path={a.data}", "train.eval_batches=16", "checkpoint.every=0"] + a.set
     outer = [f"outer.inner_steps={a.h}", f"outer.lr={a.lr}", f"outer.momentum={a.momentum}",
              f"train.steps={a.steps}", f"train.batch_size={a.batch}"]
     sets = lambda xs: [y for x in xs for y in ("--set", x)]
@@ -73,7 +76,8 @@ def main():
     record({"run": "base", "steps": a.base_steps, "wall_s": round(wall, 1)})
     init = os.path.join(base, "checkpoints", sorted(os.listdir(os.path.join(base, "checkpoints")))[-1])
     router = os.path.join(a.out, "router")
-    route = subprocess.run([a.loom, "dipaco", "route", a.config, "--base", base, "--out", router] +
+    route = subprocess.run([a.loom, "dipaco", "route", a.config, "--base", base, "--out", router,
+                            "--prefix", str(a.prefix), "--doc-tokens", str(a.doc_tokens)] +
                            sets(common + ["outer.modules=[%s]" % a.modules]),
                            check=True, env=env, cwd=ROOT, capture_output=True, text=True)
     record({"run": "route", "paths": [json.loads(l) for l in route.stdout.splitlines()]})

@@ -262,11 +262,13 @@ int evaluate(const Opts& o) {
         dipaco::features(cfg.model, base, heads(corpus, s, docs, router.prefix + 1), router.prefix);
     std::vector<std::vector<double>> loss;
     for (auto& m : models) loss.push_back(score(*m, s, docs));
+    const std::vector<double> dense_loss = dense ? score(*dense, s, docs) : std::vector<double>();
     const size_t n = docs.size();
     double routed = 0, mean_path = 0, best = 0;
     int64_t beats = 0;
     std::vector<int64_t> routed_docs(static_cast<size_t>(P), 0);
-    std::vector<double> routed_loss(static_cast<size_t>(P), 0);
+    std::vector<double> routed_loss(static_cast<size_t>(P), 0),
+        dense_routed(static_cast<size_t>(P), 0);
     for (size_t d = 0; d < n; ++d) {
       const int64_t p = router.route(x.data() + d * size_t(V));
       double avg = 0, lo = INFINITY;
@@ -280,6 +282,7 @@ int evaluate(const Opts& o) {
       beats += loss[size_t(p)][d] < avg;
       ++routed_docs[size_t(p)];
       routed_loss[size_t(p)] += loss[size_t(p)][d];
+      if (dense) dense_routed[size_t(p)] += dense_loss[d];
     }
     nlohmann::json per = nlohmann::json::array();
     for (int64_t p = 0; p < P; ++p) {
@@ -291,6 +294,9 @@ int evaluate(const Opts& o) {
                      {"loss_on_routed", r ? nlohmann::json(routed_loss[size_t(p)] / double(r))
                                           : nlohmann::json(nullptr)},
                      {"loss_on_all", all / double(n)}});
+      if (dense)  // the dense model on the documents routed to this path
+        per.back()["dense_on_routed"] =
+            r ? nlohmann::json(dense_routed[size_t(p)] / double(r)) : nlohmann::json(nullptr);
     }
     nlohmann::json out{{"docs", n},
                        {"routed_loss", routed / double(n)},
@@ -300,7 +306,7 @@ int evaluate(const Opts& o) {
                        {"per_path", per}};
     if (dense) {
       double sum = 0;
-      for (double v : score(*dense, s, docs)) sum += v;
+      for (double v : dense_loss) sum += v;
       out["dense_loss"] = sum / double(n);
     }
     return out;
