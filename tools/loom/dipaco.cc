@@ -222,6 +222,7 @@ int evaluate(const Opts& o) {
     throw Error(fmt::format("{}/path_0: not a DiPaCo run ([outer] router is not set)", run));
   const dipaco::Router router = dipaco::read_router(cfg.outer.router);
   const int64_t P = router.paths(), V = cfg.model.vocab_size;
+  router.check_features(V, cfg.outer.router);
   const std::string source = router.meta.at("source").get<std::string>();
   const int64_t doc_tokens = router.meta.at("doc_tokens").get<int64_t>();
   const int64_t every = router.meta.value("holdout_every", int64_t(0));

@@ -132,7 +132,9 @@ std::function<int()> add_islands(CLI::App& app) {
         throw Error(fmt::format("{}: DiPaCo islands need [outer] router", o->config),
                     "write one with loom dipaco route CONFIG --base RUN --out DIR");
       router = fs::absolute(cfg.outer.router).string();
-      const int64_t routed = dipaco::read_router(router).paths();
+      const dipaco::Router r = dipaco::read_router(router);
+      r.check_features(cfg.model.vocab_size, router);
+      const int64_t routed = r.paths();
       if (routed != P)
         throw Error(fmt::format("router {} routes to {} paths, [outer] modules make {}", router,
                                 routed, P));

@@ -168,10 +168,12 @@ std::function<int()> add_sample(CLI::App& app) {
                         "path_0/config.toml)",
                         run));
       const dipaco::Router router = dipaco::read_router(pc.outer.router);
+      router.check_features(pc.model.vocab_size, pc.outer.router);
       int64_t p = -1;
       if (o->path == "auto") {
-        std::vector<int32_t> head = run_tokenizer(run + "/path_0", pc).encode(o->prompt);
-        if (head.empty()) head = run_tokenizer(run + "/path_0", pc).encode("\n");
+        const data::Tokenizer tok = run_tokenizer(run + "/path_0", pc);
+        std::vector<int32_t> head = tok.encode(o->prompt);
+        if (head.empty()) head = tok.encode("\n");
         if (int64_t(head.size()) > router.prefix) head.resize(size_t(router.prefix));
         train::ParamStore base(pc.model);
         base.load(pc.outer.router + "/base.safetensors");

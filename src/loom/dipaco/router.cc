@@ -33,6 +33,14 @@ int64_t Router::route(const float* feature) const {
   return best;
 }
 
+void Router::check_features(int64_t vocab, const std::string& dir) const {
+  if (dim != vocab)
+    throw Error(fmt::format("router {}: its centroids are of {} features, the model's vocabulary "
+                            "has {} tokens",
+                            dir, dim, vocab),
+                "route with the model the paths were trained from");
+}
+
 std::vector<int64_t> document_starts(int64_t tokens, int64_t doc_tokens, int64_t min_tokens) {
   LOOM_CHECK(doc_tokens > 0) << "documents of " << doc_tokens << " tokens";
   std::vector<int64_t> out;

@@ -42,6 +42,9 @@ struct Router {
   nlohmann::json meta;           // the rest of router.safetensors' metadata
 
   int64_t paths() const { return dim ? int64_t(centroids.size()) / dim : 0; }
+  // Throws loom::Error naming `dir` unless its features are those of a vocabulary of `vocab`
+  // (what features() computes for the model routing with it).
+  void check_features(int64_t vocab, const std::string& dir) const;
   // The nearest centroid to `feature` (dim values); ties go to the lower path.
   int64_t route(const float* feature) const;
 };

@@ -83,6 +83,8 @@ TEST(Router, RoutesToTheNearestCentroid) {
   EXPECT_EQ(r.route(a), 1);
   EXPECT_EQ(r.route(b), 2);
   EXPECT_EQ(r.route(tie), 0);  // equidistant from 0 and 1: the lower
+  EXPECT_NO_THROW(r.check_features(2, "dir"));
+  EXPECT_THROW(r.check_features(3, "dir"), Error);  // a model of another vocabulary
 }
 
 TEST(Router, FeaturesAreTheSquareRootOfTheMeanPredictedDistribution) {
