@@ -223,9 +223,20 @@ int evaluate(const Opts& o) {
   const dipaco::Router router = dipaco::read_router(cfg.outer.router);
   const int64_t P = router.paths(), V = cfg.model.vocab_size;
   router.check_features(V, cfg.outer.router);
-  const std::string source = router.meta.at("source").get<std::string>();
-  const int64_t doc_tokens = router.meta.at("doc_tokens").get<int64_t>();
-  const int64_t every = router.meta.value("holdout_every", int64_t(0));
+  // what route wrote of the corpus it cut
+  std::string source;
+  int64_t doc_tokens = 0, every = 0;
+  try {
+    source = router.meta.at("source").get<std::string>();
+    doc_tokens = router.meta.at("doc_tokens").get<int64_t>();
+    every = router.meta.value("holdout_every", int64_t(0));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("router {}: its metadata lacks the corpus it routed: {}",
+                            cfg.outer.router, e.what()));
+  }
+  if (doc_tokens < 2 || every < 0)
+    throw Error(fmt::format("router {}: doc_tokens {} and holdout_every {} are not a router's",
+                            cfg.outer.router, doc_tokens, every));
   const int64_t T = cfg.train.seq_len, W = (doc_tokens - 1) / T;  // windows per document
   if (W < 1)
     throw Error(fmt::format("documents of {} tokens are shorter than [train] seq_len + 1 = {}",
