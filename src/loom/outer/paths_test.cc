@@ -3,6 +3,7 @@
 // clear errors for layouts the model cannot hold.
 #include "loom/outer/paths.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <set>
@@ -51,8 +52,7 @@ TEST(Paths, APathIsItsDigitsModulesWholeAndInTheModelsOrder) {
     const std::vector<int64_t> d = p.digits(q);
     for (size_t i = 0; i < m.size(); ++i) {
       const Tensor& t = p.table[p.path[q][i]];
-      EXPECT_EQ(t.name, "l" + std::to_string(p.level[i]) + "m" +
-                            std::to_string(d[size_t(p.level[i])]) + "/" + m[i].name);
+      EXPECT_EQ(t.name, fmt::format("l{}m{}/{}", p.level[i], d[size_t(p.level[i])], m[i].name));
       EXPECT_EQ(t.shape, m[i].shape);
       used.insert(p.path[q][i]);
     }
