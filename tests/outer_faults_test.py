@@ -213,13 +213,14 @@ def common_sets(data, **more):
 
 # ---- the scenarios ----
 
-def kill_one_of_three(d, common):
-    """A server and 3 islands on `common`; island 2 SIGKILLed once it has completed an outer round.
-    (server, port, islands, victim), or None when that did not happen."""
+def kill_one_of_three(d, common, extras=((), (), ())):
+    """A server and 3 islands on `common` (island i with extras[i] besides); island 2 SIGKILLed once
+    it has completed an outer round. (server, port, islands, victim), or None when that did not
+    happen."""
     srv, port = start_server(d, "server", common, os.path.join(d, "state"))
     if port is None:
         return None
-    isl = [start_island(d, "island%d" % i, port, common) for i in range(3)]
+    isl = [start_island(d, "island%d" % i, port, common, extra=extras[i]) for i in range(3)]
     victim = isl[2]
     ok = wait_for(lambda: any("outer_round" in j for j in metrics(victim.run)), 60, isl)
     if not check(ok, "the victim completes an outer round (rc %s)" % victim.p.poll()):
@@ -500,48 +501,52 @@ def streaming_parity(d, data):
         stop_server(srv)
 
 
-def streaming_island_faults(d, data):
-    # fragments 2, overlap 1, mix 0.5, int4 pushes: an island SIGKILLed after its first round is
-    # dropped by its lease while the others go on; one that joins mid-run falls in with the cycle of
-    # fragments (it waits on none that waits on it) and trains to its end.
-    common = streaming_sets(data, outer__overlap=1, outer__mix=0.5, outer__compress="int4")
-    started = kill_one_of_three(d, common)
-    if started is None:
-        return
+def late_island_joins(d, started, common, want, extra=(), late_says=None, server_says=None,
+                      never_dropped=False):
+    """After kill_one_of_three: once the survivors reach version 4 an island (with `extra`) joins
+    late; the survivors finish at version `want`, the late one trains to its end (its log holding
+    `late_says`), the server drops the victim by its lease (and logs `server_says`) and stops at the
+    version the late island saw last."""
     srv, port, isl, victim = started
     ok = wait_for(lambda: (last_version(isl[0].run) or 0) >= 4, 60, isl[:2])
     if not check(ok, "the survivors reach version 4"):
         return
-    late = start_island(d, "late", port, common)
+    late = start_island(d, "late", port, common, extra=extra)
     for i, s in enumerate(isl[:2]):
-        check_finished(s, s.wait(120), "survivor %d" % i, S_VERSION)
+        check_finished(s, s.wait(120), "survivor %d" % i, want)
     rc = late.wait(120)
     text = late.text()
-    check(rc == 0, "the late island exits 0 (rc %s)%s" % (rc, "" if rc == 0 else ": " + text[-800:]))
+    check(rc == 0 and (late_says is None or late_says in text),
+          "the late island exits 0 (rc %s)%s%s" % (
+              rc, "" if late_says is None else ", saying '%s'" % late_says,
+              "" if rc == 0 else ": " + text[-800:]))
     steps = [x["step"] for x in metrics(late.run)]
     check(steps == list(range(1, STEPS + 1)), "the late island logs steps 1..%d" % STEPS)
-    check("dropped by the server" not in text and "rejected" not in text,
-          "the late island is never dropped nor refused")
+    if never_dropped:
+        check("dropped by the server" not in text and "rejected" not in text,
+              "the late island is never dropped nor refused")
     log = srv.text()
     check(re.search(r"island \d+ \(\S+:%d [^)]*\) dropped: lease expired" % victim.pid, log),
           "the server drops the victim by lease expiry")
+    if server_says is not None:
+        check(re.search(server_says, log), "the server logs /%s/" % server_says)
     final, seen = stop_server(srv), last_version(late.run)
     check(final is not None and final == seen, "the server stops at the version the late island "
           "saw last (%s, %s)" % (final, seen))
 
 
-def streaming_server_restarted(d, data):
-    # fragments 2, overlap 1: the server SIGKILLed mid-run and restarted on its state; the islands
-    # reconnect, push again what it lost, and end at the version of an undisturbed run.
-    common = streaming_sets(data, outer__overlap=1)
+def restarted_midrun(d, common, reach, want, extras=((), ())):
+    """A fast island and a slow one (extras[0], extras[1] besides `common`); the server SIGKILLed
+    once they reach version `reach` and restarted on its state: it resumes at least there, and the
+    islands and the server end at version `want`."""
     state = os.path.join(d, "state")
     srv, port = start_server(d, "server", common, state)
     if port is None:
         return
-    isl = [start_island(d, "fast", port, common, slowdown="5"),
-           start_island(d, "slow", port, common, slowdown="25")]
-    ok = wait_for(lambda: (last_version(isl[1].run) or 0) >= 3, 60, isl + [srv])
-    if not check(ok, "the islands reach version 3"):
+    isl = [start_island(d, "fast", port, common, slowdown="5", extra=extras[0]),
+           start_island(d, "slow", port, common, slowdown="25", extra=extras[1])]
+    ok = wait_for(lambda: (last_version(isl[1].run) or 0) >= reach, 60, isl + [srv])
+    if not check(ok, "the islands reach version %d" % reach):
         return
     srv.kill()
     time.sleep(0.3)
@@ -549,18 +554,34 @@ def streaming_server_restarted(d, data):
     if port2 is None:
         return
     m = re.search(r"resumed from \S+: version (\d+)", srv2.text())
-    check(m is not None and int(m.group(1)) >= 3, "the restarted server resumes at version %s"
+    check(m is not None and int(m.group(1)) >= reach, "the restarted server resumes at version %s"
           % (m and m.group(1)))
-    check_finished(isl[0], isl[0].wait(120), "fast island", S_VERSION)
-    check_finished(isl[1], isl[1].wait(120), "slow island", S_VERSION)
-    check(stop_server(srv2) == S_VERSION, "the server stops at version %d" % S_VERSION)
+    check_finished(isl[0], isl[0].wait(120), "fast island", want)
+    check_finished(isl[1], isl[1].wait(120), "slow island", want)
+    check(stop_server(srv2) == want, "the server stops at version %d" % want)
+
+
+def streaming_island_faults(d, data):
+    # fragments 2, overlap 1, mix 0.5, int4 pushes: an island SIGKILLed after its first round is
+    # dropped by its lease while the others go on; one that joins mid-run falls in with the cycle of
+    # fragments (it waits on none that waits on it) and trains to its end.
+    common = streaming_sets(data, outer__overlap=1, outer__mix=0.5, outer__compress="int4")
+    started = kill_one_of_three(d, common)
+    if started is not None:
+        late_island_joins(d, started, common, S_VERSION, never_dropped=True)
+
+
+def streaming_server_restarted(d, data):
+    # fragments 2, overlap 1: the server SIGKILLed mid-run and restarted on its state; the islands
+    # reconnect, push again what it lost, and end at the version of an undisturbed run.
+    restarted_midrun(d, streaming_sets(data, outer__overlap=1), 3, S_VERSION)
 
 
 DIPACO = dict(outer__modules="[1,2]")
 
 
-def dipaco_island(d, name, port, common, path, slowdown=SLOW):
-    return start_island(d, name, port, common, slowdown=slowdown, extra=sets(outer__path=path))
+def on_path(p):
+    return sets(outer__path=p)
 
 
 def dipaco_parity(d, data):
@@ -574,7 +595,7 @@ def dipaco_parity(d, data):
     srv, port = start_server(d, "server", common, os.path.join(d, "state"))
     if port is None:
         return
-    isl = dipaco_island(d, "island", port, common, 1, slowdown=None)
+    isl = start_island(d, "island", port, common, slowdown=None, extra=on_path(1))
     rc = isl.wait(120)
     check(rc == 0 and "path 1 of 2" in isl.text(), "the island joins on path 1 of 2 and exits 0 "
           "(rc %s)%s" % (rc, "" if rc == 0 else ": " + isl.text()[-400:]))
@@ -587,60 +608,14 @@ def dipaco_parity(d, data):
 
 def dipaco_island_faults(d, data):
     common = common_sets(data, **DIPACO)
-    srv, port = start_server(d, "server", common, os.path.join(d, "state"))
-    if port is None:
-        return
-    isl = [dipaco_island(d, "island%d" % i, port, common, p) for i, p in enumerate((0, 1, 1))]
-    victim = isl[2]
-    ok = wait_for(lambda: any("outer_round" in j for j in metrics(victim.run)), 60, isl)
-    if not check(ok, "the victim completes an outer round (rc %s)" % victim.p.poll()):
-        return
-    victim.kill()
-    ok = wait_for(lambda: (last_version(isl[0].run) or 0) >= 4, 60, isl[:2])
-    if not check(ok, "the survivors reach version 4"):
-        return
-    late = dipaco_island(d, "late", port, common, 0)
-    for i, s in enumerate(isl[:2]):
-        check_finished(s, s.wait(120), "survivor %d (path %d)" % (i, i))
-    rc = late.wait(120)
-    text = late.text()
-    check(rc == 0 and "path 0 of 2" in text,
-          "the late island joins on path 0 and exits 0 (rc %s)%s" % (
-              rc, "" if rc == 0 else ": " + text[-800:]))
-    check([x["step"] for x in metrics(late.run)] == list(range(1, STEPS + 1)),
-          "the late island logs steps 1..%d" % STEPS)
-    log = srv.text()
-    check(re.search(r"island \d+ \(\S+:%d [^)]*\) dropped: lease expired" % victim.pid, log),
-          "the server drops the victim by lease expiry")
-    check(re.search(r"joined at version \d+ on path 0", log), "the server logs the late island's "
-          "path")
-    final, seen = stop_server(srv), last_version(late.run)
-    check(final is not None and final == seen, "the server stops at the version the late island "
-          "saw last (%s, %s)" % (final, seen))
+    started = kill_one_of_three(d, common, extras=[on_path(p) for p in (0, 1, 1)])
+    if started is not None:
+        late_island_joins(d, started, common, STEPS // H, extra=on_path(0),
+                          late_says="path 0 of 2", server_says=r"joined at version \d+ on path 0")
 
 
 def dipaco_server_restarted(d, data):
-    common = common_sets(data, **DIPACO)
-    state = os.path.join(d, "state")
-    srv, port = start_server(d, "server", common, state)
-    if port is None:
-        return
-    isl = [dipaco_island(d, "fast", port, common, 0, slowdown="5"),
-           dipaco_island(d, "slow", port, common, 1, slowdown="25")]
-    ok = wait_for(lambda: (last_version(isl[1].run) or 0) >= 2, 60, isl + [srv])
-    if not check(ok, "the islands reach version 2"):
-        return
-    srv.kill()
-    time.sleep(0.3)
-    srv2, port2 = start_server(d, "server2", common, state, listen="127.0.0.1:%d" % port)
-    if port2 is None:
-        return
-    m = re.search(r"resumed from \S+: version (\d+)", srv2.text())
-    check(m is not None and int(m.group(1)) >= 2, "the restarted server resumes at version %s"
-          % (m and m.group(1)))
-    check_finished(isl[0], isl[0].wait(120), "fast island (path 0)")
-    check_finished(isl[1], isl[1].wait(120), "slow island (path 1)")
-    check(stop_server(srv2) == STEPS // H, "the server stops at version %d" % (STEPS // H))
+    restarted_midrun(d, common_sets(data, **DIPACO), 2, STEPS // H, extras=(on_path(0), on_path(1)))
     r = subprocess.run([LOOM, "dipaco", "eval", d], env=env(), capture_output=True, text=True,
                        timeout=60)
     check(r.returncode != 0 and "path_0" in r.stderr, "dipaco eval of a directory without paths: "
