@@ -48,18 +48,7 @@ NET=10.213.78
 NS_A=lovA$$
 NS_B=lovB$$
 TMP=$(mktemp -d /tmp/loom_overlap.XXXXXX)
-cleanup() {
-  local rc=$?
-  set +e
-  trap - EXIT INT TERM HUP
-  netns_remove "$NS_A" "$NS_B"
-  rm -rf "$TMP"
-  exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+netns_cleanup_on_exit "$TMP" "$NS_A" "$NS_B"
 
 # --- the link ---
 netns_pair "$NS_A" "$NS_B" "$NET" "${MTU:-9000}" || die "cannot join $NS_A and $NS_B"

@@ -8,6 +8,9 @@
 #                                      step failed, when one does.
 #   netns_remove NS...                 kills what still runs in each namespace that exists and deletes
 #                                      it (its end of a veth pair, and so the pair, with it).
+#   netns_cleanup_on_exit DIR NS...   on the script's exit (an interrupt, a failure or a signal
+#                                      included: INT, TERM, HUP exit 130, 143, 129) removes the
+#                                      namespaces (netns_remove) and DIR, keeping the exit status.
 #   netns_tbf NS RATE BURST LATENCY    tc's token bucket filter on NS's eth0 egress (RATE as tc says
 #                                      it: 20mbit, 1gbit); RATE "unlimited" removes it.
 #
@@ -70,6 +73,25 @@ netns_remove() {
     ip netns del "$ns"
   done
   return 0
+}
+
+netns_cleanup_on_exit() {
+  _netns_cleanup_dir=$1
+  shift
+  _netns_cleanup_ns=("$@")
+  trap _netns_cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  trap 'exit 129' HUP
+}
+
+_netns_cleanup() {
+  local rc=$?
+  set +e
+  trap - EXIT INT TERM HUP
+  netns_remove "${_netns_cleanup_ns[@]}"
+  rm -rf "$_netns_cleanup_dir"
+  exit $rc
 }
 
 netns_tbf() {

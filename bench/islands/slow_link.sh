@@ -38,18 +38,7 @@ NET=10.213.79
 NS_S=lslS$$
 NS_I=lslI$$
 TMP=$(mktemp -d /tmp/loom_slow_link.XXXXXX)
-cleanup() {
-  local rc=$?
-  set +e
-  trap - EXIT INT TERM HUP
-  netns_remove "$NS_S" "$NS_I"
-  rm -rf "$TMP"
-  exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+netns_cleanup_on_exit "$TMP" "$NS_S" "$NS_I"
 
 netns_pair "$NS_S" "$NS_I" "$NET" || die "cannot join $NS_S and $NS_I"
 netns_reachable "$NS_I" "$NS_S" "$NET.1" ||
