@@ -74,8 +74,8 @@ TEST(IrText, ParseErrorsNameTheLine) {
 TEST(IrText, FloatsRoundTripExactly) {
   ir::Graph g("f");
   int a = g.add_input("a", {DType::f32, {2}}, ir::ValueKind::param);
-  g.add_node("scale", {a}, {{"s", 0.1 + 0.2}}, {{DType::f32, {2}}}, {"b"});
-  g.add_node("scale", {a},
+  g.add_node(ir::Op::scale, {a}, {{"s", 0.1 + 0.2}}, {{DType::f32, {2}}}, {"b"});
+  g.add_node(ir::Op::scale, {a},
              {{"s", 1e-300}, {"k", std::string("x")}, {"l", std::vector<int64_t>{-1, 2}}},
              {{DType::f32, {2}}}, {"c"});
   ir::Graph p = ir::parse(ir::print(g));

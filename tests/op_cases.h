@@ -50,7 +50,7 @@ inline Harness build_harness(const OpCase& c) {
     int o = b.cast(h.outs[i], DType::f32);
     int r = g.add_input(fmt::format("r{}", i), {DType::f32, b.shape(o)}, ValueKind::state);
     h.rs.push_back(r);
-    int s = b.emit1("sum", {b.mul(o, r)});
+    int s = b.emit1(ir::Op::sum, {b.mul(o, r)});
     h.loss = h.loss < 0 ? s : b.add(h.loss, s);
   }
   h.params = g.inputs_of_kind(ValueKind::param);
@@ -85,7 +85,7 @@ inline std::vector<OpCase> cases() {
   v.push_back({"matmul_batched", [](ir::Graph& g, ops::Builder& b) {
                  int a = P(g, "a", {3, 4, 5}), bb = P(g, "b", {3, 6, 5});
                  return std::vector<int>{
-                     b.emit1("matmul", {a, bb}, {{"tb", int64_t(1)}, {"batch", int64_t(1)}})};
+                     b.emit1(ir::Op::matmul, {a, bb}, {{"tb", int64_t(1)}, {"batch", int64_t(1)}})};
                }});
   v.push_back({"add", [](ir::Graph& g, ops::Builder& b) {
                  return std::vector<int>{b.add(P(g, "a", {3, 7}), P(g, "b", {3, 7}))};
@@ -99,21 +99,22 @@ inline std::vector<OpCase> cases() {
   v.push_back({"scale", [](ir::Graph& g, ops::Builder& b) {
                  return std::vector<int>{b.scale(P(g, "a", {9}), -0.75)};
                }});
-  v.push_back({"mul_scalar", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.emit1("mul_scalar", {P(g, "a", {4, 5}), P(g, "s", {})})};
-               }});
+  v.push_back(
+      {"mul_scalar", [](ir::Graph& g, ops::Builder& b) {
+         return std::vector<int>{b.emit1(ir::Op::mul_scalar, {P(g, "a", {4, 5}), P(g, "s", {})})};
+       }});
   v.push_back({"gelu", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.emit1("gelu", {P(g, "x", {3, 17})})};
+                 return std::vector<int>{b.emit1(ir::Op::gelu, {P(g, "x", {3, 17})})};
                }});
   v.push_back(
       {"swiglu", [](ir::Graph& g, ops::Builder& b) {
-         return std::vector<int>{b.emit1("swiglu", {P(g, "g", {3, 17}), P(g, "u", {3, 17})})};
+         return std::vector<int>{b.emit1(ir::Op::swiglu, {P(g, "g", {3, 17}), P(g, "u", {3, 17})})};
        }});
   v.push_back({"swiglu_bf16",
                [](ir::Graph& g, ops::Builder& b) {
                  int gg = b.cast(P(g, "g", {3, 17}), DType::bf16);
                  int u = b.cast(P(g, "u", {3, 17}), DType::bf16);
-                 return std::vector<int>{b.emit1("swiglu", {gg, u})};
+                 return std::vector<int>{b.emit1(ir::Op::swiglu, {gg, u})};
                },
                3e-2, 3e-2, 0, 1e-2});  // bf16 storage of inputs, output and gradients
   v.push_back(
@@ -123,33 +124,33 @@ inline std::vector<OpCase> cases() {
        },
        1e-2, 1e-2, 0, 4e-3});  // bf16 rounding: 2^-9 relative
   v.push_back({"sum", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.emit1("sum", {P(g, "x", {4, 9})})};
+                 return std::vector<int>{b.emit1(ir::Op::sum, {P(g, "x", {4, 9})})};
                }});
   v.push_back({"sumsq", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.emit1("sumsq", {P(g, "x", {4, 9})})};
+                 return std::vector<int>{b.emit1(ir::Op::sumsq, {P(g, "x", {4, 9})})};
                }});
   v.push_back({"sum_rows", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.emit1("sum_rows", {P(g, "x", {2, 4, 9})})};
+                 return std::vector<int>{b.emit1(ir::Op::sum_rows, {P(g, "x", {2, 4, 9})})};
                }});
   v.push_back({"broadcast_scalar", [](ir::Graph& g, ops::Builder& b) {
                  return std::vector<int>{
-                     b.emit1("broadcast_scalar", {P(g, "s", {})}, {{"shape", Shape{3, 4}}})};
+                     b.emit1(ir::Op::broadcast_scalar, {P(g, "s", {})}, {{"shape", Shape{3, 4}}})};
                }});
   v.push_back({"broadcast_rows", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{
-                     b.emit1("broadcast_rows", {P(g, "v", {5})}, {{"shape", Shape{2, 3, 5}}})};
+                 return std::vector<int>{b.emit1(ir::Op::broadcast_rows, {P(g, "v", {5})},
+                                                 {{"shape", Shape{2, 3, 5}}})};
                }});
   v.push_back({"embedding",
                [](ir::Graph& g, ops::Builder& b) {
                  return std::vector<int>{
-                     b.emit1("embedding", {Ids(g, "ids", {2, 9}), P(g, "table", {7, 5})})};
+                     b.emit1(ir::Op::embedding, {Ids(g, "ids", {2, 9}), P(g, "table", {7, 5})})};
                },
                2e-3, 2e-4, 7});
   // Mixture-of-Experts: 2 sequences of 5 tokens, 4 experts, top 2, 3 slots per expert and
   // sequence (some choices drop). The routing comes from a router over param logits, so the
   // logits' gradient checks moe_router_bwd through the gates.
   auto routed = [](ir::Graph& g, ops::Builder& b, int64_t cap) {
-    return b.emit("moe_router", {P(g, "logits", {2, 5, 4})},
+    return b.emit(ir::Op::moe_router, {P(g, "logits", {2, 5, 4})},
                   {{"top_k", int64_t(2)}, {"capacity", cap}});
   };
   // the experts' GEMMs over dispatched slots (empty ones zero, skipped by the kernel), both
@@ -157,13 +158,13 @@ inline std::vector<OpCase> cases() {
   v.push_back({"grouped_matmul", [](ir::Graph& g, ops::Builder& b) {
                  // the logits as a state: only the slots are read, which carry no gradient
                  int logits = g.add_input("logits", {DType::f32, {2, 9, 3}}, ValueKind::state);
-                 auto r = b.emit("moe_router", {logits},
+                 auto r = b.emit(ir::Op::moe_router, {logits},
                                  {{"top_k", int64_t(2)}, {"capacity", int64_t(20)}});
-                 int xe = b.emit1("moe_dispatch", {P(g, "x", {2, 9, 5}), r[1], r[2]},
+                 int xe = b.emit1(ir::Op::moe_dispatch, {P(g, "x", {2, 9, 5}), r[1], r[2]},
                                   {{"num_experts", int64_t(3)}, {"capacity", int64_t(20)}});
-                 int h = b.emit1("grouped_matmul", {xe, P(g, "w1", {3, 4, 5})},
+                 int h = b.emit1(ir::Op::grouped_matmul, {xe, P(g, "w1", {3, 4, 5})},
                                  {{"ta", int64_t(0)}, {"tb", int64_t(1)}});
-                 return std::vector<int>{b.emit1("grouped_matmul", {h, P(g, "w2", {3, 4, 6})},
+                 return std::vector<int>{b.emit1(ir::Op::grouped_matmul, {h, P(g, "w2", {3, 4, 6})},
                                                  {{"ta", int64_t(0)}, {"tb", int64_t(0)}})};
                }});
   v.push_back({"moe_router", [routed](ir::Graph& g, ops::Builder& b) {
@@ -174,64 +175,66 @@ inline std::vector<OpCase> cases() {
                  auto r = routed(g, b, 3);
                  int x = P(g, "x", {2, 5, 3});
                  ir::Attrs a{{"num_experts", int64_t(4)}, {"capacity", int64_t(3)}};
-                 return std::vector<int>{b.emit1("moe_dispatch", {x, r[1], r[2], r[0]}, a),
-                                         b.emit1("moe_dispatch", {x, r[1], r[2]}, a)};
+                 return std::vector<int>{b.emit1(ir::Op::moe_dispatch, {x, r[1], r[2], r[0]}, a),
+                                         b.emit1(ir::Op::moe_dispatch, {x, r[1], r[2]}, a)};
                }});
   v.push_back({"moe_combine", [routed](ir::Graph& g, ops::Builder& b) {
                  auto r = routed(g, b, 3);
                  int ye = P(g, "ye", {4, 2, 3, 3});
-                 return std::vector<int>{b.emit1("moe_combine", {ye, r[1], r[2], r[0]}),
-                                         b.emit1("moe_combine", {ye, r[1], r[2]})};
+                 return std::vector<int>{b.emit1(ir::Op::moe_combine, {ye, r[1], r[2], r[0]}),
+                                         b.emit1(ir::Op::moe_combine, {ye, r[1], r[2]})};
                }});
   v.push_back({"rmsnorm", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.emit("rmsnorm", {P(g, "x", {2, 3, 33}), P(g, "w", {33})},
+                 return std::vector<int>{b.emit(ir::Op::rmsnorm,
+                                                {P(g, "x", {2, 3, 33}), P(g, "w", {33})},
                                                 {{"eps", 1e-5}})[0]};
                }});
   v.push_back({"layernorm", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{
-                     b.emit("layernorm", {P(g, "x", {5, 33}), P(g, "w", {33}), P(g, "b", {33})},
-                            {{"eps", 1e-5}})[0]};
+                 return std::vector<int>{b.emit(
+                     ir::Op::layernorm, {P(g, "x", {5, 33}), P(g, "w", {33}), P(g, "b", {33})},
+                     {{"eps", 1e-5}})[0]};
                }});
   v.push_back({"rope", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.emit1("rope", {P(g, "x", {2, 5, 3, 8})},
+                 return std::vector<int>{b.emit1(ir::Op::rope, {P(g, "x", {2, 5, 3, 8})},
                                                  {{"theta", 10000.0}, {"sign", int64_t(1)}})};
                }});
   v.push_back(
       {"attention_gqa", [](ir::Graph& g, ops::Builder& b) {
          int q = P(g, "q", {2, 7, 4, 8}), k = P(g, "k", {2, 7, 2, 8}), vv = P(g, "v", {2, 7, 2, 8});
          return std::vector<int>{
-             b.emit("attention", {q, k, vv}, {{"scale", 1.0 / std::sqrt(8.0)}})[0]};
+             b.emit(ir::Op::attention, {q, k, vv}, {{"scale", 1.0 / std::sqrt(8.0)}})[0]};
        }});
-  v.push_back({"attention_long", [](ir::Graph& g, ops::Builder& b) {
-                 int q = P(g, "q", {1, 70, 2, 16}), k = P(g, "k", {1, 70, 1, 16}),
-                     vv = P(g, "v", {1, 70, 1, 16});
-                 return std::vector<int>{b.emit("attention", {q, k, vv}, {{"scale", 0.25}})[0]};
-               }});
+  v.push_back(
+      {"attention_long", [](ir::Graph& g, ops::Builder& b) {
+         int q = P(g, "q", {1, 70, 2, 16}), k = P(g, "k", {1, 70, 1, 16}),
+             vv = P(g, "v", {1, 70, 1, 16});
+         return std::vector<int>{b.emit(ir::Op::attention, {q, k, vv}, {{"scale", 0.25}})[0]};
+       }});
   v.push_back({"cross_entropy",
                [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{
-                     b.emit("cross_entropy", {P(g, "logits", {2, 3, 11}), Ids(g, "t", {2, 3})})[0]};
+                 return std::vector<int>{b.emit(
+                     ir::Op::cross_entropy, {P(g, "logits", {2, 3, 11}), Ids(g, "t", {2, 3})})[0]};
                },
                2e-3, 2e-4, 11});
   v.push_back({"reshape", [](ir::Graph& g, ops::Builder& b) {
                  return std::vector<int>{b.reshape(P(g, "x", {2, 6}), {3, 4})};
                }});
   v.push_back({"transpose", [](ir::Graph& g, ops::Builder& b) {
-                 return std::vector<int>{b.emit1("transpose", {P(g, "x", {2, 3, 4, 5})},
+                 return std::vector<int>{b.emit1(ir::Op::transpose, {P(g, "x", {2, 3, 4, 5})},
                                                  {{"perm", std::vector<int64_t>{0, 2, 1, 3}}})};
                }});
   v.push_back({"split_concat", [](ir::Graph& g, ops::Builder& b) {
-                 auto parts = b.emit("split", {P(g, "x", {3, 10})},
+                 auto parts = b.emit(ir::Op::split, {P(g, "x", {3, 10})},
                                      {{"sizes", std::vector<int64_t>{2, 3, 5}}});
-                 int c = b.emit1("concat", {parts[2], P(g, "y", {3, 4}), parts[0]});
+                 int c = b.emit1(ir::Op::concat, {parts[2], P(g, "y", {3, 4}), parts[0]});
                  return std::vector<int>{c, parts[1]};
                }});
   // along a middle axis (GPT-2's c_attn weight, (C, 3, C), into q, k and v) and the first
   v.push_back(
       {"split_concat_axis", [](ir::Graph& g, ops::Builder& b) {
-         auto parts = b.emit("split", {P(g, "x", {2, 3, 4})},
+         auto parts = b.emit(ir::Op::split, {P(g, "x", {2, 3, 4})},
                              {{"sizes", std::vector<int64_t>{1, 2}}, {"axis", int64_t(1)}});
-         int c = b.emit1("concat", {parts[1], P(g, "y", {1, 2, 4})}, {{"axis", int64_t(0)}});
+         int c = b.emit1(ir::Op::concat, {parts[1], P(g, "y", {1, 2, 4})}, {{"axis", int64_t(0)}});
          return std::vector<int>{c, parts[0]};
        }});
   return v;

@@ -1,4 +1,4 @@
-// Op coverage (ggml's test-backend-ops count): every registered op must have
+// Op coverage (ggml's test-backend-ops count): every op of ir/op.h must have
 //   a kernel          a CPU kernel (runtime/cpu_dispatch.cc), or, for an op with trait collective
 //   or
 //                     rank_local, a collective kernel (runtime/collectives.cc);
@@ -10,6 +10,7 @@
 //   it);
 // or a declared exemption below that says why and where the op is checked instead. An op added
 // without them fails here, in the unit suite, instead of in a run.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <set>
@@ -17,7 +18,7 @@
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
 #include "loom/runtime/collectives.h"
-#include "loom/runtime/executor.h"
+#include "loom/runtime/device.h"
 #include "op_cases.h"
 #include "reference_eval.h"
 
@@ -25,40 +26,44 @@ namespace loom {
 namespace {
 
 // Ops with no harness case, and why. Each must still have a kernel.
-const std::map<std::string, std::string>& exemptions() {
-  static const std::map<std::string, std::string> e{
-      {"adamw",
+const std::map<ir::Op, std::string>& exemptions() {
+  using ir::Op;
+  static const std::map<Op, std::string> e{
+      {Op::adamw,
        "optimizer update, no VJP by design; golden_step_* checks 10 AdamW steps of every "
        "parameter against torch.optim.AdamW"},
-      {"clip_coef",
+      {Op::clip_coef,
        "optimizer's gradient clipping, no VJP by design; golden_step_* checks it against "
        "torch.nn.utils.clip_grad_norm_"},
-      {"all_gather", "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
-      {"reduce_scatter",
+      {Op::all_gather,
        "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
-      {"all_reduce", "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
-      {"all_to_all", "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
-      {"shard_slice", "per-rank slice, inserted after autodiff (no VJP); reshard_test"},
-      {"assign",
+      {Op::reduce_scatter,
+       "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
+      {Op::all_reduce,
+       "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
+      {Op::all_to_all,
+       "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
+      {Op::shard_slice, "per-rank slice, inserted after autodiff (no VJP); reshard_test"},
+      {Op::assign,
        "writes an optimizer result back after a reshard (no VJP); plan_parity (zero1/zero2)"},
-      {"positions", "no input to differentiate; the GPT-2 golden tests check its use"},
-      {"wait",
+      {Op::positions, "no input to differentiate; the GPT-2 golden tests check its use"},
+      {Op::wait,
        "completes an asynchronous collective, inserted after autodiff (no VJP); plan_parity "
        "with [passes] prefetch"},
       // incremental decoding (inference only, no VJP by design): decode_test checks every decoded
       // position's logits against the full forward (itself checked against the reference and
       // PyTorch), attention_test the cached kernel against the f64 reference, kernels_test rope
       // from an offset against the full rope, bit for bit
-      {"positions_at", "decoding's positions; decode_test (GPT-2) against the full forward"},
-      {"rope_at", "decoding's rotary embedding; decode_test (Llama), kernels_test"},
-      {"cached_attention", "decoding's attention; decode_test, attention_test (f64 reference)"},
+      {Op::positions_at, "decoding's positions; decode_test (GPT-2) against the full forward"},
+      {Op::rope_at, "decoding's rotary embedding; decode_test (Llama), kernels_test"},
+      {Op::cached_attention, "decoding's attention; decode_test, attention_test (f64 reference)"},
   };
   return e;
 }
 
 struct Coverage {
-  std::set<std::string> forward, backward;  // ops in the cases' forward and backward graphs
-  std::vector<std::string> no_reference;    // cases whose forward the reference cannot evaluate
+  std::set<ir::Op> forward, backward;     // ops in the cases' forward and backward graphs
+  std::vector<std::string> no_reference;  // cases whose forward the reference cannot evaluate
 };
 
 Coverage harness_coverage() {
@@ -83,28 +88,28 @@ TEST(OpCoverage, EveryOpHasAKernelAReferenceAndAHarnessCase) {
   const Coverage cov = harness_coverage();
   std::vector<std::string> missing;
   int covered = 0;
-  for (const std::string& op : ops::op_names()) {
+  for (const ir::Op op : ops::all_ops()) {
     const bool kernel = runtime::runs_on_comms(op) ? runtime::has_collective_kernel(op)
-                                                   : runtime::has_cpu_kernel(op);
-    if (!kernel) missing.push_back(op + ": no kernel");
+                                                   : runtime::cpu_kernels().find(op) != nullptr;
+    if (!kernel) missing.push_back(fmt::format("{}: no kernel", op));
     const bool exempt = exemptions().count(op) != 0;
     if (cov.forward.count(op))
       ++covered;
     else if (cov.backward.count(op))
       ++covered;  // a backward op: checked through its forward op
     else if (!exempt)
-      missing.push_back(op + ": no op_grad_test case (tests/op_cases.h) and no exemption");
+      missing.push_back(
+          fmt::format("{}: no op_grad_test case (tests/op_cases.h) and no exemption", op));
   }
   for (const auto& r : cov.no_reference) missing.push_back(r);
   std::printf("%d of %zu ops covered by harness cases, %zu exempt\n", covered,
-              ops::op_names().size(), exemptions().size());
+              ops::all_ops().size(), exemptions().size());
   EXPECT_TRUE(missing.empty()) << ::testing::PrintToString(missing);
 }
 
 TEST(OpCoverage, ExemptionsNameRegisteredOpsWithoutCases) {
   const Coverage cov = harness_coverage();
   for (const auto& [op, why] : exemptions()) {
-    EXPECT_TRUE(ops::has_op(op)) << "exemption for an unknown op " << op;
     EXPECT_FALSE(cov.forward.count(op) || cov.backward.count(op))
         << op << " has a harness case now: drop its exemption";
   }
@@ -112,7 +117,7 @@ TEST(OpCoverage, ExemptionsNameRegisteredOpsWithoutCases) {
 
 // Declared traits agree with what the runtime does with an op.
 TEST(OpCoverage, TraitsMatchTheRuntime) {
-  for (const std::string& op : ops::op_names()) {
+  for (const ir::Op op : ops::all_ops()) {
     const bool comm =
         ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::rank_local);
     EXPECT_EQ(comm, runtime::has_collective_kernel(op)) << op;
@@ -123,6 +128,18 @@ TEST(OpCoverage, TraitsMatchTheRuntime) {
       EXPECT_GE(ops::op_def(op).num_inputs, 1) << op;  // output 0 is input 0's memory
     }
   }
+}
+
+// The op list is ir/op.h's alone: every id has exactly one definition, registered under its own
+// spelling, and every spelling reads back as its id.
+TEST(OpCoverage, EveryOpIdHasItsDefinition) {
+  EXPECT_EQ(int(ops::all_ops().size()), ir::kOpCount);
+  for (const ir::Op op : ops::all_ops()) {
+    EXPECT_EQ(ops::op_def(op).op, op) << op;
+    EXPECT_EQ(ops::op_def(op).name, ir::op_name(op));
+    EXPECT_EQ(ir::find_op(ir::op_name(op)), op);
+  }
+  EXPECT_FALSE(ir::find_op("all_gahter"));
 }
 
 }  // namespace

@@ -250,6 +250,12 @@ with tempfile.TemporaryDirectory() as d:
                  "[plan] mesh", "axis data has size 0")
     expect_error("tactic without an axis", run(bad_args("{data=2}", '[{kind="data"}]')),
                  "[plan] tactics[0]", "missing key 'axis'")
+    expect_error("pattern on a tactic that reads none",
+                 run(bad_args("{data=2}", '[{kind="fsdp",axis="data",pattern="*",dim=0}]')),
+                 "[plan] tactics[0]", "a fsdp tactic takes no pattern or dim")
+    expect_error("shard without its pattern",
+                 run(bad_args("{data=2}", '[{kind="shard",axis="data"}]')),
+                 "[plan] tactics[0]", "a shard tactic needs pattern and dim")
     expect_error("unknown tactic key",
                  run(bad_args("{data=2}", '[{kind="data",axis="data",axes="x"}]')),
                  "[plan] tactics[0]", "unknown key 'axes'")

@@ -144,7 +144,7 @@ TEST(GatherCast, HalvesGatheredBytesAndChangesNoBit) {
       double f32 = 0, bf16 = 0;
       const ir::Graph& g = s.c.rank.graph;
       for (const ir::Node& n : g.nodes())
-        if (n.op == "all_gather") {
+        if (n.op == ir::Op::all_gather) {
           const ir::TensorType& t = g.value(n.outputs[0]).type;
           (t.dtype == DType::bf16 ? bf16 : f32) += double(numel(t.shape) * dtype_size(t.dtype));
         }

@@ -28,36 +28,36 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
     auto in = [&](int i) -> std::vector<double>& { return v[n.inputs[i]]; };
     auto out = [&](int i) -> std::vector<double>& { return v[n.outputs[i]]; };
     auto shape = [&](int i) -> const Shape& { return g.value(n.inputs[i]).type.shape; };
-    const std::string& op = n.op;
+    const ir::Op op = n.op;
     int64_t e = out(0).size();
-    if (op == "add") {
+    if (op == ir::Op::add) {
       if (shape(0) == shape(1))
         ref::add(in(0).data(), in(1).data(), out(0).data(), e);
       else
         ref::add_bias(in(0).data(), in(1).data(), out(0).data(), e / shape(1)[0], shape(1)[0]);
-    } else if (op == "mul")
+    } else if (op == ir::Op::mul)
       ref::mul(in(0).data(), in(1).data(), out(0).data(), e);
-    else if (op == "scale")
+    else if (op == ir::Op::scale)
       ref::scale(in(0).data(), n.attr_float("s"), out(0).data(), e);
-    else if (op == "mul_scalar")
+    else if (op == ir::Op::mul_scalar)
       ref::mul_scalar(in(0).data(), in(1).data(), out(0).data(), e);
-    else if (op == "gelu")
+    else if (op == ir::Op::gelu)
       ref::gelu_fwd(in(0).data(), out(0).data(), e);
-    else if (op == "swiglu")
+    else if (op == ir::Op::swiglu)
       ref::swiglu_fwd(in(0).data(), in(1).data(), out(0).data(), e);
-    else if (op == "cast" || op == "reshape")
+    else if (op == ir::Op::cast || op == ir::Op::reshape)
       out(0) = in(0);
-    else if (op == "sum")
+    else if (op == ir::Op::sum)
       ref::sum(in(0).data(), out(0).data(), int64_t(in(0).size()));
-    else if (op == "sumsq")
+    else if (op == ir::Op::sumsq)
       ref::sumsq(in(0).data(), out(0).data(), int64_t(in(0).size()));
-    else if (op == "sum_rows")
+    else if (op == ir::Op::sum_rows)
       ref::sum_rows(in(0).data(), out(0).data(), int64_t(in(0).size()) / e, e);
-    else if (op == "broadcast_scalar")
+    else if (op == ir::Op::broadcast_scalar)
       std::fill(out(0).begin(), out(0).end(), in(0)[0]);
-    else if (op == "broadcast_rows") {
+    else if (op == ir::Op::broadcast_rows) {
       for (size_t i = 0; i < out(0).size(); ++i) out(0)[i] = in(0)[i % in(0).size()];
-    } else if (op == "grouped_matmul") {
+    } else if (op == ir::Op::grouped_matmul) {
       // the batched matmul it equals: per expert, rows (B*S) of a
       const Shape &a = shape(0), &w = shape(1);
       const bool ta = n.attr_int("ta", 0), tb = n.attr_int("tb", 0);
@@ -85,7 +85,7 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
               Y[(e * M + i) * N + j] = s;
             }
       }
-    } else if (op == "moe_router") {
+    } else if (op == ir::Op::moe_router) {
       const Shape& s = shape(0);
       const int64_t K = n.attr_int("top_k"), N = s[0] * s[1] * K;
       std::vector<int32_t> ex(static_cast<size_t>(N)), sl(static_cast<size_t>(N));
@@ -94,8 +94,8 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
                       n.attr_int("capacity"));
       out(1).assign(ex.begin(), ex.end());
       out(2).assign(sl.begin(), sl.end());
-    } else if (op == "moe_dispatch" || op == "moe_combine") {
-      const bool dispatch = op == "moe_dispatch";
+    } else if (op == ir::Op::moe_dispatch || op == ir::Op::moe_combine) {
+      const bool dispatch = op == ir::Op::moe_dispatch;
       const Shape& ex = g.value(n.outputs[0]).type.shape;  // (E,B,S,C) or (B,T,C)
       const Shape& e = dispatch ? ex : shape(0);
       const Shape& r = shape(1);
@@ -107,10 +107,10 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
       else
         ref::moe_combine(in(0).data(), experts.data(), slots.data(), gates, out(0).data(), r[0],
                          r[1], e[3], e[0], r[2], e[2]);
-    } else if (op == "embedding") {
+    } else if (op == ir::Op::embedding) {
       auto id = ids(n.inputs[0]);
       ref::embedding_fwd(id.data(), in(1).data(), out(0).data(), int64_t(id.size()), shape(1)[1]);
-    } else if (op == "matmul") {
+    } else if (op == ir::Op::matmul) {
       ops::MatmulDims d = ops::matmul_dims(g, n);
       const auto &A = in(0), &B = in(1);
       auto& Cm = out(0);
@@ -125,40 +125,40 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
             }
             Cm[b * d.M * d.N + i * d.N + j] = s;
           }
-    } else if (op == "rmsnorm") {
+    } else if (op == ir::Op::rmsnorm) {
       int64_t C = shape(1)[0];
       ref::rmsnorm_fwd(in(0).data(), in(1).data(), out(0).data(), out(1).data(), e / C, C,
                        n.attr_float("eps"));
-    } else if (op == "layernorm") {
+    } else if (op == ir::Op::layernorm) {
       int64_t C = shape(1)[0];
       ref::layernorm_fwd(in(0).data(), in(1).data(), in(2).data(), out(0).data(), out(1).data(),
                          out(2).data(), e / C, C, n.attr_float("eps"));
-    } else if (op == "rope") {
+    } else if (op == ir::Op::rope) {
       const Shape& s = shape(0);
       ref::rope(in(0).data(), out(0).data(), s[0], s[1], s[2], s[3], n.attr_float("theta"),
                 int(n.attr_int("sign", 1)));
-    } else if (op == "attention") {
+    } else if (op == ir::Op::attention) {
       const Shape &q = shape(0), &k = shape(1);
       ref::attention_fwd(in(0).data(), in(1).data(), in(2).data(), out(0).data(), out(1).data(),
                          q[0], q[1], q[2], k[2], q[3], n.attr_float("scale"));
-    } else if (op == "cross_entropy") {
+    } else if (op == ir::Op::cross_entropy) {
       auto t = ids(n.inputs[1]);
       int64_t V = shape(0).back();
       ref::cross_entropy(in(0).data(), t.data(), out(0).data(), out(1).data(), int64_t(t.size()),
                          V);
-    } else if (op == "transpose") {
+    } else if (op == ir::Op::transpose) {
       std::vector<int> perm;
       for (int64_t p : n.attr_ints("perm")) perm.push_back(int(p));
       ref::transpose(in(0).data(), out(0).data(), shape(0).data(), perm.data(), int(perm.size()),
                      8);
-    } else if (op == "split") {  // along the last dim of the (rows, dim * inner) view
+    } else if (op == ir::Op::split) {  // along the last dim of the (rows, dim * inner) view
       const ops::AxisView v = ops::axis_view(n, shape(0));
       std::vector<int64_t> sizes = n.attr_ints("sizes");
       for (int64_t& s : sizes) s *= v.inner;
       std::vector<double*> ys;
       for (size_t i = 0; i < sizes.size(); ++i) ys.push_back(out(int(i)).data());
       ref::split_last(in(0).data(), ys.data(), sizes.data(), int(sizes.size()), v.rows);
-    } else if (op == "concat") {
+    } else if (op == ir::Op::concat) {
       const ops::AxisView v = ops::axis_view(n, g.value(n.outputs[0]).type.shape);
       std::vector<int64_t> sizes;
       std::vector<const double*> xs;
@@ -167,13 +167,13 @@ std::vector<std::vector<double>> eval_f64(const ir::Graph& g,
         xs.push_back(in(int(i)).data());
       }
       ref::concat_last(xs.data(), out(0).data(), sizes.data(), int(sizes.size()), v.rows);
-    } else if (op == "positions") {
+    } else if (op == ir::Op::positions) {
       int64_t T = g.value(n.outputs[0]).type.shape.back();
       for (int64_t i = 0; i < e; ++i) out(0)[i] = double(i % T);
-    } else if (op == "fill") {
+    } else if (op == ir::Op::fill) {
       std::fill(out(0).begin(), out(0).end(), n.attr_float("value", 0.0));
     } else {
-      throw Error("reference_eval: no reference for op " + op);
+      throw Error("reference_eval: no reference for op " + std::string(ir::op_name(op)));
     }
   }
   return v;

@@ -94,8 +94,8 @@ std::pair<std::string, std::vector<std::string>> round_trip(const Sharding& a, c
                                                             std::mt19937& rng) {
   ir::Graph g("reshard");
   int x = g.add_input("x", {DType::f32, shape}, ir::ValueKind::input);
-  int y = g.add_node("scale", {x}, {{"s", 1.0}}, {{DType::f32, shape}}, {"y"})[0];
-  int z = g.add_node("scale", {y}, {{"s", 1.0}}, {{DType::f32, shape}}, {"z"})[0];
+  int y = g.add_node(ir::Op::scale, {x}, {{"s", 1.0}}, {{DType::f32, shape}}, {"y"})[0];
+  int z = g.add_node(ir::Op::scale, {y}, {{"s", 1.0}}, {{DType::f32, shape}}, {"z"})[0];
   g.add_output(z);
   g.add_output(y);  // an output stays live to the end of the run
   Annotations ann;
@@ -163,9 +163,9 @@ TEST(Reshard, PartialSumsReduceToTheirTarget) {
     ir::Graph g("partial");
     int x = g.add_input("x", {DType::f32, {4, 6}}, ir::ValueKind::input);
     int w = g.add_input("w", {DType::f32, {8, 6}}, ir::ValueKind::param);
-    int y = g.add_node("matmul", {x, w}, {{"ta", int64_t(0)}, {"tb", int64_t(1)}},
+    int y = g.add_node(ir::Op::matmul, {x, w}, {{"ta", int64_t(0)}, {"tb", int64_t(1)}},
                        {{DType::f32, {4, 8}}}, {"y"})[0];
-    int z = g.add_node("scale", {y}, {{"s", 1.0}}, {{DType::f32, {4, 8}}}, {"z"})[0];
+    int z = g.add_node(ir::Op::scale, {y}, {{"s", 1.0}}, {{DType::f32, {4, 8}}}, {"z"})[0];
     g.add_output(z);
     Annotations ann;
     ann[x].sharding = Sharding::replicated(2);

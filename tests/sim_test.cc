@@ -46,8 +46,8 @@ TEST(Cluster, WriteReadsBack) {
   Profile p;
   p.threads = 2;
   p.matmul.push_back({0, 1, 128, 256, 512, 1, DType::bf16, 1.5e-4});
-  p.ops["rmsnorm"].push_back({DType::f32, 1e6, 2e5, 3e-5});
-  p.comm["all_reduce"].push_back({4, 65536, 2e-5});
+  p.ops[ir::Op::rmsnorm].push_back({DType::f32, 1e6, 2e5, 3e-5});
+  p.comm[ir::Op::all_reduce].push_back({4, 65536, 2e-5});
   c.profile = p;
   const std::string path = (fs::temp_directory_path() / "loom_sim_test_cluster.toml").string();
   write_cluster(c, path, "# test\n");
@@ -60,8 +60,8 @@ TEST(Cluster, WriteReadsBack) {
   ASSERT_EQ(r.profile->matmul.size(), 1u);
   EXPECT_EQ(r.profile->matmul[0].n, 256);
   EXPECT_EQ(r.profile->matmul[0].dtype, DType::bf16);
-  EXPECT_EQ(r.profile->ops.at("rmsnorm").size(), 1u);
-  EXPECT_EQ(r.profile->comm.at("all_reduce")[0].ranks, 4);
+  EXPECT_EQ(r.profile->ops.at(ir::Op::rmsnorm).size(), 1u);
+  EXPECT_EQ(r.profile->comm.at(ir::Op::all_reduce)[0].ranks, 4);
 }
 
 std::string error_of(const std::string& text) {
@@ -163,16 +163,18 @@ TEST(Placement, AxesGoInnermostFirst) {
 TEST(Cost, CollectivesFollowTheRing) {
   Cluster h = shipped("h100-sxm.toml");
   const double b = 1e9, bw = h.levels[0].bandwidth, a = h.levels[0].latency;
-  EXPECT_DOUBLE_EQ(collective_seconds("all_gather", b, 8, h, 0), 7 * (a + b / bw));
-  EXPECT_DOUBLE_EQ(collective_seconds("reduce_scatter", b, 8, h, 0), 7 * a + 7.0 / 8 * b / bw);
+  EXPECT_DOUBLE_EQ(collective_seconds(ir::Op::all_gather, b, 8, h, 0), 7 * (a + b / bw));
+  EXPECT_DOUBLE_EQ(collective_seconds(ir::Op::reduce_scatter, b, 8, h, 0),
+                   7 * a + 7.0 / 8 * b / bw);
   // all-reduce at its own bus bandwidth (NVLink SHARP), the ring's steps the same
   const double ar = h.levels[0].all_reduce_bandwidth;
   ASSERT_GT(ar, bw);
-  EXPECT_DOUBLE_EQ(collective_seconds("all_reduce", b, 8, h, 0), 14 * a + 14.0 / 8 * b / ar);
-  EXPECT_EQ(collective_seconds("all_reduce", b, 1, h, 0), 0);
+  EXPECT_DOUBLE_EQ(collective_seconds(ir::Op::all_reduce, b, 8, h, 0), 14 * a + 14.0 / 8 * b / ar);
+  EXPECT_EQ(collective_seconds(ir::Op::all_reduce, b, 1, h, 0), 0);
   // a small all-reduce over thousands of ranks: the tree's log-depth latency, not the ring's
   const double ib_a = h.levels[1].latency, ib_bw = h.levels[1].bandwidth;
-  EXPECT_DOUBLE_EQ(collective_seconds("all_reduce", 4, 4096, h, 1), 2 * 12 * ib_a + 2 * 4 / ib_bw);
+  EXPECT_DOUBLE_EQ(collective_seconds(ir::Op::all_reduce, 4, 4096, h, 1),
+                   2 * 12 * ib_a + 2 * 4 / ib_bw);
 }
 
 // A compiled program of a config under a plan, as loom plan compiles it.

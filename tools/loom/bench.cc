@@ -159,7 +159,7 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
     const auto& nt = runner.executor().node_times();
     const ir::Graph& g = runner.program();
     for (const ir::Node& n : g.nodes()) {
-      if (n.op != "matmul") continue;
+      if (n.op != ir::Op::matmul) continue;
       ops::MatmulDims d = ops::matmul_dims(g, n);
       std::string key = fmt::format("M={} N={} K={} ta={} tb={} {}->{}", d.M, d.N, d.K, int(d.ta),
                                     int(d.tb), dtype_name(g.value(n.inputs[0]).type.dtype),

@@ -129,7 +129,7 @@ void profile_model(const Shape1& s, int reps, sim::Profile& prof) {
     if (ops::has_trait(n.op, ops::Trait::view)) continue;
     const double t = median(times[size_t(n.id)]);
     const DType dt = sim::node_dtype(g, n);
-    if (n.op == "matmul") {
+    if (n.op == ir::Op::matmul) {
       const ops::MatmulDims d = ops::matmul_dims(g, n);
       prof.matmul.push_back({int64_t(d.ta), int64_t(d.tb), d.M, d.N, d.K, d.batch, dt, t});
       continue;
@@ -141,21 +141,21 @@ void profile_model(const Shape1& s, int reps, sim::Profile& prof) {
 }
 
 // Median seconds of one collective of `bytes` per rank on n local ranks.
-double time_collective(const std::string& op, int n, int64_t bytes, int reps) {
+double time_collective(ir::Op op, int n, int64_t bytes, int reps) {
   std::vector<double> result(1);
   comm::run_local(n, [&](comm::Communicator& c) {
     const int64_t count = bytes / 4;
     std::vector<float> in(size_t(count), 1.0f);
-    std::vector<float> out(size_t(op == "all_gather" ? count * n : count), 0.0f);
+    std::vector<float> out(size_t(op == ir::Op::all_gather ? count * n : count), 0.0f);
     std::vector<double> ts;
     for (int r = 0; r < reps + 1; ++r) {
       c.barrier();
       const auto t0 = std::chrono::steady_clock::now();
-      if (op == "all_gather")
+      if (op == ir::Op::all_gather)
         c.all_gather(in.data(), out.data(), bytes);
-      else if (op == "reduce_scatter")
+      else if (op == ir::Op::reduce_scatter)
         c.reduce_scatter(in.data(), out.data(), count / n, DType::f32);
-      else if (op == "all_reduce")
+      else if (op == ir::Op::all_reduce)
         c.all_reduce(in.data(), count, DType::f32);
       else
         c.all_to_all(in.data(), out.data(), bytes / n);
@@ -220,7 +220,12 @@ sim::Profile import_profile(const std::string& path, const CalOpts& o, std::stri
     DType dt;
     if (!parse_dtype(k["dtype"].get<std::string>(), &dt))
       throw Error(fmt::format("{}: dtype: unknown dtype {}", where, k["dtype"].dump()));
-    const std::string op = k["op"].get<std::string>();
+    ir::Op op{};
+    try {
+      op = ir::parse_op(k["op"].get<std::string>());
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: op: {}", where, e.what()));
+    }
     const double seconds =
         num(k, "seconds") / (sim::compute_bound(op) ? o.compute_speed : o.memory_speed);
     if (!(seconds > 0)) throw Error(fmt::format("{}: seconds: expected > 0", where));
@@ -459,7 +464,7 @@ std::function<int()> add_calibrate(CLI::App& app) {
     dedupe(prof);
     // the streaming bandwidth of the largest add (out of cache)
     double bw = 0, largest = 0;
-    for (const auto& x : prof.ops["add"])
+    for (const auto& x : prof.ops[ir::Op::add])
       if (x.seconds > 0 && x.bytes >= largest) largest = x.bytes, bw = x.bytes / x.seconds;
     c.device.memory_bandwidth = bw > 0 ? bw : 1e10;
 
@@ -468,13 +473,14 @@ std::function<int()> add_calibrate(CLI::App& app) {
                  : std::vector<int64_t>{int64_t(1) << 16, int64_t(1) << 20, int64_t(1) << 23,
                                         int64_t(1) << 26};
     double level_bw = 0, level_lat = 1;
-    for (const char* op : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"})
+    for (const ir::Op op :
+         {ir::Op::all_gather, ir::Op::reduce_scatter, ir::Op::all_reduce, ir::Op::all_to_all})
       for (int n : {2, 4})
         for (int64_t b : sizes) {
           fmt::print(stderr, "calibrate: {} on {} ranks, {} bytes\n", op, n, b);
           const double t = time_collective(op, n, b, o->quick ? 2 : 5);
           prof.comm[op].push_back({n, double(b), t});
-          if (std::string(op) == "all_reduce" && n == 2) {
+          if (op == ir::Op::all_reduce && n == 2) {
             level_bw = std::max(level_bw, sim::collective_wire_bytes(op, double(b), n) / t);
             level_lat = std::min(level_lat, t / 2);
           }

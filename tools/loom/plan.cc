@@ -31,6 +31,7 @@
 #include "loom/models/model.h"
 #include "loom/ops/linear.h"
 #include "loom/ops/op.h"
+#include "loom/runtime/memory_plan.h"
 #include "loom/sim/cost.h"
 #include "loom/sim/simulate.h"
 #include "loom/train/compile.h"
@@ -56,7 +57,7 @@ void collect_kernels(const ir::Graph& g, const sim::Cluster& cl, double steps,
         ops::has_trait(n.op, ops::Trait::completion))
       continue;
     nlohmann::json k;
-    k["op"] = n.op;
+    k["op"] = std::string(ir::op_name(n.op));
     nlohmann::json attrs = nlohmann::json::object();
     for (const auto& [key, v] : n.attrs) std::visit([&](const auto& x) { attrs[key] = x; }, v);
     k["attrs"] = attrs;
@@ -82,7 +83,7 @@ void collect_kernels(const ir::Graph& g, const sim::Cluster& cl, double steps,
     k["flops"] = cost.flops;
     if (sim::is_gemm(n.op)) {
       const ops::MatmulDims d =
-          n.op == "matmul" ? ops::matmul_dims(g, n) : ops::grouped_matmul_dims(g, n);
+          n.op == ir::Op::matmul ? ops::matmul_dims(g, n) : ops::grouped_matmul_dims(g, n);
       k["gemm"] = {{"ta", int64_t(d.ta)}, {"tb", int64_t(d.tb)}, {"m", d.M}, {"n", d.N}, {"k", d.K},
                    {"batch", d.batch}};
     }
@@ -125,24 +126,33 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   so.mpi_ranks = !plan.empty() && cfg.plan.ranks == "mpi";
   const sim::Prediction p = sim::simulate(prog, plan.mesh, cl, pl, so);
   if (kernels) collect_kernels(prog, cl, double(step.accum), *kernels);
-  // gradient accumulation: `accum` forward+backward programs, then the optimizer's own graph
-  // (its arena, the gradient sums and moments beside the step's memory; the parameters once)
+  // gradient accumulation: `accum` forward+backward programs, `accum` - 1 runs of the accumulate
+  // graph, then the optimizer's own graph (its arena, the gradient sums and moments beside the
+  // step's memory; the parameters once)
   const double a = double(step.accum);
   double step_s = p.step_seconds * a, compute_s = p.compute_seconds * a, flops = p.flops * a;
   std::map<std::string, double> by_op;
   for (const auto& [op, t] : p.compute_by_op) by_op[op] += t * a;
   int64_t planned = p.planned_bytes, peak_bytes = p.peak_bytes;
   if (step.separate_optimizer()) {
+    for (const auto& [g, runs] :
+         {std::pair<const ir::Graph*, double>{&step.accum_graph, a - 1}, {&step.opt_graph, 1.0}}) {
+      const sim::Prediction o = sim::simulate(*g, shard::Mesh{}, cl, sim::Placement{}, so);
+      if (kernels) collect_kernels(*g, cl, runs, *kernels);
+      step_s += o.step_seconds * runs;
+      compute_s += o.compute_seconds * runs;
+      flops += o.flops * runs;
+      for (const auto& [op, t] : o.compute_by_op) by_op[op] += t * runs;
+    }
+    // the optimizer graph's memory but the parameters, and the accumulate graph's arena (its sums
+    // are the optimizer's inputs, its gradients the step's)
     const sim::Prediction o =
         sim::simulate(step.opt_graph, shard::Mesh{}, cl, sim::Placement{}, so);
-    if (kernels) collect_kernels(step.opt_graph, cl, 1, *kernels);
-    step_s += o.step_seconds;
-    compute_s += o.compute_seconds;
-    flops += o.flops;
-    for (const auto& [op, t] : o.compute_by_op) by_op[op] += t;
     const int64_t params = models::param_count(cfg.model) * 4;
-    planned += o.planned_bytes - params;
-    peak_bytes += o.planned_bytes - params;
+    const int64_t extra =
+        o.planned_bytes - params + runtime::plan_memory(step.accum_graph).arena_bytes;
+    planned += extra;
+    peak_bytes += extra;
   }
 
   const int64_t T = cfg.train.seq_len;

@@ -26,7 +26,7 @@ std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& 
   }
 
   std::vector<int> grad(g.values().size(), -1);
-  grad[loss] = b.emit1("fill", {}, {{"shape", Shape{}}, {"value", 1.0}}, "grad.seed");
+  grad[loss] = b.emit1(ir::Op::fill, {}, {{"shape", Shape{}}, {"value", 1.0}}, "grad.seed");
   auto accumulate = [&](int v, int d) {
     if (grad[v] < 0) {
       grad[v] = d;
@@ -61,12 +61,12 @@ std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& 
     for (int& in : nv.inputs) {
       if (g.value(in).kind != ir::ValueKind::node) continue;
       const ir::Node p = g.node(g.value(in).producer);  // copy: emit1 below grows the graph
-      if (p.op != "cast" || g.value(p.inputs[0]).kind == ir::ValueKind::node) continue;
+      if (p.op != ir::Op::cast || g.value(p.inputs[0]).kind == ir::ValueKind::node) continue;
       auto it = recast.find(in);
       if (it == recast.end()) {
         std::string name =
             g.value(p.inputs[0]).name + ".bwd." + std::string(dtype_name(g.value(in).type.dtype));
-        it = recast.emplace(in, b.emit1("cast", {p.inputs[0]}, p.attrs, name)).first;
+        it = recast.emplace(in, b.emit1(ir::Op::cast, {p.inputs[0]}, p.attrs, name)).first;
       }
       in = it->second;
     }
@@ -103,10 +103,11 @@ TrainStep add_optimizer(ir::Graph& g, const std::map<int, int>& grads, const Ada
   b.set_scope("optim.");
   int total = -1;
   for (int p : params) {
-    int s = b.emit1("sumsq", {grads.at(p)});
+    int s = b.emit1(ir::Op::sumsq, {grads.at(p)});
     total = total < 0 ? s : b.add(total, s);
   }
-  auto cn = b.emit("clip_coef", {total}, {{"max_norm", cfg.grad_clip}}, {"clip_coef", "grad_norm"});
+  auto cn =
+      b.emit(ir::Op::clip_coef, {total}, {{"max_norm", cfg.grad_clip}}, {"clip_coef", "grad_norm"});
   ts.grad_norm = cn[1];
   ts.hyper = g.add_input("optim.hyper", {DType::f32, {3}}, ir::ValueKind::input);
   for (int p : params) {
@@ -119,7 +120,7 @@ TrainStep add_optimizer(ir::Graph& g, const std::map<int, int>& grads, const Ada
     ts.moments[{p, Moment::v}] = v;
     double wd = t.shape.size() >= 2 ? cfg.weight_decay : 0.0;
     b.set_scope("");
-    b.emit("adamw", {p, grads.at(p), m, v, ts.hyper, cn[0]},
+    b.emit(ir::Op::adamw, {p, grads.at(p), m, v, ts.hyper, cn[0]},
            {{"beta1", cfg.beta1}, {"beta2", cfg.beta2}, {"eps", cfg.eps}, {"wd", wd}},
            {"new." + name, "new.adam.m." + name, "new.adam.v." + name});
   }

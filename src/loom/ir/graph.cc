@@ -84,12 +84,12 @@ int Graph::add_input(std::string name, TensorType type, ValueKind kind) {
   return values_.back().id;
 }
 
-std::vector<int> Graph::add_node(std::string op, std::vector<int> inputs, Attrs attrs,
+std::vector<int> Graph::add_node(Op op, std::vector<int> inputs, Attrs attrs,
                                  const std::vector<TensorType>& out_types,
                                  const std::vector<std::string>& out_names) {
   Node n;
   n.id = int(nodes_.size());
-  n.op = std::move(op);
+  n.op = op;
   n.attrs = std::move(attrs);
   n.inputs = std::move(inputs);
   for (int in : n.inputs) LOOM_CHECK(in >= 0 && in < int(values_.size())) << "bad input id " << in;

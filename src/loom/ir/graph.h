@@ -1,5 +1,5 @@
-// Graph, Node, Value: Loom's IR. A Graph is a straight-line program over tensors with static
-// shapes.
+// Graph, Node, Value: Loom's IR (its ops: op.h). A Graph is a straight-line program over tensors
+// with static shapes.
 //
 // Values are graph inputs (param: trainable weight; state: persistent non-trained tensor such as
 // optimizer moments; input: data fed every step) or the outputs of nodes. Nodes are kept in
@@ -19,6 +19,7 @@
 
 #include "loom/core/dtype.h"
 #include "loom/core/shape.h"
+#include "loom/ir/op.h"
 
 namespace loom::ir {
 
@@ -46,7 +47,7 @@ struct Value {
 
 struct Node {
   int id = -1;
-  std::string op;
+  Op op{};
   Attrs attrs;
   std::vector<int> inputs;
   std::vector<int> outputs;
@@ -70,7 +71,7 @@ class Graph {
   int add_input(std::string name, TensorType type, ValueKind kind);
   // Appends a node; its outputs get the given types and names (an empty name becomes "%<id>"-style
   // "t<id>"; a taken name gets a ".<n>" suffix). Returns the output value ids.
-  std::vector<int> add_node(std::string op, std::vector<int> inputs, Attrs attrs,
+  std::vector<int> add_node(Op op, std::vector<int> inputs, Attrs attrs,
                             const std::vector<TensorType>& out_types,
                             const std::vector<std::string>& out_names);
   void add_output(int value);

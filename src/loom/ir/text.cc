@@ -45,7 +45,7 @@ std::string print(const Graph& g, const std::function<std::string(int)>& annotat
       const Value& v = g.value(n.outputs[i]);
       out += fmt::format("{}%{} : {}", i ? ", " : "", v.name, type(v));
     }
-    out += " = " + n.op + "(";
+    out += fmt::format(" = {}(", n.op);
     for (size_t i = 0; i < n.inputs.size(); ++i)
       out += (i ? ", %" : "%") + g.value(n.inputs[i]).name;
     out += ")";
@@ -244,7 +244,13 @@ class Parser {
       types.push_back(type());
     } while (accept(','));
     expect('=');
-    std::string op = word();
+    const std::string op_word = word();
+    Op op{};
+    try {
+      op = parse_op(op_word);
+    } catch (const Error& e) {
+      fail(e.what());
+    }
     expect('(');
     std::vector<int> inputs;
     if (!accept(')')) {

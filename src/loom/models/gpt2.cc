@@ -79,12 +79,12 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
   detail::Ctx x{b, c, in};
   const double eps = x.c.norm_eps;
   const int64_t C = x.c.d_model;
-  int pos = b.emit1("embedding", {x.positions(), x.param("wpe.weight")}, {}, "pos_embed");
-  int h = b.add(b.emit1("embedding", {in.tokens, x.param("wte.weight")}, {}, "tok_embed"), pos,
-                "embed");
+  int pos = b.emit1(ir::Op::embedding, {x.positions(), x.param("wpe.weight")}, {}, "pos_embed");
+  int h = b.add(b.emit1(ir::Op::embedding, {in.tokens, x.param("wte.weight")}, {}, "tok_embed"),
+                pos, "embed");
   auto ln = [&](int in, const std::string& p, const std::string& name) {
-    return b.emit("layernorm", {in, x.param(p + ".weight"), x.param(p + ".bias")}, {{"eps", eps}},
-                  {name, name + "_mean", name + "_rstd"})[0];
+    return b.emit(ir::Op::layernorm, {in, x.param(p + ".weight"), x.param(p + ".bias")},
+                  {{"eps", eps}}, {name, name + "_mean", name + "_rstd"})[0];
   };
   auto affine = [&](int in, const std::string& p, const std::string& name) {
     return b.add(x.conv1d(in, p + ".weight", name + "_mm"), x.param(p + ".bias"), name);
@@ -94,10 +94,10 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
     b.set_scope(fmt::format("h.{}.", l));
     const int n1 = b.cast(ln(h, p + "ln_1", "ln_1"), x.cd);
     // cast whole, then split: the gathered weight is only cast (gather_cast gathers it in bf16)
-    const auto ws = b.emit("split", {b.cast(x.param(p + "attn.c_attn.weight"), x.cd)},
+    const auto ws = b.emit(ir::Op::split, {b.cast(x.param(p + "attn.c_attn.weight"), x.cd)},
                            {{"sizes", std::vector<int64_t>{1, 1, 1}}, {"axis", int64_t(1)}},
                            {"wq3", "wk3", "wv3"});
-    const auto bs = b.emit("split", {x.param(p + "attn.c_attn.bias")},
+    const auto bs = b.emit(ir::Op::split, {x.param(p + "attn.c_attn.bias")},
                            {{"sizes", std::vector<int64_t>{1, 1, 1}}, {"axis", int64_t(0)}},
                            {"bq2", "bk2", "bv2"});
     int qkv[3];
@@ -120,16 +120,17 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
       int n2 = ln(h, p + "ln_2", "ln_2");
       int logits = b.matmul(n2, x.param(p + "mlp.gate.weight"), false, false, "router_logits");
       int y = x.moe(n2, logits, [&](int xe) {
-        int f =
-            b.emit1("gelu", {x.experts_mm(xe, p + "mlp.experts.c_fc.weight", false, "expert_fc")},
-                    {}, "expert_gelu");
+        int f = b.emit1(ir::Op::gelu,
+                        {x.experts_mm(xe, p + "mlp.experts.c_fc.weight", false, "expert_fc")}, {},
+                        "expert_gelu");
         if (c.normformer) f = ln(f, p + "mlp.experts.ln_fc", "expert_ln_fc");
         return x.experts_mm(f, p + "mlp.experts.c_proj.weight", false, "expert_proj");
       });
       h = b.add(h, y, "resid_mlp");
       continue;
     }
-    int f = b.emit1("gelu", {affine(ln(h, p + "ln_2", "ln_2"), p + "mlp.c_fc", "fc")}, {}, "gelu");
+    int f = b.emit1(ir::Op::gelu, {affine(ln(h, p + "ln_2", "ln_2"), p + "mlp.c_fc", "fc")}, {},
+                    "gelu");
     if (c.normformer) f = ln(f, p + "mlp.ln_fc", "ln_fc");
     h = b.add(h, affine(f, p + "mlp.c_proj", "mlp_out"), "resid_mlp");
   }

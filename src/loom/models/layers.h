@@ -42,16 +42,17 @@ struct Ctx {
     const int64_t NH = c.n_heads, HS = c.head_size(), C = c.d_model;
     const Shape& ws = b.shape(param(w));
     // s (NH) -> (NH, HS): every head's scale repeated over its features
-    int rep = b.matmul(b.reshape(param(scale), {NH, 1}),
-                       b.emit1("fill", {}, {{"shape", Shape{1, HS}}, {"value", 1.0}}, "ones_hs"),
-                       false, false, "head_scale_rep");
+    int rep =
+        b.matmul(b.reshape(param(scale), {NH, 1}),
+                 b.emit1(ir::Op::fill, {}, {{"shape", Shape{1, HS}}, {"value", 1.0}}, "ones_hs"),
+                 false, false, "head_scale_rep");
     int grid;
     if (heads_on_rows)  // (NH*HS, 1) x (1, C)
       grid = b.matmul(b.reshape(rep, {NH * HS, 1}),
-                      b.emit1("fill", {}, {{"shape", Shape{1, C}}, {"value", 1.0}}, "ones_c"),
+                      b.emit1(ir::Op::fill, {}, {{"shape", Shape{1, C}}, {"value", 1.0}}, "ones_c"),
                       false, false, "head_scale_grid");
     else
-      grid = b.emit1("broadcast_rows", {b.reshape(rep, {NH * HS})}, {{"shape", ws}},
+      grid = b.emit1(ir::Op::broadcast_rows, {b.reshape(rep, {NH * HS})}, {{"shape", ws}},
                      "head_scale_grid");
     return b.mul(param(w), grid, "head_scaled_proj");
   }
@@ -64,7 +65,8 @@ struct Ctx {
     // the slots balanced routing fills (the cost counts those; the kernel skips the empty ones)
     const int64_t S = b.shape(x)[2];
     a["fill"] = std::min(1.0, double(in.T * c.moe.top_k) / double(c.moe.experts * S));
-    return b.emit1("grouped_matmul", {b.cast(x, cd), b.cast(param(w), cd)}, std::move(a), name);
+    return b.emit1(ir::Op::grouped_matmul, {b.cast(x, cd), b.cast(param(w), cd)}, std::move(a),
+                   name);
   }
   // A Mixture-of-Experts MLP over n (B,T,C) f32 (ops/moe.cc): the router's logits (B,T,E) f32 (a
   // linear map of n, in f32 even under bf16: Switch Transformer's selective precision, since a
@@ -78,18 +80,18 @@ struct Ctx {
   int moe(int n, int logits, Experts&& experts) {
     const int64_t T = in.T, E = c.moe.experts;
     const int64_t S = in.decoding() ? T : c.moe.capacity(T);
-    auto r = b.emit("moe_router", {logits}, {{"top_k", c.moe.top_k}, {"capacity", S}},
+    auto r = b.emit(ir::Op::moe_router, {logits}, {{"top_k", c.moe.top_k}, {"capacity", S}},
                     {"gates", "experts", "slots", "prob_sum", "z_sum", "routed", "kept"});
     if (in.moe) in.moe->push_back({r[3], r[4], r[5], r[6]});
-    int xe = b.emit1("moe_dispatch", {b.cast(n, cd), r[1], r[2]},
+    int xe = b.emit1(ir::Op::moe_dispatch, {b.cast(n, cd), r[1], r[2]},
                      {{"num_experts", E}, {"capacity", S}}, "expert_in");
-    return b.emit1("moe_combine", {experts(xe), r[1], r[2], r[0]}, {}, "moe_out");
+    return b.emit1(ir::Op::moe_combine, {experts(xe), r[1], r[2], r[0]}, {}, "moe_out");
   }
   // The tokens' positions, i32 (B,T): 0..T-1, or start..start+T-1 when decoding.
   int positions() {
     const ir::Attrs shape{{"shape", Shape{in.B, in.T}}};
-    if (in.decoding()) return b.emit1("positions_at", {in.start}, shape, "positions");
-    return b.emit1("positions", {}, shape, "positions");
+    if (in.decoding()) return b.emit1(ir::Op::positions_at, {in.start}, shape, "positions");
+    return b.emit1(ir::Op::positions, {}, shape, "positions");
   }
   // Causal attention over q (B,T,NH*HS), k and v (B,T,NKV*HS), returning (B,T,NH*HS) in cd. When
   // decoding, k and v also go into this layer's caches (state values named by the scope: the
@@ -101,11 +103,11 @@ struct Ctx {
     v = b.reshape(v, {B, T, NKV, HS}, "v4");
     if (rope) {
       if (in.decoding()) {
-        q = b.emit1("rope_at", {q, in.start}, {{"theta", c.rope_theta}}, "q_rot");
-        k = b.emit1("rope_at", {k, in.start}, {{"theta", c.rope_theta}}, "k_rot");
+        q = b.emit1(ir::Op::rope_at, {q, in.start}, {{"theta", c.rope_theta}}, "q_rot");
+        k = b.emit1(ir::Op::rope_at, {k, in.start}, {{"theta", c.rope_theta}}, "k_rot");
       } else {
-        q = b.emit1("rope", {q}, {{"theta", c.rope_theta}, {"sign", int64_t(1)}}, "q_rot");
-        k = b.emit1("rope", {k}, {{"theta", c.rope_theta}, {"sign", int64_t(1)}}, "k_rot");
+        q = b.emit1(ir::Op::rope, {q}, {{"theta", c.rope_theta}, {"sign", int64_t(1)}}, "q_rot");
+        k = b.emit1(ir::Op::rope, {k}, {{"theta", c.rope_theta}, {"sign", int64_t(1)}}, "k_rot");
       }
     }
     q = b.cast(q, cd);
@@ -118,10 +120,10 @@ struct Ctx {
       const ir::TensorType cache{cd, {B, in.cache_len, NKV, HS}};
       int kc = g.add_input(b.scope() + "k_cache", cache, ir::ValueKind::state);
       int vc = g.add_input(b.scope() + "v_cache", cache, ir::ValueKind::state);
-      o = b.emit("cached_attention", {q, k, v, kc, vc, in.start}, {{"scale", scale}},
+      o = b.emit(ir::Op::cached_attention, {q, k, v, kc, vc, in.start}, {{"scale", scale}},
                  {"attn", "k_cache_next", "v_cache_next"})[0];
     } else {
-      o = b.emit("attention", {q, k, v}, {{"scale", scale}}, {"attn", "attn_lse"})[0];
+      o = b.emit(ir::Op::attention, {q, k, v}, {{"scale", scale}}, {"attn", "attn_lse"})[0];
     }
     return b.reshape(o, {B, T, NH * HS}, "attn_flat");
   }
@@ -131,7 +133,7 @@ struct Ctx {
     if (!in.decoding() || in.T == 1) return h;
     const int64_t C = b.shape(h).back();
     int flat = b.reshape(h, {in.B, in.T * C}, "hidden_flat");
-    int last = b.emit("split", {flat}, {{"sizes", std::vector<int64_t>{(in.T - 1) * C, C}}},
+    int last = b.emit(ir::Op::split, {flat}, {{"sizes", std::vector<int64_t>{(in.T - 1) * C, C}}},
                       {"hidden_rest", "hidden_last"})[1];
     return b.reshape(last, {in.B, 1, C}, "hidden_last_row");
   }

@@ -66,14 +66,15 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
   const double eps = x.c.norm_eps;
   // NormFormer's extra norms, RMSNorm in Llama's flavour; on f32 (a bf16 input is widened)
   auto norm = [&](int v, const std::string& w, const std::string& name) {
-    return b.emit("rmsnorm", {b.cast(v, DType::f32), x.param(w)}, {{"eps", eps}},
+    return b.emit(ir::Op::rmsnorm, {b.cast(v, DType::f32), x.param(w)}, {{"eps", eps}},
                   {name, name + "_rstd"})[0];
   };
-  int h = b.emit1("embedding", {in.tokens, x.param("model.embed_tokens.weight")}, {}, "embed");
+  int h =
+      b.emit1(ir::Op::embedding, {in.tokens, x.param("model.embed_tokens.weight")}, {}, "embed");
   for (int64_t l = 0; l < x.c.n_layers; ++l) {
     std::string p = fmt::format("model.layers.{}.", l);
     b.set_scope(fmt::format("layers.{}.", l));
-    int n1 = b.emit("rmsnorm", {h, x.param(p + "input_layernorm.weight")}, {{"eps", eps}},
+    int n1 = b.emit(ir::Op::rmsnorm, {h, x.param(p + "input_layernorm.weight")}, {{"eps", eps}},
                     {"attn_norm", "attn_rstd"})[0];
     n1 = b.cast(n1, x.cd, "attn_norm_c");
     int q = x.linear(n1, p + "self_attn.q_proj.weight", "q");
@@ -87,8 +88,8 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
     } else {
       h = b.add(h, x.linear(a, p + "self_attn.o_proj.weight", "attn_out"), "resid_attn");
     }
-    int n2 = b.emit("rmsnorm", {h, x.param(p + "post_attention_layernorm.weight")}, {{"eps", eps}},
-                    {"mlp_norm", "mlp_rstd"})[0];
+    int n2 = b.emit(ir::Op::rmsnorm, {h, x.param(p + "post_attention_layernorm.weight")},
+                    {{"eps", eps}}, {"mlp_norm", "mlp_rstd"})[0];
     if (c.moe.layer(l)) {
       const std::string m = p + "block_sparse_moe.experts.";
       int logits =
@@ -96,7 +97,7 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
       int y = x.moe(n2, logits, [&](int xe) {
         int gate = x.experts_mm(xe, m + "w1.weight", true, "expert_gate", x.cd);
         int up = x.experts_mm(xe, m + "w3.weight", true, "expert_up", x.cd);
-        int s = b.emit1("swiglu", {gate, up}, {}, "expert_swiglu");
+        int s = b.emit1(ir::Op::swiglu, {gate, up}, {}, "expert_swiglu");
         if (c.normformer) s = norm(s, m + "ffn_layernorm.weight", "expert_ffn_norm");
         return x.experts_mm(s, m + "w2.weight", true, "expert_down");
       });
@@ -107,13 +108,13 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
     // in bf16 the MLP's wide activations are stored in bf16 (half the memory of the saved gate/up)
     int gate = x.linear(n2, p + "mlp.gate_proj.weight", "gate", x.cd);
     int up = x.linear(n2, p + "mlp.up_proj.weight", "up", x.cd);
-    int s = b.emit1("swiglu", {gate, up}, {}, "swiglu");
+    int s = b.emit1(ir::Op::swiglu, {gate, up}, {}, "swiglu");
     if (c.normformer) s = norm(s, p + "mlp.ffn_layernorm.weight", "ffn_norm");
     h = b.add(h, x.linear(s, p + "mlp.down_proj.weight", "mlp_out"), "resid_mlp");
   }
   b.set_scope("");
   h = x.head_rows(h);
-  int nf = b.emit("rmsnorm", {h, x.param("model.norm.weight")}, {{"eps", eps}},
+  int nf = b.emit(ir::Op::rmsnorm, {h, x.param("model.norm.weight")}, {{"eps", eps}},
                   {"final_norm", "final_rstd"})[0];
   if (!c.tie_embeddings) return x.linear(nf, "lm_head.weight", "logits");
   // tied: logits = nf E^T with the embedding (V, C) as the head, as nn.Linear would hold it

@@ -207,14 +207,14 @@ void add_moe_losses(ops::Builder& b, const ModelConfig& c, const std::vector<Moe
   if (c.moe.balance == "layer") {  // the mean over layers of E sum_e f_e P_e, each layer's own
     int sum = -1;
     for (const auto& l : moe) {
-      int one = b.emit1("sum", {b.mul(l.routed, l.prob_sum)});
+      int one = b.emit1(ir::Op::sum, {b.mul(l.routed, l.prob_sum)});
       sum = sum < 0 ? one : b.add(sum, one);
     }
     aux = b.scale(sum, double(c.moe.experts) / (double(N) * double(N) * double(moe.size())),
                   "aux_loss");
   } else {
-    int balance =
-        b.emit1("sum", {b.mul(total(&MoeLayerStats::routed), total(&MoeLayerStats::prob_sum))});
+    int balance = b.emit1(ir::Op::sum,
+                          {b.mul(total(&MoeLayerStats::routed), total(&MoeLayerStats::prob_sum))});
     aux = b.scale(balance, double(c.moe.experts) / (tokens * tokens), "aux_loss");
   }
   int z = b.scale(total(&MoeLayerStats::z_sum), 1.0 / tokens, "z_loss");
@@ -224,7 +224,7 @@ void add_moe_losses(ops::Builder& b, const ModelConfig& c, const std::vector<Moe
   for (const auto& l : moe) kept.push_back(l.kept), routed_each.push_back(l.routed);
   auto concat = [&](const std::vector<int>& vs, const std::string& name) {
     if (vs.size() == 1) return vs[0];
-    return b.emit1("concat", vs, {}, name);
+    return b.emit1(ir::Op::concat, vs, {}, name);
   };
   m.moe_kept = concat(kept, "moe_kept");
   m.moe_routed = concat(routed_each, "moe_routed");
@@ -244,7 +244,7 @@ ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T) {
   ops::Builder b(g);
   std::vector<MoeLayerStats> moe;
   m.logits = arch.build(b, c, {.tokens = m.tokens, .B = B, .T = T, .moe = &moe});
-  auto ce = b.emit("cross_entropy", {m.logits, m.targets}, {},
+  auto ce = b.emit(ir::Op::cross_entropy, {m.logits, m.targets}, {},
                    {moe.empty() ? "loss" : "ce_loss", "dlogits"});
   m.loss = m.ce_loss = ce[0];
   if (!moe.empty()) add_moe_losses(b, c, moe, B * T, m);

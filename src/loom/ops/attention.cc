@@ -58,7 +58,7 @@ void register_attention_ops() {
                      if (d[1] >= 0) throw Error("attention: lse is not differentiable");
                      int dout = b.cast(d[0], b.type(n.inputs[0]).dtype);
                      return b.emit(
-                         "attention_bwd",
+                         Op::attention_bwd,
                          {dout, n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1]},
                          n.attrs, {"grad.attn.q", "grad.attn.k", "grad.attn.v"});
                    },
@@ -104,7 +104,7 @@ void register_attention_ops() {
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
              ir::Attrs a = n.attrs;
              a["sign"] = -n.attr_int("sign", 1);
-             return std::vector<int>{b.emit1("rope", {d[0]}, a, "grad.rope")};
+             return std::vector<int>{b.emit1(Op::rope, {d[0]}, a, "grad.rope")};
            },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 3); },
        .reuse = {{0, 0}},

@@ -2,7 +2,7 @@
 
 namespace loom::ops {
 
-std::vector<int> Builder::emit(const std::string& op, std::vector<int> inputs, ir::Attrs attrs,
+std::vector<int> Builder::emit(Op op, std::vector<int> inputs, ir::Attrs attrs,
                                std::vector<std::string> names) {
   const OpDef& def = op_def(op);
   std::vector<ir::TensorType> in;
@@ -13,24 +13,23 @@ std::vector<int> Builder::emit(const std::string& op, std::vector<int> inputs, i
   return g_.add_node(op, std::move(inputs), std::move(attrs), out, names);
 }
 
-int Builder::emit1(const std::string& op, std::vector<int> inputs, ir::Attrs attrs,
-                   std::string name) {
+int Builder::emit1(Op op, std::vector<int> inputs, ir::Attrs attrs, std::string name) {
   return emit(op, std::move(inputs), std::move(attrs), {std::move(name)})[0];
 }
 
 int Builder::matmul(int a, int b, bool ta, bool tb, std::string name, DType out) {
   ir::Attrs at{{"ta", int64_t(ta)}, {"tb", int64_t(tb)}};
   if (out != DType::f32) at["out"] = std::string(dtype_name(out));
-  return emit1("matmul", {a, b}, std::move(at), std::move(name));
+  return emit1(Op::matmul, {a, b}, std::move(at), std::move(name));
 }
 int Builder::add(int a, int b, std::string name) {
-  return emit1("add", {a, b}, {}, std::move(name));
+  return emit1(Op::add, {a, b}, {}, std::move(name));
 }
 int Builder::mul(int a, int b, std::string name) {
-  return emit1("mul", {a, b}, {}, std::move(name));
+  return emit1(Op::mul, {a, b}, {}, std::move(name));
 }
 int Builder::scale(int a, double s, std::string name) {
-  return emit1("scale", {a}, {{"s", s}}, std::move(name));
+  return emit1(Op::scale, {a}, {{"s", s}}, std::move(name));
 }
 int Builder::cast(int a, DType to, std::string name) {
   if (type(a).dtype == to) return a;
@@ -38,15 +37,15 @@ int Builder::cast(int a, DType to, std::string name) {
     name = g_.value(a).name + "." + std::string(dtype_name(to));
     std::string saved = scope_;
     scope_.clear();
-    int r = emit1("cast", {a}, {{"to", std::string(dtype_name(to))}}, std::move(name));
+    int r = emit1(Op::cast, {a}, {{"to", std::string(dtype_name(to))}}, std::move(name));
     scope_ = saved;
     return r;
   }
-  return emit1("cast", {a}, {{"to", std::string(dtype_name(to))}}, std::move(name));
+  return emit1(Op::cast, {a}, {{"to", std::string(dtype_name(to))}}, std::move(name));
 }
 int Builder::reshape(int a, Shape s, std::string name) {
   if (shape(a) == s) return a;
-  return emit1("reshape", {a}, {{"shape", s}}, std::move(name));
+  return emit1(Op::reshape, {a}, {{"shape", s}}, std::move(name));
 }
 
 }  // namespace loom::ops

@@ -20,11 +20,10 @@ class Builder {
   const Shape& shape(int v) const { return g_.value(v).type.shape; }
 
   // Appends `op` and returns all of its outputs.
-  std::vector<int> emit(const std::string& op, std::vector<int> inputs, ir::Attrs attrs = {},
+  std::vector<int> emit(Op op, std::vector<int> inputs, ir::Attrs attrs = {},
                         std::vector<std::string> names = {});
   // Appends a single-output op and returns its output.
-  int emit1(const std::string& op, std::vector<int> inputs, ir::Attrs attrs = {},
-            std::string name = "");
+  int emit1(Op op, std::vector<int> inputs, ir::Attrs attrs = {}, std::string name = "");
 
   void set_scope(std::string s) { scope_ = std::move(s); }
   const std::string& scope() const { return scope_; }

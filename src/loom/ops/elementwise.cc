@@ -72,7 +72,7 @@ void register_elementwise_ops() {
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
              int db = d[0];
              if (b.shape(n.inputs[1]) != b.shape(n.inputs[0]))
-               db = b.emit1("sum_rows", {d[0]}, {}, "grad.sum_rows");
+               db = b.emit1(Op::sum_rows, {d[0]}, {}, "grad.sum_rows");
              return std::vector<int>{d[0], db};
            },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 1); },
@@ -122,8 +122,8 @@ void register_elementwise_ops() {
        },
        .vjp =
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
-             int dx = b.emit1("mul_scalar", {d[0], n.inputs[1]});
-             int ds = b.emit1("sum", {b.mul(d[0], n.inputs[0])});
+             int dx = b.emit1(Op::mul_scalar, {d[0], n.inputs[1]});
+             int ds = b.emit1(Op::sum, {b.mul(d[0], n.inputs[0])});
              return std::vector<int>{dx, ds};
            },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 1); },
@@ -137,7 +137,7 @@ void register_elementwise_ops() {
        .infer = [](const Types& in, const Attrs&) { return same_as_first("gelu", in, 1); },
        .vjp =
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
-             return std::vector<int>{b.emit1("gelu_bwd", {d[0], n.inputs[0]})};
+             return std::vector<int>{b.emit1(Op::gelu_bwd, {d[0], n.inputs[0]})};
            },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 8); },
        .reuse = {{0, 0}},
@@ -160,7 +160,7 @@ void register_elementwise_ops() {
        .vjp =
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
              int dy = b.cast(d[0], b.type(n.inputs[0]).dtype);
-             return b.emit("swiglu_bwd", {dy, n.inputs[0], n.inputs[1]});
+             return b.emit(Op::swiglu_bwd, {dy, n.inputs[0], n.inputs[1]});
            },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 6); },
        .reuse = {{0, 0}, {0, 1}},
@@ -218,13 +218,13 @@ void register_elementwise_ops() {
   OpDef sum = scalar_reduce("sum", 1);
   sum.vjp = [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
     return std::vector<int>{
-        b.emit1("broadcast_scalar", {d[0]}, {{"shape", b.shape(n.inputs[0])}}, "grad.bcast")};
+        b.emit1(Op::broadcast_scalar, {d[0]}, {{"shape", b.shape(n.inputs[0])}}, "grad.bcast")};
   };
   sum.sharding = einsum("*->", {0});
   register_op(sum);
   OpDef sumsq = scalar_reduce("sumsq", 2);
   sumsq.vjp = [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
-    return std::vector<int>{b.emit1("mul_scalar", {b.scale(n.inputs[0], 2.0), d[0]})};
+    return std::vector<int>{b.emit1(Op::mul_scalar, {b.scale(n.inputs[0], 2.0), d[0]})};
   };
   sumsq.sharding = einsum("*->");
   register_op(sumsq);
@@ -241,7 +241,7 @@ void register_elementwise_ops() {
                .vjp =
                    [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
                      return std::vector<int>{
-                         b.emit1("broadcast_rows", {d[0]}, {{"shape", b.shape(n.inputs[0])}})};
+                         b.emit1(Op::broadcast_rows, {d[0]}, {{"shape", b.shape(n.inputs[0])}})};
                    },
                .cost =
                    [](const ir::Graph& g, const ir::Node& n) {
@@ -262,7 +262,7 @@ void register_elementwise_ops() {
          return {TensorType{DType::f32, attr_shape(a, "broadcast_scalar")}};
        },
        .vjp = [](Builder& b, const ir::Node& n,
-                 const std::vector<int>& d) { return std::vector<int>{b.emit1("sum", {d[0]})}; },
+                 const std::vector<int>& d) { return std::vector<int>{b.emit1(Op::sum, {d[0]})}; },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 0); },
        .sharding = with_shape(einsum("->*", {0}))});
   // broadcast_rows(v (C)) {shape (...,C)} -> every row a copy of v
@@ -279,7 +279,7 @@ void register_elementwise_ops() {
        },
        .vjp =
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
-             return std::vector<int>{b.emit1("sum_rows", {d[0]})};
+             return std::vector<int>{b.emit1(Op::sum_rows, {d[0]})};
            },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 0); },
        .sharding = with_shape(einsum("c->*c", {0}))});

@@ -183,7 +183,7 @@ void register_layout_ops() {
                      std::vector<int64_t> inv(p.size());
                      for (size_t i = 0; i < p.size(); ++i) inv[p[i]] = int64_t(i);
                      return std::vector<int>{
-                         b.emit1("transpose", {d[0]}, {{"perm", inv}}, "grad.transpose")};
+                         b.emit1(Op::transpose, {d[0]}, {{"perm", inv}}, "grad.transpose")};
                    },
                .cost = copy_cost,
                .sharding = {.rule = [](const Types& in, const Types& out, const Attrs& a) {
@@ -224,10 +224,11 @@ void register_layout_ops() {
                if (d[i] >= 0)
                  parts.push_back(d[i]);
                else
-                 parts.push_back(b.emit1(
-                     "fill", {}, {{"shape", b.shape(n.outputs[i])}, {"value", 0.0}}, "grad.zeros"));
+                 parts.push_back(b.emit1(Op::fill, {},
+                                         {{"shape", b.shape(n.outputs[i])}, {"value", 0.0}},
+                                         "grad.zeros"));
              }
-             return std::vector<int>{b.emit1("concat", parts, axis_attr(n), "grad.concat")};
+             return std::vector<int>{b.emit1(Op::concat, parts, axis_attr(n), "grad.concat")};
            },
        .cost = copy_cost,
        .sharding = {.rule = axis_whole}});
@@ -259,7 +260,7 @@ void register_layout_ops() {
                      for (int v : n.inputs) sizes.push_back(b.shape(v)[ax]);
                      Attrs a = axis_attr(n);
                      a["sizes"] = sizes;
-                     return b.emit("split", {d[0]}, a);
+                     return b.emit(Op::split, {d[0]}, a);
                    },
                .cost = copy_cost,
                .sharding = {.rule = axis_whole}});

@@ -103,7 +103,7 @@ std::vector<int> matmul_vjp(Builder& b, const ir::Node& n, const std::vector<int
     const ir::Value& val = b.graph().value(v);
     if (val.type.dtype == DType::bf16 && val.kind == ir::ValueKind::node) {
       const ir::Node& p = b.graph().node(val.producer);
-      if (p.op == "cast" && b.type(p.inputs[0]).dtype == DType::f32) return DType::f32;
+      if (p.op == Op::cast && b.type(p.inputs[0]).dtype == DType::f32) return DType::f32;
     }
     return val.type.dtype;
   };
@@ -113,7 +113,7 @@ std::vector<int> matmul_vjp(Builder& b, const ir::Node& n, const std::vector<int
     ir::Attrs at{{"ta", int64_t(tx)}, {"tb", int64_t(ty)}};
     if (out != DType::f32) at["out"] = std::string(dtype_name(out));
     if (batch) at["batch"] = int64_t(1);
-    int r = b.emit1("matmul", {x, y}, std::move(at), "grad.mm");
+    int r = b.emit1(Op::matmul, {x, y}, std::move(at), "grad.mm");
     return b.reshape(r, b.shape(like));
   };
   int dA, dB;
@@ -185,7 +185,7 @@ void register_linear_ops() {
        .vjp =
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
              int64_t V = b.shape(n.inputs[1])[0];
-             int dt = b.emit1("embedding_bwd", {n.inputs[0], d[0]}, {{"V", V}}, "grad.embedding");
+             int dt = b.emit1(Op::embedding_bwd, {n.inputs[0], d[0]}, {{"V", V}}, "grad.embedding");
              return std::vector<int>{-1, dt};
            },
        .cost =

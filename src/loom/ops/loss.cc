@@ -29,7 +29,7 @@ void register_loss_ops() {
        .vjp =
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
              if (d[1] >= 0) throw Error("cross_entropy: dlogits is not differentiable");
-             int dl = b.emit1("mul_scalar", {n.outputs[1], d[0]}, {}, "grad.logits");
+             int dl = b.emit1(Op::mul_scalar, {n.outputs[1], d[0]}, {}, "grad.logits");
              return std::vector<int>{dl, -1};
            },
        .cost =

@@ -177,12 +177,12 @@ void register_moe_ops() {
              // if any, are dropped; a missing one of the others is zero
              auto or_zero = [&](int i) {
                if (d[size_t(i)] >= 0) return d[size_t(i)];
-               return b.emit1("fill", {},
+               return b.emit1(Op::fill, {},
                               {{"shape", b.shape(n.outputs[size_t(i)])}, {"value", 0.0}},
                               "grad.zeros");
              };
              int dl = b.emit1(
-                 "moe_router_bwd",
+                 Op::moe_router_bwd,
                  {n.inputs[0], n.outputs[0], n.outputs[1], or_zero(0), or_zero(3), or_zero(4)}, {},
                  "grad.router_logits");
              return std::vector<int>{dl};
@@ -234,11 +234,11 @@ void register_moe_ops() {
                      std::vector<int> routing(n.inputs.begin() + 1, n.inputs.end());
                      std::vector<int> in{d[0]};
                      in.insert(in.end(), routing.begin(), routing.end());
-                     int dx = b.emit1("moe_combine", in, {}, "grad.dispatch_x");
+                     int dx = b.emit1(Op::moe_combine, in, {}, "grad.dispatch_x");
                      dx = b.cast(dx, b.type(n.inputs[0]).dtype);
                      std::vector<int> r{dx, -1, -1};
                      if (n.inputs.size() == 4)
-                       r.push_back(b.emit1("moe_gate_grad",
+                       r.push_back(b.emit1(Op::moe_gate_grad,
                                            {d[0], n.inputs[0], n.inputs[1], n.inputs[2]}, {},
                                            "grad.dispatch_gates"));
                      return r;
@@ -265,12 +265,12 @@ void register_moe_ops() {
              const Shape& s = b.shape(n.inputs[0]);
              std::vector<int> in{d[0]};
              in.insert(in.end(), n.inputs.begin() + 1, n.inputs.end());
-             int dye = b.emit1("moe_dispatch", in, {{"num_experts", s[0]}, {"capacity", s[2]}},
+             int dye = b.emit1(Op::moe_dispatch, in, {{"num_experts", s[0]}, {"capacity", s[2]}},
                                "grad.combine_ye");
              dye = b.cast(dye, b.type(n.inputs[0]).dtype);
              std::vector<int> r{dye, -1, -1};
              if (n.inputs.size() == 4)
-               r.push_back(b.emit1("moe_gate_grad", {n.inputs[0], d[0], n.inputs[1], n.inputs[2]},
+               r.push_back(b.emit1(Op::moe_gate_grad, {n.inputs[0], d[0], n.inputs[1], n.inputs[2]},
                                    {}, "grad.combine_gates"));
              return r;
            },
@@ -298,7 +298,7 @@ void register_moe_ops() {
                        const ir::Value& val = b.graph().value(v);
                        if (val.type.dtype == DType::bf16 && val.kind == ir::ValueKind::node) {
                          const ir::Node& p = b.graph().node(val.producer);
-                         if (p.op == "cast" && b.type(p.inputs[0]).dtype == DType::f32)
+                         if (p.op == Op::cast && b.type(p.inputs[0]).dtype == DType::f32)
                            return DType::f32;
                        }
                        return val.type.dtype;
@@ -308,7 +308,7 @@ void register_moe_ops() {
                        ir::Attrs at{{"ta", int64_t(ta)}, {"tb", int64_t(tb2)}};
                        if (out != DType::f32) at["out"] = std::string(dtype_name(out));
                        if (n.attrs.count("fill")) at["fill"] = n.attr_float("fill");
-                       return b.emit1("grouped_matmul", {x, y}, std::move(at), name);
+                       return b.emit1(Op::grouped_matmul, {x, y}, std::move(at), name);
                      };
                      const int dy = b.cast(d[0], b.type(A).dtype);
                      const int da = gm(dy, W, false, !tb, grad_dtype(A), "grad.grouped_a");

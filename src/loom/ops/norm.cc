@@ -48,7 +48,7 @@ void register_norm_ops() {
        .vjp =
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
              no_stat_grads("rmsnorm", d);
-             return b.emit("rmsnorm_bwd", {d[0], n.inputs[0], n.inputs[1], n.outputs[1]}, {},
+             return b.emit(Op::rmsnorm_bwd, {d[0], n.inputs[0], n.inputs[1], n.outputs[1]}, {},
                            {"grad.rmsnorm.x", "grad.rmsnorm.w"});
            },
        .cost = [](const ir::Graph& g, const ir::Node& n) { return streaming_cost(g, n, 4); },
@@ -80,7 +80,7 @@ void register_norm_ops() {
        .vjp =
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
              no_stat_grads("layernorm", d);
-             return b.emit("layernorm_bwd",
+             return b.emit(Op::layernorm_bwd,
                            {d[0], n.inputs[0], n.inputs[1], n.outputs[1], n.outputs[2]}, {},
                            {"grad.layernorm.x", "grad.layernorm.w", "grad.layernorm.b"});
            },

@@ -23,6 +23,7 @@
 namespace loom::ops {
 
 class Builder;
+using ir::Op;
 
 struct Cost {
   double flops = 0;       // floating-point operations (a multiply-add counts 2)
@@ -64,7 +65,8 @@ using VjpFn = std::function<std::vector<int>(Builder&, const ir::Node&, const st
 using CostFn = std::function<Cost(const ir::Graph&, const ir::Node&)>;
 
 struct OpDef {
-  std::string name;
+  std::string name;  // as spelt in ir/op.h's list; the registry resolves it to `op`
+  Op op{};
   int num_inputs = -1;  // -1: variadic (checked by infer)
   InferFn infer;
   VjpFn vjp;  // empty: not differentiable (using it in a differentiated path is an error)
@@ -79,12 +81,14 @@ struct OpDef {
   Traits traits;
 };
 
-// Looks up an op; throws loom::Error for an unknown name.
-const OpDef& op_def(std::string_view name);
-bool has_op(std::string_view name);
-// Whether op `name` (registered) declares trait t.
-bool has_trait(std::string_view name, Trait t);
-std::vector<std::string> op_names();
+// An op's definition. The registry holds one per ir::Op (checked when it is first asked: an op in
+// ir/op.h's list that no op file registers, or a registration of a name not in the list, stops
+// the program at start-up with both named).
+const OpDef& op_def(Op op);
+// Whether op declares trait t.
+bool has_trait(Op op, Trait t);
+// Every op, in ir/op.h's order.
+std::vector<Op> all_ops();
 // The value that a chain of collectives (and the waits completing them) started from: `value`
 // followed back through each collective's input and each wait's collective input until a node of
 // another kind (or a graph input) made it. E.g. a data-parallel rank's all-reduced loss -> the
@@ -92,6 +96,7 @@ std::vector<std::string> op_names();
 int before_collectives(const ir::Graph& g, int value);
 
 // Registration, called once from the registry (explicit, so static linking never drops an op).
+// `def.name` must be an op of ir/op.h's list not registered before.
 void register_op(OpDef def);
 void register_elementwise_ops();
 void register_linear_ops();

@@ -1,8 +1,9 @@
 // The op table and the helpers shared by op files.
 #include <fmt/format.h>
 
-#include <map>
+#include <array>
 #include <mutex>
+#include <optional>
 
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
@@ -10,11 +11,12 @@
 namespace loom::ops {
 
 namespace {
-std::map<std::string, OpDef, std::less<>>& table() {
-  static std::map<std::string, OpDef, std::less<>> t;
+// One slot per ir::Op; filled once, then read without locks.
+std::array<std::optional<OpDef>, ir::kOpCount>& table() {
+  static std::array<std::optional<OpDef>, ir::kOpCount> t;
   return t;
 }
-void ensure_registered() {
+const std::array<std::optional<OpDef>, ir::kOpCount>& registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_elementwise_ops();
@@ -26,25 +28,30 @@ void ensure_registered() {
     register_optim_ops();
     register_collective_ops();
     register_moe_ops();
+    for (int i = 0; i < ir::kOpCount; ++i)
+      LOOM_CHECK(table()[size_t(i)])
+          << "op " << Op(i) << " is in ir/op.h's list but no ops/ file registers it";
   });
+  return table();
 }
 }  // namespace
 
 void register_op(OpDef def) {
-  LOOM_CHECK(!table().count(def.name)) << "op registered twice: " << def.name;
+  const std::optional<Op> op = ir::find_op(def.name);
+  LOOM_CHECK(op) << "op " << def.name << " is registered but not in ir/op.h's list";
+  LOOM_CHECK(!table()[size_t(*op)]) << "op registered twice: " << def.name;
   LOOM_CHECK(def.infer && def.cost) << "op " << def.name << " lacks infer or cost";
-  std::string name = def.name;
-  table().emplace(std::move(name), std::move(def));
+  def.op = *op;
+  table()[size_t(*op)] = std::move(def);
 }
 
-const OpDef& op_def(std::string_view name) {
-  ensure_registered();
-  auto it = table().find(name);
-  if (it == table().end()) throw Error(fmt::format("unknown op '{}'", name));
-  return it->second;
+const OpDef& op_def(Op op) {
+  const auto i = size_t(op);
+  LOOM_CHECK(i < size_t(ir::kOpCount)) << "op id " << i << " out of range";
+  return *registered()[i];
 }
 
-bool has_trait(std::string_view name, Trait t) { return op_def(name).traits.has(t); }
+bool has_trait(Op op, Trait t) { return op_def(op).traits.has(t); }
 
 int before_collectives(const ir::Graph& g, int value) {
   for (;;) {
@@ -60,15 +67,9 @@ int before_collectives(const ir::Graph& g, int value) {
   }
 }
 
-bool has_op(std::string_view name) {
-  ensure_registered();
-  return table().find(name) != table().end();
-}
-
-std::vector<std::string> op_names() {
-  ensure_registered();
-  std::vector<std::string> r;
-  for (const auto& [k, v] : table()) r.push_back(k);
+std::vector<Op> all_ops() {
+  std::vector<Op> r;
+  for (int i = 0; i < ir::kOpCount; ++i) r.push_back(Op(i));
   return r;
 }
 

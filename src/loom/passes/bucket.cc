@@ -62,9 +62,9 @@ struct Bucket {
 // -1 otherwise.
 int cast_of_param(const ir::Graph& g, const ir::Node& n) {
   const ir::Value& in = g.value(n.inputs[0]);
-  if (n.op != "all_gather" || in.kind != ir::ValueKind::node) return -1;
+  if (n.op != ir::Op::all_gather || in.kind != ir::ValueKind::node) return -1;
   const ir::Node& p = g.node(in.producer);
-  if (p.op != "cast" || g.value(p.inputs[0]).kind == ir::ValueKind::node) return -1;
+  if (p.op != ir::Op::cast || g.value(p.inputs[0]).kind == ir::ValueKind::node) return -1;
   return p.id;
 }
 
@@ -78,11 +78,12 @@ int gathered_source(const ir::Graph& g, const ir::Node& n) {
 std::optional<int> group_of(const ir::Graph& g, const ir::Node& n,
                             const std::vector<int>& param_group,
                             const std::map<int, std::vector<std::pair<int, int>>>& uses) {
-  if (n.op != "all_gather" && n.op != "reduce_scatter" && n.op != "all_reduce") return {};
-  if (n.op != "all_reduce" && n.attr_int("dim") != 0) return {};
+  if (n.op != ir::Op::all_gather && n.op != ir::Op::reduce_scatter && n.op != ir::Op::all_reduce)
+    return {};
+  if (n.op != ir::Op::all_reduce && n.attr_int("dim") != 0) return {};
   const DType t = g.value(n.inputs[0]).type.dtype;
   if (t != DType::f32 && t != DType::bf16) return {};
-  if (n.op == "all_gather") {  // a parameter's block, or its cast
+  if (n.op == ir::Op::all_gather) {  // a parameter's block, or its cast
     const int p = gathered_source(g, n);
     if (g.value(p).kind == ir::ValueKind::node || param_group[size_t(p)] < 0) return {};
     return param_group[size_t(p)];
@@ -105,10 +106,10 @@ void emit_bucket(Rewriter& rw, const Bucket& b, const std::string& group) {
   const ir::Graph& g = rw.old_graph();
   ops::Builder& bld = rw.builder();
   const ir::Node& first = g.node(b.members[0]);
-  const std::string& op = first.op;
+  const ir::Op op = first.op;
   // rows of the packed buffer: the all-gather's input is one row per rank's block; a
   // reduce-scatter's input has one row per destination rank; an all-reduce's one row
-  const int64_t rows = op == "reduce_scatter" ? first.attr_int("n") : 1;
+  const int64_t rows = op == ir::Op::reduce_scatter ? first.attr_int("n") : 1;
   std::vector<int> parts;
   std::vector<int64_t> widths;
   for (int m : b.members) {
@@ -118,11 +119,11 @@ void emit_bucket(Rewriter& rw, const Bucket& b, const std::string& group) {
     parts.push_back(bld.reshape(in, {rows, w}, g.value(g.node(m).outputs[0]).name + ".row"));
   }
   const std::string base = fmt::format("bucket.{}.{}", group, op);
-  const int packed = bld.emit1("concat", parts, {}, base + ".in");
+  const int packed = bld.emit1(ir::Op::concat, parts, {}, base + ".in");
   const int moved = bld.emit1(op, {packed}, first.attrs, base);
   std::vector<std::string> names;
   for (int m : b.members) names.push_back(g.value(g.node(m).outputs[0]).name + ".part");
-  auto pieces = bld.emit("split", {moved}, {{"sizes", widths}}, names);
+  auto pieces = bld.emit(ir::Op::split, {moved}, {{"sizes", widths}}, names);
   for (size_t i = 0; i < b.members.size(); ++i) {
     const ir::Value& out = g.value(g.node(b.members[i]).outputs[0]);
     rw.alias(out.id, bld.reshape(pieces[i], out.type.shape, out.name));
@@ -188,7 +189,7 @@ shard::Program merged(const Compilation& c, std::vector<Bucket> buckets) {
   std::set<int> moved;           // members' casts of parameters: emitted with their bucket
   for (size_t i = 0; i < buckets.size(); ++i) {
     Bucket& b = buckets[i];
-    b.anchor = g.node(b.members[0]).op == "all_gather" ? b.members.front() : b.members.back();
+    b.anchor = g.node(b.members[0]).op == ir::Op::all_gather ? b.members.front() : b.members.back();
     for (int m : b.members) {
       bucket_of[m] = int(i);
       if (const int c = cast_of_param(g, g.node(m)); c >= 0) moved.insert(c);

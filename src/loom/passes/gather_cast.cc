@@ -35,12 +35,12 @@ void run_gather_cast(Compilation& c, const Options& o) {
     for (int v : n.inputs) readers[size_t(v)].push_back(n.id);
   std::map<int, std::vector<int>> casts;  // all_gather node -> the casts of its output
   for (const ir::Node& n : g.nodes()) {
-    if (n.op != "all_gather") continue;
+    if (n.op != ir::Op::all_gather) continue;
     const auto& rs = readers[size_t(n.outputs[0])];
     if (rs.empty()) continue;
-    const std::string to = g.node(rs[0]).op == "cast" ? g.node(rs[0]).attr_str("to") : "";
+    const std::string to = g.node(rs[0]).op == ir::Op::cast ? g.node(rs[0]).attr_str("to") : "";
     bool all = !to.empty() && g.value(n.inputs[0]).type.dtype == DType::f32 && to != "f32";
-    for (int r : rs) all = all && g.node(r).op == "cast" && g.node(r).attr_str("to") == to;
+    for (int r : rs) all = all && g.node(r).op == ir::Op::cast && g.node(r).attr_str("to") == to;
     if (all) casts[n.id] = rs;
   }
   if (casts.empty()) return;
@@ -58,9 +58,10 @@ void run_gather_cast(Compilation& c, const Options& o) {
     }
     const ir::Node& first = g.node(it->second[0]);
     const std::string& name = g.value(n.outputs[0]).name;
-    const int block =
-        b.emit1("cast", {rw.map(n.inputs[0])}, {{"to", first.attr_str("to")}}, name + ".cast");
-    const int gathered = b.emit1("all_gather", {block}, n.attrs, g.value(first.outputs[0]).name);
+    const int block = b.emit1(ir::Op::cast, {rw.map(n.inputs[0])}, {{"to", first.attr_str("to")}},
+                              name + ".cast");
+    const int gathered =
+        b.emit1(ir::Op::all_gather, {block}, n.attrs, g.value(first.outputs[0]).name);
     for (int x : it->second) rw.alias(g.node(x).outputs[0], gathered);
   }
   c.rank = rw.finish();

@@ -101,9 +101,10 @@ class Scheduler {
     }
   }
 
-  static bool unpacks(const std::string& op) { return op == "reshape" || op == "split"; }
-  static bool packs(const std::string& op) {
-    return op == "reshape" || op == "concat" || op == "cast";  // cast: gather_cast.cc's blocks
+  static bool unpacks(ir::Op op) { return op == ir::Op::reshape || op == ir::Op::split; }
+  static bool packs(ir::Op op) {
+    return op == ir::Op::reshape || op == ir::Op::concat ||
+           op == ir::Op::cast;  // cast: gather_cast.cc's blocks
   }
 
   void classify() {
@@ -130,7 +131,7 @@ class Scheduler {
     std::set<int> run_params;
     for (int s : starts_) {
       Item& it = items_[size_t(s)];
-      if (g_.node(it.node).op != "all_gather") continue;
+      if (g_.node(it.node).op != ir::Op::all_gather) continue;
       it.chain = only_params(s);
       if (!it.chain) continue;
       // a new run at another group, or at a parameter the run already gathers (the backward's
@@ -229,7 +230,7 @@ class Scheduler {
           b.emit1(n.op, {rw_.map(n.inputs[0])}, a, g_.value(n.outputs[0]).name + ".inflight");
       inflight_.push_back(item);
     } else {
-      const int out = b.emit1("wait", {inflight_value_.at(n.id), rw_.map(n.inputs[0])}, {},
+      const int out = b.emit1(ir::Op::wait, {inflight_value_.at(n.id), rw_.map(n.inputs[0])}, {},
                               g_.value(n.outputs[0]).name);
       rw_.alias(n.outputs[0], out);
       std::erase(inflight_, item - 1);

@@ -87,8 +87,8 @@ void run_recompute(Compilation& c, const Options& o) {
   if (o.schedule.recompute == R::none) return;
   const int boundary = loss_node(c);
   if (boundary < 0) return;
-  static const std::set<std::string> cheap{"rmsnorm", "layernorm", "swiglu",
-                                           "gelu",    "rope",      "cast"};
+  static const std::set<ir::Op> cheap{ir::Op::rmsnorm, ir::Op::layernorm, ir::Op::swiglu,
+                                      ir::Op::gelu,    ir::Op::rope,      ir::Op::cast};
   const ir::Graph& g = c.rank.graph;
   const auto& blocks = c.model.roles.blocks;
   const bool full = o.schedule.recompute == R::full;
@@ -105,7 +105,7 @@ void run_recompute(Compilation& c, const Options& o) {
       const int k = group[size_t(n.outputs[0])];
       for (int v : n.inputs)
         if (group[size_t(v)] != k) layer_input[size_t(v)] = true;
-      if (alternate && n.op == "matmul" && k >= 0 && blocks[size_t(k)].layer() &&
+      if (alternate && n.op == ir::Op::matmul && k >= 0 && blocks[size_t(k)].layer() &&
           ++matmuls[k] % 2 == 0)
         again_matmul[size_t(n.outputs[0])] = true;
     }
@@ -117,14 +117,15 @@ void run_recompute(Compilation& c, const Options& o) {
   auto again_able = [&](int v) {
     const ir::Value& val = g.value(v);
     if (val.kind != ir::ValueKind::node || val.producer >= boundary) return false;
-    const std::string& op = g.node(val.producer).op;
+    const ir::Op op = g.node(val.producer).op;
     if (!whole_layers || !in_layer(v)) return cheap.count(op) > 0;
     if (layer_input[size_t(v)]) return false;
     // a parameter's all-gather, which the backward makes again anyway under reshard_after_forward
     if (ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::completion))
       return o.schedule.reshard_after_forward &&
              g.value(ops::before_collectives(g, v)).kind == ir::ValueKind::param;
-    if (alternate && (op == "attention" || op == "matmul")) return bool(again_matmul[size_t(v)]);
+    if (alternate && (op == ir::Op::attention || op == ir::Op::matmul))
+      return bool(again_matmul[size_t(v)]);
     return true;
   };
   std::vector<bool> reads_again(g.nodes().size(), false);  // backward nodes that read a copy
@@ -137,7 +138,7 @@ void run_recompute(Compilation& c, const Options& o) {
   std::map<int, int> again;  // old forward value -> its recomputed new value
   // The recomputed nodes by (op, new inputs): a backward node that computes the same (the
   // backward's own all-gather of a parameter a full recompute gathered again) reads theirs.
-  std::map<std::pair<std::string, std::vector<int>>, std::vector<const ir::Node*>> made;
+  std::map<std::pair<ir::Op, std::vector<int>>, std::vector<const ir::Node*>> made;
   auto same_as_made = [&](const ir::Node& n, const std::vector<int>& ins) -> const ir::Node* {
     auto it = made.find({n.op, ins});
     if (it == made.end()) return nullptr;

@@ -33,7 +33,7 @@ void run_reshard(Compilation& c, const Options& o) {
   std::vector<int> merged(g.values().size(), -1);  // a later gather's output -> the first's
   bool any = false;
   for (const ir::Node& n : g.nodes()) {
-    if (n.op != "all_gather" || g.value(n.inputs[0]).kind == ir::ValueKind::node) continue;
+    if (n.op != ir::Op::all_gather || g.value(n.inputs[0]).kind == ir::ValueKind::node) continue;
     const Key k{n.inputs[0], n.attrs};
     auto [it, fresh] = first.emplace(k, n.outputs[0]);
     if (!fresh) merged[size_t(n.outputs[0])] = it->second, any = true;
@@ -41,7 +41,7 @@ void run_reshard(Compilation& c, const Options& o) {
   if (!any) return;
   Rewriter rw(c.rank);
   for (const ir::Node& n : g.nodes()) {
-    if (n.op == "all_gather" && merged[size_t(n.outputs[0])] >= 0)
+    if (n.op == ir::Op::all_gather && merged[size_t(n.outputs[0])] >= 0)
       rw.alias(n.outputs[0], rw.map(merged[size_t(n.outputs[0])]));
     else
       rw.copy(n);

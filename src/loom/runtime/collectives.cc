@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 
 #include "loom/core/error.h"
@@ -72,71 +74,77 @@ struct Call {
 using CollectiveKernel = void (*)(Call&);
 
 // The kernel of each op with trait collective or rank_local (ops/collective.cc).
-const std::map<std::string, CollectiveKernel, std::less<>>& collective_kernels() {
-  static const std::map<std::string, CollectiveKernel, std::less<>> t{
-      {"all_reduce",
-       [](Call& k) {
-         if (k.src != k.dst) std::memmove(k.dst, k.src, size_t(k.in_bytes));
-         k.c.all_reduce(k.dst, numel(k.in.shape), k.in.dtype);
-       }},
-      {"all_gather",
-       [](Call& k) {
-         Blocks b = blocks(k.out, k.n.attr_int("dim"), k.p);
-         if (b.outer == 1) {
-           k.c.all_gather(k.src, k.dst, k.in_bytes);
-         } else {
-           k.scratch.resize(size_t(k.in_bytes * k.p));
-           k.c.all_gather(k.src, k.scratch.data(), k.in_bytes);
-           for (int64_t j = 0; j < k.p; ++j)
-             unpack_block(k.scratch.data() + j * k.in_bytes, k.dst, b, k.p, j);
-         }
-       }},
-      {"reduce_scatter",
-       [](Call& k) {
-         Blocks b = blocks(k.in, k.n.attr_int("dim"), k.p);
-         const int64_t count = numel(k.out.shape);
-         if (b.outer == 1) {
-           k.c.reduce_scatter(k.src, k.dst, count, k.in.dtype);
-         } else {
-           const int64_t piece = k.in_bytes / k.p;
-           k.scratch.resize(size_t(k.in_bytes));
-           for (int64_t j = 0; j < k.p; ++j)
-             pack_block(k.src, k.scratch.data() + j * piece, b, k.p, j);
-           k.c.reduce_scatter(k.scratch.data(), k.dst, count, k.in.dtype);
-         }
-       }},
-      {"shard_slice",
-       [](Call& k) {
-         pack_block(k.src, k.dst, blocks(k.in, k.n.attr_int("dim"), k.p), k.p, k.c.rank());
-       }},
-      {"all_to_all",
-       [](Call& k) {
-         Blocks sent = blocks(k.in, k.n.attr_int("split_dim"), k.p);
-         Blocks got = blocks(k.out, k.n.attr_int("concat_dim"), k.p);
-         const int64_t piece = k.in_bytes / k.p;
-         k.scratch.resize(size_t(2 * k.in_bytes));
-         char* send = k.scratch.data();
-         char* recv = k.scratch.data() + k.in_bytes;
-         for (int64_t j = 0; j < k.p; ++j) pack_block(k.src, send + j * piece, sent, k.p, j);
-         k.c.all_to_all(send, recv, piece);
-         for (int64_t i = 0; i < k.p; ++i) unpack_block(recv + i * piece, k.dst, got, k.p, i);
-       }},
-  };
+const std::array<CollectiveKernel, ir::kOpCount>& collective_kernels() {
+  static const std::array<CollectiveKernel, ir::kOpCount> t = [] {
+    std::array<CollectiveKernel, ir::kOpCount> k{};
+    for (auto [op, f] : std::initializer_list<std::pair<ir::Op, CollectiveKernel>>{
+             {ir::Op::all_reduce,
+              [](Call& k) {
+                if (k.src != k.dst) std::memmove(k.dst, k.src, size_t(k.in_bytes));
+                k.c.all_reduce(k.dst, numel(k.in.shape), k.in.dtype);
+              }},
+             {ir::Op::all_gather,
+              [](Call& k) {
+                Blocks b = blocks(k.out, k.n.attr_int("dim"), k.p);
+                if (b.outer == 1) {
+                  k.c.all_gather(k.src, k.dst, k.in_bytes);
+                } else {
+                  k.scratch.resize(size_t(k.in_bytes * k.p));
+                  k.c.all_gather(k.src, k.scratch.data(), k.in_bytes);
+                  for (int64_t j = 0; j < k.p; ++j)
+                    unpack_block(k.scratch.data() + j * k.in_bytes, k.dst, b, k.p, j);
+                }
+              }},
+             {ir::Op::reduce_scatter,
+              [](Call& k) {
+                Blocks b = blocks(k.in, k.n.attr_int("dim"), k.p);
+                const int64_t count = numel(k.out.shape);
+                if (b.outer == 1) {
+                  k.c.reduce_scatter(k.src, k.dst, count, k.in.dtype);
+                } else {
+                  const int64_t piece = k.in_bytes / k.p;
+                  k.scratch.resize(size_t(k.in_bytes));
+                  for (int64_t j = 0; j < k.p; ++j)
+                    pack_block(k.src, k.scratch.data() + j * piece, b, k.p, j);
+                  k.c.reduce_scatter(k.scratch.data(), k.dst, count, k.in.dtype);
+                }
+              }},
+             {ir::Op::shard_slice,
+              [](Call& k) {
+                pack_block(k.src, k.dst, blocks(k.in, k.n.attr_int("dim"), k.p), k.p, k.c.rank());
+              }},
+             {ir::Op::all_to_all,
+              [](Call& k) {
+                Blocks sent = blocks(k.in, k.n.attr_int("split_dim"), k.p);
+                Blocks got = blocks(k.out, k.n.attr_int("concat_dim"), k.p);
+                const int64_t piece = k.in_bytes / k.p;
+                k.scratch.resize(size_t(2 * k.in_bytes));
+                char* send = k.scratch.data();
+                char* recv = k.scratch.data() + k.in_bytes;
+                for (int64_t j = 0; j < k.p; ++j) pack_block(k.src, send + j * piece, sent, k.p, j);
+                k.c.all_to_all(send, recv, piece);
+                for (int64_t i = 0; i < k.p; ++i)
+                  unpack_block(recv + i * piece, k.dst, got, k.p, i);
+              }},
+         })
+      k[size_t(op)] = f;
+    return k;
+  }();
   return t;
 }
 
 }  // namespace
 
-bool runs_on_comms(std::string_view op) {
+bool runs_on_comms(ir::Op op) {
   return ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::rank_local);
 }
 
-bool has_collective_kernel(std::string_view op) { return collective_kernels().count(op) != 0; }
+bool has_collective_kernel(ir::Op op) { return collective_kernels()[size_t(op)] != nullptr; }
 
 void run_collective(const ir::Graph& g, const ir::Node& n, void* const* ins, void* const* outs,
                     const MeshComms& comms) {
-  auto it = collective_kernels().find(n.op);
-  LOOM_CHECK(it != collective_kernels().end()) << "no collective kernel for " << n.op;
+  const CollectiveKernel kernel = collective_kernels()[size_t(n.op)];
+  LOOM_CHECK(kernel) << "no collective kernel for " << n.op;
   const ir::TensorType& in = g.value(n.inputs[0]).type;
   const ir::TensorType& out = g.value(n.outputs[0]).type;
   comm::Communicator& c = comms.axis(n.attr_str("axis"));
@@ -150,7 +158,7 @@ void run_collective(const ir::Graph& g, const ir::Node& n, void* const* ins, voi
          numel(in.shape) * int64_t(dtype_size(in.dtype)),
          c.size(),
          scratch};
-  it->second(k);
+  kernel(k);
 }
 
 }  // namespace loom::runtime

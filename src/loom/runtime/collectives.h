@@ -38,9 +38,9 @@ class MeshComms {
 };
 
 // Whether an op runs here rather than as a CPU kernel: its traits say collective or rank_local.
-bool runs_on_comms(std::string_view op);
+bool runs_on_comms(ir::Op op);
 // Whether this file has a kernel for op (the op coverage test asks).
-bool has_collective_kernel(std::string_view op);
+bool has_collective_kernel(ir::Op op);
 // Runs one collective node; ins/outs as for CPU kernels.
 void run_collective(const ir::Graph& g, const ir::Node& n, void* const* ins, void* const* outs,
                     const MeshComms& comms);

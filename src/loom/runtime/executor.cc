@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -14,12 +13,13 @@
 
 namespace loom::runtime {
 
-Executor::Executor(const ir::Graph& g) : g_(g), plan_(plan_memory(g)) {
+Executor::Executor(const ir::Graph& g, Device& device)
+    : g_(g), device_(device), plan_(plan_memory(g)) {
   external_.assign(g.values().size(), nullptr);
   node_times_.resize(g.nodes().size());
   bool async = false;
   for (const ir::Node& n : g.nodes()) {
-    kernels_.push_back(runs_on_comms(n.op) ? nullptr : &cpu_kernel(n.op));
+    kernels_.push_back(runs_on_comms(n.op) ? nullptr : &device.kernels().get(g, n));
     completes_.push_back(ops::has_trait(n.op, ops::Trait::completion));
     async = async || n.attr_int("async", 0) == 1;
   }
@@ -27,12 +27,7 @@ Executor::Executor(const ir::Graph& g) : g_(g), plan_(plan_memory(g)) {
     stream_ = std::make_unique<CommStream>();
     ticket_.assign(g.values().size(), 0);
   }
-  if (plan_.arena_bytes > 0) {
-    arena_ = static_cast<char*>(std::aligned_alloc(64, size_t(plan_.arena_bytes)));
-    if (!arena_)
-      throw Error(
-          fmt::format("cannot allocate the {} MiB activation arena", plan_.arena_bytes >> 20));
-  }
+  if (plan_.arena_bytes > 0) arena_ = static_cast<char*>(device.allocate(plan_.arena_bytes));
 }
 
 Executor::~Executor() {
@@ -42,7 +37,7 @@ Executor::~Executor() {
     (void)stream_.release();
     return;
   }
-  std::free(arena_);
+  if (arena_) device_.release(arena_);
 }
 
 void Executor::bind(int value, void* data) {
@@ -70,8 +65,8 @@ void traced(Trace* trace, const ir::Graph& g, const ir::Node& n, F&& run) {
   if (!trace) return run();
   const double t0 = Trace::now_us();
   run();
-  trace->add({g.value(n.outputs[0]).name, n.op, TraceEvent::comm, t0, Trace::now_us() - t0,
-              output_bytes(g, n)});
+  trace->add({g.value(n.outputs[0]).name, std::string(ir::op_name(n.op)), TraceEvent::comm, t0,
+              Trace::now_us() - t0, output_bytes(g, n)});
 }
 
 }  // namespace
@@ -146,8 +141,9 @@ void Executor::run() {
       node_times_[n.id].calls++;
     }
     if (trace_ && kernels_[n.id])  // a collective traced itself, on the comm lane
-      trace_->add({(completes ? "wait " : "") + g_.value(n.outputs[0]).name, n.op,
-                   TraceEvent::compute, t0, us, output_bytes(g_, n)});
+      trace_->add({(completes ? "wait " : "") + g_.value(n.outputs[0]).name,
+                   std::string(ir::op_name(n.op)), TraceEvent::compute, t0, us,
+                   output_bytes(g_, n)});
   }
   if (stream_) stream_->drain();
 }
@@ -155,7 +151,7 @@ void Executor::run() {
 std::vector<std::pair<std::string, NodeTiming>> Executor::op_times() const {
   std::map<std::string, NodeTiming> by_op;
   for (const ir::Node& n : g_.nodes()) {
-    auto& t = by_op[n.op];
+    auto& t = by_op[std::string(ir::op_name(n.op))];
     t.seconds += node_times_[n.id].seconds;
     t.calls += node_times_[n.id].calls;
   }

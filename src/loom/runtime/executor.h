@@ -1,6 +1,7 @@
-// Executor: runs a Graph on one CPU rank, node by node in order, with every node-produced tensor at
-// its planned offset in one arena (memory_plan.h). External values (params, states, inputs) are
-// bound by the caller and must stay valid while the executor runs.
+// Executor: runs a Graph on one rank's device (device.h), node by node in order, with every
+// node-produced tensor at its planned offset in one arena (memory_plan.h) of that device's memory.
+// External values (params, states, inputs) are bound by the caller and must stay valid while the
+// executor runs.
 //
 // A per-rank program's collectives (shard/lower.h) run on the communicators given by set_comms(),
 // in program order: on the calling thread, or, when the program has asynchronous collectives
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "loom/ir/graph.h"
+#include "loom/runtime/device.h"
 #include "loom/runtime/memory_plan.h"
 
 namespace loom::runtime {
@@ -26,13 +28,6 @@ class MeshComms;
 class CommStream;
 class Trace;
 
-// An op's CPU kernel (runtime/cpu_dispatch.cc): ins/outs point at each input/output's data. Throws
-// loom::Error for an op without one.
-using CpuKernel =
-    std::function<void(const ir::Graph&, const ir::Node&, void* const* ins, void* const* outs)>;
-const CpuKernel& cpu_kernel(const std::string& op);
-bool has_cpu_kernel(const std::string& op);
-
 struct NodeTiming {
   double seconds = 0;
   int64_t calls = 0;
@@ -40,7 +35,9 @@ struct NodeTiming {
 
 class Executor {
  public:
-  explicit Executor(const ir::Graph& g);
+  // Runs g on `device` (its kernels, its memory). Throws loom::Error naming the op when the device
+  // has no kernel for one of g's nodes, or when the arena cannot be allocated.
+  explicit Executor(const ir::Graph& g, Device& device = cpu_device());
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -85,12 +82,13 @@ class Executor {
 
  private:
   const ir::Graph& g_;
+  Device& device_;
   MemoryPlan plan_;
   char* arena_ = nullptr;
   std::vector<void*> external_;
   bool profile_ = false;
   std::vector<NodeTiming> node_times_;
-  std::vector<const CpuKernel*> kernels_;  // per node, looked up once; null for a collective
+  std::vector<const Kernel*> kernels_;  // per node, looked up once; null for a collective
   const MeshComms* comms_ = nullptr;
   std::unique_ptr<CommStream> stream_;  // when the program has an asynchronous collective
   std::vector<int64_t> ticket_;         // per in-flight value: its collective's stream ticket

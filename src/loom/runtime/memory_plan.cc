@@ -154,7 +154,7 @@ std::string memory_report(const ir::Graph& g, const MemoryPlan& p, int top) {
   std::sort(sorted.rbegin(), sorted.rend());
   std::string r = fmt::format("arena {:.1f} MiB; peak of live values {:.1f} MiB at node {} ({})\n",
                               p.arena_bytes / 1048576.0, live[peak] / 1048576.0, peak,
-                              peak < nn ? g.node(peak).op : "end");
+                              peak < nn ? ir::op_name(g.node(peak).op) : std::string_view("end"));
   for (int i = 0; i < top && i < int(sorted.size()); ++i)
     r += fmt::format("  {:8.1f} MiB  {}\n", sorted[i].first / 1048576.0, sorted[i].second);
   return r;

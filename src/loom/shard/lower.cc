@@ -66,11 +66,12 @@ class Lowerer {
     return id;
   }
 
-  int emit(const std::string& op, std::vector<int> ins, ir::Attrs attrs, const std::string& base) {
+  int emit(ir::Op op, std::vector<int> ins, ir::Attrs attrs, const std::string& base) {
     std::vector<ir::TensorType> in;
     for (int i : ins) in.push_back(prog_.graph.value(i).type);
     auto out = ops::op_def(op).infer(in, attrs);
-    return prog_.graph.add_node(op, std::move(ins), std::move(attrs), out, {base + "." + op})[0];
+    return prog_.graph.add_node(op, std::move(ins), std::move(attrs), out,
+                                {fmt::format("{}.{}", base, op)})[0];
   }
 
   // Emits the collectives that turn local value `id`, sharded as `from`, into sharding `to` (see
@@ -94,10 +95,11 @@ class Lowerer {
           dim = int(d);
       }
       if (dim >= 0) {
-        id = emit("reduce_scatter", {id}, {{"axis", a}, {"dim", int64_t(dim)}, {"n", n}}, name);
+        id = emit(ir::Op::reduce_scatter, {id}, {{"axis", a}, {"dim", int64_t(dim)}, {"n", n}},
+                  name);
         from.dims[size_t(dim)].push_back(a);
       } else {
-        id = emit("all_reduce", {id}, {{"axis", a}}, name);
+        id = emit(ir::Op::all_reduce, {id}, {{"axis", a}}, name);
       }
       from.partial.erase(std::find(from.partial.begin(), from.partial.end(), a));
     }
@@ -116,7 +118,7 @@ class Lowerer {
               !std::equal(grown.begin(), grown.end(), to.dims[d2].begin()) ||
               prog_.graph.value(id).type.shape[d2] % n)
             continue;
-          id = emit("all_to_all", {id},
+          id = emit(ir::Op::all_to_all, {id},
                     {{"axis", a}, {"split_dim", int64_t(d2)}, {"concat_dim", int64_t(d)}, {"n", n}},
                     name);
           from.dims[d].pop_back();
@@ -129,16 +131,16 @@ class Lowerer {
       size_t k = common_prefix(from.dims[d], to.dims[d]);
       while (from.dims[d].size() > k) {
         const std::string a = from.dims[d].back();
-        id = emit("all_gather", {id}, {{"axis", a}, {"dim", int64_t(d)}, {"n", m_.axis_size(a)}},
-                  name);
+        id = emit(ir::Op::all_gather, {id},
+                  {{"axis", a}, {"dim", int64_t(d)}, {"n", m_.axis_size(a)}}, name);
         from.dims[d].pop_back();
       }
     }
     for (size_t d = 0; d < from.dims.size(); ++d)
       for (size_t k = from.dims[d].size(); k < to.dims[d].size(); ++k) {
         const std::string& a = to.dims[d][k];
-        id = emit("shard_slice", {id}, {{"axis", a}, {"dim", int64_t(d)}, {"n", m_.axis_size(a)}},
-                  name);
+        id = emit(ir::Op::shard_slice, {id},
+                  {{"axis", a}, {"dim", int64_t(d)}, {"n", m_.axis_size(a)}}, name);
         from.dims[d].push_back(a);
       }
     LOOM_CHECK(from == to) << "reshard of %" << name << " ended at " << to_string(from) << ", not "
@@ -202,7 +204,7 @@ class Lowerer {
       if (ins[size_t(i)] == raw) continue;
       int back = reshard(outs[size_t(o)], ns.results[size_t(o)], p_.value[size_t(v)],
                          g_.value(n.outputs[size_t(o)]).name);
-      prog_.graph.add_node("assign", {raw, back}, {}, {prog_.graph.value(raw).type},
+      prog_.graph.add_node(ir::Op::assign, {raw, back}, {}, {prog_.graph.value(raw).type},
                            {g_.value(v).name + ".assign"});
     }
   }

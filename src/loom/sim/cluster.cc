@@ -113,6 +113,15 @@ int64_t int_at(const toml::node* n, const std::string& source, const std::string
   return *n->value<int64_t>();
 }
 
+// The op a [profile.ops] or [profile.comm] key names: an unknown one is an error naming the key.
+ir::Op profile_op(std::string_view key, const std::string& source, const std::string& where) {
+  try {
+    return ir::parse_op(key);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: [{}]: {}", source, where, e.what()));
+  }
+}
+
 Profile read_profile(const toml::table& t, const std::string& source) {
   Profile p;
   Reader r(t, "profile", source, {"threads", "matmul", "ops", "comm"});
@@ -137,7 +146,7 @@ Profile read_profile(const toml::table& t, const std::string& source) {
     for (const auto& [k, v] : *ops) {
       const std::string w = "profile.ops." + std::string(k.str());
       if (!v.is_array()) throw Error(fmt::format("{}: [{}]: expected an array", source, w));
-      auto& list = p.ops[std::string(k.str())];
+      auto& list = p.ops[profile_op(k.str(), source, w)];
       for (const auto& e : *v.as_array()) {
         auto f = row(e, 4, source, w);
         list.push_back({dtype_at(*f[0], source, w), num_at(f[1], source, w),
@@ -148,7 +157,7 @@ Profile read_profile(const toml::table& t, const std::string& source) {
     for (const auto& [k, v] : *comm) {
       const std::string w = "profile.comm." + std::string(k.str());
       if (!v.is_array()) throw Error(fmt::format("{}: [{}]: expected an array", source, w));
-      auto& list = p.comm[std::string(k.str())];
+      auto& list = p.comm[profile_op(k.str(), source, w)];
       for (const auto& e : *v.as_array()) {
         auto f = row(e, 3, source, w);
         list.push_back({int_at(f[0], source, w, 2, int64_t(1) << 30), num_at(f[1], source, w),
@@ -308,7 +317,7 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
     line("\n# op = [[dtype, bytes, flops, seconds], ...]");
     line("[profile.ops]");
     for (const auto& [op, list] : p.ops) {
-      line(op + " = [");
+      line(fmt::format("{} = [", op));
       for (const auto& o : list)
         line(fmt::format("  [\"{}\", {:.6g}, {:.6g}, {:.6g}],", dtype_name(o.dtype), o.bytes,
                          o.flops, o.seconds));
@@ -317,7 +326,7 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
     line("\n# collective = [[ranks, bytes per rank, seconds], ...]");
     line("[profile.comm]");
     for (const auto& [op, list] : p.comm) {
-      line(op + " = [");
+      line(fmt::format("{} = [", op));
       for (const auto& o : list)
         line(fmt::format("  [{}, {:.6g}, {:.6g}],", o.ranks, o.bytes, o.seconds));
       line("]");

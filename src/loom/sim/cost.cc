@@ -60,7 +60,7 @@ double matmul_from_profile(const ops::MatmulDims& d, DType t, const Profile& p) 
   return flops / std::exp(lsum / wsum);
 }
 
-double op_from_profile(const std::string& op, DType t, const ops::Cost& cost, const Profile& p) {
+double op_from_profile(ir::Op op, DType t, const ops::Cost& cost, const Profile& p) {
   auto it = p.ops.find(op);
   if (it == p.ops.end()) return -1;
   std::vector<std::pair<double, double>> xs, any;
@@ -76,8 +76,8 @@ double op_from_profile(const std::string& op, DType t, const ops::Cost& cost, co
 
 }  // namespace
 
-bool is_gemm(const std::string& op) { return op == "matmul" || op == "grouped_matmul"; }
-bool by_flops(const std::string& op) { return op == "attention" || op == "attention_bwd"; }
+bool is_gemm(ir::Op op) { return op == ir::Op::matmul || op == ir::Op::grouped_matmul; }
+bool by_flops(ir::Op op) { return op == ir::Op::attention || op == ir::Op::attention_bwd; }
 
 DType node_dtype(const ir::Graph& g, const ir::Node& n) {
   return n.inputs.empty() ? g.value(n.outputs[0]).type.dtype : g.value(n.inputs[0]).type.dtype;
@@ -89,11 +89,11 @@ double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost
   const DType t = node_dtype(g, n);
   if (c.profile) {
     double s = -1;
-    if (n.op == "matmul") s = matmul_from_profile(ops::matmul_dims(g, n), t, *c.profile);
-    if (n.op == "grouped_matmul")
+    if (n.op == ir::Op::matmul) s = matmul_from_profile(ops::matmul_dims(g, n), t, *c.profile);
+    if (n.op == ir::Op::grouped_matmul)
       s = matmul_from_profile(ops::grouped_matmul_dims(g, n), t, *c.profile);
     if (s < 0) s = op_from_profile(n.op, t, cost, *c.profile);
-    if (s < 0) s = op_from_profile("add", t, cost, *c.profile);  // a streaming op's bandwidth
+    if (s < 0) s = op_from_profile(ir::Op::add, t, cost, *c.profile);  // a streaming op's bandwidth
     if (s >= 0) return std::max(s, c.device.kernel_overhead);
   }
   const Efficiency& e = c.efficiency;
@@ -108,26 +108,24 @@ double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost
   return std::max(compute, mem) + c.device.kernel_overhead;
 }
 
-double collective_wire_bytes(const std::string& op, double bytes, int64_t ranks) {
+double collective_wire_bytes(ir::Op op, double bytes, int64_t ranks) {
   const double n = double(ranks);
   if (ranks <= 1) return 0;
-  if (op == "all_gather") return (n - 1) * bytes;
-  if (op == "all_reduce") return 2 * (n - 1) / n * bytes;
+  if (op == ir::Op::all_gather) return (n - 1) * bytes;
+  if (op == ir::Op::all_reduce) return 2 * (n - 1) / n * bytes;
   return (n - 1) / n * bytes;  // reduce_scatter, all_to_all
 }
 
-double collective_scratch_bytes(const std::string& op, double bytes, int64_t ranks,
-                                bool mpi_polite) {
+double collective_scratch_bytes(ir::Op op, double bytes, int64_t ranks, bool mpi_polite) {
   if (ranks <= 1) return 0;
   const double n = double(ranks), chunk = double(comm::kDefaultChunkBytes), block = bytes / n;
-  if (op == "reduce_scatter")
+  if (op == ir::Op::reduce_scatter)
     return (block > chunk ? n * chunk : 0) + (mpi_polite ? n * std::min(block, chunk) : 0);
-  if (op == "all_to_all") return block > chunk ? 2 * n * chunk : 0;
+  if (op == ir::Op::all_to_all) return block > chunk ? 2 * n * chunk : 0;
   return 0;
 }
 
-double collective_seconds(const std::string& op, double bytes, int64_t ranks, const Cluster& c,
-                          int level) {
+double collective_seconds(ir::Op op, double bytes, int64_t ranks, const Cluster& c, int level) {
   if (ranks <= 1) return 0;
   if (level == 0 && c.profile) {
     auto it = c.profile->comm.find(op);
@@ -139,11 +137,11 @@ double collective_seconds(const std::string& op, double bytes, int64_t ranks, co
     }
   }
   const Level& l = c.levels.at(size_t(level));
-  const double steps = double(ranks - 1) * (op == "all_reduce" ? 2 : 1);
+  const double steps = double(ranks - 1) * (op == ir::Op::all_reduce ? 2 : 1);
   const double bw =
-      op == "all_reduce" && l.all_reduce_bandwidth > 0 ? l.all_reduce_bandwidth : l.bandwidth;
+      op == ir::Op::all_reduce && l.all_reduce_bandwidth > 0 ? l.all_reduce_bandwidth : l.bandwidth;
   const double ring = steps * l.latency + collective_wire_bytes(op, bytes, ranks) / bw;
-  if (op != "all_reduce") return ring;
+  if (op != ir::Op::all_reduce) return ring;
   // a double binary tree (NCCL's other all-reduce): log-depth latency, the whole buffer up and down
   const double tree = 2 * std::ceil(std::log2(double(ranks))) * l.latency + 2 * bytes / bw;
   return std::min(ring, tree);

@@ -33,23 +33,21 @@ double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost
 // How the cost model sees an op: a GEMM (matmul, grouped_matmul: by shape, at matmul efficiency),
 // costed by its FLOPs (attention and its backward), or else by the bytes it moves. The first two
 // are compute-bound, the rest memory-bound.
-bool is_gemm(const std::string& op);
-bool by_flops(const std::string& op);
-inline bool compute_bound(const std::string& op) { return is_gemm(op) || by_flops(op); }
+bool is_gemm(ir::Op op);
+bool by_flops(ir::Op op);
+inline bool compute_bound(ir::Op op) { return is_gemm(op) || by_flops(op); }
 // The dtype a node computes in: its first input's (its first output's when it has none), as the
 // profile's samples are keyed.
 DType node_dtype(const ir::Graph& g, const ir::Node& n);
 // Seconds of one collective `op` moving `bytes` (its input, per rank) among `ranks` ranks on
 // `level` (an index into c.levels).
-double collective_seconds(const std::string& op, double bytes, int64_t ranks, const Cluster& c,
-                          int level);
+double collective_seconds(ir::Op op, double bytes, int64_t ranks, const Cluster& c, int level);
 // The bytes one rank sends for that collective (the level's traffic).
-double collective_wire_bytes(const std::string& op, double bytes, int64_t ranks);
+double collective_wire_bytes(ir::Op op, double bytes, int64_t ranks);
 // The communicator's own temporaries for that collective (comm/chunking.cc, comm/mpi.cc): a
 // reduce_scatter or all_to_all whose per-rank block passes the 4 MiB chunk stages (ranks x chunk)
 // pieces (twice for all_to_all), and MPI's polite reduce_scatter (a comm thread's) receives its
 // ranks' blocks of each piece in one more such buffer.
-double collective_scratch_bytes(const std::string& op, double bytes, int64_t ranks,
-                                bool mpi_polite);
+double collective_scratch_bytes(ir::Op op, double bytes, int64_t ranks, bool mpi_polite);
 
 }  // namespace loom::sim

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "loom/core/dtype.h"
+#include "loom/ir/op.h"
 
 namespace loom::sim {
 
@@ -42,8 +43,8 @@ struct CommSample {
 struct Profile {
   int64_t threads = 1;  // OpenMP threads per rank when measured
   std::vector<MatmulSample> matmul;
-  std::map<std::string, std::vector<OpSample>> ops;     // op name -> samples, by increasing bytes
-  std::map<std::string, std::vector<CommSample>> comm;  // collective op -> samples
+  std::map<ir::Op, std::vector<OpSample>> ops;     // op -> samples, by increasing bytes
+  std::map<ir::Op, std::vector<CommSample>> comm;  // collective op -> samples
 };
 
 }  // namespace loom::sim

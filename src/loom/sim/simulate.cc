@@ -14,7 +14,7 @@ double buffer_bytes(const ir::Graph& g, int v) { return double(runtime::value_by
 
 // The bytes a collective counts as moved: an all_gather's whole output, another's whole input.
 double moved_bytes(const ir::Graph& g, const ir::Node& n) {
-  return buffer_bytes(g, n.op == "all_gather" ? n.outputs[0] : n.inputs[0]);
+  return buffer_bytes(g, n.op == ir::Op::all_gather ? n.outputs[0] : n.inputs[0]);
 }
 
 }  // namespace
@@ -23,7 +23,7 @@ std::map<std::string, std::map<std::string, AxisTraffic>> traffic(const ir::Grap
   std::map<std::string, std::map<std::string, AxisTraffic>> moved;
   for (const ir::Node& n : g.nodes()) {
     if (!ops::has_trait(n.op, ops::Trait::collective)) continue;  // shard_slice moves nothing
-    AxisTraffic& e = moved[n.attr_str("axis")][n.op];
+    AxisTraffic& e = moved[n.attr_str("axis")][std::string(ir::op_name(n.op))];
     e.count++;
     e.bytes += moved_bytes(g, n);
   }
@@ -78,7 +78,7 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
     const double s = node_seconds(g, n, cost, c) * o.oversubscription;
     r.flops += cost.flops;
     r.compute_seconds += s;
-    r.compute_by_op[n.op] += s;
+    r.compute_by_op[std::string(ir::op_name(n.op))] += s;
     now += s;
   }
   r.step_seconds = std::max(now, comm_free);

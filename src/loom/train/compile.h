@@ -2,8 +2,18 @@
 // this rank's program) through the compile pipeline (passes/), plus the handles a runner binds and
 // reads: loss, gradients, hyper-parameters, gradient norm and AdamW moments.
 //
-// With [train] grad_accum = k > 1 the forward+backward graph stops at the gradients and the
-// optimizer is a graph of its own (`optimizer`), fed the gradients summed over the k micro-batches.
+// With [train] grad_accum = k > 1 the forward+backward graph stops at the gradients, a graph of its
+// own (`accumulate`) adds each micro-batch's gradients into their sums, and the optimizer is a
+// third (`optimizer`), fed the sums:
+//
+//   graph accumulate {                     per parameter P; run after micro-batches 1 .. k-1
+//     state %sum.P : f32[...]              (micro-batch 0's gradients are copied in)
+//     input %grad.P : f32[...]             the step graph's gradient of P
+//     input %coef : f32[]                  1, and 1/k after the last micro-batch (their mean)
+//     %sum.P.add = add(%sum.P, %grad.P)
+//     %sum.P.new = mul_scalar(%sum.P.add, %coef)
+//     %sum.P.assign = assign(%sum.P, %sum.P.new)
+//   }
 //
 // Not here: memory (a runner binds buffers), running (step.h), a rank's parameter blocks
 // (rank_blocks.h). Invariant: every handle is an id of `graph()` except those of the separate
@@ -40,6 +50,10 @@ struct CompiledStep {
   ir::Graph opt_graph{"optimizer"};
   autodiff::TrainStep opt;
   std::map<int, int> opt_grad_input;  // global param id -> optimizer-graph gradient input
+  // ... and the accumulate graph: per param its sum (state) and micro-batch gradient (input).
+  ir::Graph accum_graph{"accumulate"};
+  std::map<int, int> accum_sum, accum_grad;  // global param id -> accumulate-graph value
+  int accum_coef = -1;                       // its scalar input
 
   const ir::Graph& graph() const { return c.model.graph; }
   int loss() const { return c.model.loss; }

@@ -14,6 +14,7 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/suggest.h"
+#include "loom/shard/tactic.h"
 #include "loom/sim/cluster.h"
 #include "loom/train/hf_dir.h"
 
@@ -341,6 +342,18 @@ Key mesh_key() {
           "axis = size, each >= 1, at most 2^24 devices in all"};
 }
 
+// The tactics key's meaning, from the tactic table: "`{ kind, axis }`: data, fsdp, ...;
+// `{ kind = "shard", pattern, dim, axis }` (docs/plans.md)".
+std::string tactics_help() {
+  std::string plain, patterned;
+  for (const shard::TacticDef& d : shard::tactic_defs())
+    if (d.takes_pattern)
+      patterned += fmt::format(" `{{ kind = \"{}\", pattern, dim, axis }}`", d.name);
+    else
+      plain += fmt::format("{}{}", plain.empty() ? "" : ", ", d.name);
+  return fmt::format("`{{ kind, axis }}`: {};{} (docs/plans.md)", plain, patterned);
+}
+
 // [plan] tactics = [ { kind = "fsdp", axis = "data" }, ... ]
 Key tactics_key() {
   return {"tactics",
@@ -377,23 +390,25 @@ Key tactics_key() {
                               suggest(key, {"kind", "axis", "pattern", "dim"}));
                 }
               }
-              const auto& kinds = shard::tactic_kinds();
-              if (std::find(kinds.begin(), kinds.end(), tac.kind) == kinds.end())
+              const shard::TacticDef* def = shard::find_tactic(tac.kind);
+              if (!def)
                 throw Error(fmt::format("{}: unknown tactic kind '{}'", at, tac.kind),
-                            suggest(tac.kind, kinds));
+                            suggest(tac.kind, shard::tactic_kinds()));
               if (tac.axis.empty()) throw Error(at + ": missing key 'axis'");
-              if (tac.kind == "shard" && (tac.pattern.empty() || tac.dim < 0))
-                throw Error(at + ": a shard tactic needs pattern and dim",
+              if (def->takes_pattern && (tac.pattern.empty() || tac.dim < 0))
+                throw Error(fmt::format("{}: a {} tactic needs pattern and dim", at, def->name),
                             "{ kind = \"shard\", pattern = \"lm_head.weight\", dim = 0, axis = "
                             "\"model\" }");
+              if (!def->takes_pattern && (!tac.pattern.empty() || tac.dim >= 0))
+                throw Error(fmt::format("{}: a {} tactic takes no pattern or dim", at, def->name),
+                            "only { kind = \"shard\", pattern, dim, axis } reads them");
               c.plan.plan.tactics.push_back(tac);
             }
           },
           nullptr,
           {},
           "none",
-          "`{ kind, axis }`: data, fsdp, zero1, zero2, megatron, sequence, expert; "
-          "`{ kind = \"shard\", pattern, dim, axis }` (docs/plans.md)"};
+          tactics_help()};
 }
 
 struct Section {

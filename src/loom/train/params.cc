@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -11,7 +12,6 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/safetensors.h"
-#include "loom/kernels/cpu/kernels.h"
 #include "loom/train/config.h"
 #include "loom/train/hf_dir.h"
 #include "loom/train/memory.h"
@@ -86,7 +86,8 @@ void ParamStore::load(const std::string& path) {
     if (t.dtype == DType::f32)
       std::memcpy(dst, t.data, size_t(n) * sizeof(float));
     else
-      kernels::cpu::cast_bf16_f32(static_cast<const bf16*>(t.data), dst, n);
+      std::transform(static_cast<const bf16*>(t.data), static_cast<const bf16*>(t.data) + n, dst,
+                     bf16_to_f32);
     if (const int64_t i = first_nonfinite(dst, n); i >= 0)
       throw Error(fmt::format("weights {}: tensor '{}' holds {} at index {}", f.file_of(name), name,
                               dst[i], i),

@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "loom/core/error.h"
-#include "loom/kernels/cpu/kernels.h"
 #include "loom/ops/op.h"
 #include "loom/train/memory.h"
 
@@ -47,11 +46,16 @@ void StepRunner::bind_program() {
   if (mode_ != Mode::train) return;
   if (step_.separate_optimizer()) {
     opt_exec_ = std::make_unique<runtime::Executor>(step_.opt_graph);
+    accum_exec_ = std::make_unique<runtime::Executor>(step_.accum_graph);
+    accum_exec_->bind(step_.accum_coef, &accum_coef_);
     for (auto [p, d] : step_.c.grads) {
       const ir::Value& pv = g.value(p);
       accum_grads_.push_back({d, std::vector<float>(size_t(numel(pv.type.shape)))});
+      float* sum = accum_grads_.back().second.data();
       opt_exec_->bind(step_.opt_graph.find(pv.name), params_.data(pv.name));
-      opt_exec_->bind(step_.opt_grad_input.at(p), accum_grads_.back().second.data());
+      opt_exec_->bind(step_.opt_grad_input.at(p), sum);
+      accum_exec_->bind(step_.accum_sum.at(p), sum);
+      accum_exec_->bind(step_.accum_grad.at(p), exec_->data(out(d)));  // its arena: fixed
     }
   }
   // the optimizer's inputs live in the fused graph (its values mapped by out()), or in the
@@ -240,25 +244,22 @@ float StepRunner::step(const int32_t* tokens, double lr) {
     collect_forward_outputs(0);
     return *exec_->ptr<float>(out(step_.loss()));
   }
-  // Gradient accumulation: sum micro-batch gradients, then one optimizer step on their mean.
+  // Gradient accumulation: micro-batch 0's gradients copied into the sums, the accumulate graph
+  // adding each later one's (and taking the mean after the last), then one optimizer step.
   double loss = 0;
   for (int64_t i = 0; i < step_.accum; ++i) {
     load_rows(tokens + i * B * (T + 1));
     exec_->run();
     collect_forward_outputs(i);
     loss += *exec_->ptr<float>(out(step_.loss()));
-    for (auto& [d, sum] : accum_grads_) {
-      const float* g = exec_->ptr<float>(out(d));
-      const int64_t n = int64_t(sum.size());
-      if (i == 0)
-        std::memcpy(sum.data(), g, size_t(n) * 4);
-      else
-        kernels::cpu::add(sum.data(), g, sum.data(), n);
+    if (i == 0) {
+      for (auto& [d, sum] : accum_grads_)
+        std::memcpy(sum.data(), exec_->ptr<float>(out(d)), sum.size() * 4);
+      continue;
     }
+    accum_coef_ = i + 1 == step_.accum ? float(1.0 / double(step_.accum)) : 1.0f;
+    accum_exec_->run();
   }
-  for (auto& [d, sum] : accum_grads_)
-    kernels::cpu::scale(sum.data(), float(1.0 / double(step_.accum)), sum.data(),
-                        int64_t(sum.size()));
   opt_exec_->run();
   ce_loss_ = float(ce_loss_ / double(step_.accum));
   return float(loss / double(step_.accum));
@@ -304,6 +305,7 @@ float StepRunner::grad_norm() const {
 void StepRunner::set_trace(runtime::Trace* trace) {
   exec_->set_trace(trace);
   if (opt_exec_) opt_exec_->set_trace(trace);
+  if (accum_exec_) accum_exec_->set_trace(trace);
 }
 
 runtime::Executor::CommStats StepRunner::comm_stats() const {

@@ -109,6 +109,7 @@ class StepRunner {
   CompiledStep step_;
   std::unique_ptr<runtime::Executor> exec_;
   std::unique_ptr<runtime::Executor> opt_exec_;        // gradient accumulation: the optimizer graph
+  std::unique_ptr<runtime::Executor> accum_exec_;      // ... and the accumulate graph
   std::unique_ptr<RankBlocks> blocks_;                 // sharded runs
   std::vector<int32_t> inputs_, targets_;              // the batch (B,T), whole
   std::vector<int32_t> tokens_block_, targets_block_;  // sharded: this rank's block of it
@@ -118,6 +119,7 @@ class StepRunner {
   std::map<int, int> out_local_;           // sharded: global output value -> the executor's value
   std::vector<std::pair<int, std::vector<float>>> accum_grads_;  // global grad id, its sum
   float hyper_buf_[3] = {0, 0, 0};
+  float accum_coef_ = 1;  // the accumulate graph's %coef
   float ce_loss_ = 0;
   RouterLoad load_;
   // After the step graph ran on micro-batch i: adds its cross-entropy and router load to the

@@ -1,0 +1,63 @@
+#include "loom/runtime/device.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+#include "loom/core/error.h"
+
+namespace loom::runtime {
+
+std::string_view device_name(DeviceKind d) {
+  switch (d) {
+    case DeviceKind::cpu:
+      return "cpu";
+    case DeviceKind::cuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+void KernelTable::add(ir::Op op, Kernel k) {
+  Kernel& slot = kernels_[size_t(op)];
+  LOOM_CHECK(!slot) << "two " << device_name(device_) << " kernels for op " << op;
+  slot = std::move(k);
+}
+
+const Kernel* KernelTable::find(ir::Op op) const {
+  const Kernel& k = kernels_[size_t(op)];
+  return k ? &k : nullptr;
+}
+
+const Kernel& KernelTable::get(const ir::Graph& g, const ir::Node& n) const {
+  if (const Kernel* k = find(n.op)) return *k;
+  const std::string value = n.outputs.empty() ? "" : " (%" + g.value(n.outputs[0]).name + ")";
+  throw Error(fmt::format("no {} kernel for op {}{}", device_name(device_), n.op, value),
+              "run the program on a device that has one, or add the kernel "
+              "(docs/extending.md, 'Adding an op')");
+}
+
+namespace {
+
+class CpuDevice final : public Device {
+ public:
+  DeviceKind kind() const override { return DeviceKind::cpu; }
+  const KernelTable& kernels() const override { return cpu_kernels(); }
+  void* allocate(int64_t bytes) override {
+    // aligned_alloc wants a multiple of the alignment
+    const auto rounded = size_t((bytes + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) throw Error(fmt::format("cannot allocate {} MiB of CPU memory", bytes >> 20));
+    return p;
+  }
+  void release(void* p) override { std::free(p); }
+};
+
+}  // namespace
+
+Device& cpu_device() {
+  static CpuDevice d;
+  return d;
+}
+
+}  // namespace loom::runtime

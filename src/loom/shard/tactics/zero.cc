@@ -1,0 +1,74 @@
+// fsdp, zero1, zero2: the ZeRO family. Each splits every parameter's AdamW moments over the axis,
+// on the first dim the parameter's current split and the axis still divide (a parameter no dim of
+// which divides, such as a norm weight of odd size, stays whole):
+//
+//   zero1  moments split; the gradient stays whole (all-reduced); the update runs on this rank's
+//          block and the new parameter is all-gathered back
+//   zero2  as zero1, with the gradient reduce-scattered to the moments' blocks
+//   fsdp   (ZeRO-3) the parameter itself stored split too; every consumer but the optimizer sees it
+//          as it was before this tactic (`use`), so lowering all-gathers it before each use
+//
+// They split every parameter's state over the axis, so none follows another of them, megatron or
+// expert on the same axis (a value would be split over it twice).
+#include "loom/shard/tactic.h"
+
+namespace loom::shard {
+
+namespace {
+
+enum class Stage { zero1, zero2, fsdp };
+
+const std::vector<std::string_view> kAfterParams{"fsdp", "zero1", "zero2", "megatron", "expert"};
+
+void apply_zero(TacticContext& c, Stage stage) {
+  Annotations& ann = c.annotations();
+  for (int p : c.params()) {
+    const Sharding before = c.current(p);
+    const int d = c.divisible_dim(p, before);
+    if (d < 0) continue;  // too small to split: stays whole
+    const Sharding after = c.with_axis(p, before, size_t(d));
+    if (stage == Stage::fsdp) {
+      Sharding use = ann.count(p) && ann[p].has_use ? ann[p].use : before;
+      c.set(p, after);
+      ann[p].has_use = true;
+      ann[p].use = use;
+    }
+    const TacticContext::OptimizerEdges* e = c.edges(p);
+    if (!e) continue;  // a graph without an optimizer (gradients only)
+    c.set(e->m, c.with_axis(e->m, c.current(e->m), size_t(d)));
+    c.set(e->v, c.with_axis(e->v, c.current(e->v), size_t(d)));
+    // zero1 keeps the gradient whole (all-reduced); zero2 and fsdp reduce-scatter it
+    if (stage == Stage::zero1)
+      c.set(e->grad, before);
+    else
+      c.set(e->grad, c.with_axis(e->grad, before, size_t(d)));
+  }
+}
+
+}  // namespace
+
+TacticDef fsdp_tactic() {
+  return {.name = "fsdp",
+          .summary = "ZeRO-3: parameters, gradients and AdamW moments stored split",
+          .selects = "every parameter; its optimizer edges",
+          .not_after = kAfterParams,
+          .apply = [](TacticContext& c, const Tactic&) { apply_zero(c, Stage::fsdp); }};
+}
+
+TacticDef zero1_tactic() {
+  return {.name = "zero1",
+          .summary = "AdamW moments split; gradients all-reduced whole",
+          .selects = "every parameter; its optimizer edges",
+          .not_after = kAfterParams,
+          .apply = [](TacticContext& c, const Tactic&) { apply_zero(c, Stage::zero1); }};
+}
+
+TacticDef zero2_tactic() {
+  return {.name = "zero2",
+          .summary = "AdamW moments split; gradients reduce-scattered to their blocks",
+          .selects = "every parameter; its optimizer edges",
+          .not_after = kAfterParams,
+          .apply = [](TacticContext& c, const Tactic&) { apply_zero(c, Stage::zero2); }};
+}
+
+}  // namespace loom::shard
