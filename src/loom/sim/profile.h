@@ -1,6 +1,6 @@
-// A calibrated profile: kernel times measured on this machine by `loom calibrate` (tools/loom/
-// calibrate.cc), stored in the cluster file's [profile] section, and read back by the cost model
-// (cost.h) to predict a node's time from the samples of its op.
+// A calibrated profile: kernel times measured on this machine by `loom calibrate`
+// (calibrate/calibrate.h), stored in the cluster file's [profile] section, and read back by the
+// cost model (cost.h) to predict a node's time from the samples of its op.
 //
 //   matmul   one sample per (transpose pattern, m, n, k, dtype): the seconds of one GEMM
 //   other    one sample per (op, dtype, size): the seconds of one node and the bytes it moved

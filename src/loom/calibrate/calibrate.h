@@ -1,0 +1,82 @@
+// Calibration: this machine measured (or kernels another machine timed) as a cluster file whose
+// [profile] the simulator predicts from (sim/cluster.h, sim/profile.h). The front door of
+// `loom calibrate`, which only parses flags, calls one of the two and writes the result.
+//
+// measure(), with this process's OpenMP threads (one device = one rank of that many threads):
+//   - the f32 and bf16 arithmetic peak (kernels/cpu/peak.h);
+//   - every kernel a training step runs, by profiling training steps of a sweep of small Llama and
+//     GPT-2 shapes (1 layer; d_model 128, 384, 768; 2x128, 4x256, 6x512 tokens; vocabularies 4096
+//     and 16384; f32 and bf16), with the machine's other devices busy: each node's median time
+//     becomes a sample of its op (matmuls by transposes and shape; the others by the bytes they
+//     move, attention by its FLOPs). The sweep avoids the bench models' shapes, so predicting
+//     them is a prediction;
+//   - the memory bandwidth (the fastest streaming op's bytes per second);
+//   - collectives (all_gather, reduce_scatter, all_reduce, all_to_all) on 2 and 4 ranks of this
+//     process (comm/local.h), 64 KiB to 64 MiB per rank: the [profile.comm] samples the simulator
+//     uses for the innermost level, and that level's bandwidth and latency;
+//   - the memory a process and an MPI rank hold beside their planned tensors.
+// Power is not measured (no meter here): idle and peak watts default to an estimate documented in
+// docs/simulator.md.
+//
+// import_timed() measures nothing: it reads the kernels another machine timed (a GPU's, by
+// bench/gpu/torch_kernels.py from `loom plan --kernels`) and makes them the [profile] of a base
+// cluster file (its device, levels and efficiency model kept for what the profile lacks). Speed
+// ratios carry the timings to a device that was not measured: the base's device computes X times
+// and moves memory Y times as fast as the one that timed them, so a compute-bound kernel (matmul,
+// grouped_matmul, attention and its backward) takes 1/X of the time measured and every other
+// kernel 1/Y; the cluster is then named "-derived", not "-measured".
+//
+// Not here: writing the file (sim::write_cluster), the simulation itself (sim/simulate.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loom/ir/op.h"
+#include "loom/sim/cluster.h"
+
+namespace loom::calibrate {
+
+// A cluster and the comment that heads its file (how it was made).
+struct Calibration {
+  sim::Cluster cluster;
+  std::string header;
+};
+
+struct MeasureOptions {
+  bool quick = false;                       // a short sweep: a smoke test, not for predictions
+  double idle_watts = -1, peak_watts = -1;  // per device; < 0: the estimate
+  // The loom executable: `loom bench` of a 2-rank plan under mpirun measures what an MPI rank holds
+  // beside its tensors. Empty, or mpirun failing: a rank is taken to hold what one process does.
+  std::string loom_binary;
+  std::function<void(const std::string&)> progress;  // a line per step measured; null: silent
+};
+
+// Measures this machine (see above). Throws loom::Error for contradictory options (peak watts
+// below idle) or a machine whose memory size cannot be read.
+Calibration measure(const MeasureOptions& o);
+
+struct ImportOptions {
+  std::string timed;                           // bench/gpu/torch_kernels.py's JSON
+  std::string base;                            // the cluster file the profile is added to
+  double compute_speed = 1, memory_speed = 1;  // the base device's over the measured one's; > 0
+};
+
+// The base cluster with the timed kernels as its profile. Throws loom::Error naming the file and
+// the entry (kernels[i]) for anything it cannot read.
+Calibration import_timed(const ImportOptions& o);
+
+// The pieces, for tests.
+// The timed kernels of `path` as a profile (the matmuls by shape, the others by bytes), scaled by
+// the speed ratios; `device` and `torch` get the JSON's device and PyTorch version.
+sim::Profile import_profile(const std::string& path, double compute_speed, double memory_speed,
+                            std::string* device, std::string* torch);
+// Median seconds of one collective `op` of `bytes` per rank on n ranks of this process.
+double time_collective(ir::Op op, int n, int64_t bytes, int reps);
+// One sample per distinct shape: the median of the samples that had it.
+void dedupe(sim::Profile& p);
+double median(std::vector<double> v);  // the upper median; 0 for none
+
+}  // namespace loom::calibrate
