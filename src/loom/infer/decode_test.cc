@@ -3,7 +3,7 @@
 // tokens 0..k through the key/value cache equal the full forward's at position k, for every k,
 // whether the tokens came one at a time or in chunks; a reset cache decodes the same again; tokens
 // past the cache and ids outside the vocabulary are errors that say so.
-#include "loom/train/decode.h"
+#include "loom/infer/decode.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include "loom/core/error.h"
 #include "loom/runtime/executor.h"
 
-namespace loom::train {
+namespace loom::infer {
 namespace {
 
 constexpr int64_t kT = 24;  // tokens, and the cache length
@@ -41,7 +41,7 @@ std::vector<int32_t> tokens(const models::ModelConfig& m) {
 }
 
 // The full forward's logits (kT, V) over the first kT tokens.
-std::vector<float> full_logits(const models::ModelConfig& m, ParamStore& p,
+std::vector<float> full_logits(const models::ModelConfig& m, train::ParamStore& p,
                                const std::vector<int32_t>& toks) {
   passes::Options o;
   o.model = m;
@@ -71,7 +71,7 @@ double row_error(const float* a, const float* b, int64_t V) {
 
 // Random weights of a size that makes attention sharp (init_random's 0.02 leaves it so flat that a
 // token at the wrong position would hardly change a logit).
-void init_sharp(ParamStore& p) {
+void init_sharp(train::ParamStore& p) {
   p.init_random(11);
   for (const auto& i : p.infos())
     if (i.shape.size() == 2)
@@ -79,7 +79,7 @@ void init_sharp(ParamStore& p) {
 }
 
 void expect_decode_matches(const models::ModelConfig& m, double tol) {
-  ParamStore p(m);
+  train::ParamStore p(m);
   init_sharp(p);
   const auto toks = tokens(m);
   const auto full = full_logits(m, p, toks);
@@ -135,7 +135,7 @@ TEST(Decode, DroplessMoeNormFormerMatchesFullForward) {
 
 TEST(Decode, BadInputsAreErrors) {
   const models::ModelConfig m = tiny("llama");
-  ParamStore p(m);
+  train::ParamStore p(m);
   p.init_random(1);
   EXPECT_THROW(DecodeRunner(m, p, 33, "<test>"), Error);  // longer than max_seq_len
   EXPECT_THROW(DecodeRunner(m, p, 0, "<test>"), Error);
@@ -154,4 +154,4 @@ TEST(Decode, BadInputsAreErrors) {
 }
 
 }  // namespace
-}  // namespace loom::train
+}  // namespace loom::infer

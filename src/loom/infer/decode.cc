@@ -1,4 +1,4 @@
-#include "loom/train/decode.h"
+#include "loom/infer/decode.h"
 
 #include <fmt/format.h>
 
@@ -8,10 +8,10 @@
 #include "loom/core/error.h"
 #include "loom/runtime/memory_plan.h"
 
-namespace loom::train {
+namespace loom::infer {
 
-DecodeRunner::DecodeRunner(const models::ModelConfig& model, ParamStore& params, int64_t cache_len,
-                           std::string source)
+DecodeRunner::DecodeRunner(const models::ModelConfig& model, train::ParamStore& params,
+                           int64_t cache_len, std::string source)
     : model_(model), params_(params), cache_len_(cache_len), source_(std::move(source)) {
   if (cache_len < 1 || cache_len > model.max_seq_len)
     throw Error(
@@ -77,4 +77,4 @@ const float* DecodeRunner::feed(const int32_t* tokens, int64_t n) {
   return logits;
 }
 
-}  // namespace loom::train
+}  // namespace loom::infer

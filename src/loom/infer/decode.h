@@ -5,7 +5,7 @@
 //
 // A call feeds n tokens as power-of-two chunks (37 = 32 + 4 + 1), each chunk one decode-step graph
 // (passes::StepKind::decode, compiled on first use and kept: at most log2(cache_len) + 1 of them,
-// sharing the caches and the ParamStore's weights). The prompt goes in as one call, then each new
+// sharing the caches and the ParamStore.s weights). The prompt goes in as one call, then each new
 // token as a call of one.
 //
 // Worked example, cache_len 8, prompt "abcde": feed(abcde) runs the 4-token graph at position 0
@@ -13,9 +13,9 @@
 // after "e"; feed(f) runs the 1-token graph at 5. At position 8 the cache is full: the caller
 // resets and feeds the tokens it wants to keep.
 //
-// Not here: sampling (tools/loom/sample.cc), batches of several sequences (B = 1), a plan (one
-// process). Invariant: the logits after feeding tokens t_0..t_k equal the full forward's at
-// position k (decode_test checks every position, chunked or not), up to the rounding of a
+// Not here: sampling and the generation loop (sample.h), batches of several sequences (B = 1), a
+// plan (one process). Invariant: the logits after feeding tokens t_0..t_k equal the full forward's
+// at position k (decode_test checks every position, chunked or not), up to the rounding of a
 // different attention summation order.
 #pragma once
 
@@ -30,13 +30,13 @@
 #include "loom/runtime/executor.h"
 #include "loom/train/params.h"
 
-namespace loom::train {
+namespace loom::infer {
 
 class DecodeRunner {
  public:
   // cache_len: positions the caches hold, 1..[model] max_seq_len. source names the model in errors.
   // Throws loom::Error for a model or cache length that cannot be compiled.
-  DecodeRunner(const models::ModelConfig& model, ParamStore& params, int64_t cache_len,
+  DecodeRunner(const models::ModelConfig& model, train::ParamStore& params, int64_t cache_len,
                std::string source);
   ~DecodeRunner();
   DecodeRunner(const DecodeRunner&) = delete;
@@ -60,7 +60,7 @@ class DecodeRunner {
     int32_t start = 0;
   };
   models::ModelConfig model_;
-  ParamStore& params_;
+  train::ParamStore& params_;
   int64_t cache_len_;
   std::string source_;
   int64_t pos_ = 0;
@@ -69,4 +69,4 @@ class DecodeRunner {
   Step& step_for(int64_t n);
 };
 
-}  // namespace loom::train
+}  // namespace loom::infer

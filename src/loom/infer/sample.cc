@@ -1,0 +1,179 @@
+#include "loom/infer/sample.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/dipaco/choose.h"
+#include "loom/infer/decode.h"
+#include "loom/infer/sampler.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/hf_dir.h"
+#include "loom/train/params.h"
+
+namespace loom::infer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kBytes = 256;  // byte-level tokens: ids 0..255
+
+// The run's tokenizer: RUN_DIR's tokenizer.model or tokenizer.json, else the one in its [data]
+// path (a loom data prepare directory), else its [model] init directory's tokenizer.json (a
+// pretrained model's), else bytes.
+data::Tokenizer run_tokenizer(const std::string& run, const train::Config& cfg) {
+  std::error_code ec;
+  for (const std::string& dir : {run, cfg.data.path, cfg.init_weights})
+    for (const char* name : {"/tokenizer.model", "/tokenizer.json"})
+      if (!dir.empty() && fs::is_regular_file(dir + name, ec))
+        return data::Tokenizer::load(dir + name);
+  return data::Tokenizer::byte_level();
+}
+
+// The prompt's tokens (a newline for an empty prompt).
+std::vector<int32_t> encode_prompt(const data::Tokenizer& tok, const std::string& prompt) {
+  std::vector<int32_t> ids = tok.encode(prompt);
+  return ids.empty() ? tok.encode("\n") : ids;
+}
+
+// Generated ids to text as it becomes final: BPE output is the decoding of every id so far, and
+// a trailing U+FFFD (a byte run not yet a UTF-8 character) is held back until generation ends.
+class TextStream {
+ public:
+  TextStream(const data::Tokenizer& tok, const std::string& prompt)
+      : tok_(tok), ids_(tok.encode(prompt)), printed_(prompt.size()) {}
+  std::string push(int32_t id) {
+    ids_.push_back(id);
+    return take(false);
+  }
+  std::string finish() { return take(true); }
+
+ private:
+  std::string take(bool final) {
+    const std::string text = tok_.decode(ids_);
+    size_t stable = text.size();
+    const std::string_view kReplacement = "\xEF\xBF\xBD";
+    while (!final && stable >= printed_ + 3 && text.compare(stable - 3, 3, kReplacement) == 0)
+      stable -= 3;
+    std::string r = stable > printed_ ? text.substr(printed_, stable - printed_) : "";
+    printed_ = std::max(printed_, stable);
+    return r;
+  }
+  const data::Tokenizer& tok_;
+  std::vector<int32_t> ids_;
+  size_t printed_;
+};
+
+}  // namespace
+
+Model open_model(const ModelSource& s) {
+  Model m;
+  std::string run = s.run, checkpoint = s.checkpoint;
+  if (!s.path.empty()) {  // DiPaCo: one path's model
+    const dipaco::PathChoice c =
+        dipaco::choose_path(run, s.path, [&](const std::string& dir, const train::Config& cfg) {
+          return encode_prompt(run_tokenizer(dir, cfg), s.prompt);
+        });
+    m.dipaco_path = c.path;
+    m.routed = c.routed;
+    run = c.run;
+    if (checkpoint.empty()) checkpoint = run;
+  }
+  // a run directory (config.toml, checkpoints), or a Hugging Face model directory (config.json,
+  // weights, tokenizer.json: a pretrained model as it is)
+  const bool hf = train::is_hf_dir(run) && !fs::exists(run + "/config.toml");
+  if (hf) {
+    m.cfg.model = train::read_hf_model(run);
+    m.cfg.path = run + "/config.json";
+    m.cfg.init_weights = run;
+  } else {
+    m.cfg = train::load_run_config(run);
+  }
+  m.config = hf ? m.cfg.path : run + "/config.toml";
+  m.tok = run_tokenizer(run, m.cfg);
+  const data::Tokenizer& tok = m.tok;
+  const int64_t vocab = m.cfg.model.vocab_size;
+  if (hf && tok.is_byte_level() && vocab != kBytes)
+    throw Error(fmt::format("{}: no tokenizer.json beside the model (vocab_size {})", run, vocab),
+                "copy the model's tokenizer.json into the directory");
+  if (!tok.is_byte_level() && tok.vocab_size() > vocab)
+    throw Error(fmt::format("the tokenizer's vocabulary does not match the model: {} pieces in "
+                            "the tokenizer of {}, [model] vocab_size = {} in {}",
+                            tok.vocab_size(), run, vocab, m.config),
+                "the run's tokenizer.model must be the one its data was prepared with");
+  if (tok.is_byte_level() && vocab < kBytes)
+    throw Error(fmt::format("{}: [model] vocab_size = {} is too small for byte-level tokens",
+                            m.config, vocab),
+                "loom sample reads byte-level models (vocab_size >= 256), as loom train makes");
+  m.weights = hf && checkpoint.empty() ? run : train::run_weights(run, checkpoint);
+  return m;
+}
+
+SampleStats sample(const Model& m, const SampleOptions& o,
+                   const std::function<void(std::string_view)>& out) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  const auto t_start = Clock::now();
+  const data::Tokenizer& tok = m.tok;
+  const int64_t T = o.context ? std::min(o.context, m.cfg.model.max_seq_len)
+                              : std::min<int64_t>(m.cfg.model.max_seq_len, 512);
+  train::ParamStore params(m.cfg.model);
+  params.load(m.weights);
+  DecodeRunner decoder(m.cfg.model, params, T, m.config);
+  const auto t_loaded = Clock::now();
+
+  // context: the tokens the cache holds (the prompt's last T at first), the newest last
+  std::vector<int32_t> context = encode_prompt(tok, o.prompt);
+  if (int64_t(context.size()) > T) context.erase(context.begin(), context.end() - T);
+  out(o.prompt);
+  const int n = tok.is_byte_level() ? kBytes : tok.vocab_size();  // candidate ids 0..n-1
+  TextStream text(tok, o.prompt);
+  Sampler sampler(o.temperature, o.top_k, o.seed);
+  SampleStats st;
+  st.prompt_tokens = int64_t(context.size());
+  st.new_tokens = o.max_tokens;
+  st.context = T;
+  const float* row = o.max_tokens > 0 ? decoder.feed(context.data(), st.prompt_tokens) : nullptr;
+  const auto t_prompt = Clock::now();
+  for (int64_t i = 0; i < o.max_tokens; ++i) {
+    for (int v = 0; v < n; ++v)
+      if (!std::isfinite(row[v]))
+        throw Error(fmt::format("weights {}: the logits are not finite ({} for token {})",
+                                m.weights, row[v], v),
+                    "the checkpoint is corrupt or the run diverged; try an earlier checkpoint");
+    const int next = sampler.next(row, n);
+    context.push_back(next);
+    if (tok.is_byte_level()) {
+      const char byte = static_cast<char>(static_cast<unsigned char>(next));
+      out(std::string_view(&byte, 1));
+    } else if (const std::string piece = text.push(next); !piece.empty()) {
+      out(piece);
+    }
+    if (i + 1 == o.max_tokens) break;
+    if (decoder.position() < decoder.capacity()) {
+      row = decoder.feed(&context.back(), 1);
+    } else {  // the cache is full: keep its newest half (and the new token), encoded again
+      const int64_t keep = std::max<int64_t>(1, T / 2);
+      context.erase(context.begin(), context.end() - keep);
+      decoder.reset();
+      row = decoder.feed(context.data(), keep);
+    }
+  }
+  if (!tok.is_byte_level())
+    if (const std::string rest = text.finish(); !rest.empty()) out(rest);
+  const auto t_end = Clock::now();
+  st.load_s = seconds(t_start, t_loaded);
+  st.prompt_s = seconds(t_loaded, t_prompt);
+  st.decode_s = seconds(t_prompt, t_end);
+  return st;
+}
+
+}  // namespace loom::infer
