@@ -1,330 +1,44 @@
-// loom islands: DiLoCo on one machine. Starts `loom outer-server` and N `loom train` islands as
-// processes talking over loopback, waits for the islands, stops the server, and evaluates the final
-// global parameters on the validation split (the number to compare with a synchronous run).
-//
-//   RUN/server/      the server's state (outer_state.safetensors), port and log.txt
-//   RUN/island_I/    each island's run directory (metrics.jsonl, checkpoints) and log.txt
-//   RUN/summary.json val_loss of the global parameters, version, bytes, wall time, per-island
-//   figures
-//
-// DiPaCo ([outer] modules and router, src/loom/outer/paths.h): island i trains path i mod P on the
-// router's ROUTER/path_<p> data (so --islands must be a multiple of the P paths); at the end each
-// path's global parameters are written as RUN/path_<p>/ (model.safetensors, and the config.toml of
-// an island of that path: what `loom sample RUN --path` and `loom dipaco eval RUN` read), and
-// val_loss is the mean over the paths of each one's loss on its own validation documents.
-//
-// The shared token is $LOOM_OUTER_TOKEN when set (or [outer] token_file), else a fresh random one
-// handed to the children in their environment. Each island gets OMP_NUM_THREADS = cores / N unless
-// the variable is set, and OpenMP threads that sleep rather than spin while waiting.
-#include <fcntl.h>
-#include <fmt/format.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
+// loom islands: DiLoCo (and DiPaCo) on one machine: an outer server and N training islands as
+// processes over loopback. The work is outer/islands.h's (the run directory's layout, the token,
+// threads, DiPaCo's paths); this file parses the flags and prints the result.
+#include "loom/outer/islands.h"
 
-#include <chrono>
-#include <cstdlib>
+#include <fmt/format.h>
+
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <thread>
 
 #include "commands.h"
-#include "loom/core/error.h"
-#include "loom/core/file.h"
-#include "loom/data/text_corpus.h"
-#include "loom/dipaco/router.h"
-#include "loom/outer/paths.h"
-#include "loom/outer/server.h"
-#include "loom/train/checkpoint.h"
-#include "loom/train/config.h"
-#include "loom/train/evaluate.h"
-#include "loom/train/params.h"
-#include "loom/train/step.h"
-
-extern char** environ;
 
 namespace loom::cli {
 
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-// Starts `args` with stdout and stderr appended to `log`; returns the pid.
-pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) throw_os("start", args[0], rc);
-  return pid;
-}
-
-std::string tail(const std::string& path, size_t n = 1500) {
-  std::ifstream in(path);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return s.size() > n ? "..." + s.substr(s.size() - n) : s;
-}
-
-std::string random_token() {
-  std::ifstream in("/dev/urandom", std::ios::binary);
-  unsigned char b[24];
-  if (!in.read(reinterpret_cast<char*>(b), sizeof b)) throw Error("cannot read /dev/urandom");
-  std::string t;
-  for (unsigned char c : b) t += fmt::format("{:02x}", c);
-  return t;
-}
-
-}  // namespace
-
 std::function<int()> add_islands(CLI::App& app) {
   struct Opts {
-    std::string config, run_dir;
-    int islands = 4;
-    std::vector<std::string> sets, slow;
+    outer::IslandsOptions run;
+    std::vector<std::string> slow;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* s = app.add_subcommand(
       "islands", "run an outer server and N training islands on this machine (DiLoCo, async)");
-  s->add_option("config", o->config, "config TOML with an [outer] section")->required();
-  s->add_option("--islands", o->islands, "number of islands")->check(CLI::Range(1, 256));
-  s->add_option("--run-dir", o->run_dir, "default runs/<config>-islands");
+  s->add_option("config", o->run.config, "config TOML with an [outer] section")->required();
+  s->add_option("--islands", o->run.islands, "number of islands")->check(CLI::Range(1, 256));
+  s->add_option("--run-dir", o->run.run_dir, "default runs/<config>-islands");
   s->add_option("--slow", o->slow,
                 "I=F: island I takes F times as long per step (loom train --slowdown)");
-  s->add_option("--set", o->sets, "override a config key of server and islands: section.key=value");
+  s->add_option("--set", o->run.sets,
+                "override a config key of server and islands: section.key=value");
   return [o]() {
-    auto sets = o->sets;
-    sets.push_back(fmt::format("outer.islands={}", o->islands));
-    train::Config cfg = train::load_config(o->config, sets);  // fail here, not in N children
-    const char* mode = train::outer_mode_name(cfg.outer.mode);
-    std::map<int, std::string> slow;
-    for (const auto& sl : o->slow) {
-      size_t eq = sl.find('=');
-      int i = -1;
-      double f = 0;
-      try {
-        i = eq == std::string::npos ? -1 : std::stoi(sl.substr(0, eq));
-        f = std::stod(sl.substr(eq + 1));
-      } catch (const std::exception&) {
-        i = -1;
-      }
-      if (i < 0 || i >= o->islands || !(f >= 1 && f <= 1000))
-        throw Error(fmt::format("--slow {}: expected I=F with 0 <= I < {} and 1 <= F <= 1000", sl,
-                                o->islands));
-      slow[i] = sl.substr(eq + 1);
-    }
-    if (cfg.data.path.empty())
-      throw Error(fmt::format("{}: [data] path is not set", o->config),
-                  "point it at a text file, a directory of .txt files, or a loom data prepare "
-                  "directory");
-    data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, cfg.train.seq_len);
-    const int64_t P = cfg.outer.paths();  // DiPaCo's paths; 0: not DiPaCo
-    std::string router;                   // ... and its router directory, absolute
-    if (P) {
-      if (cfg.outer.router.empty())
-        throw Error(fmt::format("{}: DiPaCo islands need [outer] router", o->config),
-                    "write one with loom dipaco route CONFIG --base RUN --out DIR");
-      router = fs::absolute(cfg.outer.router).string();
-      const dipaco::Router r = dipaco::read_router(router);
-      r.check_features(cfg.model.vocab_size, router);
-      const int64_t routed = r.paths();
-      if (routed != P)
-        throw Error(fmt::format("router {} routes to {} paths, [outer] modules make {}", router,
-                                routed, P));
-      if (o->islands % P != 0)
-        throw Error(
-            fmt::format("--islands {}: DiPaCo needs a multiple of the {} paths (island i "
-                        "trains path i mod {})",
-                        o->islands, P, P));
-      sets.push_back("outer.router=" + router);  // the islands run in their own directories
-    }
-    const std::string run = o->run_dir.empty()
-                                ? "runs/" + fs::path(o->config).stem().string() + "-islands"
-                                : o->run_dir;
-    const std::string sdir = run + "/server";
-    if (fs::exists(outer::state_file(sdir)))
-      throw Error(fmt::format("run dir {} already holds a run ({})", run, outer::state_file(sdir)),
-                  "choose another --run-dir, or remove it");
-    std::error_code ec;
-    fs::create_directories(sdir, ec);
-    if (ec) throw Error(fmt::format("run dir {}: cannot create ({})", run, ec.message()));
-    if (cfg.outer.token_file.empty() && !std::getenv("LOOM_OUTER_TOKEN"))
-      ::setenv("LOOM_OUTER_TOKEN", random_token().c_str(), 1);
-    if (!std::getenv("OMP_NUM_THREADS")) {
-      unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-      ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1u, hw / unsigned(o->islands))).c_str(),
-               1);
-    }
-    ::setenv("OMP_WAIT_POLICY", "passive", 0);
-    const std::string exe = fs::read_symlink("/proc/self/exe").string();
-    auto with_sets = [&](std::vector<std::string> a) {
-      for (const auto& x : sets) a.insert(a.end(), {"--set", x});
-      return a;
-    };
-    auto t0 = Clock::now();
-    const std::string port_file = sdir + "/port";
-    fs::remove(port_file, ec);
-    pid_t server = spawn(with_sets({exe, "outer-server", o->config, "--listen", "127.0.0.1:0",
-                                    "--state-dir", sdir, "--port-file", port_file}),
-                         sdir + "/log.txt");
-    std::vector<pid_t> kids;
-    auto stop_all = [&]() {
-      for (pid_t p : kids) ::kill(p, SIGTERM);
-      ::kill(server, SIGTERM);
-      for (pid_t p : kids) ::waitpid(p, nullptr, 0);
-      ::waitpid(server, nullptr, 0);
-    };
-    int port = 0;
-    for (int i = 0; i < 600 && port == 0; ++i) {
-      std::ifstream in(port_file);
-      if (in >> port) break;
-      int st;
-      if (::waitpid(server, &st, WNOHANG) == server)
-        throw Error(
-            fmt::format("the outer server exited before listening:\n{}", tail(sdir + "/log.txt")));
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    if (port == 0) {
-      stop_all();
-      throw Error(fmt::format("the outer server did not start within 60 s; see {}/log.txt", sdir));
-    }
-    fmt::print(stderr, "outer server on 127.0.0.1:{}; starting {} islands ({} mode, H = {})\n",
-               port, o->islands, mode, cfg.outer.inner_steps);
-    for (int i = 0; i < o->islands; ++i) {
-      std::string dir = fmt::format("{}/island_{}", run, i);
-      fs::create_directories(dir, ec);
-      auto a = with_sets({exe, "train", o->config, "--run-dir", dir, "--set",
-                          fmt::format("outer.server=127.0.0.1:{}", port)});
-      if (P)
-        a.insert(a.end(), {"--set", fmt::format("outer.path={}", i % P), "--set",
-                           fmt::format("data.path={}/path_{}", router, i % P)});
-      if (slow.count(i)) a.insert(a.end(), {"--slowdown", slow[i]});
-      kids.push_back(spawn(a, dir + "/log.txt"));
-    }
-    std::vector<std::string> failed;
-    for (int i = 0; i < o->islands; ++i) {
-      int st = 0;
-      ::waitpid(kids[size_t(i)], &st, 0);
-      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        std::string log = fmt::format("{}/island_{}/log.txt", run, i);
-        failed.push_back(fmt::format(
-            "island {} ({}):\n{}", i,
-            WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : fmt::format("exit {}", WEXITSTATUS(st)),
-            tail(log)));
-      }
-    }
-    kids.clear();
-    ::kill(server, SIGTERM);
-    int st = 0;
-    ::waitpid(server, &st, 0);
-    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (!failed.empty()) {
-      for (const auto& f : failed) fmt::print(stderr, "{}\n", f);
-      throw Error(
-          fmt::format("{} of {} islands failed; logs in {}", failed.size(), o->islands, run));
-    }
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-      throw Error(fmt::format("the outer server failed:\n{}", tail(sdir + "/log.txt")));
-
-    // the global parameters, evaluated as loom train evaluates
-    uint64_t version = 0;
-    outer::TensorList global = outer::read_state_params(outer::state_file(sdir), &version);
-    train::ParamStore params(cfg.model);
-    double val = 0;
-    nlohmann::json per_path = nlohmann::json::array();
-    int64_t table_parameters = 0;  // DiPaCo: the module table's, every module once
-    if (!P) {
-      for (const auto& t : global) {
-        float* d = params.data(t.name);
-        std::copy(t.data.begin(), t.data.end(), d);
-      }
-      train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval);
-      val = train::validation_loss(cfg, corpus, evaluator);
-    } else {  // each path, on its own validation documents; written as RUN/path_<p>
-      outer::TensorList model;
-      for (const auto& p : params.infos()) model.push_back({p.name, p.shape, {}});
-      const outer::Paths layout = outer::dipaco_paths(model, cfg.outer.modules);
-      std::map<std::string, size_t> at;
-      for (size_t k = 0; k < global.size(); ++k) at[global[k].name] = k;
-      outer::TensorList table;
-      for (const auto& t : layout.table) {
-        auto it = at.find(t.name);
-        if (it == at.end())
-          throw Error(fmt::format("{}: no module tensor {}", outer::state_file(sdir), t.name));
-        table_parameters += numel(t.shape);
-        table.push_back(std::move(global[it->second]));
-      }
-      for (int64_t p = 0; p < P; ++p) {
-        for (const auto& t : outer::path_view(layout, size_t(p), table, model))
-          std::copy(t.data.begin(), t.data.end(), params.data(t.name));
-        const std::string pdir = fmt::format("{}/path_{}", run, p);
-        fs::create_directories(pdir, ec);
-        params.save(pdir + "/model.safetensors");
-        fs::copy_file(fmt::format("{}/island_{}/config.toml", run, p), pdir + "/config.toml",
-                      fs::copy_options::overwrite_existing);
-        train::Config pc = train::load_run_config(pdir);
-        data::TextCorpus pdata = data::TextCorpus::open(pc.data.path, pc.train.seq_len);
-        train::StepRunner evaluator(pc, params, train::StepRunner::Mode::eval);
-        const double v = train::validation_loss(pc, pdata, evaluator);
-        per_path.push_back({{"path", p}, {"name", layout.name(size_t(p))}, {"val_loss", v}});
-        val += v / double(P);
-      }
-    }
-    nlohmann::json islands = nlohmann::json::array();
-    uint64_t sent = 0, received = 0, peak = 0;
-    for (int i = 0; i < o->islands; ++i) {
-      std::ifstream in(fmt::format("{}/island_{}/metrics.jsonl", run, i));
-      nlohmann::json lastm, last_outer;
-      for (std::string line; std::getline(in, line);) {
-        auto j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_discarded()) continue;
-        lastm = j;
-        if (j.contains("outer_round")) last_outer = j;
-      }
-      nlohmann::json isl{{"island", i}, {"steps", lastm.value("step", 0)}};
-      if (!last_outer.is_null()) {
-        for (const char* k :
-             {"outer_round", "bytes_sent", "bytes_received", "peak_round_bytes", "wait_s"})
-          isl[k] = last_outer[k];
-        peak = std::max(peak, last_outer.value("peak_round_bytes", uint64_t(0)));
-        sent += last_outer.value("bytes_sent", uint64_t(0));
-        received += last_outer.value("bytes_received", uint64_t(0));
-      }
-      islands.push_back(isl);
-    }
-    nlohmann::json summary{{"islands", o->islands},
-                           {"mode", mode},
-                           {"inner_steps", cfg.outer.inner_steps},
-                           {"compress", cfg.outer.compress},
-                           {"fragments", cfg.outer.fragments},
-                           {"overlap", cfg.outer.overlap},
-                           {"mix", cfg.outer.mix},
-                           {"version", version},
-                           {"parameters", params.total_elements()},
-                           {"val_loss", val},
-                           {"bytes_sent", sent},
-                           {"bytes_received", received},
-                           {"peak_round_bytes", peak},
-                           {"wall_s", wall},
-                           {"per_island", islands}};
-    if (P) {
-      summary["modules"] = cfg.outer.modules;
-      summary["router"] = router;
-      summary["per_path"] = per_path;
-      summary["table_parameters"] = table_parameters;
-    }
-    write_file_atomic(run + "/summary.json", summary.dump(2) + "\n");
+    outer::IslandsOptions run = o->run;
+    run.slowdown = outer::parse_slowdowns(o->slow, run.islands);
+    run.loom_binary = std::filesystem::read_symlink("/proc/self/exe").string();
+    run.progress = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+    const outer::IslandsResult r = outer::run_islands(run);
+    const nlohmann::json& s = r.summary;
     fmt::print(
         "{} islands, {} mode, H = {}: global parameters at version {}: val loss {:.4f}; "
         "{} bytes sent, {} received; {:.1f} s; {}/summary.json\n",
-        o->islands, mode, cfg.outer.inner_steps, version, val, sent, received, wall, run);
+        run.islands, s["mode"].get<std::string>(), s["inner_steps"].get<int64_t>(),
+        s["version"].get<uint64_t>(), s["val_loss"].get<double>(), s["bytes_sent"].get<uint64_t>(),
+        s["bytes_received"].get<uint64_t>(), s["wall_s"].get<double>(), r.run_dir);
     return 0;
   };
 }

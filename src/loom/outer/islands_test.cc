@@ -1,0 +1,93 @@
+// The islands front door called directly: two islands of the tiny model against a server, and the
+// refusals that come before any process starts.
+#include "loom/outer/islands.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "loom/core/error.h"
+
+namespace loom::outer {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("loom_islands_test_" + std::to_string(::getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// Words drawn from a small vocabulary: text a tiny byte-level model learns within a few steps.
+std::string write_text(const fs::path& parent) {
+  const fs::path dir = parent / "data";
+  fs::create_directories(dir);
+  const char* words[] = {"the", "island", "trains", "a", "model", "and", "sends", "its", "update"};
+  std::mt19937 rng(3);
+  for (const char* name : {"a.txt", "b.txt", "c.txt"}) {
+    std::ofstream out(dir / name);
+    for (int i = 0; i < 6000; ++i) out << words[rng() % 9] << (i % 12 == 11 ? "\n" : " ");
+  }
+  return dir.string();
+}
+
+IslandsOptions tiny(const TempDir& d, const std::string& data) {
+  IslandsOptions o;
+  o.config = std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml";
+  o.run_dir = (d.path / "run").string();
+  o.islands = 2;
+  o.loom_binary = LOOM_BINARY;
+  o.sets = {"data.path=" + data, "train.steps=8", "train.eval_every=0", "outer.inner_steps=4",
+            "outer.mode=\"sync\""};
+  return o;
+}
+
+TEST(Islands, TwoIslandsMeetEveryRoundAndTheGlobalModelIsEvaluated) {
+  TempDir d;
+  const std::string data = write_text(d.path);
+  std::vector<std::string> lines;
+  IslandsOptions o = tiny(d, data);
+  o.progress = [&](const std::string& l) { lines.push_back(l); };
+  const IslandsResult r = run_islands(o);
+  const nlohmann::json& s = r.summary;
+  EXPECT_EQ(s["islands"], 2);
+  EXPECT_EQ(s["version"], 2u);  // 8 steps, H = 4: two rounds
+  EXPECT_TRUE(std::isfinite(s["val_loss"].get<double>()));
+  EXPECT_LT(s["val_loss"].get<double>(), std::log(256.0));  // learnt something: below uniform
+  ASSERT_EQ(s["per_island"].size(), 2u);
+  for (const auto& isl : s["per_island"]) {
+    EXPECT_EQ(isl["steps"], 8);
+    EXPECT_EQ(isl["outer_round"], 2);
+  }
+  EXPECT_TRUE(fs::exists(r.run_dir + "/summary.json"));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("starting 2 islands"), std::string::npos) << lines[0];
+}
+
+TEST(Islands, RefusalsComeBeforeAnyProcess) {
+  TempDir d;
+  IslandsOptions o = tiny(d, write_text(d.path));
+  o.islands = 0;
+  EXPECT_THROW(run_islands(o), Error);
+  o = tiny(d, "");
+  o.sets.erase(o.sets.begin());  // no [data] path
+  try {
+    run_islands(o);
+    FAIL() << "ran without data";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[data] path is not set"), std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(o.run_dir));
+  EXPECT_THROW(parse_slowdowns({"5=3"}, 2), Error);
+  EXPECT_THROW(parse_slowdowns({"1=0.5"}, 2), Error);
+  EXPECT_THROW(parse_slowdowns({"x"}, 2), Error);
+  EXPECT_EQ(parse_slowdowns({"1=3"}, 2).at(1), "3");
+}
+
+}  // namespace
+}  // namespace loom::outer
