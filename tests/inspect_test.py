@@ -149,8 +149,15 @@ r = loom("inspect", "configs/tiny-llama.toml", "--stage", "scheduled-typo")
 check("unknown stage: exit 1 naming it", r.returncode == 1 and "scheduled-typo" in r.stderr, r.stderr)
 r = loom("inspect")
 check("no config: exit 1", r.returncode == 1 and "config" in r.stderr, r.stderr)
+# Without a plan, lowering gives the one-rank program: the training graph node for node (the loss
+# told its global row count, which is its own), and the scheduled stage runs on it too.
 r = loom("inspect", "configs/tiny-llama.toml", "--stage", "lowered")
-check("lowered without a plan: exit 1 naming [plan]", r.returncode == 1 and "[plan]" in r.stderr,
-      r.stderr)
+t = loom("inspect", "configs/tiny-llama.toml", "--stage", "train")
+body = lambda text: [l for l in text.splitlines() if l.startswith("  ")]
+low, train = body(r.stdout), body(t.stdout)
+check("lowered without a plan: the one-rank program, the training graph node for node",
+      r.returncode == 0 and "# rank 0 of 1: {}" in r.stdout and len(low) == len(train) > 100
+      and all(a == b or a.startswith(b + " {rows = ") for a, b in zip(low, train)),
+      r.stderr + "".join("\n%s\n%s" % (a, b) for a, b in zip(low, train) if a != b)[:2000])
 
 checks.finish()

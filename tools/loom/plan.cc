@@ -103,8 +103,8 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic) c.passes.cluster = cluster;
   train::CompiledStep step =
       train::compile_step(c, passes::StepKind::train, !plan.empty(), plan.empty() ? 0 : ranks);
-  // one process under recompute runs its scheduled graph too
-  const ir::Graph& prog = step.sharded || step.scheduled ? step.c.rank.graph : step.c.model.graph;
+  // one process runs its one-rank program too
+  const ir::Graph& prog = step.c.rank.graph;
   const int64_t n = devices > 0 ? devices : (cl.devices > 0 ? cl.devices : ranks);
   if (ranks > n)
     throw Error(

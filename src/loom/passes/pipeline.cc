@@ -97,10 +97,6 @@ void run_one(const Pass& p, Compilation& c, const Options& opts) {
 }  // namespace
 
 Compilation compile(const Options& opts, Stage until) {
-  if (until > Stage::train && opts.plan.empty())
-    throw Error(
-        fmt::format("{}: no [plan] mesh to shard by (stage {})", opts.source, stage_name(until)),
-        "add [plan] mesh = { data = 2 } and tactics = [ { kind = \"data\", axis = \"data\" } ]");
   Compilation c;
   for (const Pass& p : pipeline())
     if (p.stage <= until) run_one(p, c, opts);

@@ -17,9 +17,11 @@ const std::vector<Pass>& pipeline();
 // The pass of this name; throws loom::Error listing them for an unknown one.
 const Pass& find_pass(std::string_view name);
 
-// Runs the pipeline's passes up to and including the last pass of `until`. Stages past `train` need
-// a plan (Options::plan). Throws loom::Error: a bad config or plan (naming the key, tactic or
-// value), or a pass that left an invalid program (naming the pass and the offending node or value).
+// Runs the pipeline's passes up to and including the last pass of `until`. Stages past `train`
+// shard by Options::plan; an empty plan is one rank: every value whole, no collective, so its
+// lowered program is the global graph's and one process gets the scheduled stage's passes too.
+// Throws loom::Error: a bad config or plan (naming the key, tactic or value), or a pass that left
+// an invalid program (naming the pass and the offending node or value).
 Compilation compile(const Options& opts, Stage until);
 
 // Runs the named passes, in the order given, on `c` (an IR-text test's parsed graph and roles),

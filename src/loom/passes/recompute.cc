@@ -41,8 +41,8 @@
 // The recomputed node is the same op on the same inputs, so in f32 every loss bit is unchanged
 // (tests/plan_parity.h runs the plans with it). The forward/backward boundary is the node that
 // computes the loss (the program's loss output, followed back through its collectives). A planned
-// run's rank program is rewritten; so is one process's training graph, which train/compile.cc
-// makes a one-rank program for the scheduled stage when recompute is on.
+// run's rank program is rewritten; so is one process's, the one-rank program lowering makes of the
+// empty plan.
 #include <algorithm>
 #include <functional>
 #include <map>

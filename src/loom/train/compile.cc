@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <numeric>
-
 #include "loom/core/error.h"
 #include "loom/ops/builder.h"
 #include "loom/ops/verify.h"
@@ -67,22 +65,9 @@ CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_pl
   s.sharded = with_plan && !cfg.plan.plan.empty();
   if (s.sharded && kind == passes::StepKind::train) require_plannable(cfg);
   const passes::Options opts = step_options(cfg, kind, s.sharded ? ranks : 0);
-  s.c = passes::compile(opts, s.sharded ? passes::Stage::scheduled : passes::Stage::train);
-  if (!s.sharded && opts.schedule.recompute != passes::ScheduleOptions::Recompute::none &&
-      (kind == passes::StepKind::train || kind == passes::StepKind::grads)) {
-    // one process: the training graph as a one-rank program through the scheduled stage (only
-    // recompute finds work there: there are no collectives to bucket or prefetch)
-    const ir::Graph& g = s.c.model.graph;
-    s.c.rank.graph = g;
-    s.c.rank.local.resize(g.values().size());
-    std::iota(s.c.rank.local.begin(), s.c.rank.local.end(), 0);
-    s.c.rank.outputs = g.outputs();
-    std::vector<std::string> names;
-    for (const passes::Pass& p : passes::pipeline())
-      if (p.stage == passes::Stage::scheduled) names.push_back(p.name);
-    passes::run_passes(s.c, opts, names);
-    s.scheduled = true;
-  }
+  // every run goes the whole way: one process lowers the empty plan (one rank, every value whole,
+  // no collective) and its program gets the scheduled stage's passes as a rank's does
+  s.c = passes::compile(opts, passes::Stage::scheduled);
   if (!opts.accumulate) return s;
   s.accum = cfg.train.grad_accum;
   const ir::Graph& g = s.graph();

@@ -40,11 +40,9 @@ void check_plan(const Config& cfg);
 struct CompiledStep {
   passes::StepKind kind = passes::StepKind::train;
   passes::Compilation c;  // the global graph; under a plan, the rank program too
-  bool sharded = false;
-  // One process under [passes] recompute: c.rank is the training graph as a one-rank program
-  // after the scheduled stage's passes (c.rank.local maps the global graph's values into it), and
-  // it is what runs.
-  bool scheduled = false;
+  bool sharded = false;   // under a plan of several ranks; else c.rank is the one-rank program
+  // (the empty plan lowered: the global graph, every value whole) after the scheduled stage's
+  // passes. Either way c.rank is what runs, c.rank.local mapping global values into it.
   int64_t accum = 1;  // micro-batches per step ([train] grad_accum)
   // Gradient accumulation: the optimizer graph, its handles, and its gradient input per param.
   ir::Graph opt_graph{"optimizer"};

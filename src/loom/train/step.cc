@@ -39,7 +39,7 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
 
 void StepRunner::bind_program() {
   const ir::Graph& g = step_.graph();
-  exec_ = std::make_unique<runtime::Executor>(step_.scheduled ? step_.c.rank.graph : g);
+  exec_ = std::make_unique<runtime::Executor>(step_.c.rank.graph);
   for (const auto& p : params_.infos()) exec_->bind(out(g.find(p.name)), params_.data(p.name));
   exec_->bind(out(step_.c.model.tokens), inputs_.data());
   exec_->bind(out(step_.c.model.targets), targets_.data());
@@ -317,7 +317,7 @@ runtime::Executor::CommStats StepRunner::comm_stats() const {
 int64_t StepRunner::activation_bytes() const {
   std::vector<int> batch;
   for (int v : {step_.c.model.tokens, step_.c.model.targets})
-    if (v >= 0) batch.push_back(blocks_ || step_.scheduled ? step_.c.rank.local[size_t(v)] : v);
+    if (v >= 0) batch.push_back(step_.c.rank.local[size_t(v)]);
   return runtime::saved_activation_bytes(exec_->graph(), exec_->plan(), out(step_.loss()), batch);
 }
 

@@ -130,11 +130,9 @@ class StepRunner {
   // the batch blocks, the hyper-parameters and the moments.
   void bind_rank_program(const runtime::MeshComms& comms, StepRunner* share);
   void bind_program();
-  // A global value in exec_'s program: a sharded run's outputs; a scheduled one-process run's
-  // every value (CompiledStep::scheduled); else the global graph itself runs.
-  int out(int v) const {
-    return blocks_ ? out_local_.at(v) : step_.scheduled ? step_.c.rank.local[size_t(v)] : v;
-  }
+  // A global value in exec_'s program: a sharded run's outputs; a one-process run's every value
+  // (its one-rank program: CompiledStep::c.rank).
+  int out(int v) const { return blocks_ ? out_local_.at(v) : step_.c.rank.local[size_t(v)]; }
   int grad_of(const std::string& param) const;
   float* moment_ptr(const std::string& param, autodiff::Moment which);
 };
