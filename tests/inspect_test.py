@@ -160,4 +160,26 @@ check("lowered without a plan: the one-rank program, the training graph node for
       and all(a == b or a.startswith(b + " {rows = ") for a, b in zip(low, train)),
       r.stderr + "".join("\n%s\n%s" % (a, b) for a, b in zip(low, train) if a != b)[:2000])
 
+# --passes with a config: whether each pass changed this config's step
+def changed(*sets):
+    args = ["inspect", "configs/tiny-llama.toml", "--passes"]
+    for kv in sets:
+        args += ["--set", kv]
+    r = loom(*args)
+    return r.returncode, {l.split()[1]: l.split()[2] for l in r.stdout.splitlines() if len(l.split()) > 2}
+
+
+rc, plain = changed()
+check("--passes with a config: one process's scheduled passes change nothing",
+      rc == 0 and len(plain) == 12 and plain["build_model"] == "changed"
+      and all(plain[p] == "unchanged" for p in ("reshard", "recompute", "dce", "gather_cast",
+                                                  "bucket", "prefetch")), str(plain))
+rc, rec = changed('passes.recompute="full"')
+check("--passes: recompute = full changes the program (and nothing else scheduled does)",
+      rc == 0 and rec.get("recompute") == "changed" and rec.get("bucket") == "unchanged", str(rec))
+rc, fsdp = changed("plan.mesh={data=2}",
+                   'plan.tactics=[{kind="fsdp",axis="data"},{kind="data",axis="data"}]')
+check("--passes: fsdp's collectives are bucketed and prefetched",
+      rc == 0 and fsdp.get("bucket") == "changed" and fsdp.get("prefetch") == "changed", str(fsdp))
+
 checks.finish()

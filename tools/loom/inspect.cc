@@ -1,5 +1,5 @@
 // loom inspect: print a model's graph as IR text at a stage of the compile pipeline (passes/), or
-// the pipeline itself (--passes).
+// the pipeline itself (--passes; with a config, whether each pass changed its compilation).
 //
 //   forward   the model and its loss
 //   train     forward, backward, clipping and AdamW: the global training step
@@ -36,10 +36,24 @@ std::function<int()> add_inspect(CLI::App& app) {
   CLI::App* s = app.add_subcommand("inspect", "print the graph as IR text");
   s->add_option("config", o->config, "config TOML");
   s->add_option("--stage", o->stage, "forward | train | sharded | lowered | scheduled");
-  s->add_flag("--passes", o->passes, "list the compile pipeline's passes (no config needed)");
+  s->add_flag("--passes", o->passes,
+              "list the compile pipeline's passes; with a config, whether each changed its step");
   s->add_option("--rank", o->rank, "the rank to show (--stage lowered or scheduled)");
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   return [o]() {
+    if (o->passes && !o->config.empty()) {
+      train::Config cfg = train::load_config(o->config, o->sets);
+      passes::Options opts =
+          train::step_options(cfg, passes::StepKind::train, cfg.plan.plan.mesh.size());
+      opts.report_changes = true;
+      const passes::Compilation c = passes::compile(opts, passes::Stage::scheduled);
+      for (const passes::PassRun& r : c.passes_run) {
+        const passes::Pass& p = passes::find_pass(r.name);
+        fmt::print("{:<8} {:<14} {:<9} {}\n", passes::stage_name(p.stage), p.name,
+                   r.changed ? "changed" : "unchanged", p.summary);
+      }
+      return 0;
+    }
     if (o->passes) {
       for (passes::Stage st : passes::stages())
         for (const passes::Pass& p : passes::pipeline())

@@ -135,8 +135,9 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   for (const auto& [op, t] : p.compute_by_op) by_op[op] += t * a;
   int64_t planned = p.planned_bytes, peak_bytes = p.peak_bytes;
   if (step.separate_optimizer()) {
+    const passes::Accumulation& acc = step.accumulation();
     for (const auto& [g, runs] :
-         {std::pair<const ir::Graph*, double>{&step.accum_graph, a - 1}, {&step.opt_graph, 1.0}}) {
+         {std::pair<const ir::Graph*, double>{&acc.accumulate, a - 1}, {&acc.optimizer, 1.0}}) {
       const sim::Prediction o = sim::simulate(*g, shard::Mesh{}, cl, sim::Placement{}, so);
       if (kernels) collect_kernels(*g, cl, runs, *kernels);
       step_s += o.step_seconds * runs;
@@ -146,11 +147,10 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
     }
     // the optimizer graph's memory but the parameters, and the accumulate graph's arena (its sums
     // are the optimizer's inputs, its gradients the step's)
-    const sim::Prediction o =
-        sim::simulate(step.opt_graph, shard::Mesh{}, cl, sim::Placement{}, so);
+    const sim::Prediction o = sim::simulate(acc.optimizer, shard::Mesh{}, cl, sim::Placement{}, so);
     const int64_t params = models::param_count(cfg.model) * 4;
     const int64_t extra =
-        o.planned_bytes - params + runtime::plan_memory(step.accum_graph).arena_bytes;
+        o.planned_bytes - params + runtime::plan_memory(acc.accumulate).arena_bytes;
     planned += extra;
     peak_bytes += extra;
   }

@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -91,21 +92,50 @@ struct Options {
   StepKind kind = StepKind::train;
   bool accumulate = false;  // train: stop at the gradients (gradient accumulation)
   autodiff::AdamWConfig optim;
-  shard::Plan plan;                // empty: one process, no sharded stages
+  shard::Plan plan;                // empty: one rank, every value whole
   int64_t ranks = 1;               // the number of ranks the plan must fit
   std::string source = "<model>";  // for messages: the config file
   ScheduleOptions schedule;        // the scheduled stage's passes
+  // Record whether each pass changed the compilation (PassRun::changed): a text of the graphs and
+  // shardings before and after, so off unless asked (`loom inspect CONFIG --passes`).
+  bool report_changes = false;
+};
+
+// With gradient accumulation (Options::accumulate) the step graph stops at the gradients, and
+// add_optimizer builds two graphs of their own beside it:
+//
+//   graph accumulate {                     per parameter P; run after micro-batches 1 .. k-1
+//     state %sum.P : f32[...]              (micro-batch 0's gradients are copied in)
+//     input %grad.P : f32[...]             the step graph's gradient of P
+//     input %coef : f32[]                  1, and 1/k after the last micro-batch (their mean)
+//     %sum.P.add = add(%sum.P, %grad.P)
+//     %sum.P.new = mul_scalar(%sum.P.add, %coef)
+//     %sum.P.assign = assign(%sum.P, %sum.P.new)
+//   }
+//   graph optimizer { clipping and AdamW of every parameter, its gradient input bound to the sums }
+struct Accumulation {
+  ir::Graph optimizer{"optimizer"}, accumulate{"accumulate"};
+  autodiff::TrainStep opt;        // the optimizer graph's handles
+  std::map<int, int> grad_input;  // global param -> optimizer-graph gradient input
+  std::map<int, int> sum, grad;   // global param -> accumulate-graph sum (state), gradient (input)
+  int coef = -1;                  // the accumulate graph's scalar input
+};
+
+struct PassRun {
+  std::string name;
+  bool changed = true;  // as far as Options::report_changes measured; true when not measured
 };
 
 // A training step on its way through the pipeline.
 struct Compilation {
-  models::ModelGraph model;             // the global graph, its handles and roles (forward on)
-  std::map<int, int> grads;             // param -> gradient value (train: kinds grads and train)
-  autodiff::TrainStep optimizer;        // clipping and AdamW handles (train, not accumulating)
-  shard::Annotations annotations;       // the tactics' shardings (sharded)
-  shard::Propagation propagation;       // every value's sharding (sharded)
-  shard::Program rank;                  // the per-rank program (lowered)
-  std::vector<std::string> passes_run;  // in order
+  models::ModelGraph model;        // the global graph, its handles and roles (forward on)
+  std::map<int, int> grads;        // param -> gradient value (train: kinds grads and train)
+  autodiff::TrainStep optimizer;   // clipping and AdamW handles (train, not accumulating)
+  shard::Annotations annotations;  // the tactics' shardings (sharded)
+  shard::Propagation propagation;  // every value's sharding (sharded)
+  shard::Program rank;             // the per-rank program (lowered)
+  std::optional<Accumulation> accumulation;  // train with gradient accumulation
+  std::vector<PassRun> passes_run;           // in order
 };
 
 struct Pass {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "loom/core/error.h"
+#include "loom/ir/text.h"
 #include "loom/passes/verify.h"
 
 namespace loom::passes {
@@ -83,9 +84,24 @@ const Pass& find_pass(std::string_view name) {
 
 namespace {
 
+// Everything a pass may change, as text: the global graph, the tactics' and propagation's
+// shardings, the rank program, the accumulation graphs.
+std::string compilation_text(const Compilation& c) {
+  std::string t = ir::print(c.model.graph);
+  for (const auto& [v, a] : c.annotations)
+    t += fmt::format("{} {} {}\n", v, shard::to_string(a.sharding),
+                     a.has_use ? shard::to_string(a.use) : "");
+  for (const shard::Sharding& s : c.propagation.value) t += shard::to_string(s) + "\n";
+  t += ir::print(c.rank.graph);
+  if (c.accumulation)
+    t += ir::print(c.accumulation->accumulate) + ir::print(c.accumulation->optimizer);
+  return t;
+}
+
 void run_one(const Pass& p, Compilation& c, const Options& opts) {
+  const std::string before = opts.report_changes ? compilation_text(c) : "";
   p.run(c, opts);
-  c.passes_run.push_back(p.name);
+  c.passes_run.push_back({p.name, !opts.report_changes || compilation_text(c) != before});
   auto diags = verify(c, opts, p.stage);
   if (diags.empty()) return;
   std::string msg = fmt::format("{}: pass '{}' left an invalid {} program:", opts.source, p.name,

@@ -45,17 +45,18 @@ void StepRunner::bind_program() {
   exec_->bind(out(step_.c.model.targets), targets_.data());
   if (mode_ != Mode::train) return;
   if (step_.separate_optimizer()) {
-    opt_exec_ = std::make_unique<runtime::Executor>(step_.opt_graph);
-    accum_exec_ = std::make_unique<runtime::Executor>(step_.accum_graph);
-    accum_exec_->bind(step_.accum_coef, &accum_coef_);
+    const passes::Accumulation& a = step_.accumulation();
+    opt_exec_ = std::make_unique<runtime::Executor>(a.optimizer);
+    accum_exec_ = std::make_unique<runtime::Executor>(a.accumulate);
+    accum_exec_->bind(a.coef, &accum_coef_);
     for (auto [p, d] : step_.c.grads) {
       const ir::Value& pv = g.value(p);
       accum_grads_.push_back({d, std::vector<float>(size_t(numel(pv.type.shape)))});
       float* sum = accum_grads_.back().second.data();
-      opt_exec_->bind(step_.opt_graph.find(pv.name), params_.data(pv.name));
-      opt_exec_->bind(step_.opt_grad_input.at(p), sum);
-      accum_exec_->bind(step_.accum_sum.at(p), sum);
-      accum_exec_->bind(step_.accum_grad.at(p), exec_->data(out(d)));  // its arena: fixed
+      opt_exec_->bind(a.optimizer.find(pv.name), params_.data(pv.name));
+      opt_exec_->bind(a.grad_input.at(p), sum);
+      accum_exec_->bind(a.sum.at(p), sum);
+      accum_exec_->bind(a.grad.at(p), exec_->data(out(d)));  // its arena: fixed
     }
   }
   // the optimizer's inputs live in the fused graph (its values mapped by out()), or in the
