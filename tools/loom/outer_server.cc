@@ -12,6 +12,7 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/outer/island.h"
+#include "loom/outer/model_tensors.h"
 #include "loom/outer/server.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/config.h"
@@ -50,11 +51,7 @@ std::function<int()> add_outer_server(CLI::App& app) {
     if (!cfg.init_weights.empty()) {
       params.load_init(cfg);
     }
-    outer::TensorList initial;
-    for (const auto& p : params.infos()) {
-      const float* d = params.data(p.name);
-      initial.push_back({p.name, p.shape, std::vector<float>(d, d + numel(p.shape))});
-    }
+    outer::TensorList initial = outer::model_tensors(params, true);
     outer::ServerConfig sc;
     sc.mode = cfg.outer.mode;
     sc.opt = {cfg.outer.lr, cfg.outer.momentum};

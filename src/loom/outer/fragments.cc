@@ -3,27 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <map>
 #include <optional>
 
 #include "loom/core/error.h"
 
 namespace loom::outer {
-
-std::optional<int64_t> layer_of(const std::string& name) {
-  size_t start = 0;
-  while (start <= name.size()) {
-    size_t end = name.find('.', start);
-    if (end == std::string::npos) end = name.size();
-    const std::string part = name.substr(start, end - start);
-    if (!part.empty() && part.size() <= 9 &&
-        std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(uint8_t(c)); }))
-      return std::stoll(part);
-    start = end + 1;
-  }
-  return std::nullopt;
-}
 
 Fragments split_fragments(const TensorList& spec, int64_t f) {
   if (f < 1) throw Error(fmt::format("[outer] fragments = {}: at least 1", f));
@@ -36,8 +21,7 @@ Fragments split_fragments(const TensorList& spec, int64_t f) {
   std::map<int64_t, size_t> ordinal;
   std::vector<std::optional<size_t>> layer(spec.size());
   for (size_t i = 0; i < spec.size(); ++i)
-    if (auto l = layer_of(spec[i].name))
-      layer[i] = ordinal.emplace(*l, ordinal.size()).first->second;
+    if (spec[i].layer >= 0) layer[i] = ordinal.emplace(spec[i].layer, ordinal.size()).first->second;
   if (int64_t(ordinal.size()) < f)
     throw Error(fmt::format("[outer] fragments = {}: the model has {} layer(s); a fragment holds "
                             "at least one",

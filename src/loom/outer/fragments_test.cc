@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "loom/core/error.h"
+#include "loom/outer/model_tensors.h"
 
 namespace loom::outer {
 namespace {
@@ -14,8 +15,8 @@ namespace {
 TensorList llama() {
   TensorList t{{"model.embed_tokens.weight", {30, 10}, {}}};
   for (int l = 0; l < 4; ++l) {
-    t.push_back({"model.layers." + std::to_string(l) + ".input_layernorm.weight", {10}, {}});
-    t.push_back({"model.layers." + std::to_string(l) + ".mlp.up_proj.weight", {10, 10}, {}});
+    t.push_back({"model.layers." + std::to_string(l) + ".input_layernorm.weight", {10}, {}, l});
+    t.push_back({"model.layers." + std::to_string(l) + ".mlp.up_proj.weight", {10, 10}, {}, l});
   }
   t.push_back({"model.norm.weight", {10}, {}});
   t.push_back({"lm_head.weight", {25, 10}, {}});
@@ -78,6 +79,39 @@ TEST(Fragments, GatherAndScatterAreInverse) {
   scatter(part, which, all);
   EXPECT_EQ(all[4].data[0], 104.f);
   EXPECT_EQ(all[3].data[0], 3.f);
+}
+
+// A model's tensors take their layers from the parameter groups it declares: the blocks in forward
+// order, -1 for the embeddings, the final norm and the head.
+TEST(ModelTensors, LayersComeFromTheDeclaredBlocks) {
+  for (const char* arch : {"llama", "gpt2"}) {
+    models::ModelConfig m;
+    m.arch = arch;
+    m.vocab_size = 64;
+    m.d_model = 16;
+    m.n_layers = 3;
+    m.n_heads = 2;
+    m.n_kv_heads = 2;
+    m.max_seq_len = 8;
+    train::ParamStore p(m);
+    const TensorList t = model_tensors(p, false);
+    ASSERT_EQ(t.size(), p.infos().size());
+    std::vector<int> per_layer(3, 0);
+    for (size_t i = 0; i < t.size(); ++i) {
+      const std::string& block = p.infos()[i].block;
+      if (block == "embed" || block == "head") {
+        EXPECT_EQ(t[i].layer, -1) << t[i].name;
+      } else {
+        ASSERT_GE(t[i].layer, 0) << t[i].name;
+        ASSERT_LT(t[i].layer, 3) << t[i].name;
+        EXPECT_EQ(block, "layers." + std::to_string(t[i].layer)) << t[i].name;
+        ++per_layer[size_t(t[i].layer)];
+      }
+      EXPECT_TRUE(t[i].data.empty());
+    }
+    EXPECT_EQ(per_layer[0], per_layer[2]) << arch;  // every layer alike
+    EXPECT_GT(per_layer[0], 0) << arch;
+  }
 }
 
 }  // namespace

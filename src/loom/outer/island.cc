@@ -9,6 +9,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/outer/model_tensors.h"
 
 namespace loom::outer {
 
@@ -36,8 +37,7 @@ std::string read_token(const train::OuterConfig& c, const std::string& config_pa
 Island::Island(const train::Config& cfg, train::ParamStore& params, const std::string& name,
                const std::string& key)
     : cfg_(cfg.outer), params_(params), name_(name), key_(key) {
-  TensorList spec;  // names and shapes
-  for (const auto& p : params.infos()) spec.push_back({p.name, p.shape, {}});
+  TensorList spec = model_tensors(params, false);  // names, shapes, layers
   split_ = split_fragments(spec, cfg.outer.fragments);
   for (const auto& which : split_) global_.push_back(zeros_like(gather(spec, which)));
   versions_.assign(split_.size(), 0);

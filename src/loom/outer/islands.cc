@@ -18,6 +18,7 @@
 #include "loom/core/file.h"
 #include "loom/data/text_corpus.h"
 #include "loom/dipaco/router.h"
+#include "loom/outer/model_tensors.h"
 #include "loom/outer/paths.h"
 #include "loom/outer/server.h"
 #include "loom/train/checkpoint.h"
@@ -224,8 +225,7 @@ IslandsResult run_islands(const IslandsOptions& o) {
     train::StepRunner evaluator(cfg, params, train::StepRunner::Mode::eval);
     val = train::validation_loss(cfg, corpus, evaluator);
   } else {  // each path, on its own validation documents; written as RUN/path_<p>
-    outer::TensorList model;
-    for (const auto& p : params.infos()) model.push_back({p.name, p.shape, {}});
+    const outer::TensorList model = outer::model_tensors(params, false);
     const outer::Paths layout = outer::dipaco_paths(model, cfg.outer.modules);
     std::map<std::string, size_t> at;
     for (size_t k = 0; k < global.size(); ++k) at[global[k].name] = k;

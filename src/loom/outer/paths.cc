@@ -37,8 +37,8 @@ Paths dipaco_paths(const TensorList& model, const std::vector<int64_t>& modules)
   std::map<int64_t, int64_t> ordinal;
   std::vector<int64_t> block(model.size(), -1);
   for (size_t i = 0; i < model.size(); ++i)
-    if (auto b = layer_of(model[i].name))
-      block[i] = ordinal.emplace(*b, int64_t(ordinal.size())).first->second;
+    if (model[i].layer >= 0)
+      block[i] = ordinal.emplace(model[i].layer, int64_t(ordinal.size())).first->second;
   const int64_t n = int64_t(ordinal.size());
   if (n < levels)
     throw Error(fmt::format("[outer] modules: {} levels, but the model has {} block(s); a level "
@@ -64,7 +64,8 @@ Paths dipaco_paths(const TensorList& model, const std::vector<int64_t>& modules)
       first[size_t(l)].push_back(out.table.size());
       for (size_t i = 0; i < model.size(); ++i)
         if (out.level[i] == l)
-          out.table.push_back({fmt::format("l{}m{}/{}", l, m, model[i].name), model[i].shape, {}});
+          out.table.push_back(
+              {fmt::format("l{}m{}/{}", l, m, model[i].name), model[i].shape, {}, model[i].layer});
     }
   }
   out.path.resize(size_t(count));
@@ -88,7 +89,10 @@ TensorList module_table(const Paths& paths, const TensorList& model) {
 TensorList path_view(const Paths& paths, size_t p, const TensorList& table,
                      const TensorList& model_spec) {
   TensorList out = gather(table, paths.path[p]);
-  for (size_t i = 0; i < out.size(); ++i) out[i].name = model_spec[i].name;
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].name = model_spec[i].name;
+    out[i].layer = model_spec[i].layer;
+  }
   return out;
 }
 

@@ -4,11 +4,11 @@
 // Islands train paths; the outer server keeps every module once (the module table) and averages
 // each module's outer gradient over the paths through it that pushed in the round.
 //
-// Levels: the transformer blocks (a tensor's layer as fragments.h reads it) are cut into L
-// contiguous runs of about equal length, block b of n in level floor(b L / n); the tensors before
-// the first block (the embeddings) belong to level 0, those after the last (the final norm, the
-// head) to level L - 1. A function of the tensor names and the module counts alone, so the server
-// and every island compute the same layout.
+// Levels: the transformer blocks (a tensor's layer: Tensor::layer, as the model declares it) are
+// cut into L contiguous runs of about equal length, block b of n in level floor(b L / n); the
+// tensors before the first block (the embeddings) belong to level 0, those after the last (the
+// final norm, the head) to level L - 1. A function of the tensors' layers and the module counts
+// alone, so the server and every island compute the same layout.
 //
 // Path p's module at level l is the l-th digit of p in the mixed radix (K_0, ..., K_{L-1}), the
 // last level's digit varying fastest: with modules = [2, 2], path 3 = modules (1, 1), written

@@ -17,8 +17,8 @@ namespace {
 TensorList llama(int layers = 4) {
   TensorList t{{"model.embed_tokens.weight", {30, 10}, {}}};
   for (int l = 0; l < layers; ++l) {
-    t.push_back({"model.layers." + std::to_string(l) + ".input_layernorm.weight", {10}, {}});
-    t.push_back({"model.layers." + std::to_string(l) + ".mlp.up_proj.weight", {10, 10}, {}});
+    t.push_back({"model.layers." + std::to_string(l) + ".input_layernorm.weight", {10}, {}, l});
+    t.push_back({"model.layers." + std::to_string(l) + ".mlp.up_proj.weight", {10, 10}, {}, l});
   }
   t.push_back({"model.norm.weight", {10}, {}});
   t.push_back({"lm_head.weight", {25, 10}, {}});

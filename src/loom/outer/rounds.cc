@@ -31,11 +31,11 @@ Rounds::Rounds(RoundsConfig cfg, TensorList initial, Hooks hooks)
       throw Error("outer server: [outer] modules (DiPaCo) needs mode = \"sync\" and fragments = 1");
     if (quantized(cfg_.update_encoding))
       throw Error("outer server: DiPaCo's islands pull f32 parameters, not quantised updates");
-    for (const auto& t : initial) model_spec_.push_back({t.name, t.shape, {}});
+    for (const auto& t : initial) model_spec_.push_back({t.name, t.shape, {}, t.layer});
     paths_ = dipaco_paths(model_spec_, cfg_.modules);
     initial = module_table(paths_, initial);
   }
-  for (const auto& t : initial) spec_.push_back({t.name, t.shape, {}});
+  for (const auto& t : initial) spec_.push_back({t.name, t.shape, {}, t.layer});
   split_ = split_fragments(spec_, cfg_.fragments);
   for (const auto& which : split_) {
     frag_spec_.push_back(gather(spec_, which));

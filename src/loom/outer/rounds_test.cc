@@ -76,7 +76,7 @@ struct Fixture {
 // A model with layers (fragments.h): layers.0.w [3, 4], layers.1.w [2, 2], head [5], random.
 TensorList layered(uint32_t seed) {
   return test::random_like(
-      {{"layers.0.w", {3, 4}, {}}, {"layers.1.w", {2, 2}, {}}, {"head", {5}, {}}}, seed);
+      {{"layers.0.w", {3, 4}, {}, 0}, {"layers.1.w", {2, 2}, {}, 1}, {"head", {5}, {}}}, seed);
 }
 
 TensorList mean(const TensorList& a, const TensorList& b) {

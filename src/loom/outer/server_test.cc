@@ -417,7 +417,7 @@ TEST(OuterServer, FragmentsArePushedAwaitedAndPulledOnTheirOwn) {
   TempDir dir;
   Harness h;  // restarted below with the layered model and two fragments
   h.init = test::random_like(
-      {{"layers.0.w", {3, 4}, {}}, {"layers.1.w", {2, 2}, {}}, {"head", {5}, {}}}, 1);
+      {{"layers.0.w", {3, 4}, {}, 0}, {"layers.1.w", {2, 2}, {}, 1}, {"head", {5}, {}}}, 1);
   h.cfg.fragments = 2;
   h.cfg.state_dir = dir.path;
   h.server.reset();
@@ -492,7 +492,7 @@ TEST(OuterServer, DiPaCoPathsArePushedAndPulledUnderTheModelsNames) {
   TempDir dir;
   Harness h;  // restarted below with the layered model and 2 x 2 modules
   h.init = test::random_like(
-      {{"layers.0.w", {3, 4}, {}}, {"layers.1.w", {2, 2}, {}}, {"head", {5}, {}}}, 1);
+      {{"layers.0.w", {3, 4}, {}, 0}, {"layers.1.w", {2, 2}, {}, 1}, {"head", {5}, {}}}, 1);
   h.cfg.modules = {2, 2};
   h.cfg.opt = {1.0, 0.0};  // p - mean: each module moves by its paths' mean
   h.cfg.state_dir = dir.path;

@@ -16,7 +16,7 @@ TensorList zeros_like(const TensorList& t) {
   TensorList out;
   out.reserve(t.size());
   for (const auto& x : t)
-    out.push_back({x.name, x.shape, std::vector<float>(size_t(numel(x.shape)))});
+    out.push_back({x.name, x.shape, std::vector<float>(size_t(numel(x.shape))), x.layer});
   return out;
 }
 

@@ -23,6 +23,10 @@ struct Tensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<float> data;  // product(shape) elements
+  // Its transformer block's ordinal among the model's repeated layers, in forward order (the
+  // model's declared parameter groups: ir::Roles::blocks, models::ParamInfo::block); -1 for the
+  // embeddings, the final norm and the head. What streaming fragments and DiPaCo's levels split by.
+  int64_t layer = -1;
 };
 using TensorList = std::vector<Tensor>;
 
