@@ -42,6 +42,72 @@ struct BenchOpts {
   std::vector<std::string> sets;
 };
 
+// The timed steps of one rank: each step's milliseconds, the last loss, and the communication
+// counters around them.
+struct Timed {
+  std::vector<double> ms;
+  float loss = 0;
+  runtime::Executor::CommStats comm0, comm1;
+};
+
+Timed time_steps(const BenchOpts& o, const train::Config& cfg, train::StepRunner& runner,
+                 runtime::Trace& trace) {
+  const int64_t T = cfg.train.seq_len;
+  std::mt19937 rng(uint32_t(cfg.train.seed) + 1);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.model.vocab_size - 1));
+  const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
+  std::vector<int32_t> tokens(size_t(rows * (T + 1)));
+  Timed r;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    for (auto& t : tokens) t = tok(rng);
+    if (i == o.warmup) {  // the timed steps
+      runner.executor().set_profiling(o.profile);
+      if (!o.trace.empty()) runner.set_trace(&trace);
+      r.comm0 = runner.comm_stats();
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    r.loss = runner.step(tokens.data());
+    auto t1 = std::chrono::steady_clock::now();
+    if (i >= o.warmup) r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  runner.set_trace(nullptr);
+  if (!std::isfinite(r.loss)) throw Error("bench: the loss is not finite");
+  r.comm1 = runner.comm_stats();
+  return r;
+}
+
+// --profile: time per op, the memory plan's report, and the matmuls grouped by shape (stderr).
+void print_profile(const BenchOpts& o, train::StepRunner& runner) {
+  const int steps = o.steps;
+  nlohmann::json p = nlohmann::json::object();
+  for (auto& [op, t] : runner.executor().op_times())
+    p[op] = {{"ms_per_step", t.seconds * 1000.0 / steps}, {"calls", t.calls}};
+  fmt::print(stderr, "{}\n", p.dump());
+  fmt::print(stderr, "{}", runtime::memory_report(runner.program(), runner.executor().plan()));
+  // matmuls grouped by shape: where the GEMM time goes
+  struct Group {
+    double seconds = 0, flops = 0;
+    int calls = 0;
+  };
+  std::map<std::string, Group> mm;
+  const auto& nt = runner.executor().node_times();
+  const ir::Graph& g = runner.program();
+  for (const ir::Node& n : g.nodes()) {
+    if (n.op != ir::Op::matmul) continue;
+    ops::MatmulDims d = ops::matmul_dims(g, n);
+    std::string key = fmt::format("M={} N={} K={} ta={} tb={} {}->{}", d.M, d.N, d.K, int(d.ta),
+                                  int(d.tb), dtype_name(g.value(n.inputs[0]).type.dtype),
+                                  dtype_name(g.value(n.outputs[0]).type.dtype));
+    Group& gr = mm[key];
+    gr.seconds += nt[n.id].seconds / steps;
+    gr.flops += 2.0 * double(d.batch * d.M) * double(d.N) * double(d.K);
+    gr.calls++;
+  }
+  for (const auto& [k, gr] : mm)
+    fmt::print(stderr, "  matmul {:<44} x{:<3} {:8.1f} ms/step {:6.1f} GFLOP/s\n", k, gr.calls,
+               gr.seconds * 1000.0, gr.seconds > 0 ? gr.flops / gr.seconds / 1e9 : 0.0);
+}
+
 int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::MeshComms* comms) {
   const BenchOpts* o = &o_;
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
@@ -49,29 +115,12 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   params.init_random(uint64_t(cfg.train.seed));
   train::StepRunner runner(cfg, params, train::StepRunner::Mode::train, comms);
   runner.release_params();  // a sharded rank keeps only its blocks of split parameters
-  std::mt19937 rng(uint32_t(cfg.train.seed) + 1);
-  std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.model.vocab_size - 1));
-  const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
-  std::vector<int32_t> tokens(size_t(rows * (T + 1)));
-  std::vector<double> ms;
-  float loss = 0;
   runtime::Trace trace;
-  runtime::Executor::CommStats comm0;
-  for (int i = 0; i < o->warmup + o->steps; ++i) {
-    for (auto& t : tokens) t = tok(rng);
-    if (i == o->warmup) {  // the timed steps
-      runner.executor().set_profiling(o->profile);
-      if (!o->trace.empty()) runner.set_trace(&trace);
-      comm0 = runner.comm_stats();
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    loss = runner.step(tokens.data());
-    auto t1 = std::chrono::steady_clock::now();
-    if (i >= o->warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
-  runner.set_trace(nullptr);
-  if (!std::isfinite(loss)) throw Error("bench: the loss is not finite");
-  const runtime::Executor::CommStats comm1 = runner.comm_stats();
+  const Timed timed = time_steps(o_, cfg, runner, trace);
+  const std::vector<double>& ms = timed.ms;
+  const float loss = timed.loss;
+  const runtime::Executor::CommStats &comm0 = timed.comm0, &comm1 = timed.comm1;
+  const int64_t rows = runner.rows_per_step();
   const double exposed_ms = (comm1.exposed_seconds - comm0.exposed_seconds) * 1000.0 / o->steps;
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
@@ -144,35 +193,7 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   if (!o->trace.empty()) runtime::write_trace(o->trace, trace, comms);
   if (comms && comms->world().rank() != 0) return 0;
   fmt::print("{}\n", j.dump());
-  if (o->profile) {
-    nlohmann::json p = nlohmann::json::object();
-    for (auto& [op, t] : runner.executor().op_times())
-      p[op] = {{"ms_per_step", t.seconds * 1000.0 / o->steps}, {"calls", t.calls}};
-    fmt::print(stderr, "{}\n", p.dump());
-    fmt::print(stderr, "{}", runtime::memory_report(runner.program(), runner.executor().plan()));
-    // matmuls grouped by shape: where the GEMM time goes
-    struct Group {
-      double seconds = 0, flops = 0;
-      int calls = 0;
-    };
-    std::map<std::string, Group> mm;
-    const auto& nt = runner.executor().node_times();
-    const ir::Graph& g = runner.program();
-    for (const ir::Node& n : g.nodes()) {
-      if (n.op != ir::Op::matmul) continue;
-      ops::MatmulDims d = ops::matmul_dims(g, n);
-      std::string key = fmt::format("M={} N={} K={} ta={} tb={} {}->{}", d.M, d.N, d.K, int(d.ta),
-                                    int(d.tb), dtype_name(g.value(n.inputs[0]).type.dtype),
-                                    dtype_name(g.value(n.outputs[0]).type.dtype));
-      Group& gr = mm[key];
-      gr.seconds += nt[n.id].seconds / o->steps;
-      gr.flops += 2.0 * double(d.batch * d.M) * double(d.N) * double(d.K);
-      gr.calls++;
-    }
-    for (const auto& [k, gr] : mm)
-      fmt::print(stderr, "  matmul {:<44} x{:<3} {:8.1f} ms/step {:6.1f} GFLOP/s\n", k, gr.calls,
-                 gr.seconds * 1000.0, gr.seconds > 0 ? gr.flops / gr.seconds / 1e9 : 0.0);
-  }
+  if (o->profile) print_profile(o_, runner);
   return 0;
 }
 
