@@ -170,8 +170,9 @@ def changed(*sets):
 
 
 rc, plain = changed()
+listed = len(loom("inspect", "--passes").stdout.splitlines())
 check("--passes with a config: one process's scheduled passes change nothing",
-      rc == 0 and len(plain) == 12 and plain["build_model"] == "changed"
+      rc == 0 and len(plain) == listed and plain["build_model"] == "changed"
       and all(plain[p] == "unchanged" for p in ("reshard", "recompute", "dce", "gather_cast",
                                                   "bucket", "prefetch")), str(plain))
 rc, rec = changed('passes.recompute="full"')
