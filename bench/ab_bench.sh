@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Two loom binaries on the same config, threads and machine load: a change's speed against the
-# code before it. Alternates `loom bench` of A and B ROUNDS times per dtype (f32, bf16), prints every
-# run's JSON line (tagged "build": "a" or "b"), then one summary line per dtype: the median
-# tokens/s of each and B's ratio to A.
+# code before it. Alternates `loom bench` of A and B ROUNDS times per dtype (f32, bf16), in the order
+# AB BA AB ... so neither always runs first, prints every run's JSON line (tagged "build": "a" or
+# "b"), then one summary line per dtype: the median tokens/s of each and B's ratio to A.
 #   bench/ab_bench.sh A_LOOM B_LOOM [CONFIG] [ROUNDS] [THREADS]
 # e.g. build the commit before a change into /tmp/before, then
 #   bench/ab_bench.sh /tmp/before/loom build/release/tools/loom/loom configs/bench-llama.toml 3
@@ -16,7 +16,9 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for dtype in f32 bf16; do
   for ((r = 0; r < rounds; r++)); do
-    for tag in a b; do
+    order="a b"
+    ((r % 2)) && order="b a"
+    for tag in $order; do
       bin=$a
       [[ $tag == b ]] && bin=$b
       "$bin" bench "$config" --steps 10 --warmup 2 --set model.dtype=$dtype |
