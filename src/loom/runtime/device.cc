@@ -34,7 +34,7 @@ const Kernel& KernelTable::get(const ir::Graph& g, const ir::Node& n) const {
   const std::string value = n.outputs.empty() ? "" : " (%" + g.value(n.outputs[0]).name + ")";
   throw Error(fmt::format("no {} kernel for op {}{}", device_name(device_), n.op, value),
               "run the program on a device that has one, or add the kernel "
-              "(docs/extending.md, 'Adding an op')");
+              "(docs/extending.md, 'An op')");
 }
 
 namespace {
