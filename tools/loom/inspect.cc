@@ -66,8 +66,7 @@ std::function<int()> add_inspect(CLI::App& app) {
     const passes::Stage stage = passes::parse_stage(o->stage);
     train::Config cfg = train::load_config(o->config, o->sets);
     const shard::Plan& plan = cfg.plan.plan;
-    if (stage >= passes::Stage::sharded && !plan.empty() &&
-        (o->rank < 0 || o->rank >= plan.mesh.size()))
+    if (stage >= passes::Stage::sharded && (o->rank < 0 || o->rank >= plan.mesh.size()))
       throw Error(fmt::format("--rank {}: the mesh {} has ranks 0..{}", o->rank,
                               plan.mesh.to_string(), plan.mesh.size() - 1));
     const passes::Compilation c =

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <variant>
 
 #include "commands.h"
@@ -131,26 +132,32 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   // step's memory; the parameters once)
   const double a = double(step.accum);
   double step_s = p.step_seconds * a, compute_s = p.compute_seconds * a, flops = p.flops * a;
-  std::map<std::string, double> by_op;
+  std::map<ir::Op, double> by_op;
   for (const auto& [op, t] : p.compute_by_op) by_op[op] += t * a;
   int64_t planned = p.planned_bytes, peak_bytes = p.peak_bytes;
   if (step.separate_optimizer()) {
     const passes::Accumulation& acc = step.accumulation();
-    for (const auto& [g, runs] :
-         {std::pair<const ir::Graph*, double>{&acc.accumulate, a - 1}, {&acc.optimizer, 1.0}}) {
-      const sim::Prediction o = sim::simulate(*g, shard::Mesh{}, cl, sim::Placement{}, so);
+    // the accumulate graph's time only (its memory: its arena, below), the optimizer's both
+    sim::SimOptions time_only = so;
+    time_only.memory = false;
+    const sim::Prediction pa =
+        sim::simulate(acc.accumulate, shard::Mesh{}, cl, sim::Placement{}, time_only);
+    const sim::Prediction po =
+        sim::simulate(acc.optimizer, shard::Mesh{}, cl, sim::Placement{}, so);
+    for (const auto& [g, o, runs] :
+         {std::tuple<const ir::Graph*, const sim::Prediction*, double>{&acc.accumulate, &pa, a - 1},
+          {&acc.optimizer, &po, 1.0}}) {
       if (kernels) collect_kernels(*g, cl, runs, *kernels);
-      step_s += o.step_seconds * runs;
-      compute_s += o.compute_seconds * runs;
-      flops += o.flops * runs;
-      for (const auto& [op, t] : o.compute_by_op) by_op[op] += t * runs;
+      step_s += o->step_seconds * runs;
+      compute_s += o->compute_seconds * runs;
+      flops += o->flops * runs;
+      for (const auto& [op, t] : o->compute_by_op) by_op[op] += t * runs;
     }
     // the optimizer graph's memory but the parameters, and the accumulate graph's arena (its sums
     // are the optimizer's inputs, its gradients the step's)
-    const sim::Prediction o = sim::simulate(acc.optimizer, shard::Mesh{}, cl, sim::Placement{}, so);
     const int64_t params = models::param_count(cfg.model) * 4;
     const int64_t extra =
-        o.planned_bytes - params + runtime::plan_memory(acc.accumulate).arena_bytes;
+        po.planned_bytes - params + runtime::plan_memory(acc.accumulate).arena_bytes;
     planned += extra;
     peak_bytes += extra;
   }
@@ -175,7 +182,7 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   j["hfu"] = flops / step_s / peak;
   j["compute_ms"] = compute_s * 1e3;
   nlohmann::json bo = nlohmann::json::object();
-  for (const auto& [op, t] : by_op) bo[op] = t * 1e3;
+  for (const auto& [op, t] : by_op) bo[std::string(ir::op_name(op))] = t * 1e3;
   j["compute_ms_by_op"] = bo;
   j["exposed_comm_ms"] = p.exposed_comm_seconds * double(step.accum) * 1e3;
   j["collectives_per_step"] = p.collectives * step.accum;

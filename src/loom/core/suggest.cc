@@ -20,14 +20,19 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-std::string suggest(const std::string& word, const std::vector<std::string>& known) {
+std::optional<std::string> nearest(const std::string& word, const std::vector<std::string>& known) {
   std::string best;
   size_t bd = 3;
   for (const auto& k : known) {
     size_t d = edit_distance(word, k);
     if (d < bd) bd = d, best = k;
   }
-  if (!best.empty()) return "did you mean '" + best + "'?";
+  if (best.empty()) return std::nullopt;
+  return best;
+}
+
+std::string suggest(const std::string& word, const std::vector<std::string>& known) {
+  if (auto best = nearest(word, known)) return "did you mean '" + *best + "'?";
   std::string all;
   for (const auto& k : known) all += (all.empty() ? "" : ", ") + k;
   return "known keys: " + all;

@@ -35,9 +35,9 @@ std::optional<Op> find_op(std::string_view name) {
 Op parse_op(std::string_view name) {
   if (auto op = find_op(name)) return *op;
   const std::vector<std::string> known(kNames.begin(), kNames.end());
-  std::string hint = suggest(std::string(name), known);
-  if (hint.rfind("known keys", 0) == 0) hint = "ops are listed in src/loom/ir/op.h";
-  throw Error("unknown op '" + std::string(name) + "'", hint);
+  const auto best = nearest(std::string(name), known);
+  throw Error("unknown op '" + std::string(name) + "'",
+              best ? "did you mean '" + *best + "'?" : "ops are listed in src/loom/ir/op.h");
 }
 
 }  // namespace loom::ir

@@ -2,10 +2,12 @@
 // the whole model, and a clear error when the model cannot fill the fragments asked for.
 #include "loom/outer/fragments.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "loom/core/error.h"
 #include "loom/outer/model_tensors.h"
+#include "loom/train/config.h"
 
 namespace loom::outer {
 namespace {
@@ -85,14 +87,10 @@ TEST(Fragments, GatherAndScatterAreInverse) {
 // order, -1 for the embeddings, the final norm and the head.
 TEST(ModelTensors, LayersComeFromTheDeclaredBlocks) {
   for (const char* arch : {"llama", "gpt2"}) {
-    models::ModelConfig m;
-    m.arch = arch;
-    m.vocab_size = 64;
-    m.d_model = 16;
-    m.n_layers = 3;
-    m.n_heads = 2;
-    m.n_kv_heads = 2;
-    m.max_seq_len = 8;
+    const models::ModelConfig m =
+        train::load_config(fmt::format("{}/configs/tiny-{}.toml", LOOM_SOURCE_DIR, arch),
+                           {"model.n_layers=3"})
+            .model;
     train::ParamStore p(m);
     const TensorList t = model_tensors(p, false);
     ASSERT_EQ(t.size(), p.infos().size());

@@ -3,7 +3,6 @@
 #include "loom/outer/islands.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -11,17 +10,14 @@
 #include <random>
 
 #include "loom/core/error.h"
+#include "loom/outer/testing.h"
 
 namespace loom::outer {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("loom_islands_test_" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
+using test::TempDir;  // testing.h: a fresh directory under /tmp, removed at the end
 
 // Words drawn from a small vocabulary: text a tiny byte-level model learns within a few steps.
 std::string write_text(const fs::path& parent) {
@@ -39,7 +35,7 @@ std::string write_text(const fs::path& parent) {
 IslandsOptions tiny(const TempDir& d, const std::string& data) {
   IslandsOptions o;
   o.config = std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml";
-  o.run_dir = (d.path / "run").string();
+  o.run_dir = d.path + "/run";
   o.islands = 2;
   o.loom_binary = LOOM_BINARY;
   o.sets = {"data.path=" + data, "train.steps=8", "train.eval_every=0", "outer.inner_steps=4",

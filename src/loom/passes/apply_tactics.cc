@@ -11,7 +11,7 @@ Pass apply_tactics_pass() {
   return {"apply_tactics", "the plan's tactics annotate parameters, batch, gradients and moments",
           Stage::sharded, [](Compilation& c, const Options& o) {
             const shard::Plan& plan = o.plan;
-            if (!plan.empty() && plan.mesh.size() != o.ranks)
+            if (plan.mesh.size() != o.ranks)
               throw Error(fmt::format("{}: the mesh {} has {} ranks, but this run has {}",
                                       plan.where, plan.mesh.to_string(), plan.mesh.size(), o.ranks),
                           "make the product of the mesh's axis sizes equal the number of ranks "

@@ -78,7 +78,7 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
     const double s = node_seconds(g, n, cost, c) * o.oversubscription;
     r.flops += cost.flops;
     r.compute_seconds += s;
-    r.compute_by_op[std::string(ir::op_name(n.op))] += s;
+    r.compute_by_op[n.op] += s;
     now += s;
   }
   r.step_seconds = std::max(now, comm_free);

@@ -35,11 +35,11 @@ std::map<std::string, std::map<std::string, AxisTraffic>> traffic(const ir::Grap
 
 struct Prediction {
   double step_seconds = 0;
-  double compute_seconds = 0;       // the compute stream's busy time
-  double comm_seconds = 0;          // collectives' summed durations
-  double exposed_comm_seconds = 0;  // the compute stream waiting for them
-  double flops = 0;                 // executed per rank (ops::Cost, recomputation included)
-  std::map<std::string, double> compute_by_op;  // the compute stream's seconds per op name
+  double compute_seconds = 0;              // the compute stream's busy time
+  double comm_seconds = 0;                 // collectives' summed durations
+  double exposed_comm_seconds = 0;         // the compute stream waiting for them
+  double flops = 0;                        // executed per rank (ops::Cost, recomputation included)
+  std::map<ir::Op, double> compute_by_op;  // the compute stream's seconds per op
   int64_t collectives = 0;
   std::map<std::string, AxisTraffic> axis_traffic;  // per axis, all collective kinds together
   std::map<std::string, double> level_bytes;        // per level: bytes one rank sends on it

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "loom/core/error.h"
 #include "loom/ops/verify.h"
 
@@ -28,7 +30,7 @@ passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t r
   o.accumulate = kind == passes::StepKind::train && cfg.train.grad_accum > 1;
   o.optim = cfg.optim;
   if (ranks > 0) o.plan = cfg.plan.plan;
-  o.ranks = ranks;
+  o.ranks = std::max<int64_t>(ranks, 1);  // no plan: one rank, the empty mesh's
   o.source = cfg.path;
   o.schedule = cfg.passes;
   return o;

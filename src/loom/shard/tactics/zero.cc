@@ -18,8 +18,6 @@ namespace {
 
 enum class Stage { zero1, zero2, fsdp };
 
-const std::vector<std::string_view> kAfterParams{"fsdp", "zero1", "zero2", "megatron", "expert"};
-
 void apply_zero(TacticContext& c, Stage stage) {
   Annotations& ann = c.annotations();
   for (int p : c.params()) {
@@ -45,30 +43,36 @@ void apply_zero(TacticContext& c, Stage stage) {
   }
 }
 
+template <Stage S>
+void apply(TacticContext& c, const Tactic&) {
+  apply_zero(c, S);
+}
+
+// What the three share: they read every parameter and cannot follow one another, megatron or
+// expert on the same axis.
+TacticDef zero_def(std::string_view name, std::string_view summary,
+                   void (*apply)(TacticContext&, const Tactic&)) {
+  return {.name = name,
+          .summary = summary,
+          .selects = "every parameter; its optimizer edges",
+          .not_after = {"fsdp", "zero1", "zero2", "megatron", "expert"},
+          .apply = apply};
+}
+
 }  // namespace
 
 TacticDef fsdp_tactic() {
-  return {.name = "fsdp",
-          .summary = "ZeRO-3: parameters, gradients and AdamW moments stored split",
-          .selects = "every parameter; its optimizer edges",
-          .not_after = kAfterParams,
-          .apply = [](TacticContext& c, const Tactic&) { apply_zero(c, Stage::fsdp); }};
+  return zero_def("fsdp", "ZeRO-3: parameters, gradients and AdamW moments stored split",
+                  apply<Stage::fsdp>);
 }
 
 TacticDef zero1_tactic() {
-  return {.name = "zero1",
-          .summary = "AdamW moments split; gradients all-reduced whole",
-          .selects = "every parameter; its optimizer edges",
-          .not_after = kAfterParams,
-          .apply = [](TacticContext& c, const Tactic&) { apply_zero(c, Stage::zero1); }};
+  return zero_def("zero1", "AdamW moments split; gradients all-reduced whole", apply<Stage::zero1>);
 }
 
 TacticDef zero2_tactic() {
-  return {.name = "zero2",
-          .summary = "AdamW moments split; gradients reduce-scattered to their blocks",
-          .selects = "every parameter; its optimizer edges",
-          .not_after = kAfterParams,
-          .apply = [](TacticContext& c, const Tactic&) { apply_zero(c, Stage::zero2); }};
+  return zero_def("zero2", "AdamW moments split; gradients reduce-scattered to their blocks",
+                  apply<Stage::zero2>);
 }
 
 }  // namespace loom::shard
