@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian package Loom's build, tests and golden checks need, then configures and builds
 # the release preset. Safe to run again. LOOM_WERROR=ON (CI) builds with warnings as errors.
+# --cuda: also installs the CUDA compiler (scripts/setup_cuda.sh) and builds the cuda preset (the
+# CUDA backend beside the CPU one; running it needs an NVIDIA GPU, building it does not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,3 +35,8 @@ fi
 
 cmake --preset release -DLOOM_WERROR="${LOOM_WERROR:-OFF}" >/dev/null
 cmake --build --preset release -j "$(nproc)"
+if [[ ${1:-} == --cuda ]]; then
+  scripts/setup_cuda.sh
+  cmake --preset cuda -DLOOM_WERROR="${LOOM_WERROR:-OFF}" >/dev/null
+  cmake --build --preset cuda -j "$(nproc)"
+fi

@@ -79,8 +79,15 @@ bool compare_norm(const std::string& what, const float* a, const TensorView& ref
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --set section.key=value (any number, last): overrides, e.g. train.device=cuda (the GPU check)
+  std::vector<std::string> sets;
+  while (argc >= 3 && std::string(argv[argc - 2]) == "--set") {
+    sets.insert(sets.begin(), argv[argc - 1]);
+    argc -= 2;
+  }
   if (argc != 4 && argc != 5) {
-    std::fprintf(stderr, "usage: golden_test CONFIG GOLDEN_DIR f32|bf16 [STEP_OUTPUT]\n");
+    std::fprintf(stderr,
+                 "usage: golden_test CONFIG GOLDEN_DIR f32|bf16 [STEP_OUTPUT] [--set k=v ...]\n");
     return 2;
   }
   try {
@@ -89,9 +96,9 @@ int main(int argc, char** argv) {
     SafetensorsFile expected = SafetensorsFile::open(dir + "/expected.safetensors");
     const TensorView& tv = tokens.get("tokens");
     std::string dtype = argv[3];
-    train::Config cfg =
-        train::load_config(argv[1], {fmt::format("train.batch_size={}", tv.shape[0]),
-                                     fmt::format("train.seq_len={}", tv.shape[1] - 1)});
+    sets.push_back(fmt::format("train.batch_size={}", tv.shape[0]));
+    sets.push_back(fmt::format("train.seq_len={}", tv.shape[1] - 1));
+    train::Config cfg = train::load_config(argv[1], sets);
     cfg.model.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
     const bool bf = cfg.model.dtype == DType::bf16;
     std::printf("golden %s (%s) from %s\n", argv[1], bf ? "bf16" : "f32", dir.c_str());

@@ -11,8 +11,12 @@
 namespace loom::infer {
 
 DecodeRunner::DecodeRunner(const models::ModelConfig& model, train::ParamStore& params,
-                           int64_t cache_len, std::string source)
-    : model_(model), params_(params), cache_len_(cache_len), source_(std::move(source)) {
+                           int64_t cache_len, std::string source, runtime::Device& device)
+    : model_(model),
+      params_(params),
+      cache_len_(cache_len),
+      source_(std::move(source)),
+      dev_(device) {
   if (cache_len < 1 || cache_len > model.max_seq_len)
     throw Error(
         fmt::format("{}: a key/value cache of {} positions: must be 1..[model] max_seq_len "
@@ -41,17 +45,42 @@ DecodeRunner::Step& DecodeRunner::step_for(int64_t n) {
     throw;
   }
   const ir::Graph& g = s.c.model.graph;
-  s.exec = std::make_unique<runtime::Executor>(g);
-  for (const auto& p : params_.infos()) s.exec->bind(g.find(p.name), params_.data(p.name));
+  s.exec = std::make_unique<runtime::Executor>(g, dev_);
+  const bool host = dev_.host_memory();
+  for (const auto& p : params_.infos()) {
+    void* w = params_.data(p.name);
+    if (!host) {  // copied up once, shared by every step graph
+      auto [wi, first] = weights_.try_emplace(p.name);
+      if (first) {
+        const int64_t bytes = numel(p.shape) * 4;
+        wi->second = runtime::Buffer(dev_, bytes);
+        dev_.upload(wi->second.data(), w, bytes);
+      }
+      w = wi->second.data();
+    }
+    s.exec->bind(g.find(p.name), w);
+  }
   s.tokens.resize(size_t(n));
-  s.exec->bind(s.c.model.tokens, s.tokens.data());
-  s.exec->bind(s.c.model.start, &s.start);
+  if (host) {
+    s.exec->bind(s.c.model.tokens, s.tokens.data());
+    s.exec->bind(s.c.model.start, &s.start);
+  } else {
+    s.dev_tokens = runtime::Buffer(dev_, n * 4);
+    s.dev_start = runtime::Buffer(dev_, 4);
+    s.exec->bind(s.c.model.tokens, s.dev_tokens.data());
+    s.exec->bind(s.c.model.start, s.dev_start.data());
+  }
   for (int v : s.c.model.caches) {
     const ir::Value& cv = g.value(v);
-    auto& buf = caches_[cv.name];
-    if (buf.empty()) buf.assign(size_t(runtime::value_bytes(cv)), 0);
-    LOOM_CHECK(int64_t(buf.size()) == runtime::value_bytes(cv)) << cv.name;
-    s.exec->bind(v, buf.data());
+    const int64_t bytes = runtime::value_bytes(cv);
+    auto [ci, first] = caches_.try_emplace(cv.name);
+    if (first) {
+      ci->second = runtime::Buffer(dev_, bytes);
+      const std::vector<uint8_t> zeros(size_t(bytes), 0);
+      dev_.upload(ci->second.data(), zeros.data(), bytes);
+    }
+    LOOM_CHECK(ci->second.bytes() == bytes) << cv.name;
+    s.exec->bind(v, ci->second.data());
   }
   return s;
 }
@@ -68,8 +97,23 @@ const float* DecodeRunner::feed(const int32_t* tokens, int64_t n) {
     Step& s = step_for(chunk);
     std::memcpy(s.tokens.data(), tokens, size_t(chunk) * sizeof(int32_t));
     s.start = int32_t(pos_);
-    s.exec->run();
-    logits = s.exec->ptr<float>(s.c.model.logits);
+    if (dev_.host_memory()) {
+      s.exec->run();
+      logits = s.exec->ptr<float>(s.c.model.logits);
+    } else {  // the GPU's kernels do not check ids: checked here, as the CPU's embedding does
+      for (int64_t i = 0; i < chunk; ++i)
+        if (tokens[i] < 0 || tokens[i] >= model_.vocab_size)
+          throw Error(fmt::format("{}: token id {} is outside the vocabulary [0, {})", source_,
+                                  tokens[i], model_.vocab_size));
+      dev_.upload(s.dev_tokens.data(), s.tokens.data(), chunk * 4);
+      dev_.upload(s.dev_start.data(), &s.start, 4);
+      s.exec->run();
+      const int64_t V = model_.vocab_size,
+                    rows = numel(s.c.model.graph.value(s.c.model.logits).type.shape) / V;
+      s.logits.resize(size_t(rows * V));
+      dev_.download(s.logits.data(), s.exec->data(s.c.model.logits), rows * V * 4);
+      logits = s.logits.data();
+    }
     pos_ += chunk;
     tokens += chunk;
     n -= chunk;

@@ -13,6 +13,9 @@
 // after "e"; feed(f) runs the 1-token graph at 5. At position 8 the cache is full: the caller
 // resets and feeds the tokens it wants to keep.
 //
+// On a GPU (`device`), the weights are copied there once, the caches live there, and a call sends
+// its tokens up and brings the logits down.
+//
 // Not here: sampling and the generation loop (sample.h), batches of several sequences (B = 1), a
 // plan (one process). Invariant: the logits after feeding tokens t_0..t_k equal the full forward's
 // at position k (decode_test checks every position, chunked or not), up to the rounding of a
@@ -37,7 +40,7 @@ class DecodeRunner {
   // cache_len: positions the caches hold, 1..[model] max_seq_len. source names the model in errors.
   // Throws loom::Error for a model or cache length that cannot be compiled.
   DecodeRunner(const models::ModelConfig& model, train::ParamStore& params, int64_t cache_len,
-               std::string source);
+               std::string source, runtime::Device& device = runtime::cpu_device());
   ~DecodeRunner();
   DecodeRunner(const DecodeRunner&) = delete;
   DecodeRunner& operator=(const DecodeRunner&) = delete;
@@ -58,14 +61,18 @@ class DecodeRunner {
     std::unique_ptr<runtime::Executor> exec;
     std::vector<int32_t> tokens;
     int32_t start = 0;
+    runtime::Buffer dev_tokens, dev_start;  // on a GPU: where the executor reads them
+    std::vector<float> logits;              // on a GPU: the logits, brought down
   };
   models::ModelConfig model_;
   train::ParamStore& params_;
   int64_t cache_len_;
   std::string source_;
   int64_t pos_ = 0;
-  std::map<int64_t, Step> steps_;                       // by tokens per step
-  std::map<std::string, std::vector<uint8_t>> caches_;  // by state name: layers.0.k_cache, ...
+  std::map<int64_t, Step> steps_;  // by tokens per step
+  runtime::Device& dev_;
+  std::map<std::string, runtime::Buffer> caches_;   // by state name: layers.0.k_cache, ...
+  std::map<std::string, runtime::Buffer> weights_;  // on a GPU: the parameters' copies
   Step& step_for(int64_t n);
 };
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "loom/backend/backend.h"
 #include "loom/core/error.h"
 #include "loom/dipaco/choose.h"
 #include "loom/infer/decode.h"
@@ -127,7 +128,12 @@ SampleStats sample(const Model& m, const SampleOptions& o,
                               : std::min<int64_t>(m.cfg.model.max_seq_len, 512);
   train::ParamStore params(m.cfg.model);
   params.load(m.weights);
-  DecodeRunner decoder(m.cfg.model, params, T, m.config);
+  runtime::DeviceKind device = m.cfg.train.device;
+  if (o.device == "cpu" || o.device == "cuda")
+    device = o.device == "cpu" ? runtime::DeviceKind::cpu : runtime::DeviceKind::cuda;
+  else if (!o.device.empty())
+    throw Error(fmt::format("--device {}: one of cpu, cuda", o.device));
+  DecodeRunner decoder(m.cfg.model, params, T, m.config, backend::open(device));
   const auto t_loaded = Clock::now();
 
   // context: the tokens the cache holds (the prompt's last T at first), the newest last

@@ -64,6 +64,7 @@ struct SampleOptions {
   int64_t top_k = 40;        // 0: all
   uint64_t seed = 0;
   int64_t context = 0;  // tokens of context; 0: [model] max_seq_len, at most 512
+  std::string device;   // "cpu" or "cuda"; empty: the run's [train] device
 };
 
 struct SampleStats {

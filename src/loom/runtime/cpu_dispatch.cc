@@ -14,6 +14,7 @@
 #include "loom/ops/linear.h"
 #include "loom/ops/op.h"
 #include "loom/runtime/device.h"
+#include "loom/runtime/kernel_args.h"
 
 namespace loom::runtime {
 
@@ -22,18 +23,7 @@ namespace {
 namespace k = loom::kernels::cpu;
 using ir::Op;
 
-const ir::TensorType& in_t(const ir::Graph& g, const ir::Node& n, int i) {
-  return g.value(n.inputs[i]).type;
-}
-const ir::TensorType& out_t(const ir::Graph& g, const ir::Node& n, int i) {
-  return g.value(n.outputs[i]).type;
-}
-int64_t in_n(const ir::Graph& g, const ir::Node& n, int i) { return numel(in_t(g, n, i).shape); }
-int64_t out_n(const ir::Graph& g, const ir::Node& n, int i) { return numel(out_t(g, n, i).shape); }
-float* F(void* p) { return static_cast<float*>(p); }
-const float* CF(void* p) { return static_cast<const float*>(p); }
-const int32_t* I(void* p) { return static_cast<const int32_t*>(p); }
-const bf16* BF(void* p) { return static_cast<const bf16*>(p); }
+using namespace kernel_args;
 
 void check_ids(const ir::Graph& g, const ir::Node& n, int i, const int32_t* ids, int64_t count,
                int64_t V) {

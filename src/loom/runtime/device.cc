@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "loom/core/error.h"
 
@@ -51,6 +52,15 @@ class CpuDevice final : public Device {
     return p;
   }
   void release(void* p) override { std::free(p); }
+  std::string describe() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
+  int64_t memory_bytes() const override { return 0; }
+  void upload(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0 && dst != src) std::memmove(dst, src, size_t(bytes));
+  }
+  void download(void* dst, const void* src, int64_t bytes) override { upload(dst, src, bytes); }
+  void copy(void* dst, const void* src, int64_t bytes) override { upload(dst, src, bytes); }
+  void synchronize() override {}
 };
 
 }  // namespace

@@ -9,7 +9,13 @@
 // cpu_device().kernels().find(Op::rmsnorm) once, when the executor is made, and calls it with
 // pointers into cpu_device()'s arena on every run.
 //
-// Not here: collectives (collectives.h runs them on communicators, whatever the device), streams.
+// A device other than the CPU has memory of its own: the executor's arena and every buffer bound to
+// it live there, and host memory reaches it only by upload() and download(), at a step's edges
+// (batch in; loss, metrics, checkpoints out). Kernels are queued in order on the device's stream;
+// download() and synchronize() wait for them.
+//
+// Not here: collectives (collectives.h runs them on communicators, whatever the device); which
+// devices a build has (backend/backend.h opens one by kind).
 //
 // Invariant: a KernelTable holds at most one kernel per (op, device); an op without one is an
 // error naming the op and the device when a program that uses it is loaded, never at run time.
@@ -18,7 +24,9 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <string_view>
+#include <utility>
 
 #include "loom/ir/graph.h"
 
@@ -54,9 +62,51 @@ class Device {
   virtual ~Device() = default;
   virtual DeviceKind kind() const = 0;
   virtual const KernelTable& kernels() const = 0;
-  // `bytes` of device memory aligned to 64 bytes; throws loom::Error when there is not enough.
+  // What it is, for logs and errors: "cpu", "cuda:0 (NVIDIA H200, sm_90, 139 GiB)".
+  virtual std::string describe() const = 0;
+  // True when the device computes on host memory (the CPU): host buffers are bound as they are,
+  // and upload/download are plain copies.
+  virtual bool host_memory() const = 0;
+  // The device's own memory in bytes (what a step is checked against before it is compiled); 0
+  // for the CPU, whose memory is the machine's (train/memory.h reads it).
+  virtual int64_t memory_bytes() const = 0;
+  // `bytes` of device memory aligned to 64 bytes (256 on a GPU); throws loom::Error naming the
+  // bytes asked for and the device when there is not enough.
   virtual void* allocate(int64_t bytes) = 0;
   virtual void release(void* p) = 0;
+  // Host -> device and device -> host copies, in order with the queued kernels; download returns
+  // once the data is on the host. copy: device -> device, queued.
+  virtual void upload(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void download(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  // Waits until every queued kernel and copy has finished; throws loom::Error for a fault inside
+  // one (which a GPU reports only here).
+  virtual void synchronize() = 0;
+};
+
+// `bytes` of a device's memory, released when the Buffer goes.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device& d, int64_t bytes)
+      : d_(&d), p_(bytes > 0 ? d.allocate(bytes) : nullptr), bytes_(bytes) {}
+  ~Buffer() {
+    if (p_) d_->release(p_);
+  }
+  Buffer(Buffer&& o) noexcept : d_(o.d_), p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    std::swap(d_, o.d_);
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  void* data() const { return p_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  Device* d_ = nullptr;
+  void* p_ = nullptr;
+  int64_t bytes_ = 0;
 };
 
 // The process's CPU: its kernels (kernels/cpu through cpu_dispatch.cc) and the heap.

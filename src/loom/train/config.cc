@@ -499,6 +499,14 @@ const std::vector<Section>& schema() {
            int_key(
                "grad_accum", [](Config& c) -> int64_t& { return c.train.grad_accum; },
                closed(1, 1 << 20), "micro-batches per optimizer step"),
+           choice_key(
+               "device", {"cpu", "cuda"},
+               [](Config& c, size_t i) {
+                 c.train.device = i == 0 ? runtime::DeviceKind::cpu : runtime::DeviceKind::cuda;
+               },
+               "cpu",
+               "where steps run (`train`, `step`, `bench`, `sample`, evaluation); cuda: GPU 0, in "
+               "a build of the cuda preset; checkpoints are the same either way"),
        }},
       {"optim",
        {

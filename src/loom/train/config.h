@@ -17,6 +17,7 @@
 #include "loom/autodiff/autodiff.h"
 #include "loom/models/model.h"
 #include "loom/passes/pass.h"
+#include "loom/runtime/device.h"
 #include "loom/shard/plan.h"
 
 namespace loom::train {
@@ -31,6 +32,7 @@ struct TrainConfig {
   int64_t eval_every = 0;  // 0: evaluate only at the end
   int64_t eval_batches = 4;
   int64_t grad_accum = 1;  // micro-batches of batch_size rows per optimizer step
+  runtime::DeviceKind device = runtime::DeviceKind::cpu;  // where steps run (backend/backend.h)
 };
 
 struct DataConfig {

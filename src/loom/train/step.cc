@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "loom/backend/backend.h"
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
 #include "loom/train/memory.h"
@@ -14,12 +15,21 @@ namespace loom::train {
 
 namespace {
 
-// The step compiled, once this machine's memory is known to hold it (train/memory.h).
+// The device the step runs on: [train] device, opened (backend.h); a GPU runs one process.
+runtime::Device& open_device(const Config& cfg, const runtime::MeshComms* comms) {
+  if (cfg.train.device != runtime::DeviceKind::cpu && comms)
+    throw Error(fmt::format("{}: device = \"{}\" with a [plan]: a GPU runs one process for now",
+                            cfg.path, runtime::device_name(cfg.train.device)),
+                "drop [plan], or set device = \"cpu\"");
+  return backend::open(cfg.train.device);
+}
+
+// The step compiled, once the device's memory is known to hold it (train/memory.h).
 CompiledStep compile_fitting(const Config& cfg, StepRunner::Mode mode,
-                             const runtime::MeshComms* comms) {
+                             const runtime::MeshComms* comms, const runtime::Device& dev) {
   const int64_t ranks = comms ? comms->world().size() : 0;
   check_step_fits(cfg, mode == StepRunner::Mode::train, std::max<int64_t>(ranks, 1),
-                  machine_memory_bytes());
+                  dev.host_memory() ? machine_memory_bytes() : dev.memory_bytes());
   return compile_step(cfg, mode, comms != nullptr, ranks);
 }
 
@@ -27,33 +37,94 @@ CompiledStep compile_fitting(const Config& cfg, StepRunner::Mode mode,
 
 StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
                        const runtime::MeshComms* comms, StepRunner* share)
-    : cfg_(cfg), params_(params), mode_(mode), step_(compile_fitting(cfg, mode, comms)) {
+    : cfg_(cfg),
+      params_(params),
+      mode_(mode),
+      dev_(open_device(cfg, comms)),
+      step_(compile_fitting(cfg, mode, comms, dev_)) {
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
   inputs_.resize(size_t(B * T));
   targets_.resize(size_t(B * T));
   if (step_.sharded)
     bind_rank_program(*comms, share);
   else
-    bind_program();
+    bind_program(share);
 }
 
-void StepRunner::bind_program() {
+float* StepRunner::device_floats(int64_t n, const float* init) {
+  buffers_.emplace_back(dev_, std::max<int64_t>(n, 1) * 4);
+  float* p = static_cast<float*>(buffers_.back().data());
+  if (init) {
+    dev_.upload(p, init, n * 4);
+  } else {
+    const std::vector<float> zeros(size_t(n), 0.0f);
+    dev_.upload(p, zeros.data(), n * 4);
+  }
+  return p;
+}
+
+void* StepRunner::staged(const void* host, int64_t bytes) {
+  if (dev_.host_memory()) return const_cast<void*>(host);
+  buffers_.emplace_back(dev_, bytes);
+  staged_.push_back({host, buffers_.back().data(), bytes});
+  return buffers_.back().data();
+}
+
+void StepRunner::send_staged() {
+  if (staged_.empty()) return;
+  check_token_ids();
+  for (const Staged& st : staged_) dev_.upload(st.dev, st.host, st.bytes);
+}
+
+void StepRunner::check_token_ids() const {
+  const int64_t V = cfg_.model.vocab_size;
+  for (int v : {step_.c.model.tokens, step_.c.model.targets}) {
+    if (v < 0) continue;
+    const std::vector<int32_t>& ids = v == step_.c.model.tokens ? inputs_ : targets_;
+    for (size_t j = 0; j < ids.size(); ++j)
+      if (ids[j] < 0 || ids[j] >= V)
+        throw Error(fmt::format("%{}: token id {} at position {} is outside the vocabulary [0, {})",
+                                graph().value(v).name, ids[j], j, V));
+  }
+}
+
+const float* StepRunner::host_floats(const runtime::Executor& ex, int v, int64_t n) const {
+  const void* p = ex.data(v);
+  if (dev_.host_memory()) return static_cast<const float*>(p);
+  std::vector<float>& h = host_copy_[p];
+  h.resize(size_t(n));
+  dev_.download(h.data(), p, n * 4);
+  return h.data();
+}
+
+void StepRunner::bind_program(StepRunner* share) {
   const ir::Graph& g = step_.graph();
-  exec_ = std::make_unique<runtime::Executor>(step_.c.rank.graph);
-  for (const auto& p : params_.infos()) exec_->bind(out(g.find(p.name)), params_.data(p.name));
-  exec_->bind(out(step_.c.model.tokens), inputs_.data());
-  exec_->bind(out(step_.c.model.targets), targets_.data());
+  exec_ = std::make_unique<runtime::Executor>(step_.c.rank.graph, dev_);
+  // the parameters: the store's own memory on the CPU; on a GPU a copy of it (or the copy of the
+  // runner this one shares parameters with)
+  auto param = [&](const std::string& name) -> float* {
+    if (dev_.host_memory()) return params_.data(name);
+    auto it = param_copy_.find(name);
+    if (it != param_copy_.end()) return it->second;
+    float* p = share ? share->param_copy_.at(name)
+                     : device_floats(numel(params_.info(name).shape), params_.data(name));
+    return param_copy_[name] = p;
+  };
+  for (const auto& p : params_.infos()) exec_->bind(out(g.find(p.name)), param(p.name));
+  exec_->bind(out(step_.c.model.tokens), staged(inputs_.data(), int64_t(inputs_.size()) * 4));
+  exec_->bind(out(step_.c.model.targets), staged(targets_.data(), int64_t(targets_.size()) * 4));
   if (mode_ != Mode::train) return;
+  float* hyper = static_cast<float*>(staged(hyper_buf_, sizeof hyper_buf_));
   if (step_.separate_optimizer()) {
     const passes::Accumulation& a = step_.accumulation();
-    opt_exec_ = std::make_unique<runtime::Executor>(a.optimizer);
-    accum_exec_ = std::make_unique<runtime::Executor>(a.accumulate);
-    accum_exec_->bind(a.coef, &accum_coef_);
+    opt_exec_ = std::make_unique<runtime::Executor>(a.optimizer, dev_);
+    accum_exec_ = std::make_unique<runtime::Executor>(a.accumulate, dev_);
+    accum_exec_->bind(a.coef, staged(&accum_coef_, sizeof accum_coef_));
     for (auto [p, d] : step_.c.grads) {
       const ir::Value& pv = g.value(p);
-      accum_grads_.push_back({d, std::vector<float>(size_t(numel(pv.type.shape)))});
-      float* sum = accum_grads_.back().second.data();
-      opt_exec_->bind(a.optimizer.find(pv.name), params_.data(pv.name));
+      float* sum = device_floats(numel(pv.type.shape));
+      accum_grads_.push_back({d, sum});
+      opt_exec_->bind(a.optimizer.find(pv.name), param(pv.name));
       opt_exec_->bind(a.grad_input.at(p), sum);
       accum_exec_->bind(a.sum.at(p), sum);
       accum_exec_->bind(a.grad.at(p), exec_->data(out(d)));  // its arena: fixed
@@ -64,13 +135,9 @@ void StepRunner::bind_program() {
   runtime::Executor& ox = opt_exec_ ? *opt_exec_ : *exec_;
   const ir::Graph& og = ox.graph();
   auto in_ox = [&](int v) { return opt_exec_ ? v : out(v); };
-  ox.bind(in_ox(step_.optimizer().hyper), hyper_buf_);
-  moments_.reserve(og.inputs_of_kind(ir::ValueKind::state).size());
+  ox.bind(in_ox(step_.optimizer().hyper), hyper);
   for (const ir::Value& v : og.values())
-    if (v.kind == ir::ValueKind::state) {
-      moments_.emplace_back(size_t(numel(v.type.shape)), 0.0f);
-      ox.bind(v.id, moments_.back().data());
-    }
+    if (v.kind == ir::ValueKind::state) ox.bind(v.id, device_floats(numel(v.type.shape)));
   for (auto [key, st] : step_.optimizer().moments)
     moment_of_[{step_.optimizer_graph().value(key.first).name, key.second}] =
         ox.ptr<float>(in_ox(st));
@@ -137,9 +204,8 @@ void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* 
     } else if (v.id == hyper) {
       exec_->bind(local, hyper_buf_);
     } else if (v.kind == ir::ValueKind::state) {
-      moments_.emplace_back(size_t(n), 0.0f);
-      exec_->bind(local, moments_.back().data());
-      state_buf[v.id] = moments_.back().data();
+      state_buf[v.id] = device_floats(n);
+      exec_->bind(local, state_buf[v.id]);
     } else {
       LOOM_CHECK(false) << "unbound graph input %" << v.name;
     }
@@ -154,10 +220,14 @@ void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* 
 
 void StepRunner::push_params() {
   if (blocks_) blocks_->push(params_);
+  for (auto& [name, p] : param_copy_)
+    dev_.download(params_.data(name), p, numel(params_.info(name).shape) * 4);
 }
 
 void StepRunner::pull_params() {
   if (blocks_) blocks_->pull(params_);
+  for (auto& [name, p] : param_copy_)
+    dev_.upload(p, params_.data(name), numel(params_.info(name).shape) * 4);
 }
 
 void StepRunner::release_params() {
@@ -190,7 +260,7 @@ float* StepRunner::moment_ptr(const std::string& param, autodiff::Moment which) 
 void StepRunner::read_moment(const std::string& param, autodiff::Moment which, float* full) {
   const float* m = moment_ptr(param, which);
   if (!blocks_) {
-    std::memcpy(full, m, size_t(numel(graph().value(graph().find(param)).type.shape)) * 4);
+    dev_.download(full, m, numel(graph().value(graph().find(param)).type.shape) * 4);
     return;
   }
   auto all = blocks_->gather(moment_value_.at({param, which}), m);
@@ -200,7 +270,7 @@ void StepRunner::read_moment(const std::string& param, autodiff::Moment which, f
 void StepRunner::write_moment(const std::string& param, autodiff::Moment which, const float* full) {
   float* m = moment_ptr(param, which);
   if (!blocks_) {
-    std::memcpy(m, full, size_t(numel(graph().value(graph().find(param)).type.shape)) * 4);
+    dev_.upload(m, full, numel(graph().value(graph().find(param)).type.shape) * 4);
     return;
   }
   blocks_->take_block(moment_value_.at({param, which}), full, m);
@@ -215,8 +285,9 @@ int StepRunner::grad_of(const std::string& param) const {
 std::vector<float> StepRunner::full_grad(const std::string& param) {
   const int d = grad_of(param);
   if (!blocks_) {
-    const float* g = exec_->ptr<float>(out(d));
-    return {g, g + numel(graph().value(d).type.shape)};
+    const int64_t n = numel(graph().value(d).type.shape);
+    const float* g = host_floats(*exec_, out(d), n);
+    return {g, g + n};
   }
   return blocks_->gather(d, exec_->ptr<float>(out(d)));
 }
@@ -241,24 +312,26 @@ float StepRunner::step(const int32_t* tokens, double lr) {
       blocks_->take_block(step_.c.model.tokens, inputs_.data(), tokens_block_.data());
       blocks_->take_block(step_.c.model.targets, targets_.data(), targets_block_.data());
     }
+    send_staged();
     exec_->run();
     collect_forward_outputs(0);
-    return *exec_->ptr<float>(out(step_.loss()));
+    return host_scalar(*exec_, out(step_.loss()));
   }
   // Gradient accumulation: micro-batch 0's gradients copied into the sums, the accumulate graph
   // adding each later one's (and taking the mean after the last), then one optimizer step.
   double loss = 0;
   for (int64_t i = 0; i < step_.accum; ++i) {
     load_rows(tokens + i * B * (T + 1));
+    accum_coef_ = i + 1 == step_.accum ? float(1.0 / double(step_.accum)) : 1.0f;
+    send_staged();
     exec_->run();
     collect_forward_outputs(i);
-    loss += *exec_->ptr<float>(out(step_.loss()));
+    loss += host_scalar(*exec_, out(step_.loss()));
     if (i == 0) {
       for (auto& [d, sum] : accum_grads_)
-        std::memcpy(sum.data(), exec_->ptr<float>(out(d)), sum.size() * 4);
+        dev_.copy(sum, exec_->data(out(d)), numel(graph().value(d).type.shape) * 4);
       continue;
     }
-    accum_coef_ = i + 1 == step_.accum ? float(1.0 / double(step_.accum)) : 1.0f;
     accum_exec_->run();
   }
   opt_exec_->run();
@@ -269,12 +342,12 @@ float StepRunner::step(const int32_t* tokens, double lr) {
 void StepRunner::collect_forward_outputs(int64_t i) {
   const models::ModelGraph& m = step_.c.model;
   if (m.ce_loss < 0) return;  // a decode graph: no loss
-  const float ce = *exec_->ptr<float>(out(m.ce_loss));
+  const float ce = host_scalar(*exec_, out(m.ce_loss));
   ce_loss_ = i == 0 ? ce : ce_loss_ + ce;
   if (m.moe_kept < 0) return;
   auto add = [&](int v, std::vector<float>& sum) {
-    const float* x = exec_->ptr<float>(out(v));
     const size_t n = size_t(numel(graph().value(v).type.shape));
+    const float* x = host_floats(*exec_, out(v), int64_t(n));
     if (i == 0)
       sum.assign(x, x + n);
     else
@@ -288,19 +361,21 @@ const float* StepRunner::logits() const {
   LOOM_CHECK(!blocks_) << "logits of a sharded run";
   // an eval step's logits are not one of its outputs: their buffer is reused after the loss
   LOOM_CHECK(mode_ != Mode::eval) << "the logits of an eval step are not kept: use Mode::infer";
-  return exec_->ptr<float>(out(step_.c.model.logits));
+  const int v = step_.c.model.logits;
+  return host_floats(*exec_, out(v), numel(graph().value(v).type.shape));
 }
 
 const float* StepRunner::grad(const std::string& param) const {
   LOOM_CHECK(!blocks_) << "grad() of a sharded run: use full_grad()";
-  return exec_->ptr<float>(out(grad_of(param)));
+  const int d = grad_of(param);
+  return host_floats(*exec_, out(d), numel(graph().value(d).type.shape));
 }
 
 float StepRunner::grad_norm() const {
   const int norm = step_.optimizer().grad_norm;
   LOOM_CHECK(norm >= 0);
-  if (blocks_) return *exec_->ptr<float>(out(norm));
-  return opt_exec_ ? *opt_exec_->ptr<float>(norm) : *exec_->ptr<float>(out(norm));
+  if (blocks_) return host_scalar(*exec_, out(norm));
+  return opt_exec_ ? host_scalar(*opt_exec_, norm) : host_scalar(*exec_, out(norm));
 }
 
 void StepRunner::set_trace(runtime::Trace* trace) {

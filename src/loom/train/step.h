@@ -16,6 +16,14 @@
 // replicated ones are updated in the ParamStore itself, so ranks that are threads of one process
 // need a ParamStore each. Calls marked collective must be made by every rank in the same order.
 //
+// The step runs on [train] device (backend/backend.h). On the CPU the executor reads the
+// ParamStore and the runner's buffers where they are. On a GPU every bound buffer (parameters,
+// moments, gradient sums, the batch, the hyper-parameters) lives in the device's memory: the batch
+// and the hyper-parameters go up before each run, the loss and metrics come down after it, and the
+// parameters meet the ParamStore only at push_params() (to the store: checkpoints, exports) and
+// pull_params() (from it: loaded weights), as a sharded rank's blocks do. A GPU run is one process
+// without a [plan] (multi-GPU waits for NCCL behind the collective nodes).
+//
 // Not here: building the graph (compile.h, passes/), the training loop (loop.h).
 #pragma once
 
@@ -84,8 +92,10 @@ class StepRunner {
   void write_moment(const std::string& param, autodiff::Moment which, const float* full);
   // Sharded runs: gather the parameters this rank holds a block of into the ParamStore
   // (collective), or take this rank's blocks from it (after loading weights into the store).
+  // On a GPU: copy the parameters down to the store, or up from it.
   void push_params();
   void pull_params();
+  runtime::Device& device() const { return dev_; }
   // Frees the ParamStore's whole copies of the parameters this rank holds blocks of (push_params
   // brings them back). No-op unsharded.
   void release_params();
@@ -106,6 +116,7 @@ class StepRunner {
   Config cfg_;
   ParamStore& params_;
   Mode mode_;
+  runtime::Device& dev_;
   CompiledStep step_;
   std::unique_ptr<runtime::Executor> exec_;
   std::unique_ptr<runtime::Executor> opt_exec_;        // gradient accumulation: the optimizer graph
@@ -113,11 +124,23 @@ class StepRunner {
   std::unique_ptr<RankBlocks> blocks_;                 // sharded runs
   std::vector<int32_t> inputs_, targets_;              // the batch (B,T), whole
   std::vector<int32_t> tokens_block_, targets_block_;  // sharded: this rank's block of it
-  std::vector<std::vector<float>> moments_;
-  std::map<MomentKey, float*> moment_of_;  // this rank's block of each moment
+  // Memory bound to the executors besides the ParamStore: moments, gradient sums; on a device
+  // without host memory also the device copies of the parameters, the batch and hyper_buf_.
+  std::vector<runtime::Buffer> buffers_;
+  std::map<std::string, float*> param_copy_;  // on a GPU: each parameter's device copy
+  // Host buffers read by a run, and where the device reads them (on the CPU the same memory): sent
+  // up before each run.
+  struct Staged {
+    const void* host;
+    void* dev;
+    int64_t bytes;
+  };
+  std::vector<Staged> staged_;
+  mutable std::map<const void*, std::vector<float>> host_copy_;  // a GPU's outputs, brought down
+  std::map<MomentKey, float*> moment_of_;                        // this rank's block of each moment
   std::map<MomentKey, int> moment_value_;  // sharded: each moment's global state value
   std::map<int, int> out_local_;           // sharded: global output value -> the executor's value
-  std::vector<std::pair<int, std::vector<float>>> accum_grads_;  // global grad id, its sum
+  std::vector<std::pair<int, float*>> accum_grads_;  // global grad id, its sum
   float hyper_buf_[3] = {0, 0, 0};
   float accum_coef_ = 1;  // the accumulate graph's %coef
   float ce_loss_ = 0;
@@ -129,11 +152,23 @@ class StepRunner {
   // Binds this rank's program: parameters (own or `share`'s blocks, or the store's whole copies),
   // the batch blocks, the hyper-parameters and the moments.
   void bind_rank_program(const runtime::MeshComms& comms, StepRunner* share);
-  void bind_program();
+  void bind_program(StepRunner* share);
   // A global value in exec_'s program: a sharded run's outputs; a one-process run's every value
   // (its one-rank program: CompiledStep::c.rank).
   int out(int v) const { return blocks_ ? out_local_.at(v) : step_.c.rank.local[size_t(v)]; }
   int grad_of(const std::string& param) const;
+  // n floats of the device's memory bound by this runner, zeroed (or `init`'s copy).
+  float* device_floats(int64_t n, const float* init = nullptr);
+  // What the executor reads for a host buffer: itself on the CPU, a device copy sent up before
+  // every run (staged_) on a GPU.
+  void* staged(const void* host, int64_t bytes);
+  void send_staged();
+  // An executor value's floats on the host (brought down on a GPU), valid until the next call for
+  // that value.
+  const float* host_floats(const runtime::Executor& ex, int v, int64_t n) const;
+  float host_scalar(const runtime::Executor& ex, int v) const { return *host_floats(ex, v, 1); }
+  // A GPU batch's token ids are checked here (the CPU kernels check their own).
+  void check_token_ids() const;
   float* moment_ptr(const std::string& param, autodiff::Moment which);
 };
 

@@ -1,0 +1,34 @@
+#include "loom/backend/backend.h"
+
+#include <fmt/format.h>
+
+#include "loom/core/error.h"
+#ifdef LOOM_HAS_CUDA
+#include "loom/runtime/cuda/cuda_device.h"
+#endif
+
+namespace loom::backend {
+
+using runtime::DeviceKind;
+
+bool built(DeviceKind kind) {
+#ifdef LOOM_HAS_CUDA
+  return true;
+#else
+  return kind == DeviceKind::cpu;
+#endif
+}
+
+runtime::Device& open(DeviceKind kind) {
+  if (kind == DeviceKind::cpu) return runtime::cpu_device();
+#ifdef LOOM_HAS_CUDA
+  return runtime::cuda_device();
+#else
+  throw Error(
+      "device = \"cuda\": this loom was built without the CUDA backend",
+      "build it with `cmake --preset cuda && cmake --build --preset cuda` (scripts/setup.sh "
+      "--cuda installs the compiler), or set device = \"cpu\"");
+#endif
+}
+
+}  // namespace loom::backend
