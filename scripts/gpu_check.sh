@@ -3,17 +3,24 @@
 # `bash scripts/gpu_check.sh`), with the binaries scripts/gpu_bundle.sh packed here. It prints the
 # GPU and library versions, runs the CUDA backend's parity tests (tests/gpu_parity_test: every op
 # harness graph, kernels on odd and large shapes, whole steps of the tiny models against the CPU
-# engine, a GPU run repeated bit for bit), `loom bench` and `loom train` on both devices
-# (tests/gpu_train_check.py), and writes logs and JSON
-# under $OUT (or ./gpu-out). Exit status: non-zero when a check failed.
+# engine, a GPU run repeated bit for bit), the golden tests on the GPU, `loom bench`, `loom train`
+# and `loom sample` on both devices (tests/gpu_train_check.py), and writes logs and JSON
+# under $OUT (or ./gpu-out): logs.tar.gz holds every log. Exit status: non-zero when a check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
+# everything is written under $out and packed into $final at the end: the device tool returns at
+# most 8 files (logs.tar.gz, and the JSON a figure is read from)
+final=${OUT:-$PWD/gpu-out}
+out=/tmp/loom-gpu-out
+rm -rf "$out" && mkdir -p "$out" "$final"
 root=/tmp/loom-gpu
 rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz || exit 1
 export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+# cuBLASLt comes from the GPU machine's own installation (PyTorch's nvidia-cublas package)
+nvlib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' \
+  2>/dev/null || true)
+[[ -n $nvlib && -d $nvlib ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nvlib"
 # the binaries read configs under the source tree they were built in
 src=/work/main
 if [[ ! -e $src/configs ]]; then mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src"; fi
@@ -34,7 +41,34 @@ for dev in cpu cuda; do
     { status=1; tail -5 "$out/bench-tiny-$dev.log"; }
   echo "bench tiny-llama $dev: $(head -c 600 "$out/bench-tiny-$dev.json")"
 done
+# speed, same model, batch and dtype: Loom (cuBLASLt, and its tiled GEMM) beside eager PyTorch
+# (bench/gpu/torch_step.py: bf16 compute, f32 masters, fused AdamW, no recomputation)
+for gemm in cublaslt tiled; do
+  LOOM_CUDA_GEMM=$gemm timeout 300 "$root/bin/loom" bench configs/bench-llama.toml --steps 20 \
+    --warmup 3 --set train.device=cuda --set model.dtype=bf16 >"$out/speed-loom-$gemm.json" \
+    2>"$out/speed-loom-$gemm.log" || { status=1; tail -5 "$out/speed-loom-$gemm.log"; }
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("loom", sys.argv[2], "step_ms", j["step_ms"]["median"], "tokens/s", j.get("tokens_per_s"))' \
+    "$out/speed-loom-$gemm.json" $gemm 2>&1
+done
+timeout 300 python3 bench/gpu/torch_step.py configs/bench-llama.toml --ac none --steps 20 \
+  --warmup 3 --out "$out/speed-torch.json" >"$out/speed-torch.log" 2>&1 || tail -5 "$out/speed-torch.log"
+head -c 400 "$out/speed-torch.json"; echo
+# the golden tests with device = cuda: PyTorch's loss, logits, gradients and 10-step curve
+for g in tiny-llama tiny-llama-tied tiny-gpt2 tiny-moe; do
+  for dt in f32 bf16; do
+    if "$root/bin/golden_test" configs/$g.toml "$root/golden/$g-$dt" $dt --set train.device=cuda \
+      >"$out/golden-$g-$dt.log" 2>&1; then
+      echo "ok   golden $g $dt on cuda"
+    else
+      status=1
+      echo "FAIL golden $g $dt on cuda"
+      tail -8 "$out/golden-$g-$dt.log"
+    fi
+  done
+done
 # loom train on the GPU: the quickstart model against the CPU, kill and resume, GPU -> CPU resume
 timeout 420 python3 tests/gpu_train_check.py "$root/bin/loom" "$PWD" 2>&1 | tee "$out/gpu_train.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+tar -C "$out" -czf "$final/logs.tar.gz" .
+cp "$out"/gpu_parity.json "$out"/speed-*.json "$final/" 2>/dev/null
 exit $status

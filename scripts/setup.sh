@@ -9,13 +9,14 @@ cd "$(dirname "$0")/.."
 # Open MPI: the mpi communicator and multi-process runs (mpirun). clang-format: scripts/check_format.sh.
 # clang 14 with its libFuzzer runtime and OpenMP: the fuzz build (cmake --preset fuzz, fuzz/).
 # gRPC + protobuf: the outer sync service (loom outer-server); openssl makes the TLS test's certificate.
+# python3-pip: scripts/setup_cuda.sh downloads the CUDA compiler wheels (the cuda preset).
 # libopenblas0-pthread: Debian's PyTorch takes its f32 GEMM from the system BLAS; without OpenBLAS it falls
 # back to the netlib reference BLAS (~1 GFLOP/s), which would make the benchmark peer a straw man.
 packages=(
   build-essential cmake ninja-build pkg-config zlib1g-dev
   libdnnl-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev libpcre2-dev
-  python3-torch python3-numpy libopenblas0-pthread
+  python3-torch python3-numpy libopenblas0-pthread python3-pip
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc openssl
   libopenmpi-dev openmpi-bin
   clang-format

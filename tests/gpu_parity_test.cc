@@ -3,7 +3,8 @@
 //   Ops:    every op harness graph of tests/op_cases.h (each differentiable op's forward and its
 //           VJP kernels) run by the executor on both devices with the same inputs: every output
 //           within 1e-5 relative L2 in f32, 1e-2 where the graph holds bf16 values.
-//   Sizes:  the kernels on odd and large shapes (GEMMs, attention, cross-entropy over GPT-2's
+//   Sizes:  the kernels on odd and large shapes (GEMMs through cuBLASLt and the tiled kernel,
+//   attention, cross-entropy over GPT-2's
 //           vocabulary, norms, the embedding's gradient with repeated ids, long reductions, AdamW).
 //   Steps:  StepRunner on tiny-llama, tiny-llama-tied, tiny-gpt2 and tiny-moe: loss and every
 //           gradient within 1e-4 relative L2 in f32 (bf16: 2e-2), five training steps' losses, and
@@ -177,15 +178,17 @@ TEST(GpuKernels, GemmOddAndLarge) {
       kernels::cpu::GemmDesc cd{s.batch, s.M, s.N, s.K, s.ta, s.tb, dt, DType::f32, s.acc};
       kernels::cuda::GemmDesc gd{s.batch, s.M, s.N, s.K, s.ta, s.tb, dt, DType::f32, s.acc};
       std::vector<float> want = c.h;
-      if (dt == DType::f32) {
-        kernels::cpu::gemm(cd, a.h.data(), b.h.data(), want.data());
-        kernels::cuda::gemm(gd, a.p(), b.p(), c.p(), no_stream());
+      Bf16 ab(a.h), bb(b.h);
+      const bool f32 = dt == DType::f32;
+      kernels::cpu::gemm(cd, f32 ? (const void*)a.h.data() : ab.h.data(),
+                         f32 ? (const void*)b.h.data() : bb.h.data(), want.data());
+      // cuBLASLt and the tiled kernel: the same bf16 inputs, f32 accumulation and output
+      for (auto* run : {&kernels::cuda::gemm, &kernels::cuda::gemm_tiled}) {
+        SCOPED_TRACE(run == &kernels::cuda::gemm ? "cuBLASLt" : "tiled");
+        gpu().upload(c.p(), c.h.data(), int64_t(c.h.size()) * 4);
+        (*run)(gd, f32 ? (const void*)a.p() : ab.p(), f32 ? (const void*)b.p() : bb.p(), c.p(),
+               no_stream());
         EXPECT_CLOSE(c.down(), want, 1e-5);
-      } else {
-        Bf16 ab(a.h), bb(b.h);
-        kernels::cpu::gemm(cd, ab.h.data(), bb.h.data(), want.data());
-        kernels::cuda::gemm(gd, ab.p(), bb.p(), c.p(), no_stream());
-        EXPECT_CLOSE(c.down(), want, 1e-5);  // same bf16 inputs, f32 accumulation and output
       }
     }
   }

@@ -6,7 +6,8 @@
      fetch the quickstart corpus);
   2. a GPU run killed with SIGKILL after a checkpoint and resumed with --resume auto logs losses
      bit-identical to an uninterrupted GPU run (f32 and bf16);
-  3. a GPU checkpoint resumes on the CPU: the CPU's losses from there stay within 2% of the GPU's.
+  3. a GPU checkpoint resumes on the CPU: the CPU's losses from there stay within 2% of the GPU's;
+  4. loom sample, greedy, on the GPU writes the CPU's text (f32 run: the same argmax at each step).
 
 Prints one line per check and a JSON summary on its last line; exits 1 when a check fails.
 
@@ -110,6 +111,21 @@ with tempfile.TemporaryDirectory() as d:
     print("%-4s GPU checkpoint (step 100) resumed on the CPU: %d steps, worst loss gap %.3f%%"
           % ("ok" if ok else "FAIL", len(c), 100 * worst))
     summary["gpu_to_cpu_worst_loss_gap"] = worst
+
+    # 4. greedy sampling of the f32 GPU run (2.'s "af32") on each device
+    texts = {}
+    for dev in ["cuda", "cpu"]:
+        r = subprocess.run([LOOM, "sample", os.path.join(d, "af32"), "--prompt", "the ",
+                            "--max-tokens", "64", "--temperature", "0", "--device", dev],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit("loom sample --device %s exited %d: %s"
+                             % (dev, r.returncode, r.stderr[-2000:]))
+        texts[dev] = r.stdout
+    ok = texts["cuda"] == texts["cpu"] and len(texts["cpu"]) > 0
+    failures += not ok
+    print("%-4s loom sample greedy, 64 tokens: the GPU's text %s the CPU's: %r"
+          % ("ok" if ok else "FAIL", "equals" if ok else "DIFFERS from", texts["cuda"][:80]))
 
 print(json.dumps(summary))
 sys.exit(1 if failures else 0)

@@ -505,8 +505,9 @@ const std::vector<Section>& schema() {
                  c.train.device = i == 0 ? runtime::DeviceKind::cpu : runtime::DeviceKind::cuda;
                },
                "cpu",
-               "where steps run (`train`, `step`, `bench`, `sample`, evaluation); cuda: GPU 0, in "
-               "a build of the cuda preset; checkpoints are the same either way"),
+               "where steps run (`train` with its evaluation, `step`, `bench`; `sample`'s "
+               "default, which `--device` overrides); cuda: GPU 0, in a build of the cuda preset; "
+               "checkpoints are the same either way"),
        }},
       {"optim",
        {

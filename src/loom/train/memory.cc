@@ -37,7 +37,8 @@ void check_params_fit(const models::ModelConfig& m, const std::string& source, i
               "make the model smaller, or plan it for a cluster with loom plan");
 }
 
-void check_step_fits(const Config& cfg, bool train, int64_t ranks, int64_t memory) {
+void check_step_fits(const Config& cfg, bool train, int64_t ranks, int64_t memory,
+                     const std::string& memory_of) {
   if (memory <= 0) return;
   const models::ModelConfig& m = cfg.model;
   const double params = double(models::param_count(m));
@@ -49,11 +50,12 @@ void check_step_fits(const Config& cfg, bool train, int64_t ranks, int64_t memor
   throw Error(
       fmt::format("{}: a {} step needs at least {} a rank ({:.4g} parameters: {} of weights{}; "
                   "activations of [train] batch_size = {} x seq_len = {} tokens: {}{}), more than "
-                  "this machine's {} of memory",
+                  "{} {} of memory",
                   cfg.path, train ? "training" : "forward", gb(per_rank), params, gb(state),
                   train ? ", gradients and AdamW moments" : "", cfg.train.batch_size,
                   cfg.train.seq_len, gb(acts),
-                  ranks > 1 ? fmt::format("; all over {} ranks", ranks) : "", gb(double(memory))),
+                  ranks > 1 ? fmt::format("; all over {} ranks", ranks) : "", memory_of,
+                  gb(double(memory))),
       "reduce [train] batch_size or seq_len, or the model ([model] d_model, n_layers, "
       "vocab_size); shard it with a [plan] (fsdp) over more ranks");
 }

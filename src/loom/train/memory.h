@@ -24,7 +24,9 @@ int64_t machine_memory_bytes();
 void check_params_fit(const models::ModelConfig& m, const std::string& source, int64_t memory);
 // Throws loom::Error naming cfg.path when one rank of `ranks` cannot hold its share of the
 // parameters, gradients and moments (`train`) and of the activations of [train] batch_size x
-// seq_len tokens.
-void check_step_fits(const Config& cfg, bool train, int64_t ranks, int64_t memory);
+// seq_len tokens. memory_of says whose memory it is ("this machine's", "cuda:0 (NVIDIA H200,
+// ...)'s").
+void check_step_fits(const Config& cfg, bool train, int64_t ranks, int64_t memory,
+                     const std::string& memory_of = "this machine's");
 
 }  // namespace loom::train

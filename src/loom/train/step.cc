@@ -28,8 +28,12 @@ runtime::Device& open_device(const Config& cfg, const runtime::MeshComms* comms)
 CompiledStep compile_fitting(const Config& cfg, StepRunner::Mode mode,
                              const runtime::MeshComms* comms, const runtime::Device& dev) {
   const int64_t ranks = comms ? comms->world().size() : 0;
-  check_step_fits(cfg, mode == StepRunner::Mode::train, std::max<int64_t>(ranks, 1),
-                  dev.host_memory() ? machine_memory_bytes() : dev.memory_bytes());
+  if (dev.host_memory())
+    check_step_fits(cfg, mode == StepRunner::Mode::train, std::max<int64_t>(ranks, 1),
+                    machine_memory_bytes());
+  else
+    check_step_fits(cfg, mode == StepRunner::Mode::train, std::max<int64_t>(ranks, 1),
+                    dev.memory_bytes(), dev.describe() + "'s");
   return compile_step(cfg, mode, comms != nullptr, ranks);
 }
 

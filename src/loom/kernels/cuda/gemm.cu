@@ -14,9 +14,10 @@
 // columns per row (coalesced). Example: M = 70, N = 64 gives 2 row tiles; in the second, only rows
 // ty + 16i < 6, i.e. ty < 6 with i = 0, are stored.
 //
-// Not done here: tensor-core MMA, double buffering, split-K; a cuBLASLt GEMM replaces this for
-// speed. grouped_gemm does not skip all-zero slot rows as the CPU does (their products are 0, so
-// results agree); it is two batched GEMMs over the expert layout.
+// Not done here: tensor-core MMA, double buffering, split-K: gemm() runs cuBLASLt (cublaslt.cc);
+// this kernel is gemm_tiled, what LOOM_CUDA_GEMM=tiled selects and the GPU tests compare with.
+// grouped_gemm does not skip all-zero slot rows as the CPU does (their products are 0, so results
+// agree); it is one batched gemm() over the expert layout.
 //
 // Invariant: each C element is written by exactly one thread, which sums k in increasing order, so
 // results repeat bit for bit.
@@ -131,7 +132,7 @@ void run_gemm(const GemmArgs& p, DType ab, DType cd, const void* a, const void* 
 
 }  // namespace
 
-void gemm(const GemmDesc& d, const void* a, const void* b, void* c, Stream s) {
+void gemm_tiled(const GemmDesc& d, const void* a, const void* b, void* c, Stream s) {
   run_gemm(GemmArgs{d.batch, d.M, d.N, d.K, d.ta, d.tb, d.accumulate}, d.ab_dtype, d.c_dtype, a, b,
            c, s);
 }
@@ -141,9 +142,15 @@ void gemm(const GemmDesc& d, const void* a, const void* b, void* c, Stream s) {
 //   ta = 1: c[e] (M,N) = a[e]^T b[e], a[e] stored (G*S,M), b[e] (G*S,N): a K = G*S product
 void grouped_gemm(const GroupedGemm& d, const void* a, const void* b, void* c, Stream s) {
   const int64_t rows = d.G * d.S;
-  const GemmArgs p = d.ta ? GemmArgs{d.E, d.M, d.N, rows, true, false, false}
-                          : GemmArgs{d.E, rows, d.N, d.K, false, d.tb, false};
-  run_gemm(p, d.ab_dtype, d.c_dtype, a, b, c, s);
+  GemmDesc g;
+  g.ab_dtype = d.ab_dtype;
+  g.c_dtype = d.c_dtype;
+  if (d.ta) {
+    g.batch = d.E, g.M = d.M, g.N = d.N, g.K = rows, g.ta = true;
+  } else {
+    g.batch = d.E, g.M = rows, g.N = d.N, g.K = d.K, g.tb = d.tb;
+  }
+  gemm(g, a, b, c, s);  // cuBLASLt (cublaslt.cc) or the tiled kernel
 }
 
 }  // namespace loom::kernels::cuda

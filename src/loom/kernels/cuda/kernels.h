@@ -103,7 +103,10 @@ struct GemmDesc {
   DType c_dtype = DType::f32;
   bool accumulate = false;
 };
+// Through cuBLASLt (cublaslt.cc, opened at run time; LOOM_CUDA_GEMM=tiled: gemm_tiled instead).
 void gemm(const GemmDesc& d, const void* a, const void* b, void* c, Stream s);
+// The plain tiled kernel (gemm.cu): what the GPU tests compare cuBLASLt's results with.
+void gemm_tiled(const GemmDesc& d, const void* a, const void* b, void* c, Stream s);
 
 // grouped_matmul: kernels/cpu/kernels.h's GroupedGemm contract.
 struct GroupedGemm {
