@@ -43,16 +43,26 @@ for dev in cpu cuda; do
 done
 # speed, same model, batch and dtype: Loom (cuBLASLt, and its tiled GEMM) beside eager PyTorch
 # (bench/gpu/torch_step.py: bf16 compute, f32 masters, fused AdamW, no recomputation)
-for gemm in cublaslt tiled; do
-  LOOM_CUDA_GEMM=$gemm timeout 300 "$root/bin/loom" bench configs/bench-llama.toml --steps 20 \
-    --warmup 3 --set train.device=cuda --set model.dtype=bf16 >"$out/speed-loom-$gemm.json" \
-    2>"$out/speed-loom-$gemm.log" || { status=1; tail -5 "$out/speed-loom-$gemm.log"; }
-  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("loom", sys.argv[2], "step_ms", j["step_ms"]["median"], "tokens/s", j.get("tokens_per_s"))' \
-    "$out/speed-loom-$gemm.json" $gemm 2>&1
+# (variants: cuBLASLt with CUDA graphs, without them, and the tiled GEMM)
+for v in graphs nographs tiled; do
+  env=(LOOM_CUDA_GRAPHS=1 LOOM_CUDA_GEMM=cublaslt)
+  [[ $v == nographs ]] && env=(LOOM_CUDA_GRAPHS=0 LOOM_CUDA_GEMM=cublaslt)
+  [[ $v == tiled ]] && env=(LOOM_CUDA_GRAPHS=1 LOOM_CUDA_GEMM=tiled)
+  env "${env[@]}" timeout 300 "$root/bin/loom" bench configs/bench-llama.toml --steps 30 \
+    --warmup 5 --set train.device=cuda --set model.dtype=bf16 >"$out/speed-loom-$v.json" \
+    2>"$out/speed-loom-$v.log" || { status=1; tail -5 "$out/speed-loom-$v.log"; }
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("loom", sys.argv[2], "step_ms", j["step_ms"], "tokens/s", j.get("tokens_per_s"), "device_peak_bytes", j.get("device_peak_bytes"))' \
+    "$out/speed-loom-$v.json" $v 2>&1
 done
-timeout 300 python3 bench/gpu/torch_step.py configs/bench-llama.toml --ac none --steps 20 \
-  --warmup 3 --out "$out/speed-torch.json" >"$out/speed-torch.log" 2>&1 || tail -5 "$out/speed-torch.log"
-head -c 400 "$out/speed-torch.json"; echo
+for mode in eager compile; do
+  flag=()
+  [[ $mode == compile ]] && flag=(--compile)
+  timeout 240 python3 bench/gpu/torch_step.py configs/bench-llama.toml --ac none --steps 30 \
+    --warmup 5 "${flag[@]}" --out "$out/speed-torch-$mode.json" >"$out/speed-torch-$mode.log" 2>&1 ||
+    tail -5 "$out/speed-torch-$mode.log"
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("torch", j["mode"], "step_ms", j["step_ms"], "tokens/s", j["tokens_per_s"], "peak_allocated", j.get("peak_allocated"))' \
+    "$out/speed-torch-$mode.json" 2>&1
+done
 # the golden tests with device = cuda: PyTorch's loss, logits, gradients and 10-step curve
 for g in tiny-llama tiny-llama-tied tiny-gpt2 tiny-moe; do
   for dt in f32 bf16; do

@@ -7,8 +7,9 @@
 //   attention, cross-entropy over GPT-2's
 //           vocabulary, norms, the embedding's gradient with repeated ids, long reductions, AdamW).
 //   Steps:  StepRunner on tiny-llama, tiny-llama-tied, tiny-gpt2 and tiny-moe: loss and every
-//           gradient within 1e-4 relative L2 in f32 (bf16: 2e-2), five training steps' losses, and
-//           a GPU run repeated bit for bit (no atomics: a resumed run replays exactly).
+//           gradient within 1e-4 relative L2 in f32 (bf16: 2e-2), five training steps' losses (the
+//           first run kernel by kernel, the rest replaying its CUDA graph), and a GPU run repeated
+//           bit for bit (no atomics: a resumed run replays exactly).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -382,6 +383,10 @@ TEST_P(GpuSteps, TrainingEqualsCpuAndRepeatsBitForBit) {
     std::vector<float> losses;
     for (int64_t s = 1; s <= 5; ++s) losses.push_back(r.step(tokens(cfg, s).data(), 1e-3));
     losses.push_back(r.grad_norm());
+    const char* graphs = std::getenv("LOOM_CUDA_GRAPHS");
+    if (device == "cuda" && !(graphs && std::string(graphs) == "0")) {
+      EXPECT_TRUE(r.executor().replayed()) << "steps 2.. should replay the step's CUDA graph";
+    }
     r.push_params();
     for (const auto& info : p.infos()) losses.push_back(p.data(info.name)[0]);
     return losses;

@@ -3,6 +3,7 @@
 
     python3 bench/gpu/torch_step.py C.toml [--layers N] [--batch B] [--seq T]
         [--ac none|selective|titan] [--steps 8] [--warmup 3] [--out R.json] [--device cuda]
+        [--compile]
 
 The model is the config's [model] (arch = "llama"), its weights bf16 for compute beside f32
 masters, as FSDP2's mixed precision keeps them (param_dtype bf16, reduce_dtype f32): a step is the
@@ -153,6 +154,8 @@ def main(argv):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--compile", action="store_true",
+                    help="the model under torch.compile (its compile time falls in the warm-up)")
     a = ap.parse_args(argv)
     m, B, T = load_model(a.config, a)
     device = torch.device(a.device)
@@ -163,6 +166,7 @@ def main(argv):
     masters = [p.detach().clone().float() for p in model.parameters()]
     model.to(torch.bfloat16)
     params = list(model.parameters())
+    fwd = torch.compile(model) if a.compile else model
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(masters, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             **({"fused": True} if fused else {}))
@@ -173,7 +177,7 @@ def main(argv):
     def step():
         for p in params:
             p.grad = None
-        logits = model(tokens[:, :-1], freqs)
+        logits = fwd(tokens[:, :-1], freqs)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
         loss.backward()
         for mp, p in zip(masters, params):
@@ -202,6 +206,7 @@ def main(argv):
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)
     r = {"config": a.config, "layers": m["n_layers"], "batch": B, "seq": T, "ac": a.ac,
+         "mode": "compile" if a.compile else "eager",
          "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
          "torch": torch.__version__, "step_ms": med * 1e3, "steps_ms": [t * 1e3 for t in times],
          "tokens_per_s": B * T / med, "loss": float(loss.detach())}

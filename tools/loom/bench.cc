@@ -147,6 +147,10 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   j["achieved_gflops"] = fpt * tokens_per_step / (median / 1000.0) / 1e9;
   j["planned_peak_bytes"] = runner.planned_peak_bytes();
   j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
+  j["device"] = runner.device().describe();
+  // a GPU's memory: the most its allocations held at once (the executors' arenas and every bound
+  // buffer; not cuBLASLt's 32 MiB workspace nor the reductions' stream-ordered scratch)
+  if (!runner.device().host_memory()) j["device_peak_bytes"] = runner.device().peak_bytes();
   j["final_loss"] = loss;
   j["collectives_per_step"] = double(comm1.collectives - comm0.collectives) / o->steps;
   j["activation_bytes"] = runner.activation_bytes();

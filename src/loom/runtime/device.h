@@ -24,6 +24,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -57,6 +58,14 @@ class KernelTable {
   std::array<Kernel, ir::kOpCount> kernels_;
 };
 
+// Work a device recorded once and replays as a whole (on a GPU, a CUDA graph: one launch for a
+// program's every kernel).
+class Recording {
+ public:
+  virtual ~Recording() = default;
+  virtual void replay() = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -82,6 +91,13 @@ class Device {
   // Waits until every queued kernel and copy has finished; throws loom::Error for a fault inside
   // one (which a GPU reports only here).
   virtual void synchronize() = 0;
+  // The most bytes allocate() had handed out at once (0 on the CPU, whose peak is the process's
+  // RSS).
+  virtual int64_t peak_bytes() const { return 0; }
+  // Records what `queue` puts on this device (kernels, copies) without running it, for replay; null
+  // when the device records nothing (the CPU; a GPU with LOOM_CUDA_GRAPHS=0) or could not record
+  // what `queue` did (then nothing of it ran: the caller runs it as it is).
+  virtual std::unique_ptr<Recording> record(const std::function<void()>& queue) { return nullptr; }
 };
 
 // `bytes` of a device's memory, released when the Buffer goes.

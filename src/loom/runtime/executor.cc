@@ -42,6 +42,7 @@ Executor::~Executor() {
 
 void Executor::bind(int value, void* data) {
   LOOM_CHECK(g_.value(value).kind != ir::ValueKind::node) << "bind of a node value";
+  if (external_[value] != data) recording_.reset();  // it read the old address
   external_[value] = data;
 }
 
@@ -120,6 +121,17 @@ void Executor::run() {
     if (v.kind != ir::ValueKind::node && !external_[v.id] && value_bytes(v) > 0)
       throw Error(fmt::format("executor: graph input %{} ({}) is not bound", v.name,
                               ir::kind_name(v.kind)));
+  if (recording_) return recording_->replay();
+  if (recordable_ && runs_ > 0 && !profile_ && !trace_ && !comms_ && !stream_) {
+    recording_ = device_.record([this] { run_nodes(); });
+    recordable_ = recording_ != nullptr;
+    if (recording_) return recording_->replay();
+  }
+  ++runs_;
+  run_nodes();
+}
+
+void Executor::run_nodes() {
   std::vector<void*> ins, outs;
   for (const ir::Node& n : g_.nodes()) {
     ins.clear();

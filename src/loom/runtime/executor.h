@@ -9,6 +9,11 @@
 // executor's CommStream (comm_stream.h), the compute thread blocking only at waits (and at once
 // after a synchronous one). run() returns with nothing in flight.
 //
+// On a device that records (a GPU), the second run() records the program as one graph and every
+// later run replays it (the first runs it node by node: its libraries choose their algorithms
+// then). Not for a program with collectives, nor while profiling or tracing; bind() drops the
+// recording.
+//
 // Not here: multi-device; compute runs on the calling thread with OpenMP inside the kernels.
 #pragma once
 
@@ -61,9 +66,17 @@ class Executor {
   void set_comms(const MeshComms* comms) { comms_ = comms; }
 
   // Per-op wall time, summed over runs, when profiling is on.
-  void set_profiling(bool on) { profile_ = on; }
+  void set_profiling(bool on) {
+    profile_ = on;
+    recording_.reset();
+  }
   // Records every node of the following runs into `trace` (kept by the caller; null stops).
-  void set_trace(Trace* trace) { trace_ = trace; }
+  void set_trace(Trace* trace) {
+    trace_ = trace;
+    recording_.reset();
+  }
+  // Whether the last run() replayed a recording of the program (a CUDA graph).
+  bool replayed() const { return recording_ != nullptr; }
   // Communication as the compute thread saw it, summed over runs: collectives launched, and the
   // seconds it spent blocked on them (at waits, and in synchronous collectives): the exposed
   // communication. Always counted (two clock reads per collective).
@@ -95,6 +108,10 @@ class Executor {
   std::vector<bool> completes_;         // per node: a wait (ops::Trait::completion)
   Trace* trace_ = nullptr;
   CommStats comm_stats_;
+  std::unique_ptr<Recording> recording_;  // the program recorded on the device, replayed
+  int64_t runs_ = 0;
+  bool recordable_ = true;  // false once the device declined to record it
+  void run_nodes();
   void launch(const ir::Node& n, void* const* ins, void* const* outs);
   // Blocks on the stream; returns the microseconds waited, which count as exposed.
   double wait_for(int64_t ticket);

@@ -3,7 +3,12 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string_view>
 
 #include "loom/core/error.h"
 #include "loom/kernels/cuda/cuda_check.h"
@@ -13,6 +18,26 @@ namespace loom::runtime {
 namespace {
 
 using kernels::cuda::check;
+
+bool graphs_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_CUDA_GRAPHS");
+    return !(v && std::string_view(v) == "0") && !cuda_sync_each();
+  }();
+  return on;
+}
+
+// A program's kernels recorded as one CUDA graph, replayed on the device's stream.
+class CudaRecording final : public Recording {
+ public:
+  CudaRecording(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaRecording() override { cudaGraphExecDestroy(exec_); }
+  void replay() override { check(cudaGraphLaunch(exec_, stream_), "replaying a CUDA graph"); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
 
 class CudaDevice final : public Device {
  public:
@@ -54,9 +79,28 @@ class CudaDevice final : public Device {
       throw Error(fmt::format("cannot allocate {} MiB on {}: {} ({} MiB free)", bytes >> 20,
                               describe_, cudaGetErrorString(err), free >> 20));
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    sizes_[p] = bytes;
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
     return p;
   }
-  void release(void* p) override { cudaFree(p); }
+  void release(void* p) override {
+    if (!p) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = sizes_.find(p);
+      if (it != sizes_.end()) {
+        live_ -= it->second;
+        sizes_.erase(it);
+      }
+    }
+    cudaFree(p);
+  }
+  int64_t peak_bytes() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
   void upload(void* dst, const void* src, int64_t bytes) override {
     if (bytes <= 0) return;
     check(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, stream_),
@@ -75,6 +119,33 @@ class CudaDevice final : public Device {
     check(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, stream_),
           "copying on the GPU");
   }
+  std::unique_ptr<Recording> record(const std::function<void()>& queue) override {
+    if (!graphs_enabled()) return nullptr;
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+          "starting to record a CUDA graph");
+    cudaGraph_t graph = nullptr;
+    try {
+      queue();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (err != cudaSuccess) {  // something in it cannot be recorded: it runs kernel by kernel
+      cudaGetLastError();
+      fmt::print(stderr,
+                 "loom: a program could not be recorded as a CUDA graph ({}); it runs "
+                 "kernel by kernel\n",
+                 cudaGetErrorString(err));
+      return nullptr;
+    }
+    return std::make_unique<CudaRecording>(exec, stream_);
+  }
   void synchronize() override {
     check(cudaStreamSynchronize(stream_),
           "running the queued kernels (LOOM_CUDA_SYNC=1 names the node that failed)");
@@ -84,6 +155,9 @@ class CudaDevice final : public Device {
   cudaStream_t stream_ = nullptr;
   std::string describe_;
   int64_t memory_ = 0;
+  mutable std::mutex mu_;
+  std::map<void*, int64_t> sizes_;  // live allocations
+  int64_t live_ = 0, peak_ = 0;
   std::unique_ptr<KernelTable> table_;
 };
 

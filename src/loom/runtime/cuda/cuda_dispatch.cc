@@ -35,15 +35,6 @@ bool f32_in(const ir::Graph& g, const ir::Node& n, int i) {
   return in_t(g, n, i).dtype == DType::f32;
 }
 
-// LOOM_CUDA_SYNC=1: wait for every kernel, so that a fault inside one names its node
-bool sync_each() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOOM_CUDA_SYNC");
-    return v && std::string_view(v) == "1";
-  }();
-  return on;
-}
-
 KernelTable make_table(k::Stream s) {
   KernelTable t(DeviceKind::cuda);
   // Every kernel names its op and node when its launch (or, with LOOM_CUDA_SYNC=1, its run) fails.
@@ -51,7 +42,7 @@ KernelTable make_table(k::Stream s) {
     t.add(op, [fn, s](const ir::Graph& g, const ir::Node& n, void* const* in, void* const* out) {
       try {
         fn(g, n, in, out, s);
-        if (sync_each()) k::check(int(cudaStreamSynchronize(s)), "running the kernel");
+        if (cuda_sync_each()) k::check(int(cudaStreamSynchronize(s)), "running the kernel");
       } catch (const Error& e) {
         const std::string v = n.outputs.empty() ? "" : "%" + g.value(n.outputs[0]).name + " = ";
         throw Error(fmt::format("cuda kernel of {}{}(...): {}", v, n.op, e.what()));
@@ -332,6 +323,14 @@ KernelTable make_table(k::Stream s) {
 }
 
 }  // namespace
+
+bool cuda_sync_each() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOOM_CUDA_SYNC");
+    return v && std::string_view(v) == "1";
+  }();
+  return on;
+}
 
 KernelTable cuda_kernels(void* stream) { return make_table(static_cast<k::Stream>(stream)); }
 
