@@ -174,8 +174,10 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
     if (comms)
       island = std::make_unique<PlanIsland>(writer ? opts.join_outer(params, run.dir) : nullptr,
                                             params, runner, comms->world());
-    else
+    else {
       island = opts.join_outer(params, run.dir);
+      runner.pull_params();  // on a GPU: the server's parameters up to the runner's copies
+    }
   }
   // a sharded run's parameters now live in the runner's blocks: free the whole copies
   runner.release_params();
@@ -244,7 +246,11 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
       ++round_steps;
       round_seconds += dt;
       if (round_steps >= island->inner_steps() || last) {
+        // on a GPU the island reads and writes the store: the parameters come down and go back
+        // up (PlanIsland does this for a [plan]'s ranks itself)
+        if (!comms) runner.push_params();
         if (!island->sync(round_steps, round_seconds, last)) last = true;  // the budget is spent
+        if (!comms) runner.pull_params();
         round_steps = 0;
         round_seconds = 0;
         m.update(island->metrics());
