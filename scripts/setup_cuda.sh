@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the CUDA 13.0 compiler the cuda preset builds with: NVIDIA's PyPI wheels (nvcc, NVVM,
 # the CUDA runtime with its static library, CCCL, and cuBLAS's headers alone: the library is opened at
-# run time from the GPU machine's installation), unpacked under /opt/loom-cuda (LOOM_CUDA_HOME); no
-# GPU or driver is needed to build. Pinned to 13.0.x: the GPU machines' driver is CUDA 13.0,
+# run time from the GPU machine's installation), unpacked under /opt/loom-cuda, where the cuda preset
+# (CMakePresets.json) finds nvcc; no GPU or driver is needed to build. Pinned to 13.0.x: the GPU machines' driver is CUDA 13.0,
 # and code from a newer compiler would not load there. Safe to run again.
 set -euo pipefail
-home=${LOOM_CUDA_HOME:-/opt/loom-cuda}
+home=/opt/loom-cuda
 cu=$home/nvidia/cu13
 wheels=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88
         nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85)

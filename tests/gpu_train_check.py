@@ -7,7 +7,9 @@
   2. a GPU run killed with SIGKILL after a checkpoint and resumed with --resume auto logs losses
      bit-identical to an uninterrupted GPU run (f32 and bf16);
   3. a GPU checkpoint resumes on the CPU: the CPU's losses from there stay within 2% of the GPU's;
-  4. loom sample, greedy, on the GPU writes the CPU's text (f32 run: the same argmax at each step).
+  4. loom sample, greedy, on the GPU writes the CPU's text (f32 run: the same argmax at each step);
+  5. loom islands (two DiLoCo islands, sync rounds) on the GPU ends within 2% of the same islands'
+     validation loss on the CPU.
 
 Prints one line per check and a JSON summary on its last line; exits 1 when a check fails.
 
@@ -126,6 +128,29 @@ with tempfile.TemporaryDirectory() as d:
     failures += not ok
     print("%-4s loom sample greedy, 64 tokens: the GPU's text %s the CPU's: %r"
           % ("ok" if ok else "FAIL", "equals" if ok else "DIFFERS from", texts["cuda"][:80]))
+
+    # 5. two islands and their outer server, on each device
+    isl = {}
+    for dev in ["cuda", "cpu"]:
+        run = os.path.join(d, "islands-" + dev)
+        a = [LOOM, "islands", os.path.join(SRC, "configs", "tiny-llama.toml"), "--islands", "2",
+             "--run-dir", run]
+        for x in ["data.path=" + data, "train.steps=40", "train.eval_every=0",
+                  "outer.inner_steps=10", "outer.mode=sync", "train.device=" + dev]:
+            a += ["--set", x]
+        r = subprocess.run(a, capture_output=True, text=True,
+                           env=dict(os.environ, OMP_WAIT_POLICY="passive"))
+        if r.returncode != 0:
+            raise SystemExit("loom islands on %s exited %d: %s" % (dev, r.returncode,
+                                                                  r.stderr[-2000:]))
+        with open(os.path.join(run, "summary.json")) as f:
+            isl[dev] = json.load(f)["val_loss"]
+    gap = abs(isl["cuda"] - isl["cpu"]) / isl["cpu"]
+    ok = gap <= 0.02
+    failures += not ok
+    print("%-4s loom islands, 2 islands x 40 steps (4 rounds): val loss cuda %.4f cpu %.4f (%.2f%%)"
+          % ("ok" if ok else "FAIL", isl["cuda"], isl["cpu"], 100 * gap))
+    summary["islands_val_loss"] = isl
 
 print(json.dumps(summary))
 sys.exit(1 if failures else 0)
