@@ -25,6 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from procs import kill_when  # noqa: E402
 from textdata import write_pseudo_english  # noqa: E402
 
 LOOM, SRC = sys.argv[1], sys.argv[2]
@@ -81,12 +82,7 @@ with tempfile.TemporaryDirectory() as d:
         straight, resumed = os.path.join(d, "a" + dtype), os.path.join(d, "b" + dtype)
         train("tiny-llama.toml", straight, sets)
         p = train("tiny-llama.toml", resumed, sets, wait=False)
-        first = os.path.join(resumed, "checkpoints", "step_00000010")
-        deadline = time.time() + 120
-        while not os.path.exists(first) and p.poll() is None and time.time() < deadline:
-            time.sleep(0.001)
-        p.send_signal(signal.SIGKILL)
-        rc = p.wait()
+        rc = kill_when(p, os.path.join(resumed, "checkpoints", "step_00000010"))
         killed_at = len(metrics(resumed))
         train("tiny-llama.toml", resumed, sets, ["--resume", "auto"])
         a = [(m["step"], m["loss"], m.get("val_loss")) for m in metrics(straight)]

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 
+from procs import kill_when
 from textdata import write_pseudo_english
 
 LOOM, SRC = sys.argv[1], sys.argv[2]
@@ -47,12 +48,7 @@ with tempfile.TemporaryDirectory() as d:
         subprocess.run(args(straight, dtype, data), check=True, env=env, capture_output=True)
         p = subprocess.Popen(args(resumed, dtype, data), env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-        first = os.path.join(resumed, "checkpoints", "step_00000010")
-        deadline = time.time() + 120
-        while not os.path.exists(first) and p.poll() is None and time.time() < deadline:
-            time.sleep(0.001)
-        p.send_signal(signal.SIGKILL)
-        rc = p.wait()
+        rc = kill_when(p, os.path.join(resumed, "checkpoints", "step_00000010"))
         killed_at = len(losses(resumed))
         if rc != -signal.SIGKILL:
             print("FAIL %s: the run was not killed mid-way (rc %d)" % (dtype, rc))

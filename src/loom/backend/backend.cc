@@ -11,14 +11,6 @@ namespace loom::backend {
 
 using runtime::DeviceKind;
 
-bool built(DeviceKind kind) {
-#ifdef LOOM_HAS_CUDA
-  return true;
-#else
-  return kind == DeviceKind::cpu;
-#endif
-}
-
 runtime::Device& open(DeviceKind kind) {
   if (kind == DeviceKind::cpu) return runtime::cpu_device();
 #ifdef LOOM_HAS_CUDA

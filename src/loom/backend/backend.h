@@ -10,8 +10,6 @@
 
 namespace loom::backend {
 
-// Whether this build has the backend (cpu: always; cuda: the cuda preset).
-bool built(runtime::DeviceKind kind);
 // The device of that kind, opened on first use. Throws loom::Error when this build lacks the
 // backend, or the machine the device (no GPU, a driver too old).
 runtime::Device& open(runtime::DeviceKind kind);

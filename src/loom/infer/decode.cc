@@ -76,8 +76,7 @@ DecodeRunner::Step& DecodeRunner::step_for(int64_t n) {
     auto [ci, first] = caches_.try_emplace(cv.name);
     if (first) {
       ci->second = runtime::Buffer(dev_, bytes);
-      const std::vector<uint8_t> zeros(size_t(bytes), 0);
-      dev_.upload(ci->second.data(), zeros.data(), bytes);
+      dev_.zero(ci->second.data(), bytes);
     }
     LOOM_CHECK(ci->second.bytes() == bytes) << cv.name;
     s.exec->bind(v, ci->second.data());

@@ -11,7 +11,6 @@
 #include "loom/kernels/cpu/attention.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/kernels/cpu/kernels.h"
-#include "loom/ops/linear.h"
 #include "loom/ops/op.h"
 #include "loom/runtime/device.h"
 #include "loom/runtime/kernel_args.h"
@@ -137,17 +136,7 @@ KernelTable make_table() {
       for (int64_t t = 0; t < T; ++t) p[r * T + t] = int32_t(start + t);
   });
   t.add(Op::matmul, [](auto& g, auto& n, auto in, auto out) {
-    ops::MatmulDims d = ops::matmul_dims(g, n);
-    k::GemmDesc gd;
-    gd.batch = d.batch;
-    gd.M = d.M;
-    gd.N = d.N;
-    gd.K = d.K;
-    gd.ta = d.ta;
-    gd.tb = d.tb;
-    gd.ab_dtype = in_t(g, n, 0).dtype;
-    gd.c_dtype = out_t(g, n, 0).dtype;
-    k::gemm(gd, in[0], in[1], out[0]);
+    k::gemm(gemm_desc(g, n), in[0], in[1], out[0]);
   });
   t.add(Op::embedding, [](auto& g, auto& n, auto in, auto out) {
     int64_t N = in_n(g, n, 0), V = in_t(g, n, 1).shape[0], C = in_t(g, n, 1).shape[1];
@@ -235,23 +224,7 @@ KernelTable make_table() {
     k::cross_entropy(CF(in[0]), I(in[1]), F(out[0]), F(out[1]), N, V, n.attr_int("rows", N));
   });
   t.add(Op::grouped_matmul, [](auto& g, auto& n, auto in, auto out) {
-    const Shape &a = in_t(g, n, 0).shape, &b = in_t(g, n, 1).shape;
-    k::GroupedGemm d;
-    d.E = a[0];
-    d.G = a[1];
-    d.S = a[2];
-    d.ta = n.attr_int("ta", 0);
-    d.tb = n.attr_int("tb", 0);
-    if (d.ta) {
-      d.M = a[3];
-      d.N = b[3];
-    } else {
-      d.K = a[3];
-      d.N = d.tb ? b[1] : b[2];
-    }
-    d.ab_dtype = in_t(g, n, 0).dtype;
-    d.c_dtype = out_t(g, n, 0).dtype;
-    k::grouped_gemm(d, in[0], in[1], out[0]);
+    k::grouped_gemm(grouped_gemm_desc(g, n), in[0], in[1], out[0]);
   });
   t.add(Op::moe_router, [](auto& g, auto& n, auto in, auto out) {
     const Shape& s = in_t(g, n, 0).shape;

@@ -60,6 +60,9 @@ class CpuDevice final : public Device {
   }
   void download(void* dst, const void* src, int64_t bytes) override { upload(dst, src, bytes); }
   void copy(void* dst, const void* src, int64_t bytes) override { upload(dst, src, bytes); }
+  void zero(void* dst, int64_t bytes) override {
+    if (bytes > 0) std::memset(dst, 0, size_t(bytes));
+  }
   void synchronize() override {}
 };
 

@@ -88,6 +88,8 @@ class Device {
   virtual void upload(void* dst, const void* src, int64_t bytes) = 0;
   virtual void download(void* dst, const void* src, int64_t bytes) = 0;
   virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  // Sets bytes of device memory to 0, queued (no host buffer).
+  virtual void zero(void* dst, int64_t bytes) = 0;
   // Waits until every queued kernel and copy has finished; throws loom::Error for a fault inside
   // one (which a GPU reports only here).
   virtual void synchronize() = 0;

@@ -28,12 +28,10 @@ runtime::Device& open_device(const Config& cfg, const runtime::MeshComms* comms)
 CompiledStep compile_fitting(const Config& cfg, StepRunner::Mode mode,
                              const runtime::MeshComms* comms, const runtime::Device& dev) {
   const int64_t ranks = comms ? comms->world().size() : 0;
-  if (dev.host_memory())
-    check_step_fits(cfg, mode == StepRunner::Mode::train, std::max<int64_t>(ranks, 1),
-                    machine_memory_bytes());
-  else
-    check_step_fits(cfg, mode == StepRunner::Mode::train, std::max<int64_t>(ranks, 1),
-                    dev.memory_bytes(), dev.describe() + "'s");
+  const bool host = dev.host_memory();
+  check_step_fits(cfg, mode == StepRunner::Mode::train, std::max<int64_t>(ranks, 1),
+                  host ? machine_memory_bytes() : dev.memory_bytes(),
+                  host ? "this machine's" : dev.describe() + "'s");
   return compile_step(cfg, mode, comms != nullptr, ranks);
 }
 
@@ -58,12 +56,10 @@ StepRunner::StepRunner(const Config& cfg, ParamStore& params, Mode mode,
 float* StepRunner::device_floats(int64_t n, const float* init) {
   buffers_.emplace_back(dev_, std::max<int64_t>(n, 1) * 4);
   float* p = static_cast<float*>(buffers_.back().data());
-  if (init) {
+  if (init)
     dev_.upload(p, init, n * 4);
-  } else {
-    const std::vector<float> zeros(size_t(n), 0.0f);
-    dev_.upload(p, zeros.data(), n * 4);
-  }
+  else
+    dev_.zero(p, n * 4);
   return p;
 }
 

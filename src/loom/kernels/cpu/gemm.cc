@@ -26,13 +26,17 @@
 #include "dnnl.hpp"
 #include "loom/core/error.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels {
 
 std::ostream& operator<<(std::ostream& os, const GemmDesc& d) {
   return os << "gemm{batch=" << d.batch << " M=" << d.M << " N=" << d.N << " K=" << d.K
             << " ta=" << d.ta << " tb=" << d.tb << " ab=" << dtype_name(d.ab_dtype)
             << " c=" << dtype_name(d.c_dtype) << " accumulate=" << d.accumulate << "}";
 }
+
+}  // namespace loom::kernels
+
+namespace loom::kernels::cpu {
 
 namespace {
 

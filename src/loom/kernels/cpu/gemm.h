@@ -1,10 +1,6 @@
-// GEMM through oneDNN, f32 and bf16 (AVX512-BF16 / AMX where the CPU has them).
-//
-//   C (batch, M, N) = op(A) (batch, M, K) x op(B) (batch, K, N), op = transpose when ta / tb.
-// A is stored (batch,M,K) or, when ta, (batch,K,M); B is (batch,K,N) or, when tb, (batch,N,K).
-// a_dtype == b_dtype in {f32, bf16}; c_dtype in {f32, bf16}, but bf16 only with bf16 inputs
-// (oneDNN 2.6 has no f32 x f32 -> bf16 matmul); accumulation is always f32. When accumulate is set,
-// C += result (used for gradient accumulation), else C is overwritten.
+// GEMM through oneDNN, f32 and bf16 (AVX512-BF16 / AMX where the CPU has them), as a GemmDesc
+// (kernels/gemm_desc.h) describes it; c_dtype bf16 only with bf16 inputs (oneDNN 2.6 has no f32 x
+// f32 -> bf16 matmul).
 //
 // Primitives are created once per GemmDesc and cached (creating one costs far more than a small
 // GEMM). The cache is per thread; kernels are called from one executor thread.
@@ -14,20 +10,16 @@
 #include <iosfwd>
 
 #include "loom/core/dtype.h"
+#include "loom/kernels/gemm_desc.h"
+
+namespace loom::kernels {
+// Prints e.g. "gemm{batch=1 M=7 N=13 K=33 ta=0 tb=1 ab=bf16 c=f32 accumulate=0}".
+std::ostream& operator<<(std::ostream& os, const GemmDesc& d);
+}  // namespace loom::kernels
 
 namespace loom::kernels::cpu {
 
-struct GemmDesc {
-  int64_t batch = 1, M = 0, N = 0, K = 0;
-  bool ta = false, tb = false;
-  DType ab_dtype = DType::f32;
-  DType c_dtype = DType::f32;
-  bool accumulate = false;
-  bool operator==(const GemmDesc&) const = default;
-};
-
-// Prints e.g. "gemm{batch=1 M=7 N=13 K=33 ta=0 tb=1 ab=bf16 c=f32 accumulate=0}".
-std::ostream& operator<<(std::ostream& os, const GemmDesc& d);
+using kernels::GemmDesc;
 
 void gemm(const GemmDesc& d, const void* a, const void* b, void* c);
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "loom/core/dtype.h"
+#include "loom/kernels/gemm_desc.h"
 
 namespace loom::kernels::cpu {
 
@@ -115,17 +116,10 @@ template <class X, class Y>  // ye (E,B,S,C), y (B,T,C) -> dg (B,T,K)
 void moe_gate_grad(const X* ye, const Y* y, const int32_t* experts, const int32_t* slots, float* dg,
                    int64_t B, int64_t T, int64_t C, int64_t E, int64_t K, int64_t S);
 
-// grouped_matmul (ops/moe.cc): per expert e, over the expert layout's G*S slot rows.
-//   ta = 0: c (E,G,S,N) = a (E,G,S,K) op(b[e]), b (E,N,K) (tb) or (E,K,N)
-//   ta = 1: c (E,M,N) = a (E,G,S,M)^T b (E,G,S,N)
-// a and b both f32 or both bf16, c f32 or (bf16 inputs) bf16, overwritten. Rows of `a` past the
-// last nonzero one of each (e,g) block of S rows are skipped (their products are 0); each expert's
-// other rows are packed into one matrix, rounded up to 16 rows, for one GEMM.
-struct GroupedGemm {
-  int64_t E = 0, G = 0, S = 0, M = 0, N = 0, K = 0;  // ta = 0: M unused; ta = 1: K unused
-  bool ta = false, tb = false;
-  DType ab_dtype = DType::f32, c_dtype = DType::f32;
-};
+// grouped_matmul (kernels/gemm_desc.h's GroupedGemm). Rows of `a` past the last nonzero one of each
+// (e,g) block of S rows are skipped (their products are 0); each expert's other rows are packed
+// into one matrix, rounded up to 16 rows, for one GEMM.
+using kernels::GroupedGemm;
 void grouped_gemm(const GroupedGemm& d, const void* a, const void* b, void* c);
 
 // ---- AdamW (decoupled weight decay), in place ----

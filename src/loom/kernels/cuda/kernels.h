@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "loom/core/dtype.h"
+#include "loom/kernels/gemm_desc.h"
 
 struct CUstream_st;
 
@@ -94,26 +95,15 @@ void split_last(const void* x, void* const* ys, const int64_t* sizes, int k, int
 void concat_last(const void* const* xs, void* y, const int64_t* sizes, int k, int64_t N, int elem,
                  Stream s);
 
-// ---- GEMM (kernels/cpu/gemm.h's contract: C (batch,M,N) = op(A) op(B), f32 accumulation;
-// ab f32 (full f32 arithmetic, no TF32) or bf16; c f32 or, with bf16 inputs, bf16) ----
-struct GemmDesc {
-  int64_t batch = 1, M = 0, N = 0, K = 0;
-  bool ta = false, tb = false;
-  DType ab_dtype = DType::f32;
-  DType c_dtype = DType::f32;
-  bool accumulate = false;
-};
+// ---- GEMM (kernels/gemm_desc.h: f32 runs in full f32 arithmetic, no TF32) ----
+using kernels::GemmDesc;
+using kernels::GroupedGemm;
 // Through cuBLASLt (cublaslt.cc, opened at run time; LOOM_CUDA_GEMM=tiled: gemm_tiled instead).
 void gemm(const GemmDesc& d, const void* a, const void* b, void* c, Stream s);
 // The plain tiled kernel (gemm.cu): what the GPU tests compare cuBLASLt's results with.
 void gemm_tiled(const GemmDesc& d, const void* a, const void* b, void* c, Stream s);
 
-// grouped_matmul: kernels/cpu/kernels.h's GroupedGemm contract.
-struct GroupedGemm {
-  int64_t E = 0, G = 0, S = 0, M = 0, N = 0, K = 0;
-  bool ta = false, tb = false;
-  DType ab_dtype = DType::f32, c_dtype = DType::f32;
-};
+// grouped_matmul
 void grouped_gemm(const GroupedGemm& d, const void* a, const void* b, void* c, Stream s);
 
 // ---- attention (kernels/cpu/attention.h); Elem float or bf16, f32 inside ----

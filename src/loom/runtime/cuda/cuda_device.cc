@@ -146,6 +146,9 @@ class CudaDevice final : public Device {
     }
     return std::make_unique<CudaRecording>(exec, stream_);
   }
+  void zero(void* dst, int64_t bytes) override {
+    if (bytes > 0) check(cudaMemsetAsync(dst, 0, size_t(bytes), stream_), "zeroing GPU memory");
+  }
   void synchronize() override {
     check(cudaStreamSynchronize(stream_),
           "running the queued kernels (LOOM_CUDA_SYNC=1 names the node that failed)");

@@ -16,7 +16,6 @@
 #include "loom/core/error.h"
 #include "loom/kernels/cuda/cuda_check.h"
 #include "loom/kernels/cuda/kernels.h"
-#include "loom/ops/linear.h"
 #include "loom/ops/op.h"
 #include "loom/runtime/cuda/cuda_device.h"
 #include "loom/runtime/kernel_args.h"
@@ -131,17 +130,7 @@ KernelTable make_table(k::Stream s) {
     k::positions(static_cast<int32_t*>(out[0]), T ? numel(sh) / T : 0, T, I(in[0]), s);
   });
   add(Op::matmul, [](auto& g, auto& n, auto in, auto out, k::Stream s) {
-    const ops::MatmulDims d = ops::matmul_dims(g, n);
-    k::GemmDesc gd;
-    gd.batch = d.batch;
-    gd.M = d.M;
-    gd.N = d.N;
-    gd.K = d.K;
-    gd.ta = d.ta;
-    gd.tb = d.tb;
-    gd.ab_dtype = in_t(g, n, 0).dtype;
-    gd.c_dtype = out_t(g, n, 0).dtype;
-    k::gemm(gd, in[0], in[1], out[0], s);
+    k::gemm(gemm_desc(g, n), in[0], in[1], out[0], s);
   });
   add(Op::embedding, [](auto& g, auto& n, auto in, auto out, k::Stream s) {
     const int64_t N = in_n(g, n, 0), C = in_t(g, n, 1).shape[1];
@@ -217,23 +206,7 @@ KernelTable make_table(k::Stream s) {
     k::cross_entropy(CF(in[0]), I(in[1]), F(out[0]), F(out[1]), N, V, n.attr_int("rows", N), s);
   });
   add(Op::grouped_matmul, [](auto& g, auto& n, auto in, auto out, k::Stream s) {
-    const Shape &a = in_t(g, n, 0).shape, &b = in_t(g, n, 1).shape;
-    k::GroupedGemm d;
-    d.E = a[0];
-    d.G = a[1];
-    d.S = a[2];
-    d.ta = n.attr_int("ta", 0);
-    d.tb = n.attr_int("tb", 0);
-    if (d.ta) {
-      d.M = a[3];
-      d.N = b[3];
-    } else {
-      d.K = a[3];
-      d.N = d.tb ? b[1] : b[2];
-    }
-    d.ab_dtype = in_t(g, n, 0).dtype;
-    d.c_dtype = out_t(g, n, 0).dtype;
-    k::grouped_gemm(d, in[0], in[1], out[0], s);
+    k::grouped_gemm(grouped_gemm_desc(g, n), in[0], in[1], out[0], s);
   });
   add(Op::moe_router, [](auto& g, auto& n, auto in, auto out, k::Stream s) {
     const Shape& x = in_t(g, n, 0).shape;
