@@ -20,7 +20,7 @@ int main() {
   int failed = 0, ran = 0;
   try {
     for (const Case& c : cases()) {
-      Config cfg = config(c);
+      Config cfg = parity::config(c);
       if (cfg.plan.plan.mesh.size() != world->size()) continue;
       runtime::MeshComms mc(*world, cfg.plan.plan.mesh);
       TrainRun got = train_run(cfg, &mc);

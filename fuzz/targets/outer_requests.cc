@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint8_t head;
   if (!in.u8(&head)) return 0;
   ServerConfig cfg;
-  cfg.mode = head & 1 ? loom::train::OuterMode::async : loom::train::OuterMode::sync;
+  cfg.mode = head & 1 ? loom::outer::OuterMode::async : loom::outer::OuterMode::sync;
   cfg.opt.lr = 0.25 * double(1 + ((head >> 1) & 7));  // up to 2: updates that can overflow
   cfg.inner_steps = 4;
   cfg.step_budget = 64;

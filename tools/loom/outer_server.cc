@@ -57,13 +57,13 @@ std::function<int()> add_outer_server(CLI::App& app) {
     sc.opt = {cfg.outer.lr, cfg.outer.momentum};
     sc.inner_steps = cfg.outer.inner_steps;
     sc.fragments = cfg.outer.fragments;
-    sc.modules = cfg.outer.modules;
+    sc.modules = cfg.outer.dipaco.modules;
     // quantised pushes: the updates islands pull are quantised the same way (DiPaCo's islands
     // pull their paths in f32)
     const outer::proto::Encoding enc = outer::encoding_of(cfg.outer.compress);
     sc.update_encoding = outer::quantized(enc) && sc.modules.empty() ? enc : outer::proto::F32;
     sc.delay = cfg.outer.delay;  // 0: the live islands
-    const bool async = cfg.outer.mode == train::OuterMode::async;
+    const bool async = cfg.outer.mode == outer::OuterMode::async;
     sc.step_budget = async ? cfg.outer.islands * cfg.train.steps : 0;
     sc.lease_s = cfg.outer.lease_s;
     sc.min_islands = async ? 0 : cfg.outer.islands;

@@ -12,19 +12,19 @@ namespace loom::dipaco {
 PathChoice choose_path(const std::string& run, const std::string& spec,
                        const EncodePrompt& encode) {
   const train::Config pc = train::load_run_config(run + "/path_0");
-  if (pc.outer.router.empty())
+  if (pc.outer.dipaco.router.empty())
     throw Error(
         fmt::format("{}: not a DiPaCo run ([outer] router is not set in "
                     "path_0/config.toml)",
                     run));
-  const Router router = read_router(pc.outer.router);
-  router.check_features(pc.model.vocab_size, pc.outer.router);
+  const Router router = read_router(pc.outer.dipaco.router);
+  router.check_features(pc.model.vocab_size, pc.outer.dipaco.router);
   PathChoice c;
   if (spec == "auto") {
     std::vector<int32_t> head = encode(run + "/path_0", pc);
     if (int64_t(head.size()) > router.prefix) head.resize(size_t(router.prefix));
     train::ParamStore base(pc.model);
-    base.load(pc.outer.router + "/base.safetensors");
+    base.load(pc.outer.dipaco.router + "/base.safetensors");
     c.path = router.route(features(pc.model, base, {head}, router.prefix).data());
     c.routed = true;
   } else {

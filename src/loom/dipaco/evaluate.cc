@@ -20,11 +20,11 @@ using Split = TextCorpus::Split;
 nlohmann::json evaluate(const EvalOptions& o) {
   const std::string& run = o.run;
   train::Config cfg = train::load_run_config(run + "/path_0");
-  if (cfg.outer.router.empty())
+  if (cfg.outer.dipaco.router.empty())
     throw Error(fmt::format("{}/path_0: not a DiPaCo run ([outer] router is not set)", run));
-  const Router router = read_router(cfg.outer.router);
+  const Router router = read_router(cfg.outer.dipaco.router);
   const int64_t P = router.paths(), V = cfg.model.vocab_size;
-  router.check_features(V, cfg.outer.router);
+  router.check_features(V, cfg.outer.dipaco.router);
   // what route wrote of the corpus it cut
   std::string source;
   int64_t doc_tokens = 0, every = 0;
@@ -34,18 +34,18 @@ nlohmann::json evaluate(const EvalOptions& o) {
     every = router.meta.value("holdout_every", int64_t(0));
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("router {}: its metadata lacks the corpus it routed: {}",
-                            cfg.outer.router, e.what()));
+                            cfg.outer.dipaco.router, e.what()));
   }
   if (doc_tokens < 2 || every < 0)
     throw Error(fmt::format("router {}: doc_tokens {} and holdout_every {} are not a router's",
-                            cfg.outer.router, doc_tokens, every));
+                            cfg.outer.dipaco.router, doc_tokens, every));
   const int64_t T = cfg.train.seq_len, W = (doc_tokens - 1) / T;  // windows per document
   if (W < 1)
     throw Error(fmt::format("documents of {} tokens are shorter than [train] seq_len + 1 = {}",
                             doc_tokens, T + 1));
   TextCorpus corpus = TextCorpus::open(source, T);
   train::ParamStore base(cfg.model);
-  base.load(cfg.outer.router + "/base.safetensors");
+  base.load(cfg.outer.dipaco.router + "/base.safetensors");
   std::vector<std::unique_ptr<train::ParamStore>> models;
   for (int64_t p = 0; p < P; ++p) {
     models.push_back(std::make_unique<train::ParamStore>(cfg.model));

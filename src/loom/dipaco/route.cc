@@ -62,7 +62,7 @@ void write_data_dir(const std::string& dir, const TextCorpus& c, const std::stri
 
 RouteResult route(const RouteOptions& o) {
   train::Config cfg = train::load_config(o.config, o.sets);
-  const int64_t P = cfg.outer.paths();
+  const int64_t P = cfg.outer.dipaco.paths();
   if (P == 0)
     throw Error(
         fmt::format("{}: [outer] modules is not set: there are no paths to route to", o.config));
@@ -128,7 +128,7 @@ RouteResult route(const RouteOptions& o) {
                  tokens_of(corpus, Split::train, train_docs, o.doc_tokens),
                  tokens_of(corpus, vsplit, vdocs, o.doc_tokens), {{"dipaco_path", "all"}});
   base.save(o.out + "/base.safetensors");
-  router.meta = {{"modules", cfg.outer.modules},
+  router.meta = {{"modules", cfg.outer.dipaco.modules},
                  {"doc_tokens", o.doc_tokens},
                  {"holdout_every", o.holdout_every},
                  {"source", cfg.data.path},

@@ -43,7 +43,7 @@ struct MoeConfig {
 // The largest value each [model] size may take. Every size computed from them (elements, bytes,
 // FLOPs) stays inside int64; each is far above any model trained today, and a model that large is
 // refused for its memory anyway (train/memory.h) before anything is allocated. The config schema
-// (train/config.cc) states the same ranges to users.
+// (models/config_section.cc) states the same ranges to users.
 struct ModelLimits {
   static constexpr int64_t vocab_size = (int64_t(1) << 31) - 1;  // token ids are i32
   static constexpr int64_t d_model = int64_t(1) << 20;

@@ -15,7 +15,7 @@ namespace loom::outer {
 
 using Clock = std::chrono::steady_clock;
 
-std::string read_token(const train::OuterConfig& c, const std::string& config_path) {
+std::string read_token(const OuterConfig& c, const std::string& config_path) {
   if (!c.token_file.empty()) {
     std::string t;
     try {
@@ -64,31 +64,32 @@ Island::~Island() {
 
 void Island::join() {
   proto::JoinReply r;
-  grpc::Status s = client_->join(name_, &r, key_, uint32_t(split_.size()), uint32_t(cfg_.paths()),
-                                 uint32_t(cfg_.path));
+  grpc::Status s = client_->join(name_, &r, key_, uint32_t(split_.size()),
+                                 uint32_t(cfg_.dipaco.paths()), uint32_t(cfg_.dipaco.path));
   if (!s.ok())
     throw Error(fmt::format("outer server {} refused to let this island join: {}",
                             client_->server(), s.error_message()));
-  if (r.mode() != train::outer_mode_name(cfg_.mode))
+  if (r.mode() != outer_mode_name(cfg_.mode))
     throw Error(fmt::format("outer server {} runs in {} mode, but [outer] mode = \"{}\"",
-                            client_->server(), r.mode(), train::outer_mode_name(cfg_.mode)));
+                            client_->server(), r.mode(), outer_mode_name(cfg_.mode)));
   if (const uint32_t f = std::max<uint32_t>(r.fragments(), 1); f != split_.size())
     throw Error(
         fmt::format("outer server {} splits the model into {} fragment(s), but [outer] "
                     "fragments = {}",
                     client_->server(), f, split_.size()));
-  if (int64_t(r.paths()) != cfg_.paths())
+  if (int64_t(r.paths()) != cfg_.dipaco.paths())
     throw Error(fmt::format("outer server {} has {} DiPaCo path(s), but [outer] modules make {}",
-                            client_->server(), r.paths(), cfg_.paths()));
+                            client_->server(), r.paths(), cfg_.dipaco.paths()));
   id_ = r.island_id();
   h_ = int64_t(r.inner_steps());
   lease_ms_ = r.lease_ms();
   done_ = r.done();
   rejoined_ = true;
-  fmt::print(stderr, "island {}: joined {} at version {} (H = {}{}{})\n", id_.load(),
-             client_->server(), r.version(), h_,
-             split_.size() > 1 ? fmt::format(", {} fragments", split_.size()) : "",
-             cfg_.paths() ? fmt::format(", path {} of {}", cfg_.path, cfg_.paths()) : "");
+  fmt::print(
+      stderr, "island {}: joined {} at version {} (H = {}{}{})\n", id_.load(), client_->server(),
+      r.version(), h_, split_.size() > 1 ? fmt::format(", {} fragments", split_.size()) : "",
+      cfg_.dipaco.paths() ? fmt::format(", path {} of {}", cfg_.dipaco.path, cfg_.dipaco.paths())
+                          : "");
 }
 
 int64_t Island::inner_steps() const {
@@ -241,7 +242,7 @@ void Island::land(InFlight& fl, double mix, bool counted) {
   const std::string round = split_.size() > 1
                                 ? fmt::format("round {} of fragment {}", fl.base_version + 1, f)
                                 : fmt::format("round {}", fl.base_version + 1);
-  if (fl.stands && cfg_.mode == train::OuterMode::async && cfg_.grace > 0 &&
+  if (fl.stands && cfg_.mode == OuterMode::async && cfg_.grace > 0 &&
       fl.period_version > fl.pushed_version) {
     // Wait, at most `grace` of this round's time, for the other pushes of this Delayed Nesterov
     // period: islands that push together then all start from the period's parameters (its
@@ -256,7 +257,7 @@ void Island::land(InFlight& fl, double mix, bool counted) {
       if (!st || *st == proto::AwaitReply::CLOSED) break;
     }
   }
-  if (fl.stands && cfg_.mode == train::OuterMode::sync) {
+  if (fl.stands && cfg_.mode == OuterMode::sync) {
     for (;;) {
       const auto st = await(f, fl.base_version, 1000, round);
       if (!st || *st == proto::AwaitReply::CLOSED) break;

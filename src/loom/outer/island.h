@@ -44,7 +44,7 @@ namespace loom::outer {
 
 // The shared token: [outer] token_file's content (trimmed), else $LOOM_OUTER_TOKEN. Throws
 // loom::Error naming the file or the variable when there is none.
-std::string read_token(const train::OuterConfig& c, const std::string& config_path);
+std::string read_token(const OuterConfig& c, const std::string& config_path);
 
 class Island {
  public:
@@ -114,7 +114,7 @@ class Island {
                                                 const std::string& what);
   void heartbeat_loop();
 
-  train::OuterConfig cfg_;
+  OuterConfig cfg_;
   train::ParamStore& params_;
   std::string name_, key_;
   std::unique_ptr<OuterClient> client_;

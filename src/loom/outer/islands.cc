@@ -96,19 +96,19 @@ IslandsResult run_islands(const IslandsOptions& o) {
   auto sets = o.sets;
   sets.push_back(fmt::format("outer.islands={}", o.islands));
   train::Config cfg = train::load_config(o.config, sets);  // fail here, not in N children
-  const char* mode = train::outer_mode_name(cfg.outer.mode);
+  const char* mode = outer_mode_name(cfg.outer.mode);
   if (cfg.data.path.empty())
     throw Error(fmt::format("{}: [data] path is not set", o.config),
                 "point it at a text file, a directory of .txt files, or a loom data prepare "
                 "directory");
   data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, cfg.train.seq_len);
-  const int64_t P = cfg.outer.paths();  // DiPaCo's paths; 0: not DiPaCo
-  std::string router;                   // ... and its router directory, absolute
+  const int64_t P = cfg.outer.dipaco.paths();  // DiPaCo's paths; 0: not DiPaCo
+  std::string router;                          // ... and its router directory, absolute
   if (P) {
-    if (cfg.outer.router.empty())
+    if (cfg.outer.dipaco.router.empty())
       throw Error(fmt::format("{}: DiPaCo islands need [outer] router", o.config),
                   "write one with loom dipaco route CONFIG --base RUN --out DIR");
-    router = fs::absolute(cfg.outer.router).string();
+    router = fs::absolute(cfg.outer.dipaco.router).string();
     const dipaco::Router r = dipaco::read_router(router);
     r.check_features(cfg.model.vocab_size, router);
     const int64_t routed = r.paths();
@@ -226,7 +226,7 @@ IslandsResult run_islands(const IslandsOptions& o) {
     val = train::validation_loss(cfg, corpus, evaluator);
   } else {  // each path, on its own validation documents; written as RUN/path_<p>
     const outer::TensorList model = outer::model_tensors(params, false);
-    const outer::Paths layout = outer::dipaco_paths(model, cfg.outer.modules);
+    const outer::Paths layout = outer::dipaco_paths(model, cfg.outer.dipaco.modules);
     std::map<std::string, size_t> at;
     for (size_t k = 0; k < global.size(); ++k) at[global[k].name] = k;
     outer::TensorList table;
@@ -291,7 +291,7 @@ IslandsResult run_islands(const IslandsOptions& o) {
                          {"wall_s", wall},
                          {"per_island", islands}};
   if (P) {
-    summary["modules"] = cfg.outer.modules;
+    summary["modules"] = cfg.outer.dipaco.modules;
     summary["router"] = router;
     summary["per_path"] = per_path;
     summary["table_parameters"] = table_parameters;

@@ -22,12 +22,12 @@
 #include <string>
 #include <vector>
 
+#include "loom/dipaco/config_section.h"
 #include "loom/outer/tensors.h"
 
 namespace loom::outer {
 
-// The most paths a layout may have (the server keeps a module table and the islands a path each).
-constexpr int64_t kMaxPaths = 4096;
+using dipaco::kMaxPaths;
 
 struct Paths {
   std::vector<int64_t> modules;  // K_l per level

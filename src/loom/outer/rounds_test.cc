@@ -172,7 +172,7 @@ TEST(Rounds, StaleFutureDuplicateAndUnknownPushesAreRefusedAndChangeNothing) {
 // each refused naming the tensor and index, and change nothing.
 TEST(Rounds, NonFinitePushesAndOverflowingSumsAreRefusedAndChangeNothing) {
   for (OuterMode mode : {OuterMode::sync, OuterMode::async}) {
-    SCOPED_TRACE(train::outer_mode_name(mode));
+    SCOPED_TRACE(outer_mode_name(mode));
     Fixture f({.mode = mode, .opt = {.lr = 1000, .momentum = 0.9}});
     auto [a, b] = f.join_two();
     const TensorList before = *f.rounds.params();

@@ -120,8 +120,7 @@ int OuterServer::start(const std::string& addr) {
                                   c.tls_cert, c.tls_key));
   impl_->svc.save();  // the state exists from the start
   impl_->sweeper = std::thread([this] { impl_->sweep(); });
-  impl_->svc.log(fmt::format("listening on port {} ({} mode, {})", port,
-                             train::outer_mode_name(c.mode),
+  impl_->svc.log(fmt::format("listening on port {} ({} mode, {})", port, outer_mode_name(c.mode),
                              c.tls_cert.empty() ? "plaintext" : "TLS"));
   return port;
 }

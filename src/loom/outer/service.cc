@@ -150,7 +150,7 @@ Status OuterService::join(const proto::JoinRequest& req, proto::JoinReply* rep) 
   rep->set_version(j.version);
   rep->set_inner_steps(j.inner_steps);
   rep->set_lease_ms(uint64_t(rounds_.lease().count()));
-  rep->set_mode(train::outer_mode_name(cfg_.mode));
+  rep->set_mode(outer_mode_name(cfg_.mode));
   rep->set_done(j.done);
   rep->set_fragments(rounds_.fragments());
   rep->set_paths(uint32_t(rounds_.paths().count()));

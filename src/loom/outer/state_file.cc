@@ -62,7 +62,7 @@ void write_state(const std::string& path, const StateMeta& meta, const TensorLis
     if (m.path) ms.back()["path"] = m.path;  // DiPaCo
   }
   nlohmann::json j{{"format", 1},
-                   {"mode", train::outer_mode_name(meta.mode)},
+                   {"mode", outer_mode_name(meta.mode)},
                    {"version", meta.version},
                    {"async_count", meta.async_count},
                    {"total_steps", meta.total_steps},
@@ -82,7 +82,7 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
     s.mode = mode;
     if (j.at("format").get<int>() != 1)
       throw Error(fmt::format("{}: unknown state format {}", path, j.at("format").dump()));
-    const std::string want = train::outer_mode_name(mode);
+    const std::string want = outer_mode_name(mode);
     if (j.at("mode").get<std::string>() != want)
       throw Error(fmt::format("{}: the state is of a {} server, this one is {}", path,
                               j.at("mode").get<std::string>(), want),

@@ -26,12 +26,10 @@
 #include <string>
 #include <vector>
 
+#include "loom/outer/config_section.h"
 #include "loom/outer/tensors.h"
-#include "loom/train/config.h"
 
 namespace loom::outer {
-
-using train::OuterMode;
 
 // A member as the state file keeps it.
 struct MemberRecord {

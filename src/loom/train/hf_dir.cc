@@ -5,7 +5,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
+#include "loom/config/schema.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/models/architecture.h"
@@ -106,6 +108,50 @@ const TensorView& Weights::get(const std::string& name) const {
 const std::string& Weights::file_of(const std::string& name) const {
   auto it = where_.find(name);
   return it == where_.end() ? path_ : files_[it->second].path();
+}
+
+void merge_hf_model(toml::table& root, const std::string& path) {
+  toml::table* model = root["model"].as_table();
+  if (!model) return;
+  auto init = (*model)["init"].value<std::string>();
+  if (!init || !is_hf_dir(*init)) return;
+  const models::ModelConfig h = read_hf_model(*init);
+  const toml::table from_hf{{"arch", h.arch},
+                            {"vocab_size", h.vocab_size},
+                            {"d_model", h.d_model},
+                            {"n_layers", h.n_layers},
+                            {"n_heads", h.n_heads},
+                            {"n_kv_heads", h.n_kv_heads},
+                            {"ffn_hidden", h.ffn_hidden},
+                            {"max_seq_len", h.max_seq_len},
+                            {"norm_eps", h.norm_eps},
+                            {"rope_theta", h.rope_theta},
+                            {"tie_embeddings", h.tie_embeddings}};
+  for (const auto& [k, v] : from_hf) {
+    const std::string key(k.str());
+    const toml::node* mine = model->get(key);
+    // absent, or 0 for the two keys where 0 means "the default": config.json's value
+    if (!mine || ((key == "ffn_hidden" || key == "n_kv_heads") && config::integer_in(*mine) == 0)) {
+      model->insert_or_assign(key, v);
+      continue;
+    }
+    bool same = true;
+    if (auto s = v.value<std::string>())
+      same = mine->value<std::string>() == s;
+    else if (auto b = v.value<bool>(); v.is_boolean())
+      same = mine->value<bool>() == b;
+    else if (auto x = mine->value<double>())
+      same = key == "max_seq_len" ? *x <= *v.value<double>() : *x == *v.value<double>();
+    if (!same) {
+      std::ostringstream theirs, ours;
+      v.visit([&](const auto& x) { theirs << x; });
+      mine->visit([&](const auto& x) { ours << x; });
+      throw Error(fmt::format("{}: [model] {} = {} disagrees with {}/config.json, which gives {}",
+                              path, key, ours.str(), *init, theirs.str()),
+                  "[model] init names a Hugging Face directory, whose config.json decides the "
+                  "model: drop the key from [model] (only max_seq_len may be lower)");
+    }
+  }
 }
 
 }  // namespace loom::train

@@ -13,6 +13,8 @@
 // bf16 first), lazy loading (each shard is read whole).
 #pragma once
 
+#include <toml++/toml.h>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -51,5 +53,11 @@ class Weights {
   std::map<std::string, size_t> where_;  // tensor -> index into files_
   std::vector<std::string> names_;
 };
+
+// [model] init naming a Hugging Face directory decides the model: its config.json's keys fill the
+// config's [model] in `root` (read from `path`); a key the config also sets must agree
+// (max_seq_len may be lower). The keys land in `root`, so a run's saved config.toml holds the
+// whole model and a resume needs no config.json.
+void merge_hf_model(toml::table& root, const std::string& path);
 
 }  // namespace loom::train

@@ -215,7 +215,8 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
   // An async island whose server holds a step budget ([outer] islands x [train] steps) trains until
   // the server says it is spent: a fast island goes on past [train] steps (at the schedule's final
   // lr) while a slow one stops short of them; at most twice [train] steps.
-  const bool until_done = island && cfg.outer.mode == OuterMode::async && cfg.outer.islands > 0;
+  const bool until_done =
+      island && cfg.outer.mode == outer::OuterMode::async && cfg.outer.islands > 0;
   const int64_t max_steps = until_done ? 2 * cfg.train.steps : cfg.train.steps;
   for (int64_t step = r.start; step <= max_steps; ++step) {
     r.last_step = step;
