@@ -31,7 +31,8 @@ struct OuterConfig {
   int64_t fragments = 1;
   int64_t overlap = 0;
   double mix = 0;
-  // sync, DiPaCo (paths.h): modules per level (none: not DiPaCo), this island's path, the router
+  // sync, DiPaCo (dipaco/paths.h): modules per level (none: not DiPaCo), this island's path, the
+  // router
   dipaco::PathsConfig dipaco;
   int64_t delay = 0;  // async: Delayed Nesterov period; 0: the live islands
   // async: after a push, how long an island waits for the rest of its Delayed Nesterov period

@@ -50,16 +50,4 @@ Fragments split_fragments(const TensorList& spec, int64_t f) {
   return out;
 }
 
-TensorList gather(const TensorList& all, const std::vector<size_t>& which) {
-  TensorList out;
-  out.reserve(which.size());
-  for (size_t i : which) out.push_back(all[i]);
-  return out;
-}
-
-void scatter(const TensorList& part, const std::vector<size_t>& which, TensorList& all) {
-  LOOM_CHECK(part.size() == which.size()) << "a fragment of " << which.size() << " tensors";
-  for (size_t k = 0; k < which.size(); ++k) all[which[k]].data = part[k].data;
-}
-
 }  // namespace loom::outer

@@ -27,8 +27,8 @@ namespace loom::outer {
 using Fragments = std::vector<std::vector<size_t>>;
 Fragments split_fragments(const TensorList& spec, int64_t f);
 
-// The fragment's tensors of `all` (copies), in its order; and the inverse.
-TensorList gather(const TensorList& all, const std::vector<size_t>& which);
-void scatter(const TensorList& part, const std::vector<size_t>& which, TensorList& all);
+// The fragment's tensors of `all` (copies), in its order; and the inverse (train/tensor_list.h).
+using train::gather;
+using train::scatter;
 
 }  // namespace loom::outer

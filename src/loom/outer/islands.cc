@@ -17,9 +17,9 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/data/text_corpus.h"
+#include "loom/dipaco/paths.h"
 #include "loom/dipaco/router.h"
 #include "loom/outer/model_tensors.h"
-#include "loom/outer/paths.h"
 #include "loom/outer/server.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/config.h"
@@ -226,7 +226,7 @@ IslandsResult run_islands(const IslandsOptions& o) {
     val = train::validation_loss(cfg, corpus, evaluator);
   } else {  // each path, on its own validation documents; written as RUN/path_<p>
     const outer::TensorList model = outer::model_tensors(params, false);
-    const outer::Paths layout = outer::dipaco_paths(model, cfg.outer.dipaco.modules);
+    const dipaco::Paths layout = dipaco::layout(model, cfg.outer.dipaco.modules);
     std::map<std::string, size_t> at;
     for (size_t k = 0; k < global.size(); ++k) at[global[k].name] = k;
     outer::TensorList table;
@@ -238,7 +238,7 @@ IslandsResult run_islands(const IslandsOptions& o) {
       table.push_back(std::move(global[it->second]));
     }
     for (int64_t p = 0; p < P; ++p) {
-      for (const auto& t : outer::path_view(layout, size_t(p), table, model))
+      for (const auto& t : dipaco::path_view(layout, size_t(p), table, model))
         std::copy(t.data.begin(), t.data.end(), params.data(t.name));
       const std::string pdir = fmt::format("{}/path_{}", run, p);
       fs::create_directories(pdir, ec);

@@ -8,7 +8,7 @@
 //   RUN/summary.json val_loss of the global parameters, version, bytes, wall time, per-island
 //                    figures
 //
-// DiPaCo ([outer] modules and router, paths.h): island i trains path i mod P on the router's
+// DiPaCo ([outer] modules and router, dipaco/paths.h): island i trains path i mod P on the router's
 // ROUTER/path_<p> data (so the islands must be a multiple of the P paths); at the end each path's
 // global parameters are written as RUN/path_<p>/ (model.safetensors, and the config.toml of an
 // island of that path: what `loom sample RUN --path` and `loom dipaco eval RUN` read), and val_loss

@@ -32,8 +32,8 @@ Rounds::Rounds(RoundsConfig cfg, TensorList initial, Hooks hooks)
     if (quantized(cfg_.update_encoding))
       throw Error("outer server: DiPaCo's islands pull f32 parameters, not quantised updates");
     for (const auto& t : initial) model_spec_.push_back({t.name, t.shape, {}, t.layer});
-    paths_ = dipaco_paths(model_spec_, cfg_.modules);
-    initial = module_table(paths_, initial);
+    paths_ = dipaco::layout(model_spec_, cfg_.modules);
+    initial = dipaco::module_table(paths_, initial);
   }
   for (const auto& t : initial) spec_.push_back({t.name, t.shape, {}, t.layer});
   split_ = split_fragments(spec_, cfg_.fragments);
@@ -297,7 +297,7 @@ std::shared_ptr<const std::vector<proto::TensorChunk>> Rounds::quantize_update(
 }
 
 TensorList Rounds::pulled(const TensorList& params, uint32_t f, uint32_t path) const {
-  if (paths_.count()) return path_view(paths_, path, params, model_spec_);
+  if (paths_.count()) return dipaco::path_view(paths_, path, params, model_spec_);
   return fragments() > 1 ? gather(params, split_[f]) : params;
 }
 

@@ -15,9 +15,9 @@
 // Streaming (sync, `fragments` > 1): the model falls into fragments (fragments.h), each with
 // rounds, a version and expected members of its own, exactly as the whole model has with one
 // fragment; a push carries one fragment's tensors. version() is the sum of the fragments' versions.
-// DiPaCo (sync, `modules` set: paths.h): the server holds the module table, every member trains
-// one path and pushes that path's tensors (the model's names and order); a round closes when every
-// expected member has pushed, and each tensor of the table takes the mean of the pushes that
+// DiPaCo (sync, `modules` set: dipaco/paths.h): the server holds the module table, every member
+// trains one path and pushes that path's tensors (the model's names and order); a round closes when
+// every expected member has pushed, and each tensor of the table takes the mean of the pushes that
 // carried it (a module's outer gradient averaged over the paths through it that pushed); a module
 // no push carried keeps its parameters and momentum. A member pulls its path's tensors.
 // Async: each push is applied at once with Delayed Nesterov (optimizer.h), whatever its base
@@ -43,9 +43,9 @@
 #include <set>
 #include <string>
 
+#include "loom/dipaco/paths.h"
 #include "loom/outer/fragments.h"
 #include "loom/outer/optimizer.h"
-#include "loom/outer/paths.h"
 #include "loom/outer/state_file.h"
 #include "loom/outer/tensors.h"
 
@@ -56,7 +56,7 @@ struct RoundsConfig {
   OuterOptConfig opt;
   int64_t inner_steps = 50;      // H
   int64_t fragments = 1;         // sync: streaming DiLoCo's fragments (fragments.h)
-  std::vector<int64_t> modules;  // sync: DiPaCo's modules per level (paths.h); empty: none
+  std::vector<int64_t> modules;  // sync: DiPaCo's modules per level (dipaco/paths.h); empty: none
   // INT8, INT4: every update of the global parameters is committed as its quantised encoding
   // decodes, and kept, so an island one version behind pulls the update in that encoding
   proto::Encoding update_encoding = proto::F32;
@@ -176,7 +176,7 @@ class Rounds {
   // ... taken from `params` (a snapshot of params()) for a member of `path`. Fixed too.
   TensorList pulled(const TensorList& params, uint32_t f, uint32_t path) const;
   // The DiPaCo layout (count() 0 without modules); fixed.
-  const Paths& paths() const { return paths_; }
+  const dipaco::Paths& paths() const { return paths_; }
   // A live member's path (0 without modules); none if no such member.
   std::optional<uint32_t> path_of(uint64_t id) const;
   size_t members() const { return members_.size(); }
@@ -230,7 +230,7 @@ class Rounds {
   Fragments split_;                    // fragment -> its tensors' indices in spec_
   std::vector<TensorList> frag_spec_;  // fragment -> its tensors' names and shapes
   std::vector<Fragment> frags_;
-  Paths paths_;            // DiPaCo: the module table's layout
+  dipaco::Paths paths_;    // DiPaCo: the module table's layout
   TensorList model_spec_;  // DiPaCo: the model's names and shapes (what a path is)
   std::shared_ptr<const TensorList> params_;
   TensorList momentum_, buffer_;  // buffer: async only

@@ -12,7 +12,7 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/safetensors.h"
-#include "loom/outer/paths.h"
+#include "loom/dipaco/paths.h"
 
 namespace loom::outer {
 
@@ -102,7 +102,7 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
     for (const auto& m : j.at("members")) {
       const auto& joined = m.at("joined_round");
       const uint64_t on = m.value("path", uint64_t(0));
-      if (on >= uint64_t(kMaxPaths))
+      if (on >= uint64_t(dipaco::kMaxPaths))
         throw Error(fmt::format("{}: member {}'s path {} is not one a server could have", path,
                                 m.at("id").dump(), on),
                     "the file is damaged: restore it, or use another --state-dir");

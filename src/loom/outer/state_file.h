@@ -9,8 +9,8 @@
 //    "members": [{"id": 1, "name": "host-a", "joined_round": 0, "sec_per_step": 0.2}]}
 // With streaming fragments (F > 1) "version" is the sum of "fragment_versions" (one per fragment)
 // and each member's "joined_round" is a list, a first round per fragment. With DiPaCo's modules the
-// tensors are the module table's (paths.h) and each member has its "path" (written when not 0).
-// Leases are not kept: a restarted server gives every member a fresh one.
+// tensors are the module table's (dipaco/paths.h) and each member has its "path" (written when not
+// 0). Leases are not kept: a restarted server gives every member a fresh one.
 //
 // Not here: when the state is written, or what a failed write does to the server (server.cc); the
 // rounds themselves (rounds.h).

@@ -12,20 +12,6 @@
 
 namespace loom::outer {
 
-TensorList zeros_like(const TensorList& t) {
-  TensorList out;
-  out.reserve(t.size());
-  for (const auto& x : t)
-    out.push_back({x.name, x.shape, std::vector<float>(size_t(numel(x.shape))), x.layer});
-  return out;
-}
-
-int64_t total_elements(const TensorList& t) {
-  int64_t n = 0;
-  for (const auto& x : t) n += int64_t(x.data.size());
-  return n;
-}
-
 namespace {
 
 int qmax(proto::Encoding e) { return e == proto::INT8 ? 127 : 7; }

@@ -16,25 +16,18 @@
 
 #include "loom/core/shape.h"
 #include "loom/outer/outer.pb.h"
+#include "loom/train/tensor_list.h"
 
 namespace loom::outer {
 
-struct Tensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> data;  // product(shape) elements
-  // Its transformer block's ordinal among the model's repeated layers, in forward order (the
-  // model's declared parameter groups: ir::Roles::blocks, models::ParamInfo::block); -1 for the
-  // embeddings, the final norm and the head. What streaming fragments and DiPaCo's levels split by.
-  int64_t layer = -1;
-};
-using TensorList = std::vector<Tensor>;
+// The tensors it moves: a model's, named, on the host (train/tensor_list.h).
+using train::Tensor;
+using train::TensorList;
+using train::total_elements;
+using train::zeros_like;
 
 constexpr size_t kChunkBytes = size_t(1) << 20;
 
-// Tensors of the same names and shapes, zero-filled (`t` may be a spec without data).
-TensorList zeros_like(const TensorList& t);
-int64_t total_elements(const TensorList& t);
 // [outer] compress ("f32", "bf16", "int8", "int4") as the encoding on the wire.
 proto::Encoding encoding_of(const std::string& compress);
 // Quantised encodings (INT8, INT4): whether `e` is one, elements per scale, and a chunk's bytes

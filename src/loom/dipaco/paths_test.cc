@@ -1,7 +1,7 @@
 // DiPaCo's layout: blocks cut into contiguous levels with the embeddings first and the head last,
 // paths as mixed-radix digits, every path a whole model whose tensors are the table's modules, and
 // clear errors for layouts the model cannot hold.
-#include "loom/outer/paths.h"
+#include "loom/dipaco/paths.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -9,9 +9,12 @@
 #include <set>
 
 #include "loom/core/error.h"
+#include "loom/core/shape.h"
 
-namespace loom::outer {
+namespace loom::dipaco {
 namespace {
+
+using train::Tensor;
 
 // A Llama's tensors: an embedding, four layers of two tensors, the final norm and a head.
 TensorList llama(int layers = 4) {
@@ -27,7 +30,7 @@ TensorList llama(int layers = 4) {
 
 TEST(Paths, LevelsAreContiguousRunsOfBlocksWithTheEmbeddingFirstAndTheHeadLast) {
   const TensorList m = llama();
-  const Paths p = dipaco_paths(m, {2, 3});
+  const Paths p = layout(m, {2, 3});
   ASSERT_EQ(p.count(), 6u);
   // embedding, layers 0-1 in level 0; layers 2-3, norm, head in level 1
   const std::vector<int64_t> want{0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1};
@@ -42,7 +45,7 @@ TEST(Paths, LevelsAreContiguousRunsOfBlocksWithTheEmbeddingFirstAndTheHeadLast) 
 
 TEST(Paths, APathIsItsDigitsModulesWholeAndInTheModelsOrder) {
   const TensorList m = llama();
-  const Paths p = dipaco_paths(m, {2, 3});
+  const Paths p = layout(m, {2, 3});
   EXPECT_EQ(p.digits(0), (std::vector<int64_t>{0, 0}));
   EXPECT_EQ(p.digits(4), (std::vector<int64_t>{1, 1}));  // the last level varies fastest
   EXPECT_EQ(p.name(5), "1.2");
@@ -64,7 +67,7 @@ TEST(Paths, EveryPathStartsAsTheModelAndItsViewHasTheModelsNames) {
   TensorList m = llama();
   for (size_t i = 0; i < m.size(); ++i)
     m[i].data.assign(size_t(numel(m[i].shape)), float(i) + 0.5f);
-  const Paths p = dipaco_paths(m, {2, 2});
+  const Paths p = layout(m, {2, 2});
   TensorList table = module_table(p, m);
   table[p.path[3][0]].data[0] = -7;  // module (1, *) of level 0 only: paths 2 and 3
   for (size_t q = 0; q < p.count(); ++q) {
@@ -81,7 +84,7 @@ TEST(Paths, EveryPathStartsAsTheModelAndItsViewHasTheModelsNames) {
 
 TEST(Paths, OneLevelOfOneModuleIsTheModel) {
   const TensorList m = llama(1);
-  const Paths p = dipaco_paths(m, {1});
+  const Paths p = layout(m, {1});
   ASSERT_EQ(p.count(), 1u);
   ASSERT_EQ(p.table.size(), m.size());
   for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(p.path[0][i], i);
@@ -89,18 +92,18 @@ TEST(Paths, OneLevelOfOneModuleIsTheModel) {
 
 TEST(Paths, RefusesLayoutsTheModelCannotHold) {
   const TensorList m = llama(2);
-  EXPECT_THROW(dipaco_paths(m, {}), Error);
-  EXPECT_THROW(dipaco_paths(m, {2, 0}), Error);
+  EXPECT_THROW(layout(m, {}), Error);
+  EXPECT_THROW(layout(m, {2, 0}), Error);
   try {
-    dipaco_paths(m, {2, 2, 2});
+    layout(m, {2, 2, 2});
     FAIL() << "three levels of two blocks";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("3 levels, but the model has 2 block(s)"),
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(dipaco_paths(llama(3), {64, 64, 2}), Error);  // 8192 paths
+  EXPECT_THROW(layout(llama(3), {64, 64, 2}), Error);  // 8192 paths
 }
 
 }  // namespace
-}  // namespace loom::outer
+}  // namespace loom::dipaco

@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "loom/dipaco/config_section.h"
-#include "loom/outer/tensors.h"
+#include "loom/train/tensor_list.h"
 
-namespace loom::outer {
+namespace loom::dipaco {
 
-using dipaco::kMaxPaths;
+using train::TensorList;
 
 struct Paths {
   std::vector<int64_t> modules;  // K_l per level
@@ -44,7 +44,7 @@ struct Paths {
 // The layout of `model` (its tensors' names and shapes, in order) with `modules` per level. Throws
 // loom::Error when there are no levels, a level has no module, there are more levels than blocks,
 // or more than kMaxPaths paths.
-Paths dipaco_paths(const TensorList& model, const std::vector<int64_t>& modules);
+Paths layout(const TensorList& model, const std::vector<int64_t>& modules);
 
 // The module table with every module of a level holding `model`'s tensors of that level (all
 // paths start as the same model).
@@ -54,4 +54,4 @@ TensorList module_table(const Paths& paths, const TensorList& model);
 TensorList path_view(const Paths& paths, size_t p, const TensorList& table,
                      const TensorList& model_spec);
 
-}  // namespace loom::outer
+}  // namespace loom::dipaco

@@ -1,4 +1,4 @@
-#include "loom/outer/paths.h"
+#include "loom/dipaco/paths.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -6,9 +6,8 @@
 #include <map>
 
 #include "loom/core/error.h"
-#include "loom/outer/fragments.h"
 
-namespace loom::outer {
+namespace loom::dipaco {
 
 std::vector<int64_t> Paths::digits(size_t p) const {
   std::vector<int64_t> d(modules.size());
@@ -21,7 +20,7 @@ std::vector<int64_t> Paths::digits(size_t p) const {
 
 std::string Paths::name(size_t p) const { return fmt::format("{}", fmt::join(digits(p), ".")); }
 
-Paths dipaco_paths(const TensorList& model, const std::vector<int64_t>& modules) {
+Paths layout(const TensorList& model, const std::vector<int64_t>& modules) {
   if (modules.empty()) throw Error("[outer] modules: DiPaCo needs at least one level");
   int64_t count = 1;
   for (size_t l = 0; l < modules.size(); ++l) {
@@ -80,7 +79,7 @@ Paths dipaco_paths(const TensorList& model, const std::vector<int64_t>& modules)
 }
 
 TensorList module_table(const Paths& paths, const TensorList& model) {
-  TensorList t = zeros_like(paths.table);
+  TensorList t = train::zeros_like(paths.table);
   for (const auto& which : paths.path)
     for (size_t i = 0; i < which.size(); ++i) t[which[i]].data = model[i].data;
   return t;
@@ -88,7 +87,7 @@ TensorList module_table(const Paths& paths, const TensorList& model) {
 
 TensorList path_view(const Paths& paths, size_t p, const TensorList& table,
                      const TensorList& model_spec) {
-  TensorList out = gather(table, paths.path[p]);
+  TensorList out = train::gather(table, paths.path[p]);
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].name = model_spec[i].name;
     out[i].layer = model_spec[i].layer;
@@ -96,4 +95,4 @@ TensorList path_view(const Paths& paths, size_t p, const TensorList& table,
   return out;
 }
 
-}  // namespace loom::outer
+}  // namespace loom::dipaco
