@@ -175,6 +175,11 @@ check("--passes with a config: one process's scheduled passes change nothing",
       rc == 0 and len(plain) == listed and plain["build_model"] == "changed"
       and all(plain[p] == "unchanged" for p in ("reshard", "recompute", "dce", "gather_cast",
                                                   "bucket", "prefetch")), str(plain))
+check("--passes with a config: recast changes nothing in f32", plain.get("recast") == "unchanged",
+      str(plain))
+rc, bf16 = changed("model.dtype=bf16")
+check("--passes: bf16 weights' casts are made again for the backward (recast changes the step)",
+      rc == 0 and bf16.get("recast") == "changed", str(bf16))
 rc, rec = changed('passes.recompute="full"')
 check("--passes: recompute = full changes the program (and nothing else scheduled does)",
       rc == 0 and rec.get("recompute") == "changed" and rec.get("bucket") == "unchanged", str(rec))

@@ -41,7 +41,6 @@ std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& 
     grad[v] = b.cast(s, t);
   };
 
-  std::map<int, int> recast;  // forward cast of a graph input -> its recomputed copy
   for (int i = n_nodes - 1; i >= 0; --i) {
     const ir::Node n = g.node(i);  // copy: emitting nodes may reallocate the node list
     bool needed = false;
@@ -54,27 +53,11 @@ std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& 
       any = any || grad[out] >= 0;
     }
     if (!any) continue;
-    // Casts of graph inputs (a weight's bf16 copy) are recomputed for the backward instead of being
-    // kept alive from the forward: a cast costs a pass over the weight, keeping it costs its memory
-    // for the whole step.
-    ir::Node nv = n;  // n with recomputed casts as inputs; gradients still flow to n's inputs
-    for (int& in : nv.inputs) {
-      if (g.value(in).kind != ir::ValueKind::node) continue;
-      const ir::Node p = g.node(g.value(in).producer);  // copy: emit1 below grows the graph
-      if (p.op != ir::Op::cast || g.value(p.inputs[0]).kind == ir::ValueKind::node) continue;
-      auto it = recast.find(in);
-      if (it == recast.end()) {
-        std::string name =
-            g.value(p.inputs[0]).name + ".bwd." + std::string(dtype_name(g.value(in).type.dtype));
-        it = recast.emplace(in, b.emit1(ir::Op::cast, {p.inputs[0]}, p.attrs, name)).first;
-      }
-      in = it->second;
-    }
     const ops::OpDef& def = ops::op_def(n.op);
     if (!def.vjp)
       throw Error(fmt::format("autodiff: op {} (producing %{}) has no gradient", n.op,
                               g.value(n.outputs[0]).name));
-    std::vector<int> dins = def.vjp(b, nv, d);
+    std::vector<int> dins = def.vjp(b, n, d);
     LOOM_CHECK(dins.size() == n.inputs.size()) << n.op << " vjp returned " << dins.size();
     for (size_t k = 0; k < dins.size(); ++k)
       if (dins[k] >= 0 && depends[n.inputs[k]]) accumulate(n.inputs[k], dins[k]);

@@ -40,10 +40,11 @@ Stage parse_stage(std::string_view name) {
 }
 
 const std::vector<Pass>& pipeline() {
-  static const std::vector<Pass> p{build_model_pass(),   differentiate_pass(), add_optimizer_pass(),
-                                   apply_tactics_pass(), propagate_pass(),     lower_pass(),
-                                   reshard_pass(),       recompute_pass(),     dce_pass(),
-                                   gather_cast_pass(),   bucket_pass(),        prefetch_pass()};
+  static const std::vector<Pass> p{build_model_pass(),   differentiate_pass(), recast_pass(),
+                                   add_optimizer_pass(), apply_tactics_pass(), propagate_pass(),
+                                   lower_pass(),         reshard_pass(),       recompute_pass(),
+                                   dce_pass(),           gather_cast_pass(),   bucket_pass(),
+                                   prefetch_pass()};
   return p;
 }
 

@@ -31,6 +31,7 @@ void run_passes(Compilation& c, const Options& opts, const std::vector<std::stri
 // The passes themselves (one file each).
 Pass build_model_pass();
 Pass differentiate_pass();
+Pass recast_pass();
 Pass add_optimizer_pass();
 Pass apply_tactics_pass();
 Pass propagate_pass();
