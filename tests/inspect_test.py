@@ -79,8 +79,16 @@ none, _ = collectives("scheduled", "--set", "passes.bucket=none")
 check("bucket = block: <= 2 (L+2) all-gathers, <= L+2 reduce-scatters",
       r.returncode == 0 and 0 < block.get("all_gather", 99) <= 20 and
       0 < block.get("reduce_scatter", 99) <= 10, "%s (lowered: %s) %s" % (block, lowered, r.stderr))
-check("bucket = none: the lowered collectives", none == lowered and lowered.get("all_gather", 0) > 100,
-      "%s vs %s" % (none, lowered))
+check("lowering gathers each parameter once (one all-gather per gradient reduce-scatter)",
+      lowered.get("all_gather", 0) > 70 and lowered.get("all_gather") == lowered.get("reduce_scatter"),
+      str(lowered))
+check("bucket = none: the lowered collectives, and reshard's gathers again for the backward",
+      none.get("reduce_scatter") == lowered.get("reduce_scatter") and
+      none.get("all_gather", 0) > 1.8 * lowered.get("all_gather", 0), "%s vs %s" % (none, lowered))
+none_once, _ = collectives("scheduled", "--set", "passes.bucket=none",
+                           "--set", "passes.reshard_after_forward=false")
+check("bucket = none, reshard_after_forward = false: exactly the lowered collectives",
+      none_once == lowered, "%s vs %s" % (none_once, lowered))
 once, _ = collectives("scheduled", "--set", "passes.reshard_after_forward=false")
 check("reshard_after_forward = false: each group gathered once (<= L+2 all-gathers)",
       0 < once.get("all_gather", 99) <= 10 and once.get("reduce_scatter") == block.get("reduce_scatter"),

@@ -103,7 +103,7 @@ std::pair<std::string, std::vector<std::string>> round_trip(const Sharding& a, c
   ann[y].sharding = b;
   ann[z].sharding = a;
   Propagation p = propagate(g, m, ann);
-  Program prog = lower(g, m, p, ann);
+  Program prog = lower(g, m, p);
   std::vector<float> full(size_t(numel(shape)));
   for (auto& v : full) v = float(rng() % 1000) / 8.0f;
   std::mutex mu;
@@ -173,7 +173,7 @@ TEST(Reshard, PartialSumsReduceToTheirTarget) {
     ann[z].sharding = parse_sharding(target);
     Propagation p = propagate(g, m, ann);
     EXPECT_EQ(to_string(p.node[size_t(g.value(y).producer)].results[0]), "{_,_|sum=model}");
-    Program prog = lower(g, m, p, ann);
+    Program prog = lower(g, m, p);
     std::vector<float> xs(24), ws(48), want(32, 0);
     for (size_t i = 0; i < xs.size(); ++i) xs[i] = float(i % 5) - 2;
     for (size_t i = 0; i < ws.size(); ++i) ws[i] = float(i % 7) - 3;

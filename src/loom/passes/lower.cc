@@ -7,7 +7,7 @@ namespace loom::passes {
 Pass lower_pass() {
   return {"lower", "the per-rank program: local shapes and collectives (SPMD)", Stage::lowered,
           [](Compilation& c, const Options& o) {
-            c.rank = shard::lower(c.model.graph, o.plan.mesh, c.propagation, c.annotations);
+            c.rank = shard::lower(c.model.graph, o.plan.mesh, c.propagation);
           }};
 }
 

@@ -50,8 +50,9 @@ Stage parse_stage(std::string_view name);
 enum class StepKind { eval, infer, grads, train, decode };
 
 // [passes]: what the scheduled stage does to a per-rank program, in the order its passes run.
-//   reshard_after_forward   true: a split parameter is gathered again for the backward (as
-//              lowered); false: gathered once per step and kept to its last use (passes/reshard.cc)
+//   reshard_after_forward   true: a split parameter is gathered again for each later reader, so
+//              the backward gathers again (passes/reshard.cc); false: gathered once per step (as
+//              lowered) and kept to its last use
 //   cast_before_gather   true: a parameter whose gathered copy is only cast (bf16 compute) is
 //              cast before its all-gather and gathered in the narrower dtype
 //              (passes/gather_cast.cc)

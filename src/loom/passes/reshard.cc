@@ -1,22 +1,26 @@
-// reshard (stage scheduled, before bucket): [passes] reshard_after_forward.
+// reshard (stage scheduled, before recompute and bucket): [passes] reshard_after_forward.
 //
-// Lowering gathers a split parameter at each use (shard/lower.h): the forward's all-gather, and
-// again the backward's, so the gathered copy dies after its forward use and comes back for the
-// backward (FSDP's reshard_after_forward = true; SimpleFSDP expresses it the same way, as a
-// recompute of the all-gather). With reshard_after_forward = false this pass keeps the first
-// gather of each parameter and makes every later identical gather (same op, input and attributes:
-// the parameter's block, gathered over the same axis and dim) read it instead, so each parameter
-// crosses the network once per step and its whole copy stays alive from its forward use to its
-// last backward use: less communication, more memory (the planned peak says how much).
+// Lowering gathers a split parameter once, before its first reader, and every later reader reads
+// that copy (shard/lower.h): each parameter crosses the network once per step, and its whole copy
+// lives from its forward use to its last backward use. With reshard_after_forward = true (the
+// default; FSDP's reshard_after_forward, which SimpleFSDP expresses the same way: as a recompute
+// of the all-gather) this pass gives each later reader a gather of its own, made right before it,
+// so every gathered copy dies after the op that reads it: the backward gathers again, and no
+// whole parameter outlives its reader. More communication, less memory (the planned peak says
+// how much).
 //
-// Example: %w.all_gather = all_gather(%w) in the forward and %w.all_gather.1 = all_gather(%w) in
-// the backward become one all_gather; the backward's matmul reads %w.all_gather.
+// Example: %w.all_gather = all_gather(%w) read by the forward's matmul and the backward's
+// becomes a second %w.all_gather.1 = all_gather(%w) right before the backward's matmul, which
+// reads it.
 //
-// Only gathers of graph inputs (parameters) merge: a gather of a computed value is the gather of
-// that value alone. Nothing is reordered here; bucket and prefetch run after.
+// What is gathered again: a parameter the plan stores split but lets its readers see otherwise
+// (an annotation with a `use`: fsdp, zero3), and only the chain of gathers that lowering made of
+// it (all_gather, all_to_all, shard_slice from the parameter), not anything computed from it.
+// Each reader's operand gets its own chain; the in-place update (adamw) reads the parameter's
+// own block and is not a reader of the copy. Nothing else is reordered; bucket and prefetch run
+// after.
 
-#include <map>
-#include <tuple>
+#include <fmt/format.h>
 
 #include "loom/passes/pipeline.h"
 #include "loom/passes/rewrite.h"
@@ -25,26 +29,57 @@ namespace loom::passes {
 
 namespace {
 
+bool gathers(ir::Op op) {
+  return op == ir::Op::all_gather || op == ir::Op::all_to_all || op == ir::Op::shard_slice;
+}
+
 void run_reshard(Compilation& c, const Options& o) {
-  if (o.schedule.reshard_after_forward) return;
+  if (!o.schedule.reshard_after_forward) return;
   const ir::Graph& g = c.rank.graph;
-  using Key = std::tuple<int, ir::Attrs>;          // the gathered input, the gather's attributes
-  std::map<Key, int> first;                        // -> the first gather's old output
-  std::vector<int> merged(g.values().size(), -1);  // a later gather's output -> the first's
+  // root[u]: the split parameter value u is a gathered copy of (through gathers alone), or -1
+  std::vector<int> root(g.values().size(), -1);
   bool any = false;
+  for (const auto& [v, a] : c.annotations)
+    if (a.has_use && g.value(c.rank.local[size_t(v)]).kind != ir::ValueKind::node)
+      root[size_t(c.rank.local[size_t(v)])] = c.rank.local[size_t(v)];
+  std::vector<bool> copy_node(g.nodes().size(), false);  // a node of a gather chain
   for (const ir::Node& n : g.nodes()) {
-    if (n.op != ir::Op::all_gather || g.value(n.inputs[0]).kind == ir::ValueKind::node) continue;
-    const Key k{n.inputs[0], n.attrs};
-    auto [it, fresh] = first.emplace(k, n.outputs[0]);
-    if (!fresh) merged[size_t(n.outputs[0])] = it->second, any = true;
+    if (!gathers(n.op) || n.inputs.size() != 1 || root[size_t(n.inputs[0])] < 0) continue;
+    root[size_t(n.outputs[0])] = root[size_t(n.inputs[0])];
+    copy_node[size_t(n.id)] = any = true;
   }
   if (!any) return;
+
   Rewriter rw(c.rank);
+  std::vector<bool> read(g.values().size(), false);  // a copy its first reader has read
+  // a new chain of gathers from u's parameter to u, as lowering names them
+  auto gather_again = [&](int u) {
+    std::vector<const ir::Node*> chain;
+    for (int x = u; g.value(x).kind == ir::ValueKind::node; x = chain.back()->inputs[0])
+      chain.push_back(&g.node(g.value(x).producer));
+    int cur = rw.map(root[size_t(u)]);
+    const std::string& base = g.value(root[size_t(u)]).name;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+      cur = rw.graph().add_node((*it)->op, {cur}, (*it)->attrs, {g.value((*it)->outputs[0]).type},
+                                {fmt::format("{}.{}", base, (*it)->op)})[0];
+    return cur;
+  };
   for (const ir::Node& n : g.nodes()) {
-    if (n.op == ir::Op::all_gather && merged[size_t(n.outputs[0])] >= 0)
-      rw.alias(n.outputs[0], rw.map(merged[size_t(n.outputs[0])]));
-    else
+    if (copy_node[size_t(n.id)]) {
       rw.copy(n);
+      continue;
+    }
+    std::vector<int> ins;
+    for (int u : n.inputs) {
+      const bool copy = root[size_t(u)] >= 0 && g.value(u).kind == ir::ValueKind::node;
+      if (copy && read[size_t(u)])
+        ins.push_back(gather_again(u));
+      else
+        ins.push_back(rw.map(u));
+      if (copy) read[size_t(u)] = true;
+    }
+    const std::vector<int> outs = rw.copy_with(n, ins);
+    for (size_t i = 0; i < outs.size(); ++i) rw.alias(n.outputs[i], outs[i]);
   }
   c.rank = rw.finish();
 }
@@ -53,8 +88,8 @@ void run_reshard(Compilation& c, const Options& o) {
 
 Pass reshard_pass() {
   return {"reshard",
-          "gather each parameter once per step and keep it to its last use "
-          "([passes] reshard_after_forward = false)",
+          "gather a split parameter again for each reader, so no gathered copy outlives it "
+          "([passes] reshard_after_forward = true)",
           Stage::scheduled, run_reshard};
 }
 

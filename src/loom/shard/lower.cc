@@ -15,8 +15,8 @@ namespace {
 
 class Lowerer {
  public:
-  Lowerer(const ir::Graph& g, const Mesh& m, const Propagation& p, const Annotations& ann)
-      : g_(g), m_(m), p_(p), ann_(ann), versions_(g.values().size()) {
+  Lowerer(const ir::Graph& g, const Mesh& m, const Propagation& p)
+      : g_(g), m_(m), p_(p), versions_(g.values().size()) {
     prog_.graph = ir::Graph(g.name() + ".rank");
     prog_.local.assign(g.values().size(), -1);
   }
@@ -156,16 +156,9 @@ class Lowerer {
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       int v = n.inputs[i];
       gin.push_back(g_.value(v).type);
-      // A consumer of an fsdp parameter gathers it for itself, and the copy dies after that use:
-      // the forward and the backward each gather (FSDP's reshard after forward), so no whole
-      // parameter outlives the op that reads it.
-      const Sharding& view = operand_view(g_, p_, ann_, n, i);
-      const Sharding& kept = p_.value[size_t(v)];
-      if (&view != &kept)
-        ins.push_back(reshard(versions_[size_t(v)].at(to_string(kept)), kept, ns.operands[i],
-                              g_.value(v).name));
-      else
-        ins.push_back(get(v, ns.operands[i]));
+      // one gathered copy of a split parameter for all its readers; gathering it again for each
+      // (FSDP's reshard after forward) is the scheduled stage's reshard pass
+      ins.push_back(get(v, ns.operands[i]));
     }
     std::vector<std::string> names;
     for (size_t j = 0; j < n.outputs.size(); ++j) {
@@ -212,15 +205,14 @@ class Lowerer {
   const ir::Graph& g_;
   const Mesh& m_;
   const Propagation& p_;
-  const Annotations& ann_;
   std::vector<std::map<std::string, int>> versions_;  // per global value: sharding text -> local id
   Program prog_;
 };
 
 }  // namespace
 
-Program lower(const ir::Graph& g, const Mesh& mesh, const Propagation& p, const Annotations& ann) {
-  return Lowerer(g, mesh, p, ann).run();
+Program lower(const ir::Graph& g, const Mesh& mesh, const Propagation& p) {
+  return Lowerer(g, mesh, p).run();
 }
 
 std::string print_sharded(const ir::Graph& g, const Propagation& p) {

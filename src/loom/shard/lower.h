@@ -13,7 +13,9 @@
 // Example (fsdp): a parameter kept as {data,_} and used whole becomes `all_gather {axis = "data",
 // dim = 0}` before its first use; its gradient, produced as {_,_|sum=data} and kept as {data,_},
 // becomes `reduce_scatter {axis = "data", dim = 0}`.
-// Each (value, target sharding) is resharded once and reused by every consumer that needs it.
+// Each (value, target sharding) is resharded once and reused by every consumer that needs it: an
+// fsdp parameter is gathered once, before its first reader (the scheduled stage's reshard pass
+// gathers it again for each later reader: [passes] reshard_after_forward).
 // An op that updates a graph input in place (adamw) but had to run on a resharded copy writes the
 // result back: reshard to the input's sharding, then `assign`.
 //
@@ -35,7 +37,7 @@ struct Program {
   std::vector<int> outputs;  // local ids of the global graph's outputs, partial sums reduced
 };
 
-Program lower(const ir::Graph& g, const Mesh& mesh, const Propagation& p, const Annotations& ann);
+Program lower(const ir::Graph& g, const Mesh& mesh, const Propagation& p);
 
 // IR text of the sharded global graph: every value's type followed by its sharding.
 std::string print_sharded(const ir::Graph& g, const Propagation& p);
