@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 
+#include "loom/outer/rounds.h"
 #include "loom/outer/tensors.h"
 
 namespace loom::outer::test {
@@ -50,6 +51,31 @@ inline void expect_same(const TensorList& a, const TensorList& b, float tol = 0)
     ASSERT_EQ(a[t].data.size(), b[t].data.size()) << a[t].name;
     for (size_t i = 0; i < a[t].data.size(); ++i)
       ASSERT_NEAR(a[t].data[i], b[t].data[i], tol) << a[t].name << "[" << i << "]";
+  }
+}
+
+// A model with layers (fragments.h): layers.0.w [3, 4], layers.1.w [2, 2], head [5], random.
+inline TensorList layered(uint32_t seed) {
+  return random_like(
+      {{"layers.0.w", {3, 4}, {}, 0}, {"layers.1.w", {2, 2}, {}, 1}, {"head", {5}, {}}}, seed);
+}
+
+// The elementwise mean of two lists of the same tensors.
+inline TensorList mean(const TensorList& a, const TensorList& b) {
+  TensorList m = zeros_like(a);
+  for (size_t t = 0; t < m.size(); ++t)
+    for (size_t i = 0; i < m[t].data.size(); ++i)
+      m[t].data[i] = (a[t].data[i] + b[t].data[i]) * 0.5f;
+  return m;
+}
+
+// A refusal of `kind`, and with `message` when one is given.
+inline void expect_refused(const std::optional<Refusal>& r, RefusalKind kind,
+                           const std::string& message = "") {
+  ASSERT_TRUE(r) << "accepted";
+  EXPECT_EQ(int(r->kind), int(kind)) << r->message;
+  if (!message.empty()) {
+    EXPECT_EQ(r->message, message);
   }
 }
 
