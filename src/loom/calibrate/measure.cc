@@ -21,6 +21,7 @@
 #include "loom/comm/local.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/peak.h"
+#include "loom/models/architecture.h"
 #include "loom/ops/linear.h"
 #include "loom/ops/op.h"
 #include "loom/sim/cost.h"
@@ -255,7 +256,7 @@ Calibration measure(const MeasureOptions& o) {
   std::vector<Shape1> sweep;
   for (DType dt : {DType::f32, DType::bf16}) {
     if (dt == DType::bf16 && !bf16_ok) continue;
-    for (const char* arch : {"llama", "gpt2"})
+    for (const std::string& arch : models::architecture_names())
       for (int64_t d : o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{128, 384, 768})
         for (auto [b, t] :
              o.quick ? std::vector<std::pair<int64_t, int64_t>>{{2, 64}}

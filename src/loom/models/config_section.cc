@@ -1,6 +1,7 @@
 #include "loom/models/config_section.h"
 
 #include "loom/config/schema.h"
+#include "loom/models/architecture.h"
 
 namespace loom::models {
 
@@ -34,7 +35,7 @@ const Section<ModelConfig>& model_section() {
   static const Section<C> s{
       "model",
       {
-          string_key("arch", &C::arch, "`\"llama\"` or `\"gpt2\"`", "required"),
+          string_key("arch", &C::arch, config::choice_list(architecture_names(), true), "required"),
           int_key("vocab_size", &C::vocab_size, closed(1, L::vocab_size),
                   ">= 256 for byte-level text"),
           int_key("d_model", &C::d_model, closed(1, L::d_model), "a multiple of n_heads"),

@@ -57,7 +57,7 @@ struct ModelLimits {
 
 struct ModelConfig {
   std::string source;          // the config file it came from, for messages ("" when built)
-  std::string arch = "llama";  // a registered architecture: "llama" | "gpt2"
+  std::string arch = "llama";  // a registered architecture (architecture.h)
   int64_t vocab_size = 256;
   int64_t d_model = 64;
   int64_t n_layers = 2;

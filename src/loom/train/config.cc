@@ -9,6 +9,7 @@
 #include "loom/config/schema.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/models/architecture.h"
 #include "loom/models/config_section.h"
 #include "loom/passes/config_section.h"
 #include "loom/shard/config_section.h"
@@ -183,7 +184,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   const Written written = read(sections(), root, c, path);
   if (!written.has("[model] arch"))
     throw Error(fmt::format("{}: missing key 'arch' in [model]", path),
-                "add [model] arch = \"llama\" or \"gpt2\"");
+                "add [model] arch = " + choice_list(models::architecture_names(), false));
   check_ranges(sections(), c, written);
   c.model.validate(path);
   c.model.source = path;
