@@ -11,12 +11,7 @@
 #include <utility>
 
 #ifdef __AVX512F__
-// GCC 12's AVX-512 headers seed results with _mm512_undefined_ps(), which -Wmaybe-uninitialized
-// reports at every inlined use (GCC bug 105593); silence it for the header only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include <immintrin.h>  // a file including this one includes it first (attention.cc says why)
 #endif
 
 #include "loom/core/dtype.h"
