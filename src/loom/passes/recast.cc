@@ -94,7 +94,6 @@ void run_recast(Compilation& c, const Options&) {
   std::map<int, int> grads;
   for (auto [p, d] : c.grads) grads[map(p)] = map(d);
   c.grads = std::move(grads);
-  next.graph.set_outputs(next.outputs);
   m.graph = std::move(next.graph);
 }
 

@@ -39,9 +39,11 @@ void run_reshard(Compilation& c, const Options& o) {
   // root[u]: the split parameter value u is a gathered copy of (through gathers alone), or -1
   std::vector<int> root(g.values().size(), -1);
   bool any = false;
-  for (const auto& [v, a] : c.annotations)
-    if (a.has_use && g.value(c.rank.local[size_t(v)]).kind != ir::ValueKind::node)
-      root[size_t(c.rank.local[size_t(v)])] = c.rank.local[size_t(v)];
+  for (const auto& [v, a] : c.annotations) {
+    const int local = c.rank.local[size_t(v)];
+    if (a.has_use && local >= 0 && g.value(local).kind != ir::ValueKind::node)
+      root[size_t(local)] = local;
+  }
   std::vector<bool> copy_node(g.nodes().size(), false);  // a node of a gather chain
   for (const ir::Node& n : g.nodes()) {
     if (!gathers(n.op) || n.inputs.size() != 1 || root[size_t(n.inputs[0])] < 0) continue;
