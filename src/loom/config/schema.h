@@ -310,12 +310,15 @@ Key<S> table_key(std::string name, T S::*field, std::vector<Key<T>> keys, std::s
 // Every key of `sections` with its section's name: f(section, "moe.top_k", key) for an inline
 // table's member, after the table itself.
 template <class S, class F>
+void for_each_key(const Section<S>& sec, F f) {
+  for (const Key<S>& k : sec.keys) {
+    f(sec.name, k);
+    for (const Key<S>& m : k.members) f(sec.name, m);
+  }
+}
+template <class S, class F>
 void for_each_key(const std::vector<Section<S>>& sections, F f) {
-  for (const Section<S>& sec : sections)
-    for (const Key<S>& k : sec.keys) {
-      f(sec.name, k);
-      for (const Key<S>& m : k.members) f(sec.name, m);
-    }
+  for (const Section<S>& sec : sections) for_each_key(sec, f);
 }
 
 // The sections as markdown, a table each: every key with its type, default, range and meaning.
@@ -327,7 +330,7 @@ std::string reference(const std::vector<Section<S>>& sections) {
         "\n## `[{}]`\n\n| key | type | default | range and meaning |\n"
         "| --- | --- | --- | --- |\n",
         sec.name);
-    for_each_key(std::vector<Section<S>>{sec}, [&](const std::string& section, const Key<S>& k) {
+    for_each_key(sec, [&](const std::string& section, const Key<S>& k) {
       std::string doc = range_text(k.range);
       if (!doc.empty()) doc = "`" + doc + "`";
       if (!k.meaning.empty()) doc += (doc.empty() ? "" : ": ") + k.meaning;

@@ -26,7 +26,8 @@ void check_paths(const PathsConfig& c, const config::Fail& fail) {
     int64_t paths = 1;
     for (int64_t m : c.modules)
       if ((paths *= m) > kMaxPaths)
-        fail("[outer] modules", "more than 4096 paths (the product of the modules per level)");
+        fail("[outer] modules",
+             fmt::format("more than {} paths (the product of the modules per level)", kMaxPaths));
   }
   if (c.path >= std::max<int64_t>(c.paths(), 1))
     fail("[outer] path",
