@@ -6,7 +6,11 @@
 # engine, a GPU run repeated bit for bit), the golden tests on the GPU, `loom bench`, `loom train`
 # and `loom sample` on both devices (tests/gpu_train_check.py), and writes logs and JSON
 # under $OUT (or ./gpu-out): logs.tar.gz holds every log. Exit status: non-zero when a check failed.
+# LOOM_GPU_CHECK (default "parity speed large golden train") picks the parts run, so that a rerun
+# after a fix can spend the lease's minutes on what changed.
 set -uo pipefail
+parts=" ${LOOM_GPU_CHECK:-parity speed large golden train} "
+want() { [[ $parts == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 # everything is written under $out and packed into $final at the end: the device tool returns at
 # most 8 files (logs.tar.gz, and the JSON a figure is read from)
@@ -30,12 +34,14 @@ status=0
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
   ls /usr/local/nvidia/lib64 2>/dev/null | head -5
 } | tee "$out/env.txt"
-timeout 420 "$root/bin/gpu_parity_test" --gtest_output=json:"$out/gpu_parity.json" \
-  >"$out/gpu_parity.log" 2>&1 || status=1
-grep -E '^\[  (FAILED|PASSED) |tests? ran|^\[  FAILED  \]' "$out/gpu_parity.log" | tail -40
-grep -B2 -A8 'Failure' "$out/gpu_parity.log" | head -120
+if want parity; then
+  timeout 420 "$root/bin/gpu_parity_test" --gtest_output=json:"$out/gpu_parity.json" \
+    >"$out/gpu_parity.log" 2>&1 || status=1
+  grep -E '^\[  (FAILED|PASSED) |tests? ran|^\[  FAILED  \]' "$out/gpu_parity.log" | tail -40
+  grep -B2 -A8 'Failure' "$out/gpu_parity.log" | head -120
+fi
 # loom bench and loom train through the front door, on both devices (the same config and data)
-for dev in cpu cuda; do
+want speed && for dev in cpu cuda; do
   timeout 300 "$root/bin/loom" bench configs/tiny-llama.toml --steps 20 --warmup 3 \
     --set train.device=$dev >"$out/bench-tiny-$dev.json" 2>"$out/bench-tiny-$dev.log" ||
     { status=1; tail -5 "$out/bench-tiny-$dev.log"; }
@@ -44,7 +50,7 @@ done
 # speed, same model, batch and dtype: Loom (cuBLASLt, and its tiled GEMM) beside eager PyTorch
 # (bench/gpu/torch_step.py: bf16 compute, f32 masters, fused AdamW, no recomputation)
 # (variants: cuBLASLt with CUDA graphs, without them, and the tiled GEMM)
-for v in graphs nographs tiled; do
+want speed && for v in graphs nographs tiled; do
   env=(LOOM_CUDA_GRAPHS=1 LOOM_CUDA_GEMM=cublaslt)
   [[ $v == nographs ]] && env=(LOOM_CUDA_GRAPHS=0 LOOM_CUDA_GEMM=cublaslt)
   [[ $v == tiled ]] && env=(LOOM_CUDA_GRAPHS=1 LOOM_CUDA_GEMM=tiled)
@@ -54,7 +60,7 @@ for v in graphs nographs tiled; do
   python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("loom", sys.argv[2], "step_ms", j["step_ms"], "tokens/s", j.get("tokens_per_s"), "device_peak_bytes", j.get("device_peak_bytes"))' \
     "$out/speed-loom-$v.json" $v 2>&1
 done
-for mode in eager compile; do
+want speed && for mode in eager compile; do
   flag=()
   [[ $mode == compile ]] && flag=(--compile)
   timeout 240 python3 bench/gpu/torch_step.py configs/bench-llama.toml --ac none --steps 30 \
@@ -63,8 +69,29 @@ for mode in eager compile; do
   python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("torch", j["mode"], "step_ms", j["step_ms"], "tokens/s", j["tokens_per_s"], "peak_allocated", j.get("peak_allocated"))' \
     "$out/speed-torch-$mode.json" 2>&1
 done
+# the issue's comparison: Llama 3.2 1B's shape (sequence 2048) and GPT-2 124M (llm.c's, sequence
+# 1024), each config's batch, Loom (cuBLASLt, flash attention, CUDA graphs) beside PyTorch eager and
+# torch.compile; tokens/s, MFU and peak memory side by side (bench/gpu/mfu.py)
+want large && for m in llama3.2-1b gpt2-124m; do
+  timeout 200 "$root/bin/loom" bench configs/$m.toml --steps 10 --warmup 3 --set train.device=cuda \
+    >"$out/speed-loom-$m.json" 2>"$out/speed-loom-$m.log" || { status=1; tail -5 "$out/speed-loom-$m.log"; }
+  for mode in eager compile; do
+    flag=()
+    [[ $mode == compile ]] && flag=(--compile)
+    timeout 240 python3 bench/gpu/torch_step.py configs/$m.toml --ac none --steps 10 --warmup 3 \
+      "${flag[@]}" --out "$out/speed-torch-$m-$mode.json" >"$out/speed-torch-$m-$mode.log" 2>&1 ||
+      tail -5 "$out/speed-torch-$m-$mode.log"
+  done
+  python3 bench/gpu/mfu.py configs/$m.toml loom="$out/speed-loom-$m.json" \
+    torch-eager="$out/speed-torch-$m-eager.json" torch-compile="$out/speed-torch-$m-compile.json" |
+    tee "$out/speed-$m.md"
+  # where Loom's step goes: time per op, every node synchronised (no graph)
+  timeout 120 "$root/bin/loom" bench configs/$m.toml --steps 2 --warmup 1 --profile \
+    --set train.device=cuda >/dev/null 2>"$out/profile-$m.txt" || tail -3 "$out/profile-$m.txt"
+  python3 bench/gpu/profile_top.py "$out/profile-$m.txt"
+done
 # the golden tests with device = cuda: PyTorch's loss, logits, gradients and 10-step curve
-for g in tiny-llama tiny-llama-tied tiny-gpt2 tiny-moe; do
+want golden && for g in tiny-llama tiny-llama-tied tiny-gpt2 tiny-moe; do
   for dt in f32 bf16; do
     if "$root/bin/golden_test" configs/$g.toml "$root/golden/$g-$dt" $dt --set train.device=cuda \
       >"$out/golden-$g-$dt.log" 2>&1; then
@@ -77,8 +104,10 @@ for g in tiny-llama tiny-llama-tied tiny-gpt2 tiny-moe; do
   done
 done
 # loom train on the GPU: the quickstart model against the CPU, kill and resume, GPU -> CPU resume
-timeout 420 python3 tests/gpu_train_check.py "$root/bin/loom" "$PWD" 2>&1 | tee "$out/gpu_train.log"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+if want train; then
+  timeout 420 python3 tests/gpu_train_check.py "$root/bin/loom" "$PWD" 2>&1 | tee "$out/gpu_train.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
 tar -C "$out" -czf "$final/logs.tar.gz" .
-cp "$out"/gpu_parity.json "$out"/speed-*.json "$final/" 2>/dev/null
+cp "$out"/gpu_parity.json "$out"/speed-*.md "$final/" 2>/dev/null  # the rest: logs.tar.gz
 exit $status

@@ -195,9 +195,20 @@ TEST(GpuKernels, GemmOddAndLarge) {
   }
 }
 
-TEST(GpuKernels, AttentionLongGqa) {
-  const int64_t B = 2, T = 333, NH = 8, NKV = 2, HS = 64;
-  const float sc = 1.0f / 8;
+// bf16 with HS 32, 64 or 128 runs the tensor-core (flash) kernels; f32 and other head sizes the
+// row kernels: T not a multiple of the 64-row tiles, grouped and plain heads, every head size.
+struct AttnCase {
+  int64_t B, T, NH, NKV, HS;
+};
+class GpuAttention : public ::testing::TestWithParam<AttnCase> {};
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
+                         ::testing::Values(AttnCase{2, 333, 8, 2, 64}, AttnCase{1, 200, 4, 4, 128},
+                                           AttnCase{3, 77, 6, 3, 32}, AttnCase{1, 64, 2, 1, 64},
+                                           AttnCase{1, 1030, 4, 1, 64}, AttnCase{2, 50, 2, 2, 48}));
+
+TEST_P(GpuAttention, EqualsCpu) {
+  const auto [B, T, NH, NKV, HS] = GetParam();
+  const float sc = 1.0f / std::sqrt(float(HS));
   const size_t nq = size_t(B * T * NH * HS), nk = size_t(B * T * NKV * HS), nl = size_t(B * NH * T);
   Tensor q(nq, 4), k(nk, 5), v(nk, 6), o(nq, 7), lse(nl, 8), dout(nq, 9), dq(nq, 10), dk(nk, 11),
       dv(nk, 12);
@@ -226,6 +237,7 @@ TEST(GpuKernels, AttentionLongGqa) {
   kernels::cuda::attention_fwd<bf16>(qb.p(), kb.p(), vb.p(), ob.p(), lse.p(), B, T, NH, NKV, HS, sc,
                                      no_stream());
   EXPECT_CLOSE(ob.down(), widen(ob_c), 1e-2);
+  EXPECT_CLOSE(lse.down(), lse_c, 2e-3);  // the flash kernels sum bf16-rounded probabilities
   gpu().upload(ob.p(), ob_c.data(), int64_t(nq) * 2);
   gpu().upload(lse.p(), lse_c.data(), int64_t(nl) * 4);
   kernels::cpu::attention_bwd<bf16>(db.h.data(), qb.h.data(), kb.h.data(), vb.h.data(), ob_c.data(),
@@ -401,7 +413,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(StepCase{"tiny-llama", "f32"}, StepCase{"tiny-llama", "bf16"},
                       StepCase{"tiny-llama-tied", "f32"}, StepCase{"tiny-gpt2", "f32"},
                       StepCase{"tiny-gpt2", "bf16"}, StepCase{"tiny-moe", "f32"},
-                      StepCase{"tiny-moe", "bf16"}),
+                      StepCase{"tiny-moe", "bf16"},
+                      // head size 64: bf16 attention on the tensor cores (flash_attention.cu)
+                      StepCase{"bench-llama", "bf16"}, StepCase{"bench-gpt2", "bf16"}),
     [](const auto& info) {
       std::string s = info.param.config + "_" + info.param.dtype;
       for (char& ch : s)

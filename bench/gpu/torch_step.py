@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""One GPU's training step of a Loom Llama config, in eager PyTorch as torchtitan writes it.
+"""One GPU's training step of a Loom Llama or GPT-2 config, in eager PyTorch as torchtitan writes it.
 
     python3 bench/gpu/torch_step.py C.toml [--layers N] [--batch B] [--seq T]
         [--ac none|selective|titan] [--steps 8] [--warmup 3] [--out R.json] [--device cuda]
         [--compile]
 
-The model is the config's [model] (arch = "llama"), its weights bf16 for compute beside f32
+The model is the config's [model] (arch = "llama" or "gpt2"; tie_embeddings honoured), its weights bf16 for compute beside f32
 masters, as FSDP2's mixed precision keeps them (param_dtype bf16, reduce_dtype f32): a step is the
 forward and backward in bf16, the gradients cast to f32, clip_grad_norm_ (foreach), fused AdamW
 on the masters and a copy back to bf16. No communication: this is what one rank computes.
@@ -18,7 +18,9 @@ PyTorch >= 2.4 for selective and titan.
 Prints and writes (--out) one JSON object: the median step time and tokens/s over --steps timed
 steps after --warmup, each step's time, the peak memory PyTorch's allocator reported, and the
 shape run. The model code is written here for this measurement, after the structure of
-torchtitan's Llama (RMSNorm, RoPE by complex multiplication, repeat_kv, SDPA, SwiGLU).
+torchtitan's Llama (RMSNorm, RoPE by complex multiplication, repeat_kv, SDPA, SwiGLU); GPT-2 as
+llm.c's PyTorch reference has it (learned positions, LayerNorm, fused qkv, SDPA, tanh GELU, the
+head tied to the embedding). --ac applies to Llama only.
 """
 import argparse
 import contextlib
@@ -86,6 +88,8 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(Block(m) for _ in range(m["n_layers"]))
         self.norm = RMSNorm(m["d_model"], m.get("norm_eps", 1e-5))
         self.output = nn.Linear(m["d_model"], m["vocab_size"], bias=False)
+        if m.get("tie_embeddings", False):
+            self.output.weight = self.tok_embeddings.weight
 
     def forward(self, tokens, freqs):
         x = self.tok_embeddings(tokens)
@@ -99,6 +103,44 @@ class Llama(nn.Module):
                     return create_selective_checkpoint_contexts(policy(self.ac))
                 x = checkpoint(layer, x, freqs, use_reentrant=False, context_fn=ctx)
         return self.output(self.norm(x))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        d, self.H = m["d_model"], m["n_heads"]
+        self.D = d // self.H
+        eps = m.get("norm_eps", 1e-5)
+        self.ln_1, self.ln_2 = nn.LayerNorm(d, eps=eps), nn.LayerNorm(d, eps=eps)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = nn.Linear(d, m["ffn_hidden"]), nn.Linear(m["ffn_hidden"], d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        shape = (B, T, self.H, self.D)
+        y = attention(q.view(shape), k.view(shape), v.view(shape), self.D ** -0.5)
+        x = x + self.c_proj(y.reshape(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT2(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        d = m["d_model"]
+        self.wte = nn.Embedding(m["vocab_size"], d)
+        self.wpe = nn.Embedding(m["max_seq_len"], d)
+        self.h = nn.ModuleList(GPT2Block(m) for _ in range(m["n_layers"]))
+        self.ln_f = nn.LayerNorm(d, eps=m.get("norm_eps", 1e-5))
+        self.lm_head = nn.Linear(d, m["vocab_size"], bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as GPT-2 is
+
+    def forward(self, tokens, freqs=None):
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.wte(tokens) + self.wpe(pos)
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
 
 
 def policy(ac):
@@ -132,8 +174,8 @@ def load_model(path, a):
     except (OSError, tomllib.TOMLDecodeError) as e:
         sys.exit(f"torch_step.py: {path}: {e}")
     m = dict(cfg.get("model", {}))
-    if m.get("arch", "llama") != "llama":
-        sys.exit(f"torch_step.py: {path}: model.arch: only llama is written here")
+    if m.get("arch", "llama") not in ("llama", "gpt2"):
+        sys.exit(f"torch_step.py: {path}: model.arch: only llama and gpt2 are written here")
     for key in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden"):
         if key not in m:
             sys.exit(f"torch_step.py: {path}: model.{key}: missing")
@@ -162,7 +204,8 @@ def main(argv):
     torch.manual_seed(0)
     # built on the device (PyTorch >= 2.0): no host-side initialisation of billions of weights
     with device if hasattr(torch.device, "__enter__") else contextlib.nullcontext():
-        model = Llama(m, a.ac).to(device)
+        gpt2 = m.get("arch", "llama") == "gpt2"
+        model = (GPT2(m) if gpt2 else Llama(m, a.ac)).to(device)
     masters = [p.detach().clone().float() for p in model.parameters()]
     model.to(torch.bfloat16)
     params = list(model.parameters())
@@ -171,7 +214,8 @@ def main(argv):
     opt = torch.optim.AdamW(masters, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             **({"fused": True} if fused else {}))
     foreach = {"foreach": True} if torch.__version__ >= "2" else {}  # 1.13: a CPU test
-    freqs = rope_freqs(T, m["d_model"] // m["n_heads"], m.get("rope_theta", 10000.0), device)
+    freqs = None if gpt2 else rope_freqs(T, m["d_model"] // m["n_heads"],
+                                         m.get("rope_theta", 10000.0), device)
     tokens = torch.randint(0, m["vocab_size"], (B, T + 1), device=device)
 
     def step():
@@ -205,7 +249,8 @@ def main(argv):
         sync()
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)
-    r = {"config": a.config, "layers": m["n_layers"], "batch": B, "seq": T, "ac": a.ac,
+    r = {"config": a.config, "arch": m.get("arch", "llama"), "layers": m["n_layers"],
+         "params": sum(p.numel() for p in params), "batch": B, "seq": T, "ac": a.ac,
          "mode": "compile" if a.compile else "eager",
          "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
          "torch": torch.__version__, "step_ms": med * 1e3, "steps_ms": [t * 1e3 for t in times],

@@ -14,8 +14,13 @@
 // Every output element is written by one thread in a fixed order: no atomics, bit-repeatable.
 //
 // Not fast: scores are recomputed three times (fwd, dq, dk/dv) and rows are re-read from L2 per
-// query or key; a flash-attention kernel replaces this. HS <= kAttnMaxHS (256).
+// query or key. bf16 with HS 32, 64 or 128 runs flash_attention.cu's tensor-core kernels instead
+// (flash_attention_fits); these row kernels take f32 (the parity tests' exact path) and the rest.
+// HS <= kAttnMaxHS (256).
+#include <type_traits>
+
 #include "loom/kernels/cuda/attention_row.cuh"
+#include "loom/kernels/cuda/flash_attention.h"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -190,6 +195,11 @@ void attention_fwd(const Elem* q, const Elem* k, const Elem* v, Elem* o, float* 
                    int64_t T, int64_t NH, int64_t NKV, int64_t HS, float scale, Stream s) {
   check_shape(B, T, NH, NKV, HS, "attention_fwd: bad shape (NH % NKV != 0 or HS > 256)");
   if (B == 0 || T == 0) return;
+  if constexpr (std::is_same_v<Elem, bf16>) {
+    const void* ptrs[] = {q, k, v, o, lse};
+    if (flash_attention_fits(B, NH, HS, ptrs, 5))
+      return flash_attention_fwd(q, k, v, o, lse, B, T, NH, NKV, HS, scale, s);
+  }
   const AttnShape p{B, T, NH, NKV, int(HS), scale};
   attention_fwd_kernel<Elem><<<attn_grid(B * NH * T), kAttnThreads, 0, s>>>(q, k, v, o, lse, p);
   check_launch("attention_fwd_kernel");
@@ -208,6 +218,14 @@ void attention_bwd(const Elem* dout, const Elem* q, const Elem* k, const Elem* v
   float* D = static_cast<float*>(scratch);
   attention_d_kernel<Elem><<<blocks_for(rows * 32), kThreads, 0, s>>>(dout, o, D, p);
   check_launch("attention_d_kernel");
+  if constexpr (std::is_same_v<Elem, bf16>) {
+    const void* ptrs[] = {dout, q, k, v, dq, dk, dv};
+    if (flash_attention_fits(B, NH, HS, ptrs, 7)) {
+      flash_attention_bwd(dout, q, k, v, lse, D, dq, dk, dv, B, T, NH, NKV, HS, scale, s);
+      check(int(cudaFreeAsync(scratch, s)), "attention_bwd: free D");
+      return;
+    }
+  }
   attention_dq_kernel<Elem><<<attn_grid(rows), kAttnThreads, 0, s>>>(dout, q, k, v, lse, D, dq, p);
   check_launch("attention_dq_kernel");
   attention_dkv_kernel<Elem>
