@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "loom/backend/backend.h"
@@ -248,6 +249,33 @@ TEST_P(GpuAttention, EqualsCpu) {
   EXPECT_CLOSE(dqb.down(), widen(dqb_c), 1e-2);
   EXPECT_CLOSE(dkb.down(), widen(dkb_c), 1e-2);
   EXPECT_CLOSE(dvb.down(), widen(dvb_c), 1e-2);
+}
+
+// add and the casts move 4 elements per access when aligned: bit-equal to the CPU on sizes with a
+// tail and on pointers one element off (the one-by-one kernels)
+TEST(GpuKernels, ElementwiseWideAndTail) {
+  for (const int64_t n : {int64_t(0), int64_t(3), int64_t(1001), int64_t(4098)}) {
+    for (const int64_t off : {int64_t(0), int64_t(1)}) {
+      SCOPED_TRACE(fmt::format("n {} offset {}", n, off));
+      Tensor a(size_t(n + 1), 60, -1e3f, 1e3f), b(size_t(n + 1), 61), y(size_t(n + 1), 62);
+      std::vector<float> want(size_t(n + 1));
+      kernels::cpu::add(a.h.data() + off, b.h.data() + off, want.data(), n);
+      kernels::cuda::add(a.p() + off, b.p() + off, y.p() + off, n, no_stream());
+      const std::vector<float> got = y.down();
+      EXPECT_EQ(0, std::memcmp(got.data() + off, want.data(), size_t(n) * 4)) << "add";
+      Bf16 yb(std::vector<float>(size_t(n + 1)));
+      std::vector<bf16> wb(size_t(n + 1));
+      kernels::cpu::cast_f32_bf16(a.h.data() + off, wb.data(), n);
+      kernels::cuda::cast_f32_bf16(a.p() + off, yb.p() + off, n, no_stream());
+      std::vector<bf16> gb(size_t(n + 1));
+      gpu().download(gb.data(), yb.p(), int64_t(n + 1) * 2);
+      EXPECT_EQ(0, std::memcmp(gb.data() + off, wb.data(), size_t(n) * 2)) << "cast to bf16";
+      kernels::cpu::cast_bf16_f32(wb.data(), want.data(), n);
+      kernels::cuda::cast_bf16_f32(yb.p() + off, y.p() + off, n, no_stream());
+      const std::vector<float> back = y.down();
+      EXPECT_EQ(0, std::memcmp(back.data() + off, want.data(), size_t(n) * 4)) << "cast to f32";
+    }
+  }
 }
 
 TEST(GpuKernels, CrossEntropyGpt2Vocab) {

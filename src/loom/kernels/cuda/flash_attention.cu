@@ -28,6 +28,7 @@
 
 #include "loom/kernels/cuda/common.cuh"
 #include "loom/kernels/cuda/flash_attention.h"
+#include "loom/kernels/cuda/flash_mma.cuh"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -356,6 +357,297 @@ __global__ void __launch_bounds__(kFlashThreads) flash_dq_kernel(Args a) {
   store_rows<D>(dq, ss, a.dq + (b * a.T * a.NH + h) * D, q0 + w * 16, a.T, ldq, a.scale);
 }
 
+// ---- the register-level kernels (flash_mma.cuh): lane 4 grp + qd holds rows grp and grp + 8 of
+// its warp's 16, columns 2 qd, 2 qd + 1 of every 8 ----
+
+template <int D>
+__global__ void __launch_bounds__(kFlashThreads) mma_fwd_kernel(Args a) {
+  using namespace flash_mma;
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ld = Ld<D>::tile;
+  bf* qs = reinterpret_cast<bf*>(smem);
+  bf* ks = qs + kTile * ld;
+  bf* vs = ks + kTile * ld;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane >> 2, qd = lane & 3;
+  const int64_t tiles = (a.T + kTile - 1) / kTile;
+  const int64_t q0 = (tiles - 1 - blockIdx.x) * kTile;  // the longest rows first
+  const int64_t bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, g = h / (a.NH / a.NKV);
+  const int64_t ldq = a.NH * D, ldk = a.NKV * D;
+  const bf* kb = a.k + (b * a.T * a.NKV + g) * D;
+  const bf* vb = a.v + (b * a.T * a.NKV + g) * D;
+  load_tile<D>(qs, a.q + (b * a.T * a.NH + h) * D, q0, a.T, ldq);
+  __syncthreads();
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) load_a(qa[kc], qs, ld, w * 16, kc * 16);
+
+  const int64_t t0 = q0 + w * 16 + grp, t1 = t0 + 8;  // this lane's two rows
+  const float sl2 = a.scale * kLog2e;                 // scores in log2 units
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+  for (int64_t k0 = 0; k0 <= q0; k0 += kTile) {
+    __syncthreads();  // every warp is done with the previous K and V
+    load_tile<D>(ks, kb, k0, a.T, ldk);
+    load_tile<D>(vs, vb, k0, a.T, ldk);
+    __syncthreads();
+    float s[kTile / 8][4];
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc)
+#pragma unroll
+      for (int j = 0; j < kTile / 8; ++j) {
+        uint32_t b0, b1;
+        load_bt(b0, b1, ks, ld, j * 8, kc * 16);
+        mma(s[j], qa[kc], b0, b1);
+      }
+    // online softmax: keys k0 <= col <= t (and col < T; key k0 always is)
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t col = k0 + j * 8 + 2 * qd + (e & 1), t = e < 2 ? t0 : t1;
+        const float x = (col <= t && col < a.T) ? s[j][e] * sl2 : -INFINITY;
+        s[j][e] = x;
+        if (e < 2)
+          mx0 = fmaxf(mx0, x);
+        else
+          mx1 = fmaxf(mx1, x);
+      }
+    mx0 = quad_max(mx0);
+    mx1 = quad_max(mx1);
+    const float al0 = exp2f(m0 - mx0), al1 = exp2f(m1 - mx1);
+    float rs0 = 0.f, rs1 = 0.f;
+    uint32_t pa[kTile / 16][4];
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j) {
+      const uint32_t top = pack(exp2f(s[j][0] - mx0), exp2f(s[j][1] - mx0));
+      const uint32_t bot = pack(exp2f(s[j][2] - mx1), exp2f(s[j][3] - mx1));
+      rs0 += lo_f32(top) + hi_f32(top);  // the rounded probabilities, as multiplied
+      rs1 += lo_f32(bot) + hi_f32(bot);
+      pa[j / 2][(j % 2) * 2] = top;
+      pa[j / 2][(j % 2) * 2 + 1] = bot;
+    }
+    l0 = l0 * al0 + quad_sum(rs0);
+    l1 = l1 * al1 + quad_sum(rs1);
+    m0 = mx0;
+    m1 = mx1;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= al0;
+      o[n][1] *= al0;
+      o[n][2] *= al1;
+      o[n][3] *= al1;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk)
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        uint32_t b0, b1;
+        load_b(b0, b1, vs, ld, kk * 16, n * 8);
+        mma(o[n], pa[kk], b0, b1);
+      }
+  }
+  const float inv0 = 1.f / l0, inv1 = 1.f / l1;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    o[n][0] *= inv0;
+    o[n][1] *= inv0;
+    o[n][2] *= inv1;
+    o[n][3] *= inv1;
+  }
+  const int64_t row0 = q0 + w * 16;
+  store_c<D / 8>(o, a.o + ((b * a.T + row0) * a.NH + h) * D, ldq, a.T - row0, 1.f);
+  if (qd == 0) {
+    if (t0 < a.T) a.lse[bh * a.T + t0] = (m0 + log2f(l0)) / kLog2e;
+    if (t1 < a.T) a.lse[bh * a.T + t1] = (m1 + log2f(l1)) / kLog2e;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kFlashThreads) mma_dq_kernel(Args a) {
+  using namespace flash_mma;
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ld = Ld<D>::tile;
+  bf* qs = reinterpret_cast<bf*>(smem);
+  bf* dos = qs + kTile * ld;
+  bf* ks = dos + kTile * ld;
+  bf* vs = ks + kTile * ld;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane >> 2, qd = lane & 3;
+  const int64_t tiles = (a.T + kTile - 1) / kTile;
+  const int64_t q0 = (tiles - 1 - blockIdx.x) * kTile;  // the longest rows first
+  const int64_t bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, g = h / (a.NH / a.NKV);
+  const int64_t ldq = a.NH * D, ldk = a.NKV * D;
+  const bf* kb = a.k + (b * a.T * a.NKV + g) * D;
+  const bf* vb = a.v + (b * a.T * a.NKV + g) * D;
+  load_tile<D>(qs, a.q + (b * a.T * a.NH + h) * D, q0, a.T, ldq);
+  load_tile<D>(dos, a.dout + (b * a.T * a.NH + h) * D, q0, a.T, ldq);
+  __syncthreads();
+  uint32_t qa[D / 16][4], da[D / 16][4];
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+    load_a(qa[kc], qs, ld, w * 16, kc * 16);
+    load_a(da[kc], dos, ld, w * 16, kc * 16);
+  }
+  const int64_t t0 = q0 + w * 16 + grp, t1 = t0 + 8;
+  const float sl2 = a.scale * kLog2e;
+  const float lse0 = t0 < a.T ? a.lse_in[bh * a.T + t0] * kLog2e : 0.f;
+  const float lse1 = t1 < a.T ? a.lse_in[bh * a.T + t1] * kLog2e : 0.f;
+  const float D0 = t0 < a.T ? a.D[bh * a.T + t0] : 0.f;
+  const float D1 = t1 < a.T ? a.D[bh * a.T + t1] : 0.f;
+  float dq[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+  for (int64_t k0 = 0; k0 <= q0; k0 += kTile) {
+    __syncthreads();  // every warp is done with the previous K and V
+    load_tile<D>(ks, kb, k0, a.T, ldk);
+    load_tile<D>(vs, vb, k0, a.T, ldk);
+    __syncthreads();
+    float s[kTile / 8][4], dp[kTile / 8][4];
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc)
+#pragma unroll
+      for (int j = 0; j < kTile / 8; ++j) {
+        uint32_t b0, b1;
+        load_bt(b0, b1, ks, ld, j * 8, kc * 16);  // S = Q K^T
+        mma(s[j], qa[kc], b0, b1);
+        load_bt(b0, b1, vs, ld, j * 8, kc * 16);  // dP = dO V^T
+        mma(dp[j], da[kc], b0, b1);
+      }
+    uint32_t dsa[kTile / 16][4];
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j) {
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t col = k0 + j * 8 + 2 * qd + (e & 1), t = e < 2 ? t0 : t1;
+        ds[e] = 0.f;
+        if (col <= t && col < a.T && t < a.T) {
+          const float p = exp2f(s[j][e] * sl2 - (e < 2 ? lse0 : lse1));
+          ds[e] = p * (dp[j][e] - (e < 2 ? D0 : D1));
+        }
+      }
+      dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
+      dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk)
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        uint32_t b0, b1;
+        load_b(b0, b1, ks, ld, kk * 16, n * 8);  // dQ += dS K
+        mma(dq[n], dsa[kk], b0, b1);
+      }
+  }
+  const int64_t row0 = q0 + w * 16;
+  store_c<D / 8>(dq, a.dq + ((b * a.T + row0) * a.NH + h) * D, ldq, a.T - row0, a.scale);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kFlashThreads) mma_dkv_kernel(Args a) {
+  using namespace flash_mma;
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ld = Ld<D>::tile;
+  bf* ks = reinterpret_cast<bf*>(smem);
+  bf* vs = ks + kTile * ld;
+  bf* qs = vs + kTile * ld;
+  bf* dos = qs + kTile * ld;
+  float* lse_s = reinterpret_cast<float*>(dos + kTile * ld);
+  float* d_s = lse_s + kTile;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane >> 2, qd = lane & 3;
+  const int64_t k0 = int64_t(blockIdx.x) * kTile;
+  const int64_t bg = blockIdx.y, b = bg / a.NKV, g = bg % a.NKV, G = a.NH / a.NKV;
+  const int64_t ldq = a.NH * D, ldk = a.NKV * D;
+  load_tile<D>(ks, a.k + (b * a.T * a.NKV + g) * D, k0, a.T, ldk);
+  load_tile<D>(vs, a.v + (b * a.T * a.NKV + g) * D, k0, a.T, ldk);
+  const int64_t j0 = k0 + w * 16 + grp, j1 = j0 + 8;  // this lane's two keys
+  const float sl2 = a.scale * kLog2e;
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+  for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+    const bf* qh = a.q + (b * a.T * a.NH + h) * D;
+    const bf* doh = a.dout + (b * a.T * a.NH + h) * D;
+    const float* lse_h = a.lse_in + (b * a.NH + h) * a.T;
+    const float* D_h = a.D + (b * a.NH + h) * a.T;
+    for (int64_t q0 = k0; q0 < a.T; q0 += kTile) {
+      __syncthreads();  // every warp is done with the previous Q, dO, lse and D
+      load_tile<D>(qs, qh, q0, a.T, ldq);
+      load_tile<D>(dos, doh, q0, a.T, ldq);
+      for (int i = threadIdx.x; i < kTile; i += kFlashThreads) {
+        const bool in = q0 + i < a.T;
+        lse_s[i] = in ? lse_h[q0 + i] * kLog2e : 0.f;
+        d_s[i] = in ? D_h[q0 + i] : 0.f;
+      }
+      __syncthreads();
+      // S^T (keys x queries) = K Q^T, dP^T = V dO^T
+      float st[kTile / 8][4], dpt[kTile / 8][4];
+#pragma unroll
+      for (int j = 0; j < kTile / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t ka[4], va[4];
+        load_a(ka, ks, ld, w * 16, kc * 16);
+        load_a(va, vs, ld, w * 16, kc * 16);
+#pragma unroll
+        for (int j = 0; j < kTile / 8; ++j) {
+          uint32_t b0, b1;
+          load_bt(b0, b1, qs, ld, j * 8, kc * 16);
+          mma(st[j], ka, b0, b1);
+          load_bt(b0, b1, dos, ld, j * 8, kc * 16);
+          mma(dpt[j], va, b0, b1);
+        }
+      }
+      uint32_t pa[kTile / 16][4], dsa[kTile / 16][4];
+#pragma unroll
+      for (int j = 0; j < kTile / 8; ++j) {
+        float p[4], ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = j * 8 + 2 * qd + (e & 1);
+          const int64_t t = q0 + c, key = e < 2 ? j0 : j1;
+          p[e] = ds[e] = 0.f;
+          if (t >= key && t < a.T && key < a.T) {
+            p[e] = exp2f(st[j][e] * sl2 - lse_s[c]);
+            ds[e] = p[e] * (dpt[j][e] - d_s[c]);
+          }
+        }
+        pa[j / 2][(j % 2) * 2] = pack(p[0], p[1]);
+        pa[j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
+        dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
+        dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk)
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          uint32_t b0, b1;
+          load_b(b0, b1, dos, ld, kk * 16, n * 8);  // dV += P^T dO
+          mma(dv[n], pa[kk], b0, b1);
+          load_b(b0, b1, qs, ld, kk * 16, n * 8);  // dK += dS^T Q
+          mma(dk[n], dsa[kk], b0, b1);
+        }
+    }
+  }
+  const int64_t row0 = k0 + w * 16;
+  bf* dkb = a.dk + ((b * a.T + row0) * a.NKV + g) * D;
+  bf* dvb = a.dv + ((b * a.T + row0) * a.NKV + g) * D;
+  store_c<D / 8>(dk, dkb, ldk, a.T - row0, a.scale);
+  store_c<D / 8>(dv, dvb, ldk, a.T - row0, 1.f);
+}
+
 template <int D>
 constexpr size_t fwd_smem() {
   return 3 * Ld<D>::tile_bytes + Ld<D>::scratch_bytes + Ld<D>::prob_bytes;
@@ -380,33 +672,46 @@ void launch(size_t smem, dim3 grid, CUstream_st* s, const Args& a, const char* n
   check_launch(name);
 }
 
+// Which kernels run: mma.sync (the default), wmma (LOOM_CUDA_ATTENTION=wmma), or none (=row:
+// attention.cu's row kernels).
+enum class Kind { mma, wmma, row };
+Kind kind() {
+  static const Kind k = [] {
+    const char* v = std::getenv("LOOM_CUDA_ATTENTION");
+    if (v != nullptr && std::strcmp(v, "row") == 0) return Kind::row;
+    if (v != nullptr && std::strcmp(v, "wmma") == 0) return Kind::wmma;
+    return Kind::mma;
+  }();
+  return k;
+}
+
 template <int D>
 void fwd(const Args& a, int64_t B, CUstream_st* s) {
   const dim3 grid(unsigned((a.T + kTile - 1) / kTile), unsigned(B * a.NH));
-  launch<flash_fwd_kernel<D>>(fwd_smem<D>(), grid, s, a, "flash_attention_fwd");
+  if (kind() == Kind::wmma)
+    launch<flash_fwd_kernel<D>>(fwd_smem<D>(), grid, s, a, "flash_attention_fwd (wmma)");
+  else
+    launch<mma_fwd_kernel<D>>(3 * Ld<D>::tile_bytes, grid, s, a, "flash_attention_fwd");
 }
 
 template <int D>
 void bwd(const Args& a, int64_t B, CUstream_st* s) {
   const unsigned tiles = unsigned((a.T + kTile - 1) / kTile);
-  launch<flash_dkv_kernel<D>>(bwd_smem<D>(), dim3(tiles, unsigned(B * a.NKV)), s, a,
+  const dim3 kv(tiles, unsigned(B * a.NKV)), qgrid(tiles, unsigned(B * a.NH));
+  if (kind() == Kind::wmma) {
+    launch<flash_dkv_kernel<D>>(bwd_smem<D>(), kv, s, a, "flash_attention_dkv (wmma)");
+    launch<flash_dq_kernel<D>>(bwd_smem<D>(), qgrid, s, a, "flash_attention_dq (wmma)");
+  } else {
+    launch<mma_dkv_kernel<D>>(4 * Ld<D>::tile_bytes + 2 * kTile * sizeof(float), kv, s, a,
                               "flash_attention_dkv");
-  launch<flash_dq_kernel<D>>(bwd_smem<D>(), dim3(tiles, unsigned(B * a.NH)), s, a,
-                             "flash_attention_dq");
-}
-
-bool rows_disabled() {
-  static const bool off = [] {
-    const char* v = std::getenv("LOOM_CUDA_ATTENTION");
-    return v != nullptr && std::strcmp(v, "row") == 0;
-  }();
-  return off;
+    launch<mma_dq_kernel<D>>(4 * Ld<D>::tile_bytes, qgrid, s, a, "flash_attention_dq");
+  }
 }
 
 }  // namespace
 
 bool flash_attention_fits(int64_t B, int64_t NH, int64_t HS, const void* const* ptrs, int n) {
-  if (rows_disabled()) return false;
+  if (kind() == Kind::row) return false;
   if (HS != 32 && HS != 64 && HS != 128) return false;
   if (B * NH > 65535) return false;
   for (int i = 0; i < n; ++i)

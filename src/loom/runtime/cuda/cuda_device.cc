@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -62,6 +63,15 @@ class CudaDevice final : public Device {
     // a blocking stream: work queued on the legacy default stream (a test's direct kernel calls)
     // is ordered with it
     check(cudaStreamCreate(&stream_), "creating a stream");
+    // kernels' stream-ordered scratch (cudaMallocAsync) comes from the default pool; by default
+    // the pool hands its memory back at every synchronisation, and the next allocation goes to
+    // the driver again: keep it (a step without a CUDA graph synchronises once per step, a
+    // profiled one once per node)
+    cudaMemPool_t pool = nullptr;
+    check(cudaDeviceGetDefaultMemPool(&pool, 0), "reading GPU 0's memory pool");
+    uint64_t keep = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+          "keeping the memory pool's memory");
     table_ = std::make_unique<KernelTable>(cuda_kernels(stream_));
   }
   DeviceKind kind() const override { return DeviceKind::cuda; }
