@@ -7,7 +7,8 @@
 # and `loom sample` on both devices (tests/gpu_train_check.py), and writes logs and JSON
 # under $OUT (or ./gpu-out): logs.tar.gz holds every log. Exit status: non-zero when a check failed.
 # LOOM_GPU_CHECK (default "parity speed large golden train") picks the parts run, so that a rerun
-# after a fix can spend the lease's minutes on what changed.
+# after a fix can spend the lease's minutes on what changed; LOOM_GPU_PEERS (default "eager
+# compile") the PyTorch peers of the large models.
 set -uo pipefail
 parts=" ${LOOM_GPU_CHECK:-parity speed large golden train} "
 want() { [[ $parts == *" $1 "* ]]; }
@@ -75,7 +76,7 @@ done
 want large && for m in llama3.2-1b gpt2-124m; do
   timeout 200 "$root/bin/loom" bench configs/$m.toml --steps 10 --warmup 3 --set train.device=cuda \
     >"$out/speed-loom-$m.json" 2>"$out/speed-loom-$m.log" || { status=1; tail -5 "$out/speed-loom-$m.log"; }
-  for mode in eager compile; do
+  for mode in ${LOOM_GPU_PEERS-eager compile}; do
     flag=()
     [[ $mode == compile ]] && flag=(--compile)
     timeout 240 python3 bench/gpu/torch_step.py configs/$m.toml --ac none --steps 10 --warmup 3 \

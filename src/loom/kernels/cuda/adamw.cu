@@ -5,27 +5,49 @@
 // corrections) and the clipping scale are GPU tensors, read in the kernel, so a schedule can change
 // them without the host. clip_coef is a single thread. Neither computes the gradient norm (that
 // is sumsq of each gradient, added by the caller).
-// Invariant: elementwise, so the result does not depend on the launch shape.
+// Invariant: elementwise, so the result does not depend on the launch shape (nor on whether 4
+// elements move per access).
 #include "loom/kernels/cuda/common.cuh"
 
 namespace loom::kernels::cuda {
 
 namespace {
 
-// p, g, m, v (n); hyper (3) = {lr, bc1, bc2}; gscale (1)
+struct AdamW {
+  float lr, bc1, bc2, gs, beta1, beta2, eps, wd;
+  // one element: p, m, v updated from g
+  __device__ __forceinline__ void operator()(float& p, float g, float& m, float& v) const {
+    const float gi = g * gs;
+    m = beta1 * m + (1.0f - beta1) * gi;
+    v = beta2 * v + (1.0f - beta2) * gi * gi;
+    p = p - lr * ((m / bc1) / (sqrtf(v / bc2) + eps) + wd * p);
+  }
+};
+
+// p, g, m, v (n); hyper (3) = {lr, bc1, bc2}; gscale (1). kWide: 4 elements per access (every
+// pointer 16-byte aligned), then the tail one by one.
+template <bool kWide>
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const float* hyper,
                              const float* gscale, int64_t n, float beta1, float beta2, float eps,
                              float wd) {
-  const float lr = hyper[0], bc1 = hyper[1], bc2 = hyper[2], gs = gscale[0];
-  for (int64_t i = grid_start(); i < n; i += grid_step()) {
-    const float gi = g[i] * gs;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float pi = p[i];
-    p[i] = pi - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * pi);
+  const AdamW op{hyper[0], hyper[1], hyper[2], gscale[0], beta1, beta2, eps, wd};
+  int64_t done = 0;
+  if constexpr (kWide) {
+    done = n / 4 * 4;
+    for (int64_t i = grid_start(); i < n / 4; i += grid_step()) {
+      float4 pi = reinterpret_cast<float4*>(p)[i], mi = reinterpret_cast<float4*>(m)[i],
+             vi = reinterpret_cast<float4*>(v)[i];
+      const float4 gi = reinterpret_cast<const float4*>(g)[i];
+      op(pi.x, gi.x, mi.x, vi.x);
+      op(pi.y, gi.y, mi.y, vi.y);
+      op(pi.z, gi.z, mi.z, vi.z);
+      op(pi.w, gi.w, mi.w, vi.w);
+      reinterpret_cast<float4*>(p)[i] = pi;
+      reinterpret_cast<float4*>(m)[i] = mi;
+      reinterpret_cast<float4*>(v)[i] = vi;
+    }
   }
+  for (int64_t i = done + grid_start(); i < n; i += grid_step()) op(p[i], g[i], m[i], v[i]);
 }
 
 // total (1) -> norm (1), coef (1)
@@ -43,8 +65,16 @@ __global__ void clip_coef_kernel(const float* total, float* coef, float* norm, f
 void adamw(float* p, const float* g, float* m, float* v, const float* hyper, const float* gscale,
            int64_t n, float beta1, float beta2, float eps, float wd, Stream s) {
   if (n <= 0) return;
-  adamw_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, hyper, gscale, n, beta1, beta2, eps,
-                                                  wd);
+  bool wide = true;
+  for (const void* q : {static_cast<const void*>(p), static_cast<const void*>(g),
+                        static_cast<const void*>(m), static_cast<const void*>(v)})
+    wide = wide && reinterpret_cast<uintptr_t>(q) % 16 == 0;
+  if (wide)
+    adamw_kernel<true><<<blocks_for((n + 3) / 4), kThreads, 0, s>>>(p, g, m, v, hyper, gscale, n,
+                                                                    beta1, beta2, eps, wd);
+  else
+    adamw_kernel<false>
+        <<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, hyper, gscale, n, beta1, beta2, eps, wd);
   check_launch("adamw");
 }
 
