@@ -65,13 +65,29 @@ inline double lr_at(int64_t s) { return 3e-3 * (1.0 - 0.03 * double(s)); }
 struct TrainRun {
   std::vector<float> losses, grad_norms;
   std::map<std::string, std::vector<float>> params, m, v;
+  int64_t saved_bytes = 0;  // the step's saved activations (StepRunner::activation_bytes)
+  int64_t recomputed = 0;   // nodes passes/recompute.cc made again (outputs named *.recompute)
 };
+
+// The nodes of a program that [passes] recompute made again for the backward.
+inline int64_t recomputed_nodes(const ir::Graph& g) {
+  int64_t n = 0;
+  for (const ir::Node& node : g.nodes())
+    for (int o : node.outputs)
+      if (g.value(o).name.find(".recompute") != std::string::npos) {
+        ++n;
+        break;
+      }
+  return n;
+}
 
 inline TrainRun train_run(const Config& cfg, const runtime::MeshComms* comms) {
   ParamStore p(cfg.model);
   p.init_random(11);
   StepRunner r(cfg, p, StepRunner::Mode::train, comms);
   TrainRun out;
+  out.saved_bytes = r.activation_bytes();
+  out.recomputed = recomputed_nodes(r.program());
   for (int64_t s = 1; s <= kSteps; ++s) {
     out.losses.push_back(r.step(batch(cfg, s).data(), lr_at(s)));
     out.grad_norms.push_back(r.grad_norm());

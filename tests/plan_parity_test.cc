@@ -45,8 +45,9 @@ TEST_P(PlanParity, GradientsMatchOneRank) {
 }
 
 // [passes] recompute = "selective", "selective_op" and "full" make the same ops again on the same
-// inputs: in f32 the same plan's losses, gradient norms and parameters are bit for bit those of
-// recompute = "none".
+// inputs: the program changed (fewer saved activation bytes, recomputed nodes present where
+// recompute = "none" has none), and in f32 the same plan's losses, gradient norms, parameters and
+// both AdamW moments are bit for bit those of recompute = "none".
 TEST(Recompute, ChangesNoBitInF32) {
   for (const char* name : {"fsdp", "gpt2_fsdp", "mid_fsdp_megatron_2x2"})
     for (const char* policy : {"selective", "selective_op", "full"}) {
@@ -63,17 +64,24 @@ TEST(Recompute, ChangesNoBitInF32) {
             cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
       };
       const TrainRun x = run(a), y = run(b);
+      EXPECT_EQ(x.recomputed, 0) << name;
+      EXPECT_GT(y.recomputed, 0) << name << ": recompute made nothing again";
+      EXPECT_LT(y.saved_bytes, x.saved_bytes) << name << ": recompute saved no activation bytes";
       EXPECT_EQ(x.losses, y.losses) << name;
       EXPECT_EQ(x.grad_norms, y.grad_norms) << name;
-      for (const auto& [param, v] : x.params)
+      for (const auto& [param, v] : x.params) {
         EXPECT_EQ(v, y.params.at(param)) << name << " " << param;
+        EXPECT_EQ(x.m.at(param), y.m.at(param)) << name << " " << param << ": moment m";
+        EXPECT_EQ(x.v.at(param), y.v.at(param)) << name << " " << param << ": moment v";
+      }
     }
 }
 
 // One process (no [plan]) runs its training graph through the scheduled stage when [passes]
-// recompute asks for it (train/compile.h: CompiledStep::scheduled): fewer saved activations, and in
-// f32 every loss, gradient norm, parameter and moment bit of recompute = "none"; also with gradient
-// accumulation, where the optimizer is a graph of its own.
+// recompute asks for it (train/compile.h: CompiledStep::scheduled): fewer saved activations and
+// recomputed nodes present, and in f32 every loss, gradient norm, parameter and moment (m and v)
+// bit of recompute = "none"; also with gradient accumulation, where the optimizer is a graph of its
+// own.
 TEST(Recompute, OneProcessChangesNoBitInF32) {
   for (const char* model : {"tiny", "gpt2"})
     for (int accum : {1, 2}) {
@@ -85,6 +93,7 @@ TEST(Recompute, OneProcessChangesNoBitInF32) {
         StepRunner r(cfg, p, StepRunner::Mode::train, nullptr);
         *saved = r.activation_bytes();
         TrainRun out;
+        out.recomputed = recomputed_nodes(r.program());
         for (int64_t s = 1; s <= 4; ++s) {
           std::vector<int32_t> rows;
           for (int i = 0; i < accum; ++i) {
@@ -97,9 +106,11 @@ TEST(Recompute, OneProcessChangesNoBitInF32) {
         for (const auto& info : p.infos()) {
           const float* d = p.data(info.name);
           out.params[info.name].assign(d, d + numel(info.shape));
-          auto& m = out.m[info.name];
-          m.resize(size_t(numel(info.shape)));
-          r.read_moment(info.name, autodiff::Moment::m, m.data());
+          for (autodiff::Moment which : autodiff::kMoments) {
+            auto& dst = (which == autodiff::Moment::m ? out.m : out.v)[info.name];
+            dst.resize(size_t(numel(info.shape)));
+            r.read_moment(info.name, which, dst.data());
+          }
         }
         return out;
       };
@@ -115,11 +126,14 @@ TEST(Recompute, OneProcessChangesNoBitInF32) {
         int64_t saved = 0;
         const TrainRun y = run(again, &saved);
         EXPECT_LT(saved, kept_bytes);
+        EXPECT_EQ(x.recomputed, 0);
+        EXPECT_GT(y.recomputed, 0) << "recompute made nothing again";
         EXPECT_EQ(x.losses, y.losses);
         EXPECT_EQ(x.grad_norms, y.grad_norms);
         for (const auto& [param, v] : x.params) {
           EXPECT_EQ(v, y.params.at(param)) << param;
-          EXPECT_EQ(x.m.at(param), y.m.at(param)) << param;
+          EXPECT_EQ(x.m.at(param), y.m.at(param)) << param << ": moment m";
+          EXPECT_EQ(x.v.at(param), y.v.at(param)) << param << ": moment v";
         }
       }
     }

@@ -9,7 +9,10 @@ DIR receives
     expected.safetensors  "loss" f32 [], "logits" f32 (B,T,V), "grad.<name>" f32 per parameter
                           (the raw gradient of the initial loss, before clipping), "losses" f32 (10)
                           and "grad_norms" f32 (10): loss and pre-clip global gradient norm at each
-                          of 10 AdamW steps on the same batch (losses[i] is computed before update i)
+                          of 10 AdamW steps on the same batch (losses[i] is computed before update i);
+                          for a Mixture-of-Experts model also "router_logits.<module>" f32 (B,T,E),
+                          each MoE layer's router logits of the first forward (golden_test judges
+                          from them which layers have tokens whose experts nearly tie)
     meta.json             config, dtype, seed, torch version and the exact optimizer recipe
 
 The model is bench/peer/torch_lm.py's, so the benchmark peer and the goldens cannot drift apart.
@@ -162,6 +165,10 @@ def reference_run(cfg, dtype, seed, f64):
             expected["logits"] = logits.detach().float().contiguous()
             for name, p in params.items():
                 expected["grad." + name] = p.grad.detach().float().clone()
+            for name, mod in model.named_modules():
+                routing = getattr(mod, "routing", None)
+                if isinstance(routing, torch_lm.MoeRouting):
+                    expected["router_logits." + name] = routing.logits.detach().float().contiguous()
         losses.append(loss.item())
         # Returns the pre-clip norm; grads are scaled by min(1, clip / (norm + 1e-6)).
         grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip).item())
@@ -247,7 +254,11 @@ def main(argv):
     assert back_e["losses"].shape == (kSteps,) and back_e["grad_norms"].shape == (kSteps,)
     for name, w in back_w.items():
         assert w.dtype == torch.float32 and back_e["grad." + name].shape == w.shape, name
-    assert len(back_e) == len(back_w) + 4
+    routers = [k for k in back_e if k.startswith("router_logits.")]
+    assert bool(routers) == (m.moe is not None and m.moe.experts > 0), routers
+    for k in routers:
+        assert back_e[k].shape[:2] == (B, T) and back_e[k].shape[2] == m.moe.experts, k
+    assert len(back_e) == len(back_w) + 4 + len(routers)
 
     print(f"wrote {args.out}: {cfg.model.arch} dtype={args.dtype}{' (f64)' if args.f64 else ''} "
           f"seed={args.seed} params={sum(w.numel() for w in back_w.values())} "
