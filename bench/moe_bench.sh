@@ -7,7 +7,9 @@
 # 2. bench-moe (f32) with `expert` on 2 ranks x 1 thread under mpirun, beside `data` on the same 2
 #    ranks and one process on 2 threads.
 # Every run prints its JSON line with a "run" label; the last line holds each label's median
-# tokens/s and the ratios asked for.
+# tokens/s, the MoE runs' median share of expert choices dropped at capacity (moe_dropped_fraction:
+# a step with drops does less expert work, so a speed figure is read beside it) and the ratios
+# asked for.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-2}
@@ -38,12 +40,15 @@ for ((r = 0; r < rounds; r++)); do
 done
 python3 - "$log" <<'EOF'
 import json, statistics, sys
-runs = {}
+runs, drops = {}, {}
 for l in open(sys.argv[1]):
     d = json.loads(l)
     runs.setdefault(d["run"], []).append(d["tokens_per_s"])
+    if "moe_dropped_fraction" in d:
+        drops.setdefault(d["run"], []).append(d["moe_dropped_fraction"])
 med = {k: statistics.median(v) for k, v in runs.items()}
-out = {"median_tokens_per_s": med}
+out = {"median_tokens_per_s": med,
+       "median_moe_dropped_fraction": {k: statistics.median(v) for k, v in drops.items()}}
 for dt in ("f32", "bf16"):
     out[f"moe_over_llama_{dt}"] = med[f"bench-moe {dt}"] / med[f"bench-llama {dt}"]
 out["expert2_over_1process"] = med["moe expert 2 ranks"] / med["moe 1 process"]

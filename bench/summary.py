@@ -2,6 +2,12 @@
 prints one JSON summary line: per group (architecture, dtype, ranks), the median tokens/s and peak memory of each
 program, and Loom's ratio to the strongest peer (the peer with the highest median tokens/s).
 
+Memory is reported three ways, each a median: the whole process's peak RSS, its baseline (resident
+after loading, before the first step: libraries, a framework's allocator, the model) and the
+step's own peak above that baseline. `memory_vs_strongest` compares whole-process peaks (what a
+machine must hold); `step_memory_vs_strongest` compares the steps' own peaks above each side's
+baseline (what the training step itself needs), where both sides report a baseline.
+
     bench/lm_bench.sh ... | tee run.jsonl; python3 bench/summary.py < run.jsonl
 
 Standard library only. Lines that are not JSON objects are ignored (mpirun's chatter).
@@ -58,6 +64,11 @@ def main():
                 "tokens_per_s_median": statistics.median(d["tokens_per_s"] for d in ds),
                 "peak_rss_bytes_median": statistics.median(peak_memory(d) for d in ds),
             }
+            if all("baseline_rss_bytes" in d for d in ds):
+                row["programs"][name]["baseline_rss_bytes_median"] = statistics.median(
+                    d["baseline_rss_bytes"] for d in ds)
+                row["programs"][name]["step_rss_above_baseline_bytes_median"] = statistics.median(
+                    d["step_rss_above_baseline_bytes"] for d in ds)
             if any("compile_s" in d for d in ds):
                 row["programs"][name]["compile_s_median"] = statistics.median(
                     d["compile_s"] for d in ds if "compile_s" in d)
@@ -69,6 +80,10 @@ def main():
                 if name.startswith("loom"):
                     p["speed_vs_strongest"] = p["tokens_per_s_median"] / peers[best]["tokens_per_s_median"]
                     p["memory_vs_strongest"] = p["peak_rss_bytes_median"] / peers[best]["peak_rss_bytes_median"]
+                    step, peer_step = (p.get("step_rss_above_baseline_bytes_median"),
+                                       peers[best].get("step_rss_above_baseline_bytes_median"))
+                    if step is not None and peer_step:
+                        p["step_memory_vs_strongest"] = step / peer_step
         out.append(row)
     print(json.dumps({"summary": out}))
 

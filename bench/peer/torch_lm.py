@@ -41,6 +41,15 @@ import tomllib
 from dataclasses import dataclass
 
 
+def current_rss_bytes():
+    """The process's resident memory now (/proc/self/statm), 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def set_thread_env(threads):
     """Sets the thread count for the BLAS and OpenMP pools; effective only before `import torch`."""
     os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
@@ -847,6 +856,7 @@ def bench(args):
     forward = torch.compile(model) if args.mode == "compile" else model
     step = make_step(forward, model, opt, inputs, targets, cfg.optim.grad_clip,
                      bf16=(dtype == "bf16"))
+    baseline_rss = current_rss_bytes()  # after loading, before the first step (and compilation)
     compile_s = None
     if args.mode == "compile":  # the first step compiles forward and backward: timed apart
         t0 = time.perf_counter()
@@ -860,6 +870,11 @@ def bench(args):
         "dtype": dtype,
         "threads": torch.get_num_threads(),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        # what the process held resident before any step (the framework's libraries, the model),
+        # and its peak above that (the steps' own, compilation included under --mode compile)
+        "baseline_rss_bytes": baseline_rss,
+        "step_rss_above_baseline_bytes":
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline_rss,
         "attention": "sdpa" if sdpa else "naive_masked_softmax",
         "optimizer": "adamw-fused" if modern else "adamw",
     }

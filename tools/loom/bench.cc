@@ -2,7 +2,10 @@
 //
 // With a [plan] every rank runs the step (ranks.h: threads or mpirun processes) on the same global
 // batch; rank 0 prints the line, with the plan and, per rank, the planned bytes of parameters,
-// gradients and optimizer moments, the planned peak and the measured peak RSS.
+// gradients and optimizer moments, the planned peak and the measured peak RSS. Memory beside a
+// peer: baseline_rss_bytes (rank 0's process after loading, before the first step) and
+// step_rss_above_baseline_bytes (its peak above that), so that what a runtime holds resident before
+// any step (libraries, a framework's allocator) and what the step needs can be told apart.
 //
 // Communication, over the timed steps: collectives_per_step, and exposed_comm_ms, the time per step
 // the compute thread spent blocked on collectives (runtime::Executor::CommStats; the ranks' mean,
@@ -16,9 +19,11 @@
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -108,6 +113,16 @@ void print_profile(const BenchOpts& o, train::StepRunner& runner) {
                gr.seconds * 1000.0, gr.seconds > 0 ? gr.flops / gr.seconds / 1e9 : 0.0);
 }
 
+// The process's resident memory now (/proc/self/statm), 0 where it cannot be read.
+int64_t current_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long size = 0, resident = 0;
+  const bool ok = std::fscanf(f, "%lld %lld", &size, &resident) == 2;
+  std::fclose(f);
+  return ok ? resident * int64_t(sysconf(_SC_PAGESIZE)) : 0;
+}
+
 int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::MeshComms* comms) {
   const BenchOpts* o = &o_;
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
@@ -115,6 +130,8 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   params.init_random(uint64_t(cfg.train.seed));
   train::StepRunner runner(cfg, params, train::StepRunner::Mode::train, comms);
   runner.release_params();  // a sharded rank keeps only its blocks of split parameters
+  // the process after loading, before the first step: what the step's own peak is measured above
+  const int64_t baseline_rss = current_rss_bytes();
   runtime::Trace trace;
   const Timed timed = time_steps(o_, cfg, runner, trace);
   const std::vector<double>& ms = timed.ms;
@@ -147,6 +164,10 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   j["achieved_gflops"] = fpt * tokens_per_step / (median / 1000.0) / 1e9;
   j["planned_peak_bytes"] = runner.planned_peak_bytes();
   j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
+  // rank 0's process: its resident memory after loading (model, parameters, compiled programs),
+  // and its peak above that (the steps' own)
+  j["baseline_rss_bytes"] = baseline_rss;
+  j["step_rss_above_baseline_bytes"] = int64_t(ru.ru_maxrss) * 1024 - baseline_rss;
   j["device"] = runner.device().describe();
   // a GPU's memory: the most its allocations held at once (the executors' arenas and every bound
   // buffer; not cuBLASLt's 32 MiB workspace nor the reductions' stream-ordered scratch)
@@ -154,6 +175,14 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   j["final_loss"] = loss;
   j["collectives_per_step"] = double(comm1.collectives - comm0.collectives) / o->steps;
   j["activation_bytes"] = runner.activation_bytes();
+  // a Mixture-of-Experts model: of the last step's expert choices, the share dropped at capacity
+  // (the work a step with drops does not do; a speed figure is read beside it)
+  if (const auto& load = runner.router_load(); !load.kept.empty()) {
+    double kept = 0, routed = 0;
+    for (float k : load.kept) kept += k;
+    for (float r : load.routed) routed += r;
+    j["moe_dropped_fraction"] = routed > 0 ? (routed - kept) / routed : 0.0;
+  }
   // per rank: planned bytes of parameters, gradients, moments and the whole step; measured peak RSS
   const train::StepRunner::StateBytes sb = runner.state_bytes();
   std::vector<int64_t> mine{sb.params,
