@@ -3,10 +3,10 @@ prints one JSON summary line: per group (architecture, dtype, ranks), the median
 program, and Loom's ratio to the strongest peer (the peer with the highest median tokens/s).
 
 Memory is reported three ways, each a median: the whole process's peak RSS, its baseline (resident
-after loading, before the first step: libraries, a framework's allocator, the model) and the
-step's own peak above that baseline. `memory_vs_strongest` compares whole-process peaks (what a
-machine must hold); `step_memory_vs_strongest` compares the steps' own peaks above each side's
-baseline (what the training step itself needs), where both sides report a baseline.
+with the runtime's libraries loaded, before the model is built) and the peak above that baseline
+(the model, optimizer state and steps). `memory_vs_strongest` compares whole-process peaks (what a
+machine must hold); `training_memory_vs_strongest` compares the peaks above each side's baseline
+(what training itself needs, without a framework's resident libraries), where both report one.
 
     bench/lm_bench.sh ... | tee run.jsonl; python3 bench/summary.py < run.jsonl
 
@@ -67,8 +67,8 @@ def main():
             if all("baseline_rss_bytes" in d for d in ds):
                 row["programs"][name]["baseline_rss_bytes_median"] = statistics.median(
                     d["baseline_rss_bytes"] for d in ds)
-                row["programs"][name]["step_rss_above_baseline_bytes_median"] = statistics.median(
-                    d["step_rss_above_baseline_bytes"] for d in ds)
+                row["programs"][name]["peak_above_baseline_bytes_median"] = statistics.median(
+                    d["peak_above_baseline_bytes"] for d in ds)
             if any("compile_s" in d for d in ds):
                 row["programs"][name]["compile_s_median"] = statistics.median(
                     d["compile_s"] for d in ds if "compile_s" in d)
@@ -80,10 +80,10 @@ def main():
                 if name.startswith("loom"):
                     p["speed_vs_strongest"] = p["tokens_per_s_median"] / peers[best]["tokens_per_s_median"]
                     p["memory_vs_strongest"] = p["peak_rss_bytes_median"] / peers[best]["peak_rss_bytes_median"]
-                    step, peer_step = (p.get("step_rss_above_baseline_bytes_median"),
-                                       peers[best].get("step_rss_above_baseline_bytes_median"))
-                    if step is not None and peer_step:
-                        p["step_memory_vs_strongest"] = step / peer_step
+                    mine, theirs = (p.get("peak_above_baseline_bytes_median"),
+                                    peers[best].get("peak_above_baseline_bytes_median"))
+                    if mine is not None and theirs:
+                        p["training_memory_vs_strongest"] = mine / theirs
         out.append(row)
     print(json.dumps({"summary": out}))
 

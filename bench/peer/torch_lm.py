@@ -846,6 +846,7 @@ def bench(args):
     sdpa = args.attention == "sdpa" or (args.attention == "auto" and has_sdpa())
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(args.seed)
+    baseline_rss = current_rss_bytes()  # the framework loaded, no model yet
 
     model = build_model(m, sdpa=sdpa)  # f32 code; bf16 comes from autocast below
     init_for_bench(model, g)
@@ -856,7 +857,6 @@ def bench(args):
     forward = torch.compile(model) if args.mode == "compile" else model
     step = make_step(forward, model, opt, inputs, targets, cfg.optim.grad_clip,
                      bf16=(dtype == "bf16"))
-    baseline_rss = current_rss_bytes()  # after loading, before the first step (and compilation)
     compile_s = None
     if args.mode == "compile":  # the first step compiles forward and backward: timed apart
         t0 = time.perf_counter()
@@ -870,10 +870,10 @@ def bench(args):
         "dtype": dtype,
         "threads": torch.get_num_threads(),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        # what the process held resident before any step (the framework's libraries, the model),
-        # and its peak above that (the steps' own, compilation included under --mode compile)
+        # what the process held resident with the framework loaded and no model yet, and its peak
+        # above that: the model, optimizer state and steps (compilation too under --mode compile)
         "baseline_rss_bytes": baseline_rss,
-        "step_rss_above_baseline_bytes":
+        "peak_above_baseline_bytes":
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline_rss,
         "attention": "sdpa" if sdpa else "naive_masked_softmax",
         "optimizer": "adamw-fused" if modern else "adamw",

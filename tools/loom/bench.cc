@@ -3,9 +3,10 @@
 // With a [plan] every rank runs the step (ranks.h: threads or mpirun processes) on the same global
 // batch; rank 0 prints the line, with the plan and, per rank, the planned bytes of parameters,
 // gradients and optimizer moments, the planned peak and the measured peak RSS. Memory beside a
-// peer: baseline_rss_bytes (rank 0's process after loading, before the first step) and
-// step_rss_above_baseline_bytes (its peak above that), so that what a runtime holds resident before
-// any step (libraries, a framework's allocator) and what the step needs can be told apart.
+// peer: baseline_rss_bytes (rank 0's process with its libraries loaded, before the model is built)
+// and peak_above_baseline_bytes (its peak above that: the model, optimizer state and steps), so
+// that what a runtime holds resident before any model (libraries, a framework's allocator) and
+// what training needs can be told apart.
 //
 // Communication, over the timed steps: collectives_per_step, and exposed_comm_ms, the time per step
 // the compute thread spent blocked on collectives (runtime::Executor::CommStats; the ranks' mean,
@@ -126,12 +127,11 @@ int64_t current_rss_bytes() {
 int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::MeshComms* comms) {
   const BenchOpts* o = &o_;
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
+  const int64_t baseline_rss = current_rss_bytes();  // the libraries loaded, no model yet
   train::ParamStore params(cfg.model);
   params.init_random(uint64_t(cfg.train.seed));
   train::StepRunner runner(cfg, params, train::StepRunner::Mode::train, comms);
   runner.release_params();  // a sharded rank keeps only its blocks of split parameters
-  // the process after loading, before the first step: what the step's own peak is measured above
-  const int64_t baseline_rss = current_rss_bytes();
   runtime::Trace trace;
   const Timed timed = time_steps(o_, cfg, runner, trace);
   const std::vector<double>& ms = timed.ms;
@@ -164,10 +164,9 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   j["achieved_gflops"] = fpt * tokens_per_step / (median / 1000.0) / 1e9;
   j["planned_peak_bytes"] = runner.planned_peak_bytes();
   j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
-  // rank 0's process: its resident memory after loading (model, parameters, compiled programs),
-  // and its peak above that (the steps' own)
+  // rank 0's process: resident with its libraries loaded and no model yet, and its peak above that
   j["baseline_rss_bytes"] = baseline_rss;
-  j["step_rss_above_baseline_bytes"] = int64_t(ru.ru_maxrss) * 1024 - baseline_rss;
+  j["peak_above_baseline_bytes"] = int64_t(ru.ru_maxrss) * 1024 - baseline_rss;
   j["device"] = runner.device().describe();
   // a GPU's memory: the most its allocations held at once (the executors' arenas and every bound
   // buffer; not cuBLASLt's 32 MiB workspace nor the reductions' stream-ordered scratch)
