@@ -1,10 +1,32 @@
 // The loom CLI's subcommands: each file adds one to the app.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <functional>
+#include <string>
 
 namespace loom::cli {
+
+// A floating-point flag's check: a finite number in [lo, hi] (CLI11's Range and NonNegativeNumber
+// let "nan" through and print their bounds in full), and for a value the kernels use as f32
+// (`f32`), one f32 holds: neither beyond its range nor rounded to 0.
+inline CLI::Validator finite_number(double lo, double hi, bool f32 = false) {
+  return CLI::Validator(
+      [lo, hi, f32](std::string& in) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(in, v)) return "expected a number, got '" + in + "'";
+        if (!std::isfinite(v) || v < lo || v > hi)
+          return std::isinf(hi) ? fmt::format("must be a finite number >= {}, got {}", lo, in)
+                                : fmt::format("must be a number in [{}, {}], got {}", lo, hi, in);
+        if (f32 && (!std::isfinite(float(v)) || (v != 0 && float(v) == 0)))
+          return fmt::format("is used as a 32-bit float, which cannot hold {}", in);
+        return "";
+      },
+      std::isinf(hi) ? fmt::format("NUMBER >= {}", lo) : fmt::format("NUMBER in [{}, {}]", lo, hi));
+}
 
 // Each returns the action to run when its subcommand was chosen.
 std::function<int()> add_step(CLI::App& app);

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <new>
+#include <string>
 #include <vector>
 
 #include "commands.h"
@@ -71,15 +73,30 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  try {
-    for (auto& [sub, run] : cmds)
-      if (sub->parsed()) return run();
-  } catch (const loom::Error& e) {
-    std::fprintf(stderr, "loom: error: %s\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "loom: error: out of memory\n");
-    return 1;
+  for (auto& [sub, run] : cmds) {
+    if (!sub->parsed()) continue;
+    const std::string name = sub->get_name();
+    try {
+      return run();
+    } catch (const loom::Error& e) {
+      std::fprintf(stderr, "loom: error: %s\n", e.what());
+      return 1;
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "loom %s: error: out of memory\n", name.c_str());
+      return 1;
+    } catch (const std::exception& e) {
+      // the last guard: every reader and writer turns bad input into a loom::Error naming the
+      // file and key at its cause; what still arrives here is a defect, said as one
+      std::fprintf(stderr,
+                   "loom %s: error: unexpected failure: %s\nhint: this is a bug in loom; please "
+                   "report it with the command line and its input files\n",
+                   name.c_str(), e.what());
+      return 1;
+    } catch (...) {
+      std::fprintf(stderr, "loom %s: error: unexpected failure (not a std::exception)\n",
+                   name.c_str());
+      return 1;
+    }
   }
   return 0;
 }

@@ -62,7 +62,7 @@ std::function<int()> add_sample(CLI::App& app) {
       ->check(kNonNegative);
   s->add_option("--temperature", o->temperature, "softmax temperature; 0 = greedy")
       ->capture_default_str()
-      ->check(kNonNegative);
+      ->check(finite_number(0, INFINITY, true));
   s->add_option("--top-k", o->top_k, "sample among the k likeliest tokens; 0 = all")
       ->capture_default_str()
       ->check(kNonNegative);

@@ -87,7 +87,7 @@ std::function<int()> add_train(CLI::App& app) {
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   s->add_option("--slowdown", o->slowdown,
                 "make each step take this many times as long, by sleeping (to test stragglers)")
-      ->check(CLI::Range(1.0, 1000.0));
+      ->check(finite_number(1, 1000));
   s->add_option("--trace", o->trace,
                 "write the first --trace-steps steps as a Chrome trace (per rank: compute and comm "
                 "lanes)");

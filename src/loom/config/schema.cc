@@ -30,6 +30,21 @@ std::string out_of_range_text(const Range& r, double v) {
   return fmt::format("must be {}{}, got {}", std::isinf(r.hi) ? "" : "in ", range_text(r), v);
 }
 
+std::string float_out_of_range(const Range& range, double v, Used used) {
+  if (!range.contains(v)) return out_of_range_text(range, v);
+  if (used == Used::f64) return "";
+  const float f = float(v);
+  if (!std::isfinite(f))
+    return fmt::format("is used as a 32-bit float, which cannot hold {} (at most about 3.4e38)", v);
+  if (v != 0 && f == 0)
+    return fmt::format("is used as a 32-bit float, in which {} is 0 (the smallest is about 1.4e-45)",
+                       v);
+  if (!range.contains(double(f)))
+    return fmt::format("is used as a 32-bit float, in which {} is {}: {}", v, f,
+                       out_of_range_text(range, double(f)));
+  return "";
+}
+
 std::optional<int64_t> integer_in(const toml::node& n) {
   if (!n.is_integer()) return std::nullopt;
   return n.value<int64_t>();

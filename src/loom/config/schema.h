@@ -117,8 +117,18 @@ Key<S> int_key(std::string name, int64_t S::*field, Range range, std::string mea
           {}};
 }
 
+// The type a float key's value is used in: the kernels' f32 (the default: learning rates, betas,
+// epsilons, loss weights), or f64 (seconds, sizes, factors the host computes with).
+enum class Used { f32, f64 };
+
+// "" when v, used as `used`, is in `range`; else why not. An f32 value is checked as f32 holds it:
+// a value f32 cannot hold (1e39) or that it rounds to zero (1e-50) or to another value out of the
+// range (beta2 = 0.999999999 is 1.0f) is refused, saying so.
+std::string float_out_of_range(const Range& range, double v, Used used);
+
 template <class S>
-Key<S> float_key(std::string name, double S::*field, Range range, std::string meaning) {
+Key<S> float_key(std::string name, double S::*field, Range range, std::string meaning,
+                 Used used = Used::f32) {
   return {std::move(name),
           "float",
           [field](S& s, const toml::node& n, const std::string& where) {
@@ -130,7 +140,7 @@ Key<S> float_key(std::string name, double S::*field, Range range, std::string me
               throw Error(fmt::format("{}: must be a finite number, got {}", where, v));
             s.*field = v;
           },
-          detail::range_check(field, range),
+          [field, range, used](S& s) { return float_out_of_range(range, s.*field, used); },
           range,
           fmt::format("{}", detail::default_of(field)),
           std::move(meaning),

@@ -16,6 +16,8 @@ struct Inner {
 struct Part {
   int64_t n = 4;
   double x = 0.5;
+  double eps = 1e-8;     // used as f32
+  double seconds = 1.0;  // used as f64
   bool on = false;
   std::string name;
   Mode mode = Mode::fast;
@@ -32,6 +34,8 @@ Section<Part> part_section() {
           {
               int_key("n", &Part::n, closed(1, 8), "a count"),
               float_key("x", &Part::x, below_one(), ""),
+              float_key("eps", &Part::eps, above(0), ""),
+              float_key("seconds", &Part::seconds, above(0), "", Used::f64),
               bool_key("on", &Part::on, ""),
               string_key("name", &Part::name, "a name"),
               enum_key("mode", &Part::mode, {Mode::fast, Mode::slow}, mode_name, ""),
@@ -121,7 +125,7 @@ TEST(Schema, ReferenceAndKeysListEveryKey) {
   EXPECT_NE(ref.find("| `[whole] extra` | int | 1 |"), std::string::npos);
   int keys = 0;
   for_each_key(whole(), [&](const std::string&, const Key<Whole>&) { ++keys; });
-  EXPECT_EQ(keys, 9);  // 7 of part, inner.k, extra
+  EXPECT_EQ(keys, 11);  // 9 of part, inner.k, extra
 }
 
 TEST(Schema, OverridesSetKeysAndRefuseAMalformedOne) {
@@ -133,6 +137,23 @@ TEST(Schema, OverridesSetKeysAndRefuseAMalformedOne) {
   EXPECT_EQ(w.part.n, 5);
   EXPECT_EQ(w.part.name, "word");
   EXPECT_THROW(apply_override(root, "f.toml", "n=5"), Error);
+}
+
+// A float key is checked in the type it is used in: an f32 key refuses what f32 cannot hold, what
+// it rounds to 0, and what it rounds out of the range (x in [0, 1): 0.9999999999 is 1.0f); an f64
+// key takes them.
+TEST(Schema, FloatKeysAreCheckedInTheTypeTheyAreUsedIn) {
+  EXPECT_NE(error_of("[part]\nx = 0.9999999999\n").find("[part] x: is used as a 32-bit float, in "
+                                                        "which 0.9999999999 is 1"),
+            std::string::npos)
+      << error_of("[part]\nx = 0.9999999999\n");
+  EXPECT_NE(error_of("[part]\neps = 1e-50\n").find("in which 1e-50 is 0"), std::string::npos)
+      << error_of("[part]\neps = 1e-50\n");
+  EXPECT_NE(error_of("[part]\neps = 1e39\n").find("cannot hold 1e+39"), std::string::npos)
+      << error_of("[part]\neps = 1e39\n");
+  EXPECT_EQ(error_of("[part]\nx = 0.99999\neps = 1e-30\n"), "");  // f32 holds both
+  EXPECT_EQ(error_of("[part]\nseconds = 1e-50\n"), "");            // f64: as written
+  EXPECT_EQ(read_text("[part]\nseconds = 1e39\n").part.seconds, 1e39);
 }
 
 }  // namespace

@@ -141,7 +141,20 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
 
 DirLock DirLock::acquire(const std::string& dir, const std::string& use) {
   const std::string path = dir + "/.lock";
-  Fd fd = open_checked(path, O_RDWR | O_CREAT, 0644, "open lock file");
+  // never through a symbolic link (it could point at a file of another directory, which the
+  // lock's pid would overwrite), and only a regular file
+  int raw;
+  do raw = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  while (raw < 0 && errno == EINTR);
+  if (raw < 0 && errno == ELOOP)
+    throw Error(fmt::format("{} {}: its lock file {} is a symbolic link", use, dir, path),
+                "remove it (loom makes its own), or choose another directory");
+  Fd fd(check_sys(raw, "open lock file", path));
+  struct stat st {};
+  check_sys(::fstat(fd.get(), &st), "stat", path);
+  if (!S_ISREG(st.st_mode))
+    throw Error(fmt::format("{} {}: its lock file {} is not a regular file", use, dir, path),
+                "remove it (loom makes its own), or choose another directory");
   int rc;
   do rc = ::flock(fd.get(), LOCK_EX | LOCK_NB);
   while (rc < 0 && errno == EINTR);

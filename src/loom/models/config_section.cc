@@ -19,7 +19,7 @@ std::vector<Key<MoeConfig>> moe_keys() {
       int_key("top_k", &M::top_k, at_least(1), "experts per token, at most `experts`"),
       int_key("every", &M::every, at_least(1), "every `every`-th layer is MoE; at most `n_layers`"),
       float_key("capacity_factor", &M::capacity_factor, above(0),
-                "slots per expert and sequence: ceil(factor T k / E)"),
+                "slots per expert and sequence: ceil(factor T k / E)", config::Used::f64),
       bool_key("dropless", &M::dropless, "capacity T: no token dropped"),
       float_key("aux_loss", &M::aux_loss, at_least(0), "the load-balancing loss's weight"),
       float_key("z_loss", &M::z_loss, at_least(0), "the router z-loss's weight"),

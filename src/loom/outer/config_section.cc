@@ -71,14 +71,15 @@ const config::Section<OuterConfig>& outer_section() {
         float_key("grace", &O::grace, closed(0, 10),
                   "async: after a push, the longest an island waits for the rest of its Delayed "
                   "Nesterov period before it pulls, as a fraction of its round's time (0: never "
-                  "waits)"),
+                  "waits)",
+                  config::Used::f64),
         int_key("islands", &O::islands, at_least(0),
                 "islands expected (the first round waits for them; async step budget)"),
         // durations become clock ticks (nanoseconds in int64: at most 292 years); a day is plenty
         float_key("lease_s", &O::lease_s, {0, 86400, true, false},
-                  "an island silent this long is dropped"),
+                  "an island silent this long is dropped", config::Used::f64),
         float_key("retry_s", &O::retry_s, closed(0, 86400),
-                  "how long an island keeps reconnecting"),
+                  "how long an island keeps reconnecting", config::Used::f64),
         string_key("token_file", &O::token_file,
                    "a file holding the shared token (else `LOOM_OUTER_TOKEN`)"),
         string_key("tls_ca", &O::tls_ca, "island: the PEM certificate to trust"),

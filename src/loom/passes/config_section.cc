@@ -23,7 +23,7 @@ const config::Section<ScheduleOptions>& passes_section() {
               recompute_name, "activation checkpointing (`selective_op`: torchtitan's)"),
           enum_key("bucket", &O::bucket, {Bucket::none, Bucket::block, Bucket::automatic},
                    bucket_name, "`auto`: sized by the simulator on `cluster`"),
-          float_key("bucket_mb", &O::bucket_mb, {0, 1e6, true, false}, ""),
+          float_key("bucket_mb", &O::bucket_mb, {0, 1e6, true, false}, "", config::Used::f64),
           string_key("cluster", &O::cluster_file,
                      "the cluster file `bucket = \"auto\"` predicts on"),
           bool_key("prefetch", &O::prefetch,

@@ -100,11 +100,23 @@ Run open_run(const Config& cfg, const RunOptions& opts) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(fmt::format("run dir {}: cannot create ({})", dir, ec.message()));
-  Run run{dir, dir + "/checkpoints", dir + "/metrics.jsonl", {}, std::move(corpus)};
+  Run run{dir, dir + "/checkpoints", dir + "/metrics.jsonl", {}, std::move(corpus), nullptr};
+  // one training run per run directory, locked before any look inside it: a second `loom train`
+  // stops here. The ranks of an mpirun job are processes of their own: rank 0 locks (train_rank).
+  if (cfg.plan.plan.empty() || cfg.plan.ranks != "mpi")
+    run.lock = std::make_shared<DirLock>(DirLock::acquire(dir, "run dir"));
   run.latest = latest_checkpoint(run.checkpoints);
   if (run.latest && !opts.resume)
     throw Error(fmt::format("run dir {} already holds checkpoints", dir),
                 "pass --resume auto to continue it, or choose another --run-dir");
+  // an earlier run's log that no checkpoint continues: a fresh run would truncate it
+  std::error_code mec;
+  if (!run.latest && fs::is_regular_file(run.metrics, mec) && fs::file_size(run.metrics, mec) > 0 &&
+      !mec)
+    throw Error(fmt::format("run dir {} holds an earlier run's metrics.jsonl but no checkpoint to "
+                            "resume from",
+                            dir),
+                "choose another --run-dir, or move its metrics.jsonl away to start afresh there");
   const shard::Plan& plan = cfg.plan.plan;
   if (!plan.empty() && opts.slowdown > 1)
     throw Error(fmt::format("{}: --slowdown makes a straggler island; the ranks of a [plan] step "
@@ -125,10 +137,10 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
   // the evaluator reads the trainer's parameter blocks (a sharded run keeps no second copy)
   StepRunner evaluator(cfg, params, StepRunner::Mode::eval, comms, &runner);
   RunResult r;
-  // one training run per run directory: a second `loom train` on it stops here, before it reads
-  // or writes anything there
+  // the run directory's lock: open_run took it, except in an mpirun job, whose rank 0 takes it
+  // here before it reads or writes anything there
   std::optional<DirLock> lock;
-  if (writer) lock.emplace(DirLock::acquire(run.dir, "run dir"));
+  if (writer && !run.lock) lock.emplace(DirLock::acquire(run.dir, "run dir"));  // mpirun's rank 0
   if (run.latest) {
     // the newest checkpoint that loads whole: a damaged one (a checksum, a torn file) is passed
     // over, saying so, and left where it is

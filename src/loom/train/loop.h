@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 
+#include "loom/core/file.h"
 #include "loom/data/text_corpus.h"
 #include "loom/runtime/collectives.h"
 #include "loom/train/config.h"
@@ -66,6 +67,9 @@ struct Run {
   std::string dir, checkpoints, metrics;
   std::optional<std::string> latest;  // the checkpoint to resume from
   data::TextCorpus corpus;
+  // the run directory's lock, taken before anything there is looked at (a process of an mpirun
+  // job takes none here: its rank 0 takes it in train_rank)
+  std::shared_ptr<DirLock> lock;
 };
 Run open_run(const Config& cfg, const RunOptions& opts);
 

@@ -99,5 +99,40 @@ TEST(TrainLoop, BadRunsAreErrors) {
   EXPECT_THROW(open_run(small, {.run_dir = (d.path / "small").string()}), Error);
 }
 
+// What a run directory holds is never lost to a second run: the lock comes before any look inside
+// (a second open_run while the first holds it stops at once), a fresh run refuses a directory whose
+// metrics.jsonl no checkpoint continues, and a lock file that is a symbolic link is refused.
+TEST(TrainLoop, ARunDirectoryIsLockedFirstAndItsLogIsKept) {
+  TempDir d;
+  const Config cfg = config(d);
+  RunOptions opts{.run_dir = (d.path / "run").string()};
+  auto message = [&](const RunOptions& o) {
+    try {
+      open_run(cfg, o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  {
+    train::Run r = open_run(cfg, opts);
+    EXPECT_NE(message(opts).find("is in use"), std::string::npos) << message(opts);
+  }
+  // a run that logged steps and died before its first checkpoint
+  const std::string log = "{\"step\":1,\"loss\":5.5}\n";
+  write_file_atomic(opts.run_dir + "/metrics.jsonl", log);
+  EXPECT_NE(message(opts).find("holds an earlier run's metrics.jsonl but no checkpoint"),
+            std::string::npos)
+      << message(opts);
+  EXPECT_EQ(read_file(opts.run_dir + "/metrics.jsonl"), log);  // untouched
+  // a symbolic link where the lock file goes
+  const fs::path linked = d.path / "linked";
+  fs::create_directories(linked);
+  fs::create_symlink(d.path / "elsewhere", linked / ".lock");
+  const std::string why = message({.run_dir = linked.string()});
+  EXPECT_NE(why.find("is a symbolic link"), std::string::npos) << why;
+  EXPECT_FALSE(fs::exists(d.path / "elsewhere"));
+}
+
 }  // namespace
 }  // namespace loom::train
