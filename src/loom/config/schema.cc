@@ -37,8 +37,8 @@ std::string float_out_of_range(const Range& range, double v, Used used) {
   if (!std::isfinite(f))
     return fmt::format("is used as a 32-bit float, which cannot hold {} (at most about 3.4e38)", v);
   if (v != 0 && f == 0)
-    return fmt::format("is used as a 32-bit float, in which {} is 0 (the smallest is about 1.4e-45)",
-                       v);
+    return fmt::format(
+        "is used as a 32-bit float, in which {} is 0 (the smallest is about 1.4e-45)", v);
   if (!range.contains(double(f)))
     return fmt::format("is used as a 32-bit float, in which {} is {}: {}", v, f,
                        out_of_range_text(range, double(f)));

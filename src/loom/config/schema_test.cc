@@ -143,8 +143,9 @@ TEST(Schema, OverridesSetKeysAndRefuseAMalformedOne) {
 // it rounds to 0, and what it rounds out of the range (x in [0, 1): 0.9999999999 is 1.0f); an f64
 // key takes them.
 TEST(Schema, FloatKeysAreCheckedInTheTypeTheyAreUsedIn) {
-  EXPECT_NE(error_of("[part]\nx = 0.9999999999\n").find("[part] x: is used as a 32-bit float, in "
-                                                        "which 0.9999999999 is 1"),
+  EXPECT_NE(error_of("[part]\nx = 0.9999999999\n")
+                .find("[part] x: is used as a 32-bit float, in "
+                      "which 0.9999999999 is 1"),
             std::string::npos)
       << error_of("[part]\nx = 0.9999999999\n");
   EXPECT_NE(error_of("[part]\neps = 1e-50\n").find("in which 1e-50 is 0"), std::string::npos)
@@ -152,7 +153,7 @@ TEST(Schema, FloatKeysAreCheckedInTheTypeTheyAreUsedIn) {
   EXPECT_NE(error_of("[part]\neps = 1e39\n").find("cannot hold 1e+39"), std::string::npos)
       << error_of("[part]\neps = 1e39\n");
   EXPECT_EQ(error_of("[part]\nx = 0.99999\neps = 1e-30\n"), "");  // f32 holds both
-  EXPECT_EQ(error_of("[part]\nseconds = 1e-50\n"), "");            // f64: as written
+  EXPECT_EQ(error_of("[part]\nseconds = 1e-50\n"), "");           // f64: as written
   EXPECT_EQ(read_text("[part]\nseconds = 1e39\n").part.seconds, 1e39);
 }
 

@@ -64,9 +64,11 @@ TEST(TrainLoop, ResumedRunLogsWhatAStraightRunDoes) {
 
   // the same run, its step-6 checkpoint lost: resumed from step 3
   RunOptions resumed{.run_dir = (d.path / "resumed").string()};
-  train::Run b = open_run(cfg, resumed);
-  train_rank(cfg, b, resumed, nullptr);
-  fs::remove_all(fs::path(b.checkpoints) / "step_00000006");
+  {
+    train::Run b = open_run(cfg, resumed);  // holds the directory's lock while it lives
+    train_rank(cfg, b, resumed, nullptr);
+  }
+  fs::remove_all(fs::path(resumed.run_dir) / "checkpoints" / "step_00000006");
   resumed.resume = true;
   train::Run b2 = open_run(cfg, resumed);
   ASSERT_TRUE(b2.latest.has_value());
@@ -87,10 +89,18 @@ TEST(TrainLoop, BadRunsAreErrors) {
   TempDir d;
   Config cfg = config(d);
   RunOptions opts{.run_dir = (d.path / "run").string()};
-  train::Run r = open_run(cfg, opts);
-  train_rank(cfg, r, opts, nullptr);
+  {
+    train::Run r = open_run(cfg, opts);
+    train_rank(cfg, r, opts, nullptr);
+  }
   // checkpoints there and no resume
-  EXPECT_THROW(open_run(cfg, opts), Error);
+  try {
+    open_run(cfg, opts);
+    ADD_FAILURE() << "a run dir with checkpoints opened without --resume";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already holds checkpoints"), std::string::npos)
+        << e.what();
+  }
   Config no_data = cfg;
   no_data.data.path.clear();
   EXPECT_THROW(open_run(no_data, {.run_dir = (d.path / "other").string()}), Error);
