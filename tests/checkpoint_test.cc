@@ -86,6 +86,29 @@ TEST(Checkpoint, KeepsTheNewestAndIgnoresTempDirectories) {
   fs::remove_all(dir);
 }
 
+// A resume that passed over a damaged newer checkpoint (step 9 here) trains on from an older one:
+// the sweep neither counts the later step (keep = 1 would otherwise keep only it and delete every
+// good checkpoint, the one just written included) nor deletes it.
+TEST(Checkpoint, TheSweepNeverCountsALaterDamagedCheckpoint) {
+  Config cfg = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml");
+  const std::string dir = temp_dir("sweep");
+  ParamStore p(cfg.model);
+  p.init_random(1);
+  StepRunner r(cfg, p, StepRunner::Mode::train);
+  fs::create_directories(dir + "/step_00000009");  // damaged: no files a load would accept
+  std::string last;
+  for (int s = 1; s <= 3; ++s) {
+    r.step(batch(cfg, s).data());
+    last = save_checkpoint(dir, p, r, {}, "", /*keep=*/1);
+  }
+  auto all = list_checkpoints(dir);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0], last) << "the checkpoint just written stays";
+  EXPECT_EQ(fs::path(all[0]).filename(), "step_00000003");
+  EXPECT_EQ(fs::path(all[1]).filename(), "step_00000009") << "the later one is not deleted";
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, CorruptFilesAreClearErrors) {
   Config cfg = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml");
   const std::string dir = temp_dir("corrupt");

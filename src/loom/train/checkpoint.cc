@@ -54,8 +54,8 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 }
 
 std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunner& runner,
-                            const nlohmann::json& state, const std::string& config_text, int keep,
-                            bool writer) {
+                            const nlohmann::json& state, const std::string& config_text,
+                            int64_t keep, bool writer) {
   // every rank of a sharded run gathers (collectively); only the writer touches the disk
   runner.push_params();
   std::vector<std::vector<float>> moments;
@@ -102,9 +102,14 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
     fs::remove_all(tmp, ec);
     throw;
   }
-  // Sweep: older checkpoints beyond `keep`, and temp directories of crashed writers.
-  auto all = list_checkpoints(dir);
-  for (size_t i = 0; keep > 0 && i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+  // Sweep: of the checkpoints up to this step, those older than the newest `keep` (this one the
+  // newest of them); a later step's checkpoint is one a resume passed over as damaged: never
+  // counted (it would push good ones out), never deleted. Then temp directories of crashed writers.
+  std::vector<std::string> upto;
+  for (const std::string& c : list_checkpoints(dir))
+    if (step_of(fs::path(c).filename().string()) <= step) upto.push_back(c);
+  if (keep > 0 && int64_t(upto.size()) > keep)
+    for (size_t i = 0; i < upto.size() - size_t(keep); ++i) fs::remove_all(upto[i], ec);
   for (const auto& e : fs::directory_iterator(dir, ec))
     if (e.path().filename().string().rfind(".tmp.", 0) == 0) fs::remove_all(e.path(), ec);
   return final_path;

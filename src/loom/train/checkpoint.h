@@ -39,9 +39,12 @@ std::string checkpoint_name(int64_t step);  // "step_00000100"
 // checkpoint's path. Throws loom::Error naming the path on failure, leaving earlier checkpoints
 // intact. A sharded run calls it on every rank (it gathers the parameters and moments collectively,
 // so the checkpoint holds whole tensors and loads under any plan); only the `writer` rank writes.
+// Then it sweeps: of the checkpoints up to this step, the newest `keep` stay (0: all), the one just
+// written always among them; checkpoints of later steps (a resume passed them over as damaged) are
+// neither counted nor deleted.
 std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunner& runner,
-                            const nlohmann::json& state, const std::string& config_text, int keep,
-                            bool writer = true);
+                            const nlohmann::json& state, const std::string& config_text,
+                            int64_t keep, bool writer = true);
 
 // The newest complete checkpoint in `dir` (by step), if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
