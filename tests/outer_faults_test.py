@@ -663,6 +663,14 @@ def bad_config(d, data):
     check(r.returncode == 1 and "cannot listen on 127.0.0.1:%d" % port in r.stderr
           and not os.path.exists(os.path.join(d, "second.port")),
           "a second server on a port in use: exit %s: %s" % (r.returncode, one_line(r.stderr)))
+    # a second server on the state directory the first holds: refused before it reads the state
+    # (two servers would overwrite each other's global parameters)
+    r = subprocess.run([LOOM, "outer-server", CONFIG, "--listen", "127.0.0.1:0", "--state-dir",
+                        os.path.join(d, "state"), "--port-file", os.path.join(d, "third.port")]
+                       + common, env=env(), capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "is in use" in r.stderr
+          and not os.path.exists(os.path.join(d, "third.port")),
+          "a second server on a state dir in use: exit %s: %s" % (r.returncode, one_line(r.stderr)))
     stop_server(srv)
     t0 = time.time()
     none = Proc([LOOM, "outer-server", CONFIG, "--listen", "127.0.0.1:0", "--state-dir",
@@ -681,7 +689,8 @@ def bad_config(d, data):
                        capture_output=True, text=True, timeout=60,
                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384)))
     check(r.returncode == 1 and "cannot save the state" in r.stderr and "EFBIG" in r.stderr
-          and os.listdir(full) == [] and not os.path.exists(os.path.join(d, "full.port")),
+          and [f for f in os.listdir(full) if f != ".lock"] == []
+          and not os.path.exists(os.path.join(d, "full.port")),
           "server that cannot write its state: exit %s, left %s: %s"
           % (r.returncode, os.listdir(full), one_line(r.stderr)))
     # a garbage TLS certificate or key: named, not "is the port in use?"

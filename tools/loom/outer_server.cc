@@ -76,6 +76,9 @@ std::function<int()> add_outer_server(CLI::App& app) {
     fs::create_directories(sc.state_dir, ec);
     if (ec)
       throw Error(fmt::format("--state-dir {}: cannot create ({})", sc.state_dir, ec.message()));
+    // one server per state directory, locked before its state is read: two would overwrite each
+    // other's global parameters
+    const DirLock lock = DirLock::acquire(sc.state_dir, "--state-dir");
 
     outer::OuterServer server(sc, std::move(initial));
     int port = server.start(o->listen);
