@@ -78,8 +78,8 @@ const config::Section<OuterConfig>& outer_section() {
         // durations become clock ticks (nanoseconds in int64: at most 292 years); a day is plenty
         float_key("lease_s", &O::lease_s, {0, 86400, true, false},
                   "an island silent this long is dropped", config::Used::f64),
-        float_key("retry_s", &O::retry_s, closed(0, 86400),
-                  "how long an island keeps reconnecting", config::Used::f64),
+        float_key("retry_s", &O::retry_s, closed(0, 86400), "how long an island keeps reconnecting",
+                  config::Used::f64),
         string_key("token_file", &O::token_file,
                    "a file holding the shared token (else `LOOM_OUTER_TOKEN`)"),
         string_key("tls_ca", &O::tls_ca, "island: the PEM certificate to trust"),
