@@ -390,6 +390,10 @@ Written read(const std::vector<Section<S>>& sections, const toml::table& root, S
                     suggest(key, names_of(sit->keys)));
       kit->set(s, kv, fmt::format("{}: [{}] {}", path, section, key));
       written.add(fmt::format("[{}] {}", section, key));
+      // an inline table's members the file gives ("[model] moe.experts") are the file's too
+      if (const toml::table* inner = kv.as_table())
+        for (const auto& [mk, mv] : *inner)
+          written.add(fmt::format("[{}] {}.{}", section, key, std::string(mk.str())));
     }
   }
   return written;

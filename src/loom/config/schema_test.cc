@@ -157,5 +157,12 @@ TEST(Schema, FloatKeysAreCheckedInTheTypeTheyAreUsedIn) {
   EXPECT_EQ(read_text("[part]\nseconds = 1e39\n").part.seconds, 1e39);
 }
 
+// An inline table's member the file sets out of range is the file's value, not "its default".
+TEST(Schema, AnInlineTablesMemberIsTheFilesWhenItGivesIt) {
+  const std::string given = error_of("[part]\ninner = { k = 0 }\n");
+  EXPECT_NE(given.find("[part] inner.k: must be >= 1, got 0"), std::string::npos) << given;
+  EXPECT_EQ(given.find("default"), std::string::npos) << given;
+}
+
 }  // namespace
 }  // namespace loom::config

@@ -147,6 +147,18 @@ void ModelConfig::validate(const std::string& src) const {
       bad("moe.z_loss", "must be a finite number >= 0");
   }
   architecture(arch).validate(*this, bad);
+  // the sizes together: every byte count derived from the parameter count stays inside int64
+  long double total = 0;
+  for (const ParamInfo& p : param_infos(*this)) {
+    long double n = 1;
+    for (int64_t d : p.shape) n *= (long double)d;
+    total += n;
+  }
+  if (total > (long double)L::params)
+    throw Error(fmt::format("{}: [model]: {:.3g} parameters, more than Loom's limit of 2^48 (its "
+                            "byte counts would leave int64)",
+                            src, double(total)),
+                "make d_model, ffn_hidden, n_layers or moe.experts smaller");
 }
 
 std::vector<ParamInfo> param_infos(const ModelConfig& c) { return architecture(c.arch).params(c); }

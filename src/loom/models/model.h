@@ -53,6 +53,9 @@ struct ModelLimits {
   static constexpr int64_t ffn_hidden = int64_t(1) << 22;
   static constexpr int64_t max_seq_len = int64_t(1) << 24;
   static constexpr int64_t experts = 4096;
+  // parameters in all: their bytes, with gradients and moments (16 per parameter), stay far
+  // inside int64 (2^52)
+  static constexpr int64_t params = int64_t(1) << 48;
 };
 
 struct ModelConfig {

@@ -76,10 +76,24 @@ TEST(ConfigSchema, OutOfRangeNamesKeyValueAndRange) {
            {"model.d_model=2097152", "[model] d_model: must be in [1, 2^20], got 2097152"},
            {"passes.max_in_flight=0", "[passes] max_in_flight: must be >= 1, got 0"},
            {"model.moe={experts = 5000}", "[model] moe.experts: must be in [0, 4096], got 5000"},
+           {"optim.beta2=0.9999999999",
+            "[optim] beta2: is used as a 32-bit float, in which 0.9999999999 is 1"},
+           {"model.norm_eps=1e-50",
+            "[model] norm_eps: is used as a 32-bit float, in which 1e-50 is 0"},
        }) {
     const std::string err = error_of("", {c.set});
     EXPECT_NE(err.find(c.want), std::string::npos) << c.set << " -> " << err;
   }
+}
+
+// Each size is in its range, and so is what they make together: a model whose parameter count
+// would take its byte counts out of int64 (here about 3 x 2^64 parameters) is refused before
+// anything is sized from it (loom plan had said such a model fits one GPU).
+TEST(ConfigSchema, AModelTooLargeForInt64IsRefused) {
+  const std::string err =
+      error_of("", {"model.moe={experts=4096,top_k=2}", "model.d_model=1048576",
+                    "model.ffn_hidden=4194304", "model.n_heads=1024", "model.n_layers=1024"});
+  EXPECT_NE(err.find("parameters, more than Loom's limit of 2^48"), std::string::npos) << err;
 }
 
 TEST(ConfigSchema, StreamingDiLoCoKeysAreCheckedAgainstEachOther) {
