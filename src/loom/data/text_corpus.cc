@@ -32,9 +32,22 @@ TextSplit split_text(const std::string& path, int val_every) {
     for (const auto& e : fs::recursive_directory_iterator(path, ec))
       if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
     std::sort(files.begin(), files.end());
-    if (files.empty())
+    if (files.empty()) {
+      // a `loom data prepare` directory with a file missing is not a folder of text
+      std::string have, missing;
+      for (const char* f : {"meta.json", "train.bin", "val.bin", "tokenizer.model"}) {
+        const bool here = fs::exists(fs::path(path) / f, ec);
+        std::string& list = here ? have : missing;
+        if (here || std::string(f) != "tokenizer.model")
+          list += (list.empty() ? "" : ", ") + std::string(f);
+      }
+      if (!have.empty() && !missing.empty())
+        throw Error(fmt::format("data {}: a prepared data directory (it holds {}) without {}", path,
+                                have, missing),
+                    "prepare it again with loom data prepare, or restore the missing files");
       throw Error(fmt::format("data {}: no .txt files in the directory", path),
                   "point [data] path at a text file or a directory of .txt files");
+    }
     for (size_t i = 0; i < files.size(); ++i) {
       std::string bytes = read_file(files[i]);
       bool val = files.size() >= 2 && (i % size_t(val_every) == size_t(val_every - 1) ||
@@ -48,6 +61,12 @@ TextSplit split_text(const std::string& path, int val_every) {
     s.train = bytes.substr(0, cut);
     s.val = bytes.substr(cut);
     s.train_files = {path};
+  } else if (fs::exists(fs::status(path, ec))) {
+    // a FIFO, socket or device: named for what it is, not as missing (and never read: a FIFO
+    // would block)
+    throw Error(
+        fmt::format("data {}: not a regular file or a directory (a FIFO, socket or device)", path),
+        "set [data] path to a text file or a directory of .txt files");
   } else {
     throw Error(fmt::format("data {}: no such file or directory", path),
                 "set [data] path to a text file or a directory of .txt files");
