@@ -88,6 +88,53 @@ __device__ __forceinline__ void wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Double buffering: queue(it + 1) copies iteration it + 1's tiles into the buffer no warp reads any
+// more (the caller's barrier ended iteration it - 1), then this waits until iteration it's copies
+// have landed; the caller's __syncthreads makes them every thread's.
+template <class Queue>
+__device__ __forceinline__ void prefetch(int64_t it, int64_t n, const Queue& queue) {
+  if (it + 1 < n) {
+    queue(it + 1);
+    commit();
+    wait<1>();
+  } else {
+    wait<0>();
+  }
+}
+
+// The key tile at row k0 of one kv head (kb, vb: its row 0) into buffer `to`: K, then V.
+template <int D>
+__device__ __forceinline__ void load_kv(bf* to, const bf* kb, const bf* vb, int64_t k0, int64_t T,
+                                        int64_t ldk) {
+  load_tile<D>(to, kb, k0, T, ldk);
+  load_tile<D>(to + kTile * Tile<D>::ld, vb, k0, T, ldk);
+}
+
+// The query tile of a forward or dq block: rows q0.. of query head h of sequence b (blockIdx.y =
+// b NH + h), the longest rows first, reading kv head g.
+template <int D>
+struct QueryTile {
+  int64_t q0, bh, b, h, ldq, ldk;
+  const bf *kb, *vb;  // row 0 of kv head g
+  __device__ explicit QueryTile(const Args& a) {
+    const int64_t tiles = (a.T + kTile - 1) / kTile;
+    q0 = (tiles - 1 - blockIdx.x) * kTile;
+    bh = blockIdx.y;
+    b = bh / a.NH;
+    h = bh % a.NH;
+    const int64_t g = h / (a.NH / a.NKV);
+    ldq = a.NH * D;
+    ldk = a.NKV * D;
+    kb = a.k + (b * a.T * a.NKV + g) * D;
+    vb = a.v + (b * a.T * a.NKV + g) * D;
+  }
+  // row 0 of this query head of a (B,T,NH,D) tensor (q, o, dO, dq)
+  template <class T>
+  __device__ T* head(T* x, const Args& a) const {
+    return x + (b * a.T * a.NH + h) * D;
+  }
+};
+
 template <int D>
 __global__ void __launch_bounds__(kFlashThreads) mma_fwd_kernel(Args a) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -95,55 +142,37 @@ __global__ void __launch_bounds__(kFlashThreads) mma_fwd_kernel(Args a) {
   bf* qs = reinterpret_cast<bf*>(smem);
   bf* kv_buf = qs + kTile * ld;  // [2][K, V]: the key tile in use and the next
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane >> 2, qd = lane & 3;
-  const int64_t tiles = (a.T + kTile - 1) / kTile;
-  const int64_t q0 = (tiles - 1 - blockIdx.x) * kTile;  // the longest rows first
-  const int64_t bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, g = h / (a.NH / a.NKV);
-  const int64_t ldq = a.NH * D, ldk = a.NKV * D;
-  const bf* kb = a.k + (b * a.T * a.NKV + g) * D;
-  const bf* vb = a.v + (b * a.T * a.NKV + g) * D;
-  load_tile<D>(qs, a.q + (b * a.T * a.NH + h) * D, q0, a.T, ldq);
-  load_tile<D>(kv_buf, kb, 0, a.T, ldk);
-  load_tile<D>(kv_buf + kTile * ld, vb, 0, a.T, ldk);
+  const QueryTile<D> qt(a);
+  load_tile<D>(qs, qt.head(a.q, a), qt.q0, a.T, qt.ldq);
+  load_kv<D>(kv_buf, qt.kb, qt.vb, 0, a.T, qt.ldk);
   commit();
   uint32_t qa[D / 16][4];
 
-  const int64_t t0 = q0 + w * 16 + grp, t1 = t0 + 8;  // this lane's two rows
-  const float sl2 = a.scale * kLog2e;                 // scores in log2 units
+  const int64_t t0 = qt.q0 + w * 16 + grp, t1 = t0 + 8;  // this lane's two rows
+  const float sl2 = a.scale * kLog2e;                    // scores in log2 units
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   float o[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  zero(o);
 
-  const int64_t n_k = q0 / kTile + 1;  // key tiles up to the diagonal
+  const int64_t n_k = qt.q0 / kTile + 1;  // key tiles up to the diagonal
   for (int64_t it = 0; it < n_k; ++it) {
     const int64_t k0 = it * kTile;
     const bf* ks = kv_buf + (it & 1) * 2 * kTile * ld;
     const bf* vs = ks + kTile * ld;
-    if (it + 1 < n_k) {  // the next tile into the other buffer, free since the last barrier
-      bf* next = kv_buf + ((it + 1) & 1) * 2 * kTile * ld;
-      load_tile<D>(next, kb, k0 + kTile, a.T, ldk);
-      load_tile<D>(next + kTile * ld, vb, k0 + kTile, a.T, ldk);
-      commit();
-      wait<1>();
-    } else {
-      wait<0>();
-    }
+    prefetch(it, n_k, [&](int64_t next) {  // into the other buffer
+      load_kv<D>(kv_buf + (next & 1) * 2 * kTile * ld, qt.kb, qt.vb, k0 + kTile, a.T, qt.ldk);
+    });
     __syncthreads();  // this tile (and Q) landed for every thread
     if (it == 0) {
 #pragma unroll
       for (int kc = 0; kc < D / 16; ++kc) load_a(qa[kc], qs, ld, w * 16, kc * 16);
     }
     float s[kTile / 8][4];
-#pragma unroll
-    for (int j = 0; j < kTile / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    zero(s);
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc)
 #pragma unroll
-      for (int j = 0; j < kTile / 8; ++j) {
-        uint32_t b0, b1;
-        load_bt(b0, b1, ks, ld, j * 8, kc * 16);
-        mma(s[j], qa[kc], b0, b1);
-      }
+      for (int j = 0; j < kTile / 8; ++j) mma_bt(s[j], qa[kc], ks, ld, j * 8, kc * 16);
     // online softmax: keys k0 <= col <= t (and col < T; key k0 always is)
     float mx0 = m0, mx1 = m1;
 #pragma unroll
@@ -169,43 +198,25 @@ __global__ void __launch_bounds__(kFlashThreads) mma_fwd_kernel(Args a) {
       const uint32_t bot = pack(exp2f(s[j][2] - mx1), exp2f(s[j][3] - mx1));
       rs0 += lo_f32(top) + hi_f32(top);  // the rounded probabilities, as multiplied
       rs1 += lo_f32(bot) + hi_f32(bot);
-      pa[j / 2][(j % 2) * 2] = top;
-      pa[j / 2][(j % 2) * 2 + 1] = bot;
+      put_a(pa, j, top, bot);
     }
     l0 = l0 * al0 + quad_sum(rs0);
     l1 = l1 * al1 + quad_sum(rs1);
     m0 = mx0;
     m1 = mx1;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= al0;
-      o[n][1] *= al0;
-      o[n][2] *= al1;
-      o[n][3] *= al1;
-    }
+    scale_rows(o, al0, al1);
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk)
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        uint32_t b0, b1;
-        load_b(b0, b1, vs, ld, kk * 16, n * 8);
-        mma(o[n], pa[kk], b0, b1);
-      }
+      for (int n = 0; n < D / 8; ++n) mma_b(o[n], pa[kk], vs, ld, kk * 16, n * 8);
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
-  const float inv0 = 1.f / l0, inv1 = 1.f / l1;
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    o[n][0] *= inv0;
-    o[n][1] *= inv0;
-    o[n][2] *= inv1;
-    o[n][3] *= inv1;
-  }
-  const int64_t row0 = q0 + w * 16;
-  store_c<D / 8>(o, a.o + ((b * a.T + row0) * a.NH + h) * D, ldq, a.T - row0, 1.f);
+  scale_rows(o, 1.f / l0, 1.f / l1);
+  const int64_t row0 = qt.q0 + w * 16;
+  store_c<D / 8>(o, a.o + ((qt.b * a.T + row0) * a.NH + qt.h) * D, qt.ldq, a.T - row0, 1.f);
   if (qd == 0) {
-    if (t0 < a.T) a.lse[bh * a.T + t0] = (m0 + log2f(l0)) / kLog2e;
-    if (t1 < a.T) a.lse[bh * a.T + t1] = (m1 + log2f(l1)) / kLog2e;
+    if (t0 < a.T) a.lse[qt.bh * a.T + t0] = (m0 + log2f(l0)) / kLog2e;
+    if (t1 < a.T) a.lse[qt.bh * a.T + t1] = (m1 + log2f(l1)) / kLog2e;
   }
 }
 
@@ -217,41 +228,28 @@ __global__ void __launch_bounds__(kFlashThreads) mma_dq_kernel(Args a) {
   bf* dos = qs + kTile * ld;
   bf* kv_buf = dos + kTile * ld;  // [2][K, V]: the key tile in use and the next
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane >> 2, qd = lane & 3;
-  const int64_t tiles = (a.T + kTile - 1) / kTile;
-  const int64_t q0 = (tiles - 1 - blockIdx.x) * kTile;  // the longest rows first
-  const int64_t bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, g = h / (a.NH / a.NKV);
-  const int64_t ldq = a.NH * D, ldk = a.NKV * D;
-  const bf* kb = a.k + (b * a.T * a.NKV + g) * D;
-  const bf* vb = a.v + (b * a.T * a.NKV + g) * D;
-  load_tile<D>(qs, a.q + (b * a.T * a.NH + h) * D, q0, a.T, ldq);
-  load_tile<D>(dos, a.dout + (b * a.T * a.NH + h) * D, q0, a.T, ldq);
-  load_tile<D>(kv_buf, kb, 0, a.T, ldk);
-  load_tile<D>(kv_buf + kTile * ld, vb, 0, a.T, ldk);
+  const QueryTile<D> qt(a);
+  load_tile<D>(qs, qt.head(a.q, a), qt.q0, a.T, qt.ldq);
+  load_tile<D>(dos, qt.head(a.dout, a), qt.q0, a.T, qt.ldq);
+  load_kv<D>(kv_buf, qt.kb, qt.vb, 0, a.T, qt.ldk);
   commit();
   uint32_t qa[D / 16][4], da[D / 16][4];
-  const int64_t t0 = q0 + w * 16 + grp, t1 = t0 + 8;
+  const int64_t t0 = qt.q0 + w * 16 + grp, t1 = t0 + 8;
   const float sl2 = a.scale * kLog2e;
-  const float lse0 = t0 < a.T ? a.lse_in[bh * a.T + t0] * kLog2e : 0.f;
-  const float lse1 = t1 < a.T ? a.lse_in[bh * a.T + t1] * kLog2e : 0.f;
-  const float D0 = t0 < a.T ? a.D[bh * a.T + t0] : 0.f;
-  const float D1 = t1 < a.T ? a.D[bh * a.T + t1] : 0.f;
+  const float lse0 = t0 < a.T ? a.lse_in[qt.bh * a.T + t0] * kLog2e : 0.f;
+  const float lse1 = t1 < a.T ? a.lse_in[qt.bh * a.T + t1] * kLog2e : 0.f;
+  const float D0 = t0 < a.T ? a.D[qt.bh * a.T + t0] : 0.f;
+  const float D1 = t1 < a.T ? a.D[qt.bh * a.T + t1] : 0.f;
   float dq[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-  const int64_t n_k = q0 / kTile + 1;  // key tiles up to the diagonal
+  zero(dq);
+  const int64_t n_k = qt.q0 / kTile + 1;  // key tiles up to the diagonal
   for (int64_t it = 0; it < n_k; ++it) {
     const int64_t k0 = it * kTile;
     const bf* ks = kv_buf + (it & 1) * 2 * kTile * ld;
     const bf* vs = ks + kTile * ld;
-    if (it + 1 < n_k) {  // the next tile into the other buffer, free since the last barrier
-      bf* next = kv_buf + ((it + 1) & 1) * 2 * kTile * ld;
-      load_tile<D>(next, kb, k0 + kTile, a.T, ldk);
-      load_tile<D>(next + kTile * ld, vb, k0 + kTile, a.T, ldk);
-      commit();
-      wait<1>();
-    } else {
-      wait<0>();
-    }
+    prefetch(it, n_k, [&](int64_t next) {  // into the other buffer
+      load_kv<D>(kv_buf + (next & 1) * 2 * kTile * ld, qt.kb, qt.vb, k0 + kTile, a.T, qt.ldk);
+    });
     __syncthreads();  // this tile (and Q, dO) landed for every thread
     if (it == 0) {
 #pragma unroll
@@ -261,19 +259,14 @@ __global__ void __launch_bounds__(kFlashThreads) mma_dq_kernel(Args a) {
       }
     }
     float s[kTile / 8][4], dp[kTile / 8][4];
-#pragma unroll
-    for (int j = 0; j < kTile / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+    zero(s);
+    zero(dp);
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc)
 #pragma unroll
       for (int j = 0; j < kTile / 8; ++j) {
-        uint32_t b0, b1;
-        load_bt(b0, b1, ks, ld, j * 8, kc * 16);  // S = Q K^T
-        mma(s[j], qa[kc], b0, b1);
-        load_bt(b0, b1, vs, ld, j * 8, kc * 16);  // dP = dO V^T
-        mma(dp[j], da[kc], b0, b1);
+        mma_bt(s[j], qa[kc], ks, ld, j * 8, kc * 16);   // S = Q K^T
+        mma_bt(dp[j], da[kc], vs, ld, j * 8, kc * 16);  // dP = dO V^T
       }
     uint32_t dsa[kTile / 16][4];
 #pragma unroll
@@ -288,21 +281,16 @@ __global__ void __launch_bounds__(kFlashThreads) mma_dq_kernel(Args a) {
           ds[e] = p * (dp[j][e] - (e < 2 ? D0 : D1));
         }
       }
-      dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
-      dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
+      put_a(dsa, j, pack(ds[0], ds[1]), pack(ds[2], ds[3]));
     }
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk)
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        uint32_t b0, b1;
-        load_b(b0, b1, ks, ld, kk * 16, n * 8);  // dQ += dS K
-        mma(dq[n], dsa[kk], b0, b1);
-      }
+      for (int n = 0; n < D / 8; ++n) mma_b(dq[n], dsa[kk], ks, ld, kk * 16, n * 8);  // dQ += dS K
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
-  const int64_t row0 = q0 + w * 16;
-  store_c<D / 8>(dq, a.dq + ((b * a.T + row0) * a.NH + h) * D, ldq, a.T - row0, a.scale);
+  const int64_t row0 = qt.q0 + w * 16;
+  store_c<D / 8>(dq, a.dq + ((qt.b * a.T + row0) * a.NH + qt.h) * D, qt.ldq, a.T - row0, a.scale);
 }
 
 template <int D>
@@ -338,30 +326,20 @@ __global__ void __launch_bounds__(kFlashThreads) mma_dkv_kernel(Args a) {
   fetch(0);
   commit();
   float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+  zero(dk);
+  zero(dv);
   for (int64_t it = 0; it < n_it; ++it) {
     const int64_t q0 = k0 + it % n_q * kTile;
     const bf* qs = qd_buf + (it & 1) * 2 * kTile * ld;
     const bf* dos = qs + kTile * ld;
     const float* lse_s = ld_buf + (it & 1) * 2 * kTile;
     const float* d_s = lse_s + kTile;
-    if (it + 1 < n_it) {  // the next into the other buffer, free since the last barrier
-      fetch(it + 1);
-      commit();
-      wait<1>();
-    } else {
-      wait<0>();
-    }
+    prefetch(it, n_it, fetch);
     __syncthreads();  // this iteration's tiles (and K, V) landed for every thread
     // S^T (keys x queries) = K Q^T, dP^T = V dO^T
     float st[kTile / 8][4], dpt[kTile / 8][4];
-#pragma unroll
-    for (int j = 0; j < kTile / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
+    zero(st);
+    zero(dpt);
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc) {
       uint32_t ka[4], va[4];
@@ -369,11 +347,8 @@ __global__ void __launch_bounds__(kFlashThreads) mma_dkv_kernel(Args a) {
       load_a(va, vs, ld, w * 16, kc * 16);
 #pragma unroll
       for (int j = 0; j < kTile / 8; ++j) {
-        uint32_t b0, b1;
-        load_bt(b0, b1, qs, ld, j * 8, kc * 16);
-        mma(st[j], ka, b0, b1);
-        load_bt(b0, b1, dos, ld, j * 8, kc * 16);
-        mma(dpt[j], va, b0, b1);
+        mma_bt(st[j], ka, qs, ld, j * 8, kc * 16);
+        mma_bt(dpt[j], va, dos, ld, j * 8, kc * 16);
       }
     }
     uint32_t pa[kTile / 16][4], dsa[kTile / 16][4];
@@ -390,20 +365,15 @@ __global__ void __launch_bounds__(kFlashThreads) mma_dkv_kernel(Args a) {
           ds[e] = p[e] * (dpt[j][e] - d_s[c]);
         }
       }
-      pa[j / 2][(j % 2) * 2] = pack(p[0], p[1]);
-      pa[j / 2][(j % 2) * 2 + 1] = pack(p[2], p[3]);
-      dsa[j / 2][(j % 2) * 2] = pack(ds[0], ds[1]);
-      dsa[j / 2][(j % 2) * 2 + 1] = pack(ds[2], ds[3]);
+      put_a(pa, j, pack(p[0], p[1]), pack(p[2], p[3]));
+      put_a(dsa, j, pack(ds[0], ds[1]), pack(ds[2], ds[3]));
     }
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk)
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
-        uint32_t b0, b1;
-        load_b(b0, b1, dos, ld, kk * 16, n * 8);  // dV += P^T dO
-        mma(dv[n], pa[kk], b0, b1);
-        load_b(b0, b1, qs, ld, kk * 16, n * 8);  // dK += dS^T Q
-        mma(dk[n], dsa[kk], b0, b1);
+        mma_b(dv[n], pa[kk], dos, ld, kk * 16, n * 8);  // dV += P^T dO
+        mma_b(dk[n], dsa[kk], qs, ld, kk * 16, n * 8);  // dK += dS^T Q
       }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }

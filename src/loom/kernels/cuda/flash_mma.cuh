@@ -75,6 +75,46 @@ __device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const bf* t, 
                : "r"(addr));
 }
 
+// c += a times the 16 x 8 block of B at (k0, n0): mma_bt for B = t^T, mma_b for B = t.
+__device__ __forceinline__ void mma_bt(float (&c)[4], const uint32_t (&a)[4], const bf* t, int ld,
+                                       int n0, int k0) {
+  uint32_t b0, b1;
+  load_bt(b0, b1, t, ld, n0, k0);
+  mma(c, a, b0, b1);
+}
+__device__ __forceinline__ void mma_b(float (&c)[4], const uint32_t (&a)[4], const bf* t, int ld,
+                                      int k0, int n0) {
+  uint32_t b0, b1;
+  load_b(b0, b1, t, ld, k0, n0);
+  mma(c, a, b0, b1);
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&c)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
+}
+
+// Rows grp (c0, c1) and grp + 8 (c2, c3) of C tiles, times r0 and r1.
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&c)[N][4], float r0, float r1) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    c[n][0] *= r0;
+    c[n][1] *= r0;
+    c[n][2] *= r1;
+    c[n][3] *= r1;
+  }
+}
+
+// C tile j of a 16 x 16K block, packed (top: row grp's pair, bot: row grp + 8's), as its part of
+// the block's A fragment j / 2 (see the layouts above).
+template <int K>
+__device__ __forceinline__ void put_a(uint32_t (&a)[K][4], int j, uint32_t top, uint32_t bot) {
+  a[j / 2][(j % 2) * 2] = top;
+  a[j / 2][(j % 2) * 2 + 1] = bot;
+}
+
 // Sum and max over the 4 lanes that share a row (lanes 4 grp .. 4 grp + 3), same bits in each.
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
