@@ -81,6 +81,19 @@ inline int64_t recomputed_nodes(const ir::Graph& g) {
   return n;
 }
 
+// Every parameter (as `p` holds it) and both AdamW moments (as `r` holds them) into `out`.
+inline void read_state(ParamStore& p, StepRunner& r, TrainRun& out) {
+  for (const auto& info : p.infos()) {
+    const float* d = p.data(info.name);
+    out.params[info.name].assign(d, d + numel(info.shape));
+    for (autodiff::Moment which : autodiff::kMoments) {
+      auto& dst = (which == autodiff::Moment::m ? out.m : out.v)[info.name];
+      dst.resize(size_t(numel(info.shape)));
+      r.read_moment(info.name, which, dst.data());
+    }
+  }
+}
+
 inline TrainRun train_run(const Config& cfg, const runtime::MeshComms* comms) {
   ParamStore p(cfg.model);
   p.init_random(11);
@@ -93,15 +106,7 @@ inline TrainRun train_run(const Config& cfg, const runtime::MeshComms* comms) {
     out.grad_norms.push_back(r.grad_norm());
   }
   r.push_params();
-  for (const auto& info : p.infos()) {
-    const float* d = p.data(info.name);
-    out.params[info.name].assign(d, d + numel(info.shape));
-    for (autodiff::Moment which : autodiff::kMoments) {
-      auto& dst = (which == autodiff::Moment::m ? out.m : out.v)[info.name];
-      dst.resize(size_t(numel(info.shape)));
-      r.read_moment(info.name, which, dst.data());
-    }
-  }
+  read_state(p, r, out);
   return out;
 }
 

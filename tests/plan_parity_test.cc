@@ -103,15 +103,7 @@ TEST(Recompute, OneProcessChangesNoBitInF32) {
           out.losses.push_back(r.step(rows.data(), lr_at(s)));
           out.grad_norms.push_back(r.grad_norm());
         }
-        for (const auto& info : p.infos()) {
-          const float* d = p.data(info.name);
-          out.params[info.name].assign(d, d + numel(info.shape));
-          for (autodiff::Moment which : autodiff::kMoments) {
-            auto& dst = (which == autodiff::Moment::m ? out.m : out.v)[info.name];
-            dst.resize(size_t(numel(info.shape)));
-            r.read_moment(info.name, which, dst.data());
-          }
-        }
+        read_state(p, r, out);
         return out;
       };
       int64_t kept_bytes = 0;

@@ -22,14 +22,7 @@ namespace loom::cli {
 namespace {
 
 // CLI11's NonNegativeNumber prints its bound (1.8e308 in full) and lets "nan" through.
-const CLI::Validator kNonNegative(
-    [](std::string& in) -> std::string {
-      double v = 0;
-      if (!CLI::detail::lexical_cast(in, v)) return "expected a number, got '" + in + "'";
-      if (!std::isfinite(v) || v < 0) return "must be a finite number >= 0, got " + in;
-      return "";
-    },
-    "NONNEGATIVE");
+const CLI::Validator kNonNegative = finite_number(0, INFINITY);
 
 void put(std::string_view bytes) {
   if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size())
