@@ -65,11 +65,7 @@ __global__ void clip_coef_kernel(const float* total, float* coef, float* norm, f
 void adamw(float* p, const float* g, float* m, float* v, const float* hyper, const float* gscale,
            int64_t n, float beta1, float beta2, float eps, float wd, Stream s) {
   if (n <= 0) return;
-  bool wide = true;
-  for (const void* q : {static_cast<const void*>(p), static_cast<const void*>(g),
-                        static_cast<const void*>(m), static_cast<const void*>(v)})
-    wide = wide && reinterpret_cast<uintptr_t>(q) % 16 == 0;
-  if (wide)
+  if (aligned(16, {p, g, m, v}))
     adamw_kernel<true><<<blocks_for((n + 3) / 4), kThreads, 0, s>>>(p, g, m, v, hyper, gscale, n,
                                                                     beta1, beta2, eps, wd);
   else

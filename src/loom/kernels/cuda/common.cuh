@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "loom/core/dtype.h"
 #include "loom/kernels/cuda/cuda_check.h"
@@ -26,6 +27,14 @@ template <>
 __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
   const __nv_bfloat16 h = __float2bfloat16_rn(x);
   return bf16{__bfloat16_as_ushort(h)};
+}
+
+// Whether every pointer is `bytes`-aligned (the condition of the kernels that move 4 elements per
+// access).
+inline bool aligned(int64_t bytes, std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) != 0) return false;
+  return true;
 }
 
 constexpr int kThreads = 256;

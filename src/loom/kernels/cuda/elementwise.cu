@@ -7,8 +7,6 @@
 // element. No broadcasting beyond what each op names.
 // Invariant: y[i] depends only on the inputs at i (or a fixed index of them), so y == a exactly in
 // place is safe; partial overlap is not.
-#include <initializer_list>
-
 #include "loom/kernels/cuda/common.cuh"
 
 namespace loom::kernels::cuda {
@@ -25,13 +23,6 @@ __device__ __forceinline__ bf16 f32_to_bf16_exact(float x) {
 
 __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {
   for (int64_t i = grid_start(); i < n; i += grid_step()) y[i] = a[i] + b[i];
-}
-
-// Whether every pointer is `bytes`-aligned (the 4-wide kernels' condition).
-inline bool aligned(int64_t bytes, std::initializer_list<const void*> ps) {
-  for (const void* p : ps)
-    if (reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) != 0) return false;
-  return true;
 }
 
 // 4 elements per access, then the tail (n % 4) one by one.
