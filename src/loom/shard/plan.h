@@ -44,6 +44,9 @@ struct Annotation {
   bool has_use = false;
   Sharding use;      // has_use: what consumers other than the value's in-place updater see (fsdp)
   int priority = 0;  // the tactic's index: lower wins
+  // open: the tactic names the splits of some dims and leaves the others to propagation (sequence
+  // splits the stream's time dim; data, wherever it comes in the list, still splits its batch)
+  bool open = false;
   std::string by;    // "[plan] tactics[0] (fsdp)"
 };
 

@@ -32,12 +32,14 @@ class Propagator {
     p_.value.resize(g.values().size());
     p_.explicit_.resize(g.values().size());
     p_.node.resize(g.nodes().size());
-    prio_.assign(g.values().size(), kPropagated);
+    prio_.resize(g.values().size());
     for (const ir::Value& v : g.values()) {
       auto it = ann.find(v.id);
       p_.explicit_[size_t(v.id)] = it != ann.end();
+      open_.push_back(it != ann.end() && it->second.open);
+      prio_[size_t(v.id)].assign(v.type.shape.size(), kPropagated);
       if (it != ann.end() && v.kind != ir::ValueKind::node)
-        prio_[size_t(v.id)] = 2 * it->second.priority;
+        prio_[size_t(v.id)].assign(v.type.shape.size(), 2 * it->second.priority);
       p_.value[size_t(v.id)] =
           it != ann.end() ? it->second.sharding : Sharding::replicated(v.type.shape.size());
     }
@@ -60,8 +62,8 @@ class Propagator {
   }
 
  private:
-  // A tactic's priority counts for graph inputs (parameters, batch): how they are stored is how ops
-  // should split. A tactic's sharding of an intermediate value (a gradient kept split, the sequence
+  // Priorities are per dim of a value. A tactic's priority counts for graph inputs (parameters,
+  // batch): how they are stored is how ops should split. A tactic's sharding of an intermediate value (a gradient kept split, the sequence
   // stream) says how to keep it, not how its consumers compute: it ranks with propagated ones. A
   // split carries its origin's priority along as it propagates (Shardy's priorities), just behind
   // the origin's own (2p for a tactic's p-th annotation of a graph input, 2p + 1 for what
@@ -69,7 +71,9 @@ class Propagator {
   // the weights' split wins and the stream is gathered, as Megatron-LM's sequence parallelism
   // does; where the expert tactic's split experts meet the tokens it split by sequence, the
   // experts' own split beats the one the tokens carried, and the tokens move (an all-to-all).
-  int priority(int v) const { return prio_[size_t(v)]; }
+  // Per dim, not per value: a bf16 copy of the sequence-split stream that also carries a batch
+  // split from megatron's weights must not lend that priority to its sequence split.
+  int priority(int v, size_t d) const { return prio_[size_t(v)][d]; }
 
   // Returns whether any value's sharding changed.
   bool visit(const ir::Node& n) {
@@ -117,17 +121,16 @@ class Propagator {
       bool reduces = false;  // the factor is summed over in a result (a contraction dim)
     };
     std::vector<Cand> cands;
-    auto collect = [&](const Sharding& s, const std::vector<std::vector<int>>& dims, int prio,
+    auto collect = [&](const Sharding& s, const std::vector<std::vector<int>>& dims, int v,
                        int order) {
       for (size_t d = 0; d < dims.size() && d < s.dims.size(); ++d)
         if (!s.dims[d].empty() && !dims[d].empty())
-          cands.push_back({prio, order, dims[d][0], &s.dims[d],
+          cands.push_back({priority(v, d), order, dims[d][0], &s.dims[d],
                            !n.outputs.empty() && r.kind(dims[d][0], 0) == ops::FactorKind::reduce});
     };
-    for (size_t i = 0; i < n.inputs.size(); ++i)
-      collect(*view[i], r.operands[i], priority(n.inputs[i]), int(i));
+    for (size_t i = 0; i < n.inputs.size(); ++i) collect(*view[i], r.operands[i], n.inputs[i], int(i));
     for (size_t j = 0; j < n.outputs.size(); ++j)
-      collect(p_.value[size_t(n.outputs[j])], r.results[j], priority(n.outputs[j]), 1000 + int(j));
+      collect(p_.value[size_t(n.outputs[j])], r.results[j], n.outputs[j], 1000 + int(j));
     // operands before results: a result's sharding (a tactic's choice of how to keep it, or a
     // consumer's wish) only fills factors its operands leave free; it is met by a reshard
     // otherwise. Among equals, a split that passes to the result before one that leaves it a
@@ -161,13 +164,10 @@ class Propagator {
     }
     // the priority a split carries on from one of priority p: p's, propagated
     auto onward = [](int p) { return p == kPropagated ? p : p | 1; };
-    // the priority a tensor's splits carry on: its best split's
-    auto carried = [&](const std::vector<std::vector<int>>& dims, const Sharding& s) {
-      int best = kPropagated;
-      for (size_t d = 0; d < dims.size() && d < s.dims.size(); ++d)
-        if (!dims[d].empty() && !s.dims[d].empty())
-          best = std::min(best, onward(factor_prio[size_t(dims[d][0])]));
-      return best;
+    // the priority dim d of a tensor with these factor dims carries on: its factor's
+    auto carried = [&](const std::vector<std::vector<int>>& dims, size_t d) {
+      return d < dims.size() && !dims[d].empty() ? onward(factor_prio[size_t(dims[d][0])])
+                                                 : kPropagated;
     };
 
     auto project = [&](const std::vector<std::vector<int>>& dims) {
@@ -195,37 +195,56 @@ class Propagator {
     bool changed = false;
     // forward: results not set by a tactic take what the node produces, keeping splits that their
     // consumers asked for on dims the node leaves whole
+    // (an open annotation keeps its own splits and grows the node's on the dims it leaves whole)
     for (size_t j = 0; j < n.outputs.size(); ++j) {
       int v = n.outputs[j];
-      if (p_.explicit_[size_t(v)]) continue;
-      Sharding s = ns.results[j];
+      if (p_.explicit_[size_t(v)] && !open_[size_t(v)]) continue;
       const Sharding& old = p_.value[size_t(v)];
-      for (size_t d = 0; d < s.dims.size(); ++d)
-        if (s.dims[d].empty() && !old.dims[d].empty() &&
-            fits(s, old.dims[d], g_.value(v).type.shape[d]))
-          s.dims[d] = old.dims[d];
-      const int pr = carried(r.results[j], s);
-      if (!(s == old)) {
+      std::vector<int>& prio = prio_[size_t(v)];
+      std::vector<int> pr(old.dims.size(), kPropagated);
+      Sharding s = ns.results[j];
+      if (open_[size_t(v)]) {
+        s = old;
+        for (size_t d = 0; d < s.dims.size(); ++d)
+          if (s.dims[d].empty() && !ns.results[j].dims[d].empty() &&
+              fits(s, ns.results[j].dims[d], g_.value(v).type.shape[d])) {
+            s.dims[d] = ns.results[j].dims[d];
+            pr[d] = carried(r.results[j], d);
+          } else if (!s.dims[d].empty()) {
+            pr[d] = prio[d];
+          }
+      } else {
+        for (size_t d = 0; d < s.dims.size(); ++d) {
+          if (s.dims[d].empty() && !old.dims[d].empty() &&
+              fits(s, old.dims[d], g_.value(v).type.shape[d])) {
+            s.dims[d] = old.dims[d];
+            pr[d] = prio[d];  // a consumer's wish keeps the priority it came with
+          } else if (!s.dims[d].empty()) {
+            pr[d] = carried(r.results[j], d);
+          }
+        }
+      }
+      const bool differs = !(s == old);
+      for (size_t d = 0; d < s.dims.size(); ++d) {
+        const int p = differs ? pr[d] : std::min(pr[d], prio[d]);
+        changed |= p != prio[d];
+        prio[d] = p;
+      }
+      if (differs) {
         p_.value[size_t(v)] = std::move(s);
-        prio_[size_t(v)] = pr;
-        changed = true;
-      } else if (pr < prio_[size_t(v)]) {
-        prio_[size_t(v)] = pr;
         changed = true;
       }
     }
-    // backward: operands not set by a tactic grow the splits this node asks for
+    // backward: operands not set by a tactic (or set open) grow the splits this node asks for
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       int v = n.inputs[i];
-      if (p_.explicit_[size_t(v)]) continue;
+      if (p_.explicit_[size_t(v)] && !open_[size_t(v)]) continue;
       Sharding& s = p_.value[size_t(v)];
       for (size_t d = 0; d < s.dims.size(); ++d) {
         const auto& want = ns.operands[i].dims[d];
         if (s.dims[d].empty() && !want.empty() && fits(s, want, g_.value(v).type.shape[d])) {
           s.dims[d] = want;
-          if (d < r.operands[i].size() && !r.operands[i][d].empty())
-            prio_[size_t(v)] =
-                std::min(prio_[size_t(v)], onward(factor_prio[size_t(r.operands[i][d][0])]));
+          prio_[size_t(v)][d] = std::min(prio_[size_t(v)][d], carried(r.operands[i], d));
           changed = true;
         }
       }
@@ -248,7 +267,8 @@ class Propagator {
   const Mesh& m_;
   const Annotations& ann_;
   std::vector<ops::FactorRule> rules_;
-  std::vector<int> prio_;  // per value: the priority its splits carry (kPropagated: none's)
+  std::vector<bool> open_;  // per value: an open annotation (plan.h)
+  std::vector<std::vector<int>> prio_;  // per value, per dim: the priority its split carries
   Propagation p_;
 };
 
