@@ -8,9 +8,8 @@
 // The embedding's and the head's weight gradients are still all-reduced whole over the
 // tensor-parallel axis under sequence parallelism (the time dim they are computed on is split);
 // a vocabulary-parallel embedding and head remove that, and this test counts only activations.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <map>
 

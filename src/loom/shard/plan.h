@@ -47,7 +47,7 @@ struct Annotation {
   // open: the tactic names the splits of some dims and leaves the others to propagation (sequence
   // splits the stream's time dim; data, wherever it comes in the list, still splits its batch)
   bool open = false;
-  std::string by;    // "[plan] tactics[0] (fsdp)"
+  std::string by;  // "[plan] tactics[0] (fsdp)"
 };
 
 using Annotations = std::map<int, Annotation>;  // value id -> annotation

@@ -63,16 +63,17 @@ class Propagator {
 
  private:
   // Priorities are per dim of a value. A tactic's priority counts for graph inputs (parameters,
-  // batch): how they are stored is how ops should split. A tactic's sharding of an intermediate value (a gradient kept split, the sequence
-  // stream) says how to keep it, not how its consumers compute: it ranks with propagated ones. A
-  // split carries its origin's priority along as it propagates (Shardy's priorities), just behind
-  // the origin's own (2p for a tactic's p-th annotation of a graph input, 2p + 1 for what
-  // propagates from it): where megatron's split weights meet sequence's split stream at a matmul,
-  // the weights' split wins and the stream is gathered, as Megatron-LM's sequence parallelism
-  // does; where the expert tactic's split experts meet the tokens it split by sequence, the
-  // experts' own split beats the one the tokens carried, and the tokens move (an all-to-all).
-  // Per dim, not per value: a bf16 copy of the sequence-split stream that also carries a batch
-  // split from megatron's weights must not lend that priority to its sequence split.
+  // batch): how they are stored is how ops should split. A tactic's sharding of an intermediate
+  // value (a gradient kept split, the sequence stream) says how to keep it, not how its consumers
+  // compute: it ranks with propagated ones. A split carries its origin's priority along as it
+  // propagates (Shardy's priorities), just behind the origin's own (2p for a tactic's p-th
+  // annotation of a graph input, 2p + 1 for what propagates from it): where megatron's split
+  // weights meet sequence's split stream at a matmul, the weights' split wins and the stream is
+  // gathered, as Megatron-LM's sequence parallelism does; where the expert tactic's split experts
+  // meet the tokens it split by sequence, the experts' own split beats the one the tokens carried,
+  // and the tokens move (an all-to-all). Per dim, not per value: a bf16 copy of the sequence-split
+  // stream that also carries a batch split from megatron's weights must not lend that priority to
+  // its sequence split.
   int priority(int v, size_t d) const { return prio_[size_t(v)][d]; }
 
   // Returns whether any value's sharding changed.
@@ -128,7 +129,8 @@ class Propagator {
           cands.push_back({priority(v, d), order, dims[d][0], &s.dims[d],
                            !n.outputs.empty() && r.kind(dims[d][0], 0) == ops::FactorKind::reduce});
     };
-    for (size_t i = 0; i < n.inputs.size(); ++i) collect(*view[i], r.operands[i], n.inputs[i], int(i));
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      collect(*view[i], r.operands[i], n.inputs[i], int(i));
     for (size_t j = 0; j < n.outputs.size(); ++j)
       collect(p_.value[size_t(n.outputs[j])], r.results[j], n.outputs[j], 1000 + int(j));
     // operands before results: a result's sharding (a tactic's choice of how to keep it, or a
@@ -267,7 +269,7 @@ class Propagator {
   const Mesh& m_;
   const Annotations& ann_;
   std::vector<ops::FactorRule> rules_;
-  std::vector<bool> open_;  // per value: an open annotation (plan.h)
+  std::vector<bool> open_;              // per value: an open annotation (plan.h)
   std::vector<std::vector<int>> prio_;  // per value, per dim: the priority its split carries
   Propagation p_;
 };
