@@ -12,11 +12,9 @@
 // predicted programs (op, attributes, operand types, how many a step runs, their cost and the
 // predicted seconds of one) as JSON: what bench/gpu/torch_kernels.py times on a GPU, and
 // `loom calibrate --import` turns back into a cluster file's [profile].
-//
-// MFU: the model's FLOPs per token (models::train_flops_per_token) x tokens per step per device,
-// over step time x peak FLOP/s of the model's dtype; HFU counts what the program executes
-// (recomputation included). Energy per step: devices x step x (idle + (peak - idle) x the compute
-// stream's busy fraction) x PUE; CO2 is that times the grid's carbon intensity.
+// The figures are search::predict's (src/loom/search/predict.h says what each means).
+#include "plan.h"
+
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
@@ -29,179 +27,13 @@
 #include "commands.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
-#include "loom/models/model.h"
-#include "loom/ops/linear.h"
-#include "loom/ops/op.h"
-#include "loom/runtime/memory_plan.h"
-#include "loom/sim/cost.h"
-#include "loom/sim/simulate.h"
-#include "loom/train/compile.h"
+#include "loom/search/predict.h"
+#include "loom/sim/cluster.h"
 #include "loom/train/config.h"
 
 namespace loom::cli {
 
 namespace {
-
-struct PlanOpts {
-  std::string config, cluster = "clusters/local.toml", compare, kernels;
-  int64_t devices = 0;
-  std::vector<std::string> sets;
-  bool json = false;
-};
-
-// A program's compute kernels, one entry per distinct (op, attributes, operand types), into `out`
-// (a JSON object keyed by that signature; `count` adds up over a step's programs, `steps` of it).
-void collect_kernels(const ir::Graph& g, const sim::Cluster& cl, double steps,
-                     nlohmann::json& out) {
-  for (const ir::Node& n : g.nodes()) {
-    if (ops::has_trait(n.op, ops::Trait::view) || ops::has_trait(n.op, ops::Trait::collective) ||
-        ops::has_trait(n.op, ops::Trait::completion))
-      continue;
-    nlohmann::json k;
-    k["op"] = std::string(ir::op_name(n.op));
-    nlohmann::json attrs = nlohmann::json::object();
-    for (const auto& [key, v] : n.attrs) std::visit([&](const auto& x) { attrs[key] = x; }, v);
-    k["attrs"] = attrs;
-    auto types = [&](const std::vector<int>& ids) {
-      nlohmann::json a = nlohmann::json::array();
-      for (int id : ids) {
-        const ir::TensorType& t = g.value(id).type;
-        a.push_back({{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}});
-      }
-      return a;
-    };
-    k["inputs"] = types(n.inputs);
-    k["outputs"] = types(n.outputs);
-    const std::string sig = k.dump();
-    if (out.contains(sig)) {
-      out[sig]["count"] = out[sig]["count"].get<double>() + steps;
-      continue;
-    }
-    const ops::OpDef& def = ops::op_def(n.op);
-    const ops::Cost cost = def.cost ? def.cost(g, n) : ops::Cost{};
-    k["dtype"] = std::string(dtype_name(sim::node_dtype(g, n)));
-    k["bytes"] = cost.bytes_read + cost.bytes_written;
-    k["flops"] = cost.flops;
-    if (sim::is_gemm(n.op)) {
-      const ops::MatmulDims d =
-          n.op == ir::Op::matmul ? ops::matmul_dims(g, n) : ops::grouped_matmul_dims(g, n);
-      k["gemm"] = {{"ta", int64_t(d.ta)}, {"tb", int64_t(d.tb)}, {"m", d.M}, {"n", d.N}, {"k", d.K},
-                   {"batch", d.batch}};
-    }
-    k["predicted_s"] = sim::node_seconds(g, n, cost, cl);
-    k["count"] = steps;
-    out[sig] = k;
-  }
-}
-
-nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim::Cluster>& cluster,
-                       int64_t devices, const std::string& name, nlohmann::json* kernels) {
-  const sim::Cluster& cl = *cluster;
-  const shard::Plan& plan = cfg.plan.plan;
-  const int64_t ranks = plan.empty() ? 1 : plan.mesh.size();
-  train::Config c = cfg;
-  // bucket = "auto" decides on the cluster the prediction is for
-  if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic) c.passes.cluster = cluster;
-  train::CompiledStep step =
-      train::compile_step(c, passes::StepKind::train, !plan.empty(), plan.empty() ? 0 : ranks);
-  // one process runs its one-rank program too
-  const ir::Graph& prog = step.c.rank.graph;
-  const int64_t n = devices > 0 ? devices : (cl.devices > 0 ? cl.devices : ranks);
-  if (ranks > n)
-    throw Error(
-        fmt::format("{}: the mesh {} needs {} devices; --devices (or the cluster's "
-                    "devices) gives {}",
-                    cfg.plan.plan.where, plan.mesh.to_string(), ranks, n));
-  // n devices run n / ranks replicas of the plan (data parallel over whole meshes is not
-  // simulated: a plan is one mesh, so n must equal the mesh size)
-  if (n != ranks)
-    throw Error(
-        fmt::format("{}: the mesh {} has {} ranks, the cluster {} devices: make the "
-                    "mesh's sizes multiply to the device count",
-                    cfg.plan.plan.where, plan.mesh.to_string(), ranks, n));
-  const sim::Placement pl = plan.empty() ? sim::Placement{} : sim::place(plan.mesh, cl, n);
-  sim::SimOptions so;
-  if (cl.device.cores > 0 && cl.profile)
-    so.oversubscription =
-        std::max(1.0, double(ranks * cl.profile->threads) / double(cl.device.cores));
-  so.mpi_ranks = !plan.empty() && cfg.plan.ranks == "mpi";
-  const sim::Prediction p = sim::simulate(prog, plan.mesh, cl, pl, so);
-  if (kernels) collect_kernels(prog, cl, double(step.accum), *kernels);
-  // gradient accumulation: `accum` forward+backward programs, `accum` - 1 runs of the accumulate
-  // graph, then the optimizer's own graph (its arena, the gradient sums and moments beside the
-  // step's memory; the parameters once)
-  const double a = double(step.accum);
-  double step_s = p.step_seconds * a, compute_s = p.compute_seconds * a, flops = p.flops * a;
-  std::map<ir::Op, double> by_op;
-  for (const auto& [op, t] : p.compute_by_op) by_op[op] += t * a;
-  int64_t planned = p.planned_bytes, peak_bytes = p.peak_bytes;
-  if (step.separate_optimizer()) {
-    const passes::Accumulation& acc = step.accumulation();
-    // the accumulate graph's time only (its memory: its arena, below), the optimizer's both
-    sim::SimOptions time_only = so;
-    time_only.memory = false;
-    const sim::Prediction pa =
-        sim::simulate(acc.accumulate, shard::Mesh{}, cl, sim::Placement{}, time_only);
-    const sim::Prediction po =
-        sim::simulate(acc.optimizer, shard::Mesh{}, cl, sim::Placement{}, so);
-    for (const auto& [g, o, runs] :
-         {std::tuple<const ir::Graph*, const sim::Prediction*, double>{&acc.accumulate, &pa, a - 1},
-          {&acc.optimizer, &po, 1.0}}) {
-      if (kernels) collect_kernels(*g, cl, runs, *kernels);
-      step_s += o->step_seconds * runs;
-      compute_s += o->compute_seconds * runs;
-      flops += o->flops * runs;
-      for (const auto& [op, t] : o->compute_by_op) by_op[op] += t * runs;
-    }
-    // the optimizer graph's memory but the parameters, and the accumulate graph's arena (its sums
-    // are the optimizer's inputs, its gradients the step's)
-    const int64_t params = models::param_count(cfg.model) * 4;
-    const int64_t extra =
-        po.planned_bytes - params + runtime::plan_memory(acc.accumulate).arena_bytes;
-    planned += extra;
-    peak_bytes += extra;
-  }
-
-  const int64_t T = cfg.train.seq_len;
-  const double tokens = double(cfg.train.batch_size * T * step.accum);
-  const double fpt = models::train_flops_per_token(cfg.model, T);
-  const double peak = sim::peak_flops(cl, cfg.model.dtype);
-  const double busy = step_s > 0 ? compute_s / step_s : 0;
-  const double watts =
-      cl.device.idle_watts + (cl.device.peak_watts - cl.device.idle_watts) * std::min(1.0, busy);
-  const double kwh = double(n) * step_s * watts * cl.pue / 3.6e6;
-  nlohmann::json j;
-  j["plan"] = name;
-  j["cluster"] = cl.name;
-  j["devices"] = n;
-  j["mesh"] = plan.empty() ? "{}" : plan.mesh.to_string();
-  j["step_ms"] = step_s * 1e3;
-  j["tokens_per_s"] = tokens / step_s;
-  j["tokens_per_s_per_device"] = tokens / step_s / double(n);
-  j["mfu"] = fpt * tokens / double(n) / step_s / peak;
-  j["hfu"] = flops / step_s / peak;
-  j["compute_ms"] = compute_s * 1e3;
-  nlohmann::json bo = nlohmann::json::object();
-  for (const auto& [op, t] : by_op) bo[std::string(ir::op_name(op))] = t * 1e3;
-  j["compute_ms_by_op"] = bo;
-  j["exposed_comm_ms"] = p.exposed_comm_seconds * double(step.accum) * 1e3;
-  j["collectives_per_step"] = p.collectives * step.accum;
-  j["planned_bytes"] = planned;
-  j["peak_bytes"] = peak_bytes;
-  j["fits"] = double(peak_bytes) <= cl.device.memory_bytes;
-  nlohmann::json lb = nlohmann::json::object();
-  for (const auto& [l, b] : p.level_bytes) lb[l] = b * double(step.accum);
-  j["bytes_per_level"] = lb;
-  nlohmann::json ab = nlohmann::json::object();
-  for (const auto& [a, t] : p.axis_traffic) ab[a] = t.bytes * double(step.accum);
-  j["bytes_per_axis"] = ab;
-  j["energy_kwh_per_step"] = kwh;
-  j["co2_kg_per_step"] = kwh * cl.carbon_intensity;
-  j["energy_kwh_per_mtok"] = kwh / tokens * 1e6;
-  j["co2_kg_per_mtok"] = kwh * cl.carbon_intensity / tokens * 1e6;
-  if (cl.profile) j["profile_threads"] = cl.profile->threads;
-  return j;
-}
 
 // The [[plan]] tables of a --compare file, each as --set overrides of the config.
 std::vector<std::pair<std::string, std::vector<std::string>>> compare_plans(
@@ -250,12 +82,42 @@ std::vector<std::pair<std::string, std::vector<std::string>>> compare_plans(
   return out;
 }
 
+}  // namespace
+
 std::string fmt_bytes(double b) {
   if (b >= 1e9) return fmt::format("{:.3g} GB", b / 1e9);
   return fmt::format("{:.3g} MB", b / 1e6);
 }
 
-}  // namespace
+void print_predictions(const std::vector<nlohmann::json>& rows) {
+  fmt::print("{:<16} {:>12} {:>10} {:>14} {:>6} {:>6} {:>10} {:>10} {:>5} {:>12}\n", "plan", "mesh",
+             "step ms", "tok/s/device", "MFU", "HFU", "exposed", "peak", "fits", "kWh/Mtok");
+  for (const auto& r : rows) {
+    fmt::print(
+        "{:<16} {:>12} {:>10.1f} {:>14.1f} {:>5.1f}% {:>5.1f}% {:>7.1f} ms {:>10} {:>5} "
+        "{:>12.4g}\n",
+        r["plan"].get<std::string>(), r["mesh"].get<std::string>(), r["step_ms"].get<double>(),
+        r["tokens_per_s_per_device"].get<double>(), 100 * r["mfu"].get<double>(),
+        100 * r["hfu"].get<double>(), r["exposed_comm_ms"].get<double>(),
+        fmt_bytes(r["peak_bytes"].get<double>()), r["fits"].get<bool>() ? "yes" : "NO",
+        r["energy_kwh_per_mtok"].get<double>());
+    if (r.contains("candidate")) fmt::print("{:<16} {}\n", "", r["candidate"].get<std::string>());
+    std::string lv;
+    for (const auto& [l, b] : r["bytes_per_level"].items())
+      lv += fmt::format("{}{} {}", lv.empty() ? "" : ", ", l, fmt_bytes(b.get<double>()));
+    if (!lv.empty()) fmt::print("{:<16} sent per device per step: {}\n", "", lv);
+    // where the compute stream's time goes: the ops above 2% of it, largest first
+    std::vector<std::pair<double, std::string>> ops;
+    for (const auto& [op, t] : r["compute_ms_by_op"].items()) ops.push_back({t.get<double>(), op});
+    std::sort(ops.rbegin(), ops.rend());
+    const double all = r["compute_ms"].get<double>();
+    std::string line;
+    for (const auto& [t, op] : ops)
+      if (all > 0 && t >= 0.02 * all)
+        line += fmt::format("{}{} {:.0f}%", line.empty() ? "" : ", ", op, 100 * t / all);
+    if (!line.empty()) fmt::print("{:<16} compute: {}\n", "", line);
+  }
+}
 
 std::function<int()> add_plan(CLI::App& app) {
   auto o = std::make_shared<PlanOpts>();
@@ -269,7 +131,14 @@ std::function<int()> add_plan(CLI::App& app) {
   s->add_flag("--json", o->json, "one JSON line per plan");
   s->add_option("--kernels", o->kernels,
                 "write the programs' distinct compute kernels as JSON (for a GPU's timings)");
+  add_search_options(*s, *o);
   return [o]() {
+    if (o->search.on) {
+      if (!o->compare.empty() || !o->kernels.empty())
+        throw Error("loom plan: --search takes neither --compare nor --kernels",
+                    "search for a plan, then predict it with --compare or --kernels");
+      return run_plan_search(*o);
+    }
     const auto cl = std::make_shared<const sim::Cluster>(sim::load_cluster(o->cluster));
     std::vector<std::pair<std::string, std::vector<std::string>>> plans{{"config", {}}};
     if (!o->compare.empty()) plans = compare_plans(o->compare);
@@ -279,7 +148,8 @@ std::function<int()> add_plan(CLI::App& app) {
       std::vector<std::string> sets = o->sets;
       sets.insert(sets.end(), extra.begin(), extra.end());
       const train::Config cfg = train::load_config(o->config, sets);
-      rows.push_back(predict(cfg, cl, o->devices, name, o->kernels.empty() ? nullptr : &kernels));
+      rows.push_back(
+          search::predict(cfg, cl, o->devices, name, o->kernels.empty() ? nullptr : &kernels));
       if (o->json) fmt::print("{}\n", rows.back().dump());
     }
     if (!o->kernels.empty()) {
@@ -293,34 +163,7 @@ std::function<int()> add_plan(CLI::App& app) {
     if (o->json) return 0;
     fmt::print("cluster {} ({}), model {} {}\n", cl->name, cl->source, o->config,
                rows.front()["devices"].get<int64_t>() > 1 ? "" : "(one device)");
-    fmt::print("{:<16} {:>12} {:>10} {:>14} {:>6} {:>6} {:>10} {:>10} {:>5} {:>12}\n", "plan",
-               "mesh", "step ms", "tok/s/device", "MFU", "HFU", "exposed", "peak", "fits",
-               "kWh/Mtok");
-    for (const auto& r : rows) {
-      fmt::print(
-          "{:<16} {:>12} {:>10.1f} {:>14.1f} {:>5.1f}% {:>5.1f}% {:>7.1f} ms {:>10} {:>5} "
-          "{:>12.4g}\n",
-          r["plan"].get<std::string>(), r["mesh"].get<std::string>(), r["step_ms"].get<double>(),
-          r["tokens_per_s_per_device"].get<double>(), 100 * r["mfu"].get<double>(),
-          100 * r["hfu"].get<double>(), r["exposed_comm_ms"].get<double>(),
-          fmt_bytes(r["peak_bytes"].get<double>()), r["fits"].get<bool>() ? "yes" : "NO",
-          r["energy_kwh_per_mtok"].get<double>());
-      std::string lv;
-      for (const auto& [l, b] : r["bytes_per_level"].items())
-        lv += fmt::format("{}{} {}", lv.empty() ? "" : ", ", l, fmt_bytes(b.get<double>()));
-      if (!lv.empty()) fmt::print("{:<16} sent per device per step: {}\n", "", lv);
-      // where the compute stream's time goes: the ops above 2% of it, largest first
-      std::vector<std::pair<double, std::string>> ops;
-      for (const auto& [op, t] : r["compute_ms_by_op"].items())
-        ops.push_back({t.get<double>(), op});
-      std::sort(ops.rbegin(), ops.rend());
-      const double all = r["compute_ms"].get<double>();
-      std::string line;
-      for (const auto& [t, op] : ops)
-        if (all > 0 && t >= 0.02 * all)
-          line += fmt::format("{}{} {:.0f}%", line.empty() ? "" : ", ", op, 100 * t / all);
-      if (!line.empty()) fmt::print("{:<16} compute: {}\n", "", line);
-    }
+    print_predictions(rows);
     return 0;
   };
 }

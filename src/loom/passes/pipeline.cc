@@ -120,6 +120,11 @@ Compilation compile(const Options& opts, Stage until) {
   return c;
 }
 
+void compile_on(Compilation& c, const Options& opts, Stage after, Stage until) {
+  for (const Pass& p : pipeline())
+    if (p.stage > after && p.stage <= until) run_one(p, c, opts);
+}
+
 void run_passes(Compilation& c, const Options& opts, const std::vector<std::string>& names) {
   for (const auto& n : names) run_one(find_pass(n), c, opts);
 }

@@ -23,6 +23,10 @@ const Pass& find_pass(std::string_view name);
 // Throws loom::Error: a bad config or plan (naming the key, tactic or value), or a pass that left
 // an invalid program (naming the pass and the offending node or value).
 Compilation compile(const Options& opts, Stage until);
+// Runs the passes of the stages after `after` up to `until` on `c`, a compilation up to `after`
+// under the same options but the plan: plan search compiles the training graph once and shards it
+// under each candidate plan from there.
+void compile_on(Compilation& c, const Options& opts, Stage after, Stage until);
 
 // Runs the named passes, in the order given, on `c` (an IR-text test's parsed graph and roles),
 // with the verifier after each.

@@ -55,4 +55,16 @@ CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_pl
   return s;
 }
 
+CompiledStep compile_step(const Config& cfg, const passes::Compilation& trained, int64_t ranks) {
+  CompiledStep s;
+  s.kind = passes::StepKind::train;
+  s.sharded = !cfg.plan.plan.empty();
+  if (s.sharded) require_plannable(cfg);
+  const passes::Options opts = step_options(cfg, s.kind, s.sharded ? ranks : 0);
+  s.c = trained;
+  passes::compile_on(s.c, opts, passes::Stage::train, passes::Stage::scheduled);
+  if (opts.accumulate) s.accum = cfg.train.grad_accum;
+  return s;
+}
+
 }  // namespace loom::train

@@ -53,5 +53,8 @@ struct CompiledStep {
 
 // Throws loom::Error for a config or plan that cannot be compiled.
 CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_plan, int64_t ranks);
+// The same from `trained`, cfg's training graph (passes::Stage::train: the plan has no part in it),
+// which plan search compiles once for many plans.
+CompiledStep compile_step(const Config& cfg, const passes::Compilation& trained, int64_t ranks);
 
 }  // namespace loom::train

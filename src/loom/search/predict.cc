@@ -1,0 +1,181 @@
+#include "loom/search/predict.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+#include <variant>
+
+#include "loom/core/error.h"
+#include "loom/models/model.h"
+#include "loom/ops/linear.h"
+#include "loom/ops/op.h"
+#include "loom/runtime/memory_plan.h"
+#include "loom/sim/cost.h"
+#include "loom/sim/simulate.h"
+#include "loom/train/compile.h"
+
+namespace loom::search {
+
+namespace {
+
+// A program's compute kernels, one entry per distinct (op, attributes, operand types), into `out`
+// (a JSON object keyed by that signature; `count` adds up over a step's programs, `steps` of it).
+void collect_kernels(const ir::Graph& g, const sim::Cluster& cl, double steps,
+                     nlohmann::json& out) {
+  for (const ir::Node& n : g.nodes()) {
+    if (ops::has_trait(n.op, ops::Trait::view) || ops::has_trait(n.op, ops::Trait::collective) ||
+        ops::has_trait(n.op, ops::Trait::completion))
+      continue;
+    nlohmann::json k;
+    k["op"] = std::string(ir::op_name(n.op));
+    nlohmann::json attrs = nlohmann::json::object();
+    for (const auto& [key, v] : n.attrs) std::visit([&](const auto& x) { attrs[key] = x; }, v);
+    k["attrs"] = attrs;
+    auto types = [&](const std::vector<int>& ids) {
+      nlohmann::json a = nlohmann::json::array();
+      for (int id : ids) {
+        const ir::TensorType& t = g.value(id).type;
+        a.push_back({{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}});
+      }
+      return a;
+    };
+    k["inputs"] = types(n.inputs);
+    k["outputs"] = types(n.outputs);
+    const std::string sig = k.dump();
+    if (out.contains(sig)) {
+      out[sig]["count"] = out[sig]["count"].get<double>() + steps;
+      continue;
+    }
+    const ops::OpDef& def = ops::op_def(n.op);
+    const ops::Cost cost = def.cost ? def.cost(g, n) : ops::Cost{};
+    k["dtype"] = std::string(dtype_name(sim::node_dtype(g, n)));
+    k["bytes"] = cost.bytes_read + cost.bytes_written;
+    k["flops"] = cost.flops;
+    if (sim::is_gemm(n.op)) {
+      const ops::MatmulDims d =
+          n.op == ir::Op::matmul ? ops::matmul_dims(g, n) : ops::grouped_matmul_dims(g, n);
+      k["gemm"] = {{"ta", int64_t(d.ta)}, {"tb", int64_t(d.tb)}, {"m", d.M}, {"n", d.N}, {"k", d.K},
+                   {"batch", d.batch}};
+    }
+    k["predicted_s"] = sim::node_seconds(g, n, cost, cl);
+    k["count"] = steps;
+    out[sig] = k;
+  }
+}
+
+}  // namespace
+
+nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim::Cluster>& cluster,
+                       int64_t devices, const std::string& name, nlohmann::json* kernels,
+                       const passes::Compilation* trained) {
+  const sim::Cluster& cl = *cluster;
+  const shard::Plan& plan = cfg.plan.plan;
+  const int64_t ranks = plan.empty() ? 1 : plan.mesh.size();
+  train::Config c = cfg;
+  // bucket = "auto" decides on the cluster the prediction is for
+  if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic) c.passes.cluster = cluster;
+  train::CompiledStep step = trained ? train::compile_step(c, *trained, plan.empty() ? 0 : ranks)
+                                     : train::compile_step(c, passes::StepKind::train,
+                                                           !plan.empty(), plan.empty() ? 0 : ranks);
+  // one process runs its one-rank program too
+  const ir::Graph& prog = step.c.rank.graph;
+  const int64_t n = devices > 0 ? devices : (cl.devices > 0 ? cl.devices : ranks);
+  if (ranks > n)
+    throw Error(
+        fmt::format("{}: the mesh {} needs {} devices; --devices (or the cluster's "
+                    "devices) gives {}",
+                    cfg.plan.plan.where, plan.mesh.to_string(), ranks, n));
+  // n devices run n / ranks replicas of the plan (data parallel over whole meshes is not
+  // simulated: a plan is one mesh, so n must equal the mesh size)
+  if (n != ranks)
+    throw Error(
+        fmt::format("{}: the mesh {} has {} ranks, the cluster {} devices: make the "
+                    "mesh's sizes multiply to the device count",
+                    cfg.plan.plan.where, plan.mesh.to_string(), ranks, n));
+  const sim::Placement pl = plan.empty() ? sim::Placement{} : sim::place(plan.mesh, cl, n);
+  sim::SimOptions so;
+  if (cl.device.cores > 0 && cl.profile)
+    so.oversubscription =
+        std::max(1.0, double(ranks * cl.profile->threads) / double(cl.device.cores));
+  so.mpi_ranks = !plan.empty() && cfg.plan.ranks == "mpi";
+  const sim::Prediction p = sim::simulate(prog, plan.mesh, cl, pl, so);
+  if (kernels) collect_kernels(prog, cl, double(step.accum), *kernels);
+  // gradient accumulation: `accum` forward+backward programs, `accum` - 1 runs of the accumulate
+  // graph, then the optimizer's own graph (its arena, the gradient sums and moments beside the
+  // step's memory; the parameters once)
+  const double a = double(step.accum);
+  double step_s = p.step_seconds * a, compute_s = p.compute_seconds * a, flops = p.flops * a;
+  std::map<ir::Op, double> by_op;
+  for (const auto& [op, t] : p.compute_by_op) by_op[op] += t * a;
+  int64_t planned = p.planned_bytes, peak_bytes = p.peak_bytes;
+  if (step.separate_optimizer()) {
+    const passes::Accumulation& acc = step.accumulation();
+    // the accumulate graph's time only (its memory: its arena, below), the optimizer's both
+    sim::SimOptions time_only = so;
+    time_only.memory = false;
+    const sim::Prediction pa =
+        sim::simulate(acc.accumulate, shard::Mesh{}, cl, sim::Placement{}, time_only);
+    const sim::Prediction po =
+        sim::simulate(acc.optimizer, shard::Mesh{}, cl, sim::Placement{}, so);
+    for (const auto& [g, o, runs] :
+         {std::tuple<const ir::Graph*, const sim::Prediction*, double>{&acc.accumulate, &pa, a - 1},
+          {&acc.optimizer, &po, 1.0}}) {
+      if (kernels) collect_kernels(*g, cl, runs, *kernels);
+      step_s += o->step_seconds * runs;
+      compute_s += o->compute_seconds * runs;
+      flops += o->flops * runs;
+      for (const auto& [op, t] : o->compute_by_op) by_op[op] += t * runs;
+    }
+    // the optimizer graph's memory but the parameters, and the accumulate graph's arena (its sums
+    // are the optimizer's inputs, its gradients the step's)
+    const int64_t params = models::param_count(cfg.model) * 4;
+    const int64_t extra =
+        po.planned_bytes - params + runtime::plan_memory(acc.accumulate).arena_bytes;
+    planned += extra;
+    peak_bytes += extra;
+  }
+
+  const int64_t T = cfg.train.seq_len;
+  const double tokens = double(cfg.train.batch_size * T * step.accum);
+  const double fpt = models::train_flops_per_token(cfg.model, T);
+  const double peak = sim::peak_flops(cl, cfg.model.dtype);
+  const double busy = step_s > 0 ? compute_s / step_s : 0;
+  const double watts =
+      cl.device.idle_watts + (cl.device.peak_watts - cl.device.idle_watts) * std::min(1.0, busy);
+  const double kwh = double(n) * step_s * watts * cl.pue / 3.6e6;
+  nlohmann::json j;
+  j["plan"] = name;
+  j["cluster"] = cl.name;
+  j["devices"] = n;
+  j["mesh"] = plan.empty() ? "{}" : plan.mesh.to_string();
+  j["step_ms"] = step_s * 1e3;
+  j["tokens_per_s"] = tokens / step_s;
+  j["tokens_per_s_per_device"] = tokens / step_s / double(n);
+  j["mfu"] = fpt * tokens / double(n) / step_s / peak;
+  j["hfu"] = flops / step_s / peak;
+  j["compute_ms"] = compute_s * 1e3;
+  nlohmann::json bo = nlohmann::json::object();
+  for (const auto& [op, t] : by_op) bo[std::string(ir::op_name(op))] = t * 1e3;
+  j["compute_ms_by_op"] = bo;
+  j["exposed_comm_ms"] = p.exposed_comm_seconds * double(step.accum) * 1e3;
+  j["collectives_per_step"] = p.collectives * step.accum;
+  j["planned_bytes"] = planned;
+  j["peak_bytes"] = peak_bytes;
+  j["fits"] = double(peak_bytes) <= cl.device.memory_bytes;
+  nlohmann::json lb = nlohmann::json::object();
+  for (const auto& [l, b] : p.level_bytes) lb[l] = b * double(step.accum);
+  j["bytes_per_level"] = lb;
+  nlohmann::json ab = nlohmann::json::object();
+  for (const auto& [a, t] : p.axis_traffic) ab[a] = t.bytes * double(step.accum);
+  j["bytes_per_axis"] = ab;
+  j["energy_kwh_per_step"] = kwh;
+  j["co2_kg_per_step"] = kwh * cl.carbon_intensity;
+  j["energy_kwh_per_mtok"] = kwh / tokens * 1e6;
+  j["co2_kg_per_mtok"] = kwh * cl.carbon_intensity / tokens * 1e6;
+  if (cl.profile) j["profile_threads"] = cl.profile->threads;
+  return j;
+}
+
+}  // namespace loom::search

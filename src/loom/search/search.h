@@ -1,0 +1,95 @@
+// Plan search: `loom plan C.toml --cluster F.toml --search [--budget SECONDS] [--devices N]`.
+//
+// The reward is the simulator's: a candidate (space.h) is compiled as `loom train` would compile
+// it and simulated on the cluster (predict.h); its reward is 1 / step time, and a candidate whose
+// predicted peak memory exceeds the device's, or that does not compile, earns 0 (device memory is
+// a hard limit). The training graph is compiled once and every candidate is sharded from it
+// (passes::compile_on); a candidate is evaluated once however often the search reaches it.
+//
+// Monte Carlo Tree Search (UCT): each tree node is a decision prefix. An iteration walks from the
+// root choosing, while every option of a node has a child, the child of highest
+//   Q + c sqrt(ln N / n),   Q = (mean reward + best reward) / 2 / best reward seen anywhere,
+// expands one untried option at random, completes the plan by uniformly random decisions (the
+// rollout), evaluates it, and adds the reward to every node on the path. Best-reward backup suits
+// a search for one best plan (single-player MCTS); the mean keeps it from chasing one lucky
+// rollout. A subtree whose every candidate is evaluated is closed, so the search ends by itself on
+// a space it has exhausted. c = 1/sqrt(2) (Kocsis and Szepesvari's constant for rewards in [0, 1]),
+// fixed, not tuned on the spaces the benchmark reports.
+//
+// The exhaustive enumerator evaluates every candidate of the same space: the baseline on spaces
+// small enough.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "loom/passes/pass.h"
+#include "loom/search/space.h"
+#include "loom/sim/cluster.h"
+#include "loom/train/config.h"
+
+namespace loom::search {
+
+struct Evaluation {
+  Candidate candidate;
+  bool ok = false;    // compiled and simulated
+  std::string error;  // why not (!ok)
+  double step_s = 0;
+  int64_t peak_bytes = 0;
+  bool fits = false;       // peak within the device's memory
+  double seconds = 0;      // what evaluating it took
+  int64_t index = 0;       // its place in the order of evaluation (0: first)
+  nlohmann::json figures;  // predict()'s figures
+  double reward() const { return ok && fits && step_s > 0 ? 1.0 / step_s : 0.0; }
+};
+
+// Compiles and simulates candidates of one config on one cluster, each once.
+class Evaluator {
+ public:
+  // Compiles cfg's training graph (throws loom::Error for a config that does not compile).
+  Evaluator(train::Config cfg, std::shared_ptr<const sim::Cluster> cluster, int64_t devices);
+
+  const Evaluation& evaluate(const Candidate& c);
+  const Evaluation* find(const Candidate& c) const;
+  int64_t evaluations() const { return int64_t(done_.size()); }
+  // Every evaluation: those that fit by step time, then the rest by peak memory.
+  std::vector<const Evaluation*> ranked() const;
+
+  const train::Config& config() const { return cfg_; }
+  const passes::Compilation& trained() const { return trained_; }
+  const sim::Cluster& cluster() const { return *cluster_; }
+  int64_t devices() const { return devices_; }
+
+ private:
+  train::Config cfg_;
+  std::shared_ptr<const sim::Cluster> cluster_;
+  int64_t devices_;
+  passes::Compilation trained_;
+  std::map<std::string, Evaluation> done_;
+};
+
+struct SearchOptions {
+  double budget_s = 60;         // wall-clock seconds
+  int64_t max_evaluations = 0;  // 0: no limit but the budget
+  uint64_t seed = 0;
+  bool exhaustive = false;  // evaluate every candidate instead
+};
+
+struct SearchResult {
+  int64_t evaluations = 0;  // candidates compiled and simulated by this search
+  int64_t iterations = 0;   // MCTS iterations (one per rollout)
+  double seconds = 0;
+  bool exhausted = false;            // every candidate of the space was evaluated
+  int64_t best_at = -1;              // evaluations up to and including the best one (-1: none fits)
+  const Evaluation* best = nullptr;  // the fastest that fits
+  const Evaluation* closest = nullptr;  // none fits: the one of least peak memory
+};
+
+SearchResult search(const Space& space, Evaluator& ev, const SearchOptions& o);
+
+}  // namespace loom::search

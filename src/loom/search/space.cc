@@ -1,0 +1,211 @@
+#include "loom/search/space.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "loom/core/error.h"
+#include "loom/shard/plan.h"
+
+namespace loom::search {
+
+namespace {
+
+using Recompute = passes::ScheduleOptions::Recompute;
+using Bucket = passes::ScheduleOptions::Bucket;
+
+// Every ordered factorization of n into at most `max_axes` factors of at least 2 (n = 1: the one
+// empty mesh).
+void factorizations(int64_t n, int max_axes, std::vector<int64_t>& cur,
+                    std::vector<std::vector<int64_t>>& out) {
+  if (n == 1) {
+    out.push_back(cur);
+    return;
+  }
+  if (int(cur.size()) == max_axes) return;
+  for (int64_t f = 2; f <= n; ++f)
+    if (n % f == 0) {
+      cur.push_back(f);
+      factorizations(n / f, max_axes, cur, out);
+      cur.pop_back();
+    }
+}
+
+bool is_tensor_parallel(const Role& r) { return r.order == 0; }
+
+}  // namespace
+
+const std::vector<Role>& roles() {
+  static const std::vector<Role> r{
+      {"data", "data", {"data"}, 2, true},
+      {"zero1", "zero1", {"zero1", "data"}, 2, true},
+      {"zero2", "zero2", {"zero2", "data"}, 2, true},
+      {"fsdp", "fsdp", {"fsdp", "data"}, 2, true},
+      {"megatron", "model", {"megatron"}, 0, false},
+      {"megatron+sequence", "model", {"megatron", "sequence"}, 0, false},
+      {"expert", "expert", {"expert"}, 1, true},
+  };
+  return r;
+}
+
+shard::Plan Candidate::plan() const {
+  shard::Plan p;
+  p.where = "[plan] (search)";
+  if (mesh.empty()) return p;
+  p.mesh = shard::Mesh(mesh, "[plan] mesh");
+  for (int order = 0; order <= 2; ++order)
+    for (size_t a = 0; a < mesh.size(); ++a) {
+      const Role& r = search::roles()[size_t(roles[a])];
+      if (r.order != order) continue;
+      for (std::string_view t : r.tactics) p.tactics.push_back({std::string(t), mesh[a].first});
+    }
+  return p;
+}
+
+void Candidate::apply(train::Config& cfg) const {
+  cfg.plan.plan = plan();
+  cfg.passes.recompute = recompute;
+  cfg.passes.bucket = bucket;
+  cfg.passes.reshard_after_forward = reshard_after_forward;
+}
+
+std::string Candidate::key() const {
+  std::string k = "{";
+  for (size_t a = 0; a < mesh.size(); ++a)
+    k += fmt::format("{}{}={}:{}", a ? "," : "", mesh[a].first, mesh[a].second,
+                     search::roles()[size_t(roles[a])].name);
+  return k + fmt::format("}} recompute={} bucket={} reshard_after_forward={}",
+                         passes::recompute_name(recompute), passes::bucket_name(bucket),
+                         reshard_after_forward);
+}
+
+std::string Candidate::toml() const {
+  std::string t;
+  const shard::Plan p = plan();
+  if (!p.empty()) {
+    t += "[plan]\nmesh = { ";
+    for (size_t a = 0; a < mesh.size(); ++a)
+      t += fmt::format("{}{} = {}", a ? ", " : "", mesh[a].first, mesh[a].second);
+    t += " }\ntactics = [";
+    for (size_t i = 0; i < p.tactics.size(); ++i)
+      t += fmt::format("{}\n  {{ kind = \"{}\", axis = \"{}\" }}", i ? "," : "", p.tactics[i].kind,
+                       p.tactics[i].axis);
+    t += "\n]\n\n";
+  }
+  t += fmt::format("[passes]\nrecompute = \"{}\"\n", passes::recompute_name(recompute));
+  if (!p.empty()) {
+    t += fmt::format("bucket = \"{}\"\n", passes::bucket_name(bucket));
+    t += fmt::format("reshard_after_forward = {}\n", reshard_after_forward);
+  }
+  return t;
+}
+
+Space::Space(const train::Config& cfg, const ir::Graph& graph, const ir::Roles& roles,
+             SpaceOptions o)
+    : cfg_(cfg), graph_(graph), roles_(roles), o_(std::move(o)) {
+  if (o_.devices < 1)
+    throw Error(fmt::format("plan search: {} devices", o_.devices), "give --devices N, N >= 1");
+  if (o_.max_axes < 1) throw Error("plan search: max_axes must be at least 1");
+  if (o_.recompute.empty() || o_.bucket.empty())
+    throw Error("plan search: no recompute or bucket setting to choose from");
+  std::vector<int64_t> cur;
+  factorizations(o_.devices, o_.max_axes, cur, meshes_);
+}
+
+bool Space::role_ok(const std::vector<int>& prefix, int axis, int role) const {
+  const std::vector<int64_t>& sizes = meshes_[size_t(prefix[0])];
+  const Role& r = roles()[size_t(role)];
+  int64_t batch_ways = r.splits_batch ? sizes[size_t(axis)] : 1;
+  for (int a = 0; a < axis; ++a) {
+    const Role& e = roles()[size_t(prefix[size_t(1 + a)])];
+    if (prefix[size_t(1 + a)] == role) return false;                   // a role at most once
+    if (is_tensor_parallel(e) && is_tensor_parallel(r)) return false;  // one TP axis
+    if (e.splits_batch) batch_ways *= sizes[size_t(a)];
+  }
+  if (is_tensor_parallel(r) && roles_.column_parallel.empty() && roles_.row_parallel.empty())
+    return false;
+  if (r.name == "expert" && roles_.experts.empty()) return false;
+  if (cfg_.train.batch_size % batch_ways) return false;
+  // the compiler's check: the tactics so far, this axis's included, apply to the training graph
+  Candidate c;
+  for (int a = 0; a <= axis; ++a) {
+    const int ra = a == axis ? role : prefix[size_t(1 + a)];
+    c.mesh.push_back({std::string(roles()[size_t(ra)].axis), sizes[size_t(a)]});
+    c.roles.push_back(ra);
+  }
+  const std::string key = c.key();
+  auto it = accepted_.find(key);
+  if (it != accepted_.end()) return it->second;
+  bool ok = true;
+  try {
+    shard::apply_tactics(graph_, c.plan(), roles_);
+  } catch (const Error&) {
+    ok = false;
+  }
+  accepted_[key] = ok;
+  return ok;
+}
+
+bool Space::complete(const std::vector<int>& prefix) const {
+  if (prefix.empty()) return false;
+  return prefix.size() == meshes_[size_t(prefix[0])].size() + 4;
+}
+
+std::vector<int> Space::options(const std::vector<int>& prefix) const {
+  std::vector<int> out;
+  if (prefix.empty()) {
+    for (size_t m = 0; m < meshes_.size(); ++m) out.push_back(int(m));
+    return out;
+  }
+  const size_t axes = meshes_[size_t(prefix[0])].size();
+  const size_t level = prefix.size();
+  if (level <= axes) {  // the role of axis level - 1
+    for (size_t r = 0; r < roles().size(); ++r)
+      if (role_ok(prefix, int(level - 1), int(r))) out.push_back(int(r));
+  } else if (level == axes + 1) {
+    for (size_t i = 0; i < o_.recompute.size(); ++i) out.push_back(int(i));
+  } else if (level == axes + 2) {
+    out.push_back(0);  // bucketing matters only where ranks communicate
+    for (size_t i = 1; i < o_.bucket.size() && axes > 0; ++i) out.push_back(int(i));
+  } else if (level == axes + 3) {
+    out.push_back(0);  // reshard after forward: only under fsdp
+    for (size_t a = 0; a < axes; ++a)
+      if (roles()[size_t(prefix[1 + a])].name == "fsdp") out.push_back(1);
+  }
+  return out;
+}
+
+Candidate Space::candidate(const std::vector<int>& d) const {
+  LOOM_CHECK(complete(d)) << "plan search: an incomplete decision sequence";
+  Candidate c;
+  const std::vector<int64_t>& sizes = meshes_[size_t(d[0])];
+  for (size_t a = 0; a < sizes.size(); ++a) {
+    c.roles.push_back(d[1 + a]);
+    c.mesh.push_back({std::string(roles()[size_t(d[1 + a])].axis), sizes[a]});
+  }
+  c.recompute = o_.recompute[size_t(d[sizes.size() + 1])];
+  c.bucket = o_.bucket[size_t(d[sizes.size() + 2])];
+  c.reshard_after_forward = d[sizes.size() + 3] == 0;
+  return c;
+}
+
+std::vector<std::vector<int>> Space::enumerate() const {
+  std::vector<std::vector<int>> out;
+  std::vector<int> cur;
+  std::function<void()> walk = [&] {
+    if (complete(cur)) {
+      out.push_back(cur);
+      return;
+    }
+    for (int o : options(cur)) {
+      cur.push_back(o);
+      walk();
+      cur.pop_back();
+    }
+  };
+  walk();
+  return out;
+}
+
+}  // namespace loom::search

@@ -1,0 +1,101 @@
+// The space of plans that plan search explores, as a sequence of decisions: how the devices factor
+// into mesh axes (outermost first; the last axis is innermost, so it lies within a node: the
+// placement), the role of each axis (which tactics go on it), and the pass settings (recompute;
+// bucketing when ranks communicate; FSDP's reshard after forward when an axis is fsdp).
+//
+// A role is a small list of tactics on one axis: `data`, `zero1`/`zero2`/`fsdp` (each with `data`
+// beside it, which splits the batch), `megatron`, `megatron+sequence`, `expert`. A plan's tactic
+// list is canonical: tensor-parallel roles first (their weights' splits win where they meet the
+// stream's, docs/design.md), then expert, then the data-parallel roles, axes in mesh order; so the
+// orders of one set of roles are not enumerated twice. The mesh axis is named after its role
+// (`data`, `fsdp`, `zero1`, `zero2`, `model`, `expert`).
+//
+// Pruning, before any simulation: a role at most once (two axes of one role are one axis of their
+// product, which the mesh decision already offers) and one tensor-parallel axis; roles the model
+// has nothing for (megatron without column/row-parallel weights, expert without experts); the
+// batch divisible by its data-parallel axes; and the compiler's own check: the tactics so far
+// applied to the training graph (shard::apply_tactics) must accept the axis (a value split over
+// an axis twice, a dim the axis does not divide). Pass settings that cannot matter are one option:
+// bucketing on one device, reshard-after-forward without fsdp.
+//
+// The micro-batch size is not a decision yet: [train] grad_accum cannot be combined with a plan.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/ir/graph.h"
+#include "loom/ir/roles.h"
+#include "loom/passes/pass.h"
+#include "loom/train/config.h"
+
+namespace loom::search {
+
+struct Role {
+  std::string_view name;                  // "fsdp", "megatron+sequence"
+  std::string_view axis;                  // the axis it is named on: "fsdp", "model"
+  std::vector<std::string_view> tactics;  // on that axis, in plan order
+  int order = 0;                          // tensor-parallel 0, expert 1, data-parallel 2
+  bool splits_batch = false;
+};
+const std::vector<Role>& roles();
+
+// One complete plan: a mesh, its axes' roles and the pass settings.
+struct Candidate {
+  std::vector<std::pair<std::string, int64_t>> mesh;  // outermost first
+  std::vector<int> roles;                             // per axis, an index of roles()
+  passes::ScheduleOptions::Recompute recompute = passes::ScheduleOptions::Recompute::none;
+  passes::ScheduleOptions::Bucket bucket = passes::ScheduleOptions::Bucket::block;
+  bool reshard_after_forward = true;
+
+  shard::Plan plan() const;              // the mesh and the canonical tactic list
+  void apply(train::Config& cfg) const;  // cfg's [plan] and [passes] set to this candidate
+  std::string key() const;               // one line, unique per candidate
+  std::string toml() const;              // [plan] and [passes] sections to paste into a config
+};
+
+struct SpaceOptions {
+  int64_t devices = 1;
+  int max_axes = 3;
+  std::vector<passes::ScheduleOptions::Recompute> recompute = {
+      passes::ScheduleOptions::Recompute::none, passes::ScheduleOptions::Recompute::selective,
+      passes::ScheduleOptions::Recompute::full};
+  std::vector<passes::ScheduleOptions::Bucket> bucket = {
+      passes::ScheduleOptions::Bucket::block, passes::ScheduleOptions::Bucket::automatic};
+};
+
+class Space {
+ public:
+  // `graph` and `roles`: cfg's training graph (passes::Stage::train) and its roles, which the
+  // compiler's check applies tactics to. Throws loom::Error for devices < 1 or max_axes < 1.
+  Space(const train::Config& cfg, const ir::Graph& graph, const ir::Roles& roles, SpaceOptions o);
+
+  // The choices open after `prefix` (a decision sequence from the root): indices of the next
+  // decision's options, pruned; empty when the prefix is a complete candidate. A prefix whose every
+  // continuation is pruned has no options and is not complete: dead(prefix) says so.
+  std::vector<int> options(const std::vector<int>& prefix) const;
+  bool complete(const std::vector<int>& prefix) const;
+  bool dead(const std::vector<int>& prefix) const {
+    return !complete(prefix) && options(prefix).empty();
+  }
+  Candidate candidate(const std::vector<int>& decisions) const;
+  // Every complete decision sequence, in order (the exhaustive baseline).
+  std::vector<std::vector<int>> enumerate() const;
+
+  const std::vector<std::vector<int64_t>>& meshes() const { return meshes_; }
+
+ private:
+  bool role_ok(const std::vector<int>& prefix, int axis, int role) const;
+
+  const train::Config& cfg_;
+  const ir::Graph& graph_;
+  const ir::Roles& roles_;
+  SpaceOptions o_;
+  std::vector<std::vector<int64_t>> meshes_;      // ordered factorizations of the device count
+  mutable std::map<std::string, bool> accepted_;  // the compiler's check, per tactic prefix
+};
+
+}  // namespace loom::search

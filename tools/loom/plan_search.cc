@@ -1,0 +1,112 @@
+// loom plan --search: the plan the simulator predicts fastest for a config on a cluster, found by
+// Monte Carlo Tree Search (or --exhaustive enumeration) over meshes, tactics and pass settings
+// (src/loom/search/). Prints the top plans with their predicted figures and the winner as
+// [plan] and [passes] sections to paste into the config; with --json, one line per top plan and a
+// last line summarising the search.
+//
+// Errors: a budget or evaluation count that is not positive, a config that does not compile;
+// "no plan fits" (exit 1) with the closest candidate's peak memory when none fits the device.
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "commands.h"
+#include "loom/core/error.h"
+#include "loom/search/search.h"
+#include "loom/sim/cluster.h"
+#include "loom/train/config.h"
+#include "plan.h"
+
+namespace loom::cli {
+
+void add_search_options(CLI::App& s, PlanOpts& o) {
+  s.add_flag("--search", o.search.on,
+             "search for the fastest plan that fits (meshes, tactics, pass settings)");
+  s.add_option("--budget", o.search.budget_s, "--search: seconds to search (default 60)")
+      ->check(finite_number(1e-9, 1e9));
+  s.add_option("--evals", o.search.evaluations, "--search: at most this many plans evaluated")
+      ->check(CLI::PositiveNumber);
+  s.add_flag("--exhaustive", o.search.exhaustive,
+             "--search: evaluate every plan of the space (the baseline) instead of MCTS");
+  s.add_option("--seed", o.search.seed, "--search: the tree search's random seed (default 0)");
+  s.add_option("--top", o.search.top, "--search: how many plans to print (default 5)")
+      ->check(CLI::PositiveNumber);
+  s.add_option("--max-axes", o.search.max_axes, "--search: mesh axes at most (default 3)")
+      ->check(CLI::Range(1, 4));
+}
+
+int run_plan_search(const PlanOpts& o) {
+  const auto cl = std::make_shared<const sim::Cluster>(sim::load_cluster(o.cluster));
+  const train::Config cfg = train::load_config(o.config, o.sets);
+  const int64_t devices = o.devices > 0 ? o.devices : (cl->devices > 0 ? cl->devices : 1);
+  search::Evaluator ev(cfg, cl, devices);
+  search::SpaceOptions so;
+  so.devices = devices;
+  so.max_axes = o.search.max_axes;
+  const search::Space space(ev.config(), ev.trained().model.graph, ev.trained().model.roles, so);
+  search::SearchOptions opt;
+  opt.budget_s = o.search.budget_s;
+  opt.max_evaluations = o.search.evaluations;
+  opt.exhaustive = o.search.exhaustive;
+  opt.seed = o.search.seed;
+  const search::SearchResult r = search::search(space, ev, opt);
+
+  const auto ranked = ev.ranked();
+  if (!r.best) {
+    if (!r.closest) {
+      std::string why = ranked.empty() ? "no candidate in the space" : ranked.front()->error;
+      throw Error(fmt::format("{}: no plan for {} devices of {} compiles: {}", o.config, devices,
+                              cl->name, why));
+    }
+    throw Error(
+        fmt::format("{}: no plan fits {} devices of {} ({} each): the closest, {}, needs {} at "
+                    "its peak ({} plans evaluated)",
+                    o.config, devices, cl->name, fmt_bytes(cl->device.memory_bytes),
+                    r.closest->candidate.key(), fmt_bytes(double(r.closest->peak_bytes)),
+                    r.evaluations),
+        "more devices, recompute, a smaller batch or sequence, or fsdp over more ranks");
+  }
+  double eval_s = 0;
+  for (const search::Evaluation* e : ranked) eval_s += e->seconds;
+  nlohmann::json summary;
+  summary["search"] = o.search.exhaustive ? "exhaustive" : "mcts";
+  summary["config"] = o.config;
+  summary["cluster"] = cl->name;
+  summary["devices"] = devices;
+  summary["evaluations"] = r.evaluations;
+  summary["iterations"] = r.iterations;
+  summary["seconds"] = r.seconds;
+  summary["seconds_per_evaluation"] = r.evaluations ? eval_s / double(r.evaluations) : 0.0;
+  summary["exhausted"] = r.exhausted;
+  summary["best_at"] = r.best_at;
+  summary["best"] = r.best->candidate.key();
+  summary["best_step_ms"] = r.best->step_s * 1e3;
+  summary["seed"] = o.search.seed;
+
+  std::vector<nlohmann::json> rows;
+  for (const search::Evaluation* e : ranked) {
+    if (int64_t(rows.size()) == o.search.top || !e->ok || !e->fits) break;
+    nlohmann::json row = e->figures;
+    row["plan"] = fmt::format("#{}", rows.size() + 1);
+    row["candidate"] = e->candidate.key();
+    row["toml"] = e->candidate.toml();
+    rows.push_back(std::move(row));
+  }
+  if (o.json) {
+    for (const auto& row : rows) fmt::print("{}\n", row.dump());
+    fmt::print("{}\n", summary.dump());
+    return 0;
+  }
+  fmt::print(
+      "plan search ({}) for {} on {} devices of {} ({}): {} plans evaluated in {:.1f} s ({:.3f} s "
+      "each){}; the best found after {}\n",
+      summary["search"].get<std::string>(), o.config, devices, cl->name, cl->source, r.evaluations,
+      r.seconds, summary["seconds_per_evaluation"].get<double>(),
+      r.exhausted ? ", the whole space" : "", r.best_at);
+  print_predictions(rows);
+  fmt::print("\nthe fastest plan that fits, to paste into {}:\n\n{}", o.config,
+             r.best->candidate.toml());
+  return 0;
+}
+
+}  // namespace loom::cli
