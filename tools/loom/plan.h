@@ -17,6 +17,7 @@ struct PlanSearchOpts {
   uint64_t seed = 0;
   int64_t top = 5;
   int max_axes = 3;
+  std::string log;  // --log: every evaluation as a JSON line, in the order evaluated
 };
 
 struct PlanOpts {

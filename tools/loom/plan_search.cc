@@ -8,10 +8,12 @@
 // "no plan fits" (exit 1) with the closest candidate's peak memory when none fits the device.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/search/search.h"
 #include "loom/sim/cluster.h"
 #include "loom/train/config.h"
@@ -33,6 +35,8 @@ void add_search_options(CLI::App& s, PlanOpts& o) {
       ->check(CLI::PositiveNumber);
   s.add_option("--max-axes", o.search.max_axes, "--search: mesh axes at most (default 3)")
       ->check(CLI::Range(1, 4));
+  s.add_option("--log", o.search.log,
+               "--search: write every evaluated plan as a JSON line, in the order evaluated");
 }
 
 int run_plan_search(const PlanOpts& o) {
@@ -52,6 +56,25 @@ int run_plan_search(const PlanOpts& o) {
   const search::SearchResult r = search::search(space, ev, opt);
 
   const auto ranked = ev.ranked();
+  if (!o.search.log.empty()) {
+    std::vector<const search::Evaluation*> order = ranked;
+    std::sort(order.begin(), order.end(),
+              [](const auto* a, const auto* b) { return a->index < b->index; });
+    std::string text;
+    for (const search::Evaluation* e : order) {
+      nlohmann::json j;
+      j["index"] = e->index;
+      j["candidate"] = e->candidate.key();
+      j["ok"] = e->ok;
+      if (!e->ok) j["error"] = e->error;
+      j["step_ms"] = e->step_s * 1e3;
+      j["peak_bytes"] = e->peak_bytes;
+      j["fits"] = e->fits;
+      j["seconds"] = e->seconds;
+      text += j.dump() + "\n";
+    }
+    write_file_atomic(o.search.log, text);
+  }
   if (!r.best) {
     if (!r.closest) {
       std::string why = ranked.empty() ? "no candidate in the space" : ranked.front()->error;
@@ -73,6 +96,7 @@ int run_plan_search(const PlanOpts& o) {
   summary["config"] = o.config;
   summary["cluster"] = cl->name;
   summary["devices"] = devices;
+  summary["plans_in_space"] = space.enumerate().size();
   summary["evaluations"] = r.evaluations;
   summary["iterations"] = r.iterations;
   summary["seconds"] = r.seconds;
@@ -98,11 +122,12 @@ int run_plan_search(const PlanOpts& o) {
     return 0;
   }
   fmt::print(
-      "plan search ({}) for {} on {} devices of {} ({}): {} plans evaluated in {:.1f} s ({:.3f} s "
-      "each){}; the best found after {}\n",
+      "plan search ({}) for {} on {} devices of {} ({}): {} of the space's {} plans evaluated in "
+      "{:.1f} s ({:.3f} s each){}; the best found after {}\n",
       summary["search"].get<std::string>(), o.config, devices, cl->name, cl->source, r.evaluations,
-      r.seconds, summary["seconds_per_evaluation"].get<double>(),
-      r.exhausted ? ", the whole space" : "", r.best_at);
+      summary["plans_in_space"].get<int64_t>(), r.seconds,
+      summary["seconds_per_evaluation"].get<double>(), r.exhausted ? ", the whole space" : "",
+      r.best_at);
   print_predictions(rows);
   fmt::print("\nthe fastest plan that fits, to paste into {}:\n\n{}", o.config,
              r.best->candidate.toml());

@@ -106,20 +106,22 @@ MemoryPlan plan_memory(const ir::Graph& g) {
     int64_t off, end;
     int first, last;
   };
+  // kept in (off, end) order, so the blocks live at the same time as r are met lowest first
   std::vector<Placed> placed;
-  std::vector<std::pair<int64_t, int64_t>> busy;
   for (int r : roots) {
     int64_t size = (value_bytes(g.value(r)) + 63) / 64 * 64;
-    busy.clear();
-    for (const Placed& q : placed)
-      if (q.first <= p.last[r] && p.first[r] <= q.last) busy.push_back({q.off, q.end});
-    std::sort(busy.begin(), busy.end());
     int64_t off = 0;
-    for (auto [b, e] : busy) {
-      if (off + size <= b) break;
-      off = std::max(off, e);
+    for (const Placed& q : placed) {
+      if (q.first > p.last[r] || p.first[r] > q.last) continue;
+      if (off + size <= q.off) break;
+      off = std::max(off, q.end);
     }
-    placed.push_back({off, off + size, p.first[r], p.last[r]});
+    const Placed np{off, off + size, p.first[r], p.last[r]};
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), np,
+                                   [](const Placed& x, const Placed& y) {
+                                     return std::pair(x.off, x.end) < std::pair(y.off, y.end);
+                                   }),
+                  np);
     p.offset[r] = off;
     p.arena_bytes = std::max(p.arena_bytes, off + size);
   }

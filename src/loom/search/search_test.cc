@@ -1,0 +1,154 @@
+// Plan search on the tiny Llama: the space's pruning, the candidates as configs, the cached
+// training graph against a full compile, MCTS against the exhaustive enumerator, and the errors.
+#include "loom/search/search.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "loom/core/error.h"
+#include "loom/core/file.h"
+#include "loom/search/predict.h"
+
+namespace loom::search {
+namespace {
+
+const std::string kSrc = LOOM_SOURCE_DIR;
+
+train::Config tiny(int64_t batch = 4) {
+  return train::load_config(kSrc + "/configs/tiny-llama.toml",
+                            {"train.batch_size=" + std::to_string(batch), "train.seq_len=32"});
+}
+
+std::shared_ptr<const sim::Cluster> h100() {
+  return std::make_shared<const sim::Cluster>(sim::load_cluster(kSrc + "/clusters/h100-sxm.toml"));
+}
+
+TEST(Space, OffersEachRoleOnceOneTensorParallelAxisAndADivisibleBatch) {
+  for (int64_t batch : {4, 2}) {
+    Evaluator ev(tiny(batch), h100(), 4);
+    Space s(ev.config(), ev.trained().model.graph, ev.trained().model.roles, {.devices = 4});
+    const auto all = s.enumerate();
+    ASSERT_FALSE(all.empty());
+    std::set<std::string> keys;
+    for (const auto& d : all) {
+      const Candidate c = s.candidate(d);
+      EXPECT_TRUE(keys.insert(c.key()).second) << "twice: " << c.key();
+      int64_t size = 1, batch_ways = 1, tp = 0;
+      std::set<int> seen;
+      for (size_t a = 0; a < c.mesh.size(); ++a) {
+        size *= c.mesh[a].second;
+        const Role& r = roles()[size_t(c.roles[a])];
+        EXPECT_TRUE(seen.insert(c.roles[a]).second) << c.key();
+        if (r.splits_batch) batch_ways *= c.mesh[a].second;
+        tp += r.order == 0;
+        EXPECT_NE(r.name, "expert") << "a dense model offers no expert axis: " << c.key();
+      }
+      EXPECT_EQ(size, 4) << c.key();
+      EXPECT_LE(tp, 1) << c.key();
+      EXPECT_EQ(batch % batch_ways, 0) << c.key();
+    }
+    // batch 2 on 4 devices: no plan splits the batch four ways
+    if (batch == 2)
+      for (const auto& d : all) {
+        const Candidate c = s.candidate(d);
+        EXPECT_FALSE(c.mesh.size() == 1 && roles()[size_t(c.roles[0])].splits_batch) << c.key();
+      }
+  }
+}
+
+TEST(Space, OneDeviceIsTheEmptyPlanUnderEachRecompute) {
+  Evaluator ev(tiny(), h100(), 1);
+  Space s(ev.config(), ev.trained().model.graph, ev.trained().model.roles, {.devices = 1});
+  const auto all = s.enumerate();
+  EXPECT_EQ(all.size(), 3u);  // none, selective, full; bucketing cannot matter
+  for (const auto& d : all) EXPECT_TRUE(s.candidate(d).mesh.empty());
+}
+
+// A candidate's TOML, appended to the config, is the same plan: what the search prints can be
+// pasted.
+TEST(Candidate, TomlLoadsBackAsTheSamePlan) {
+  Evaluator ev(tiny(), h100(), 4);
+  Space s(ev.config(), ev.trained().model.graph, ev.trained().model.roles, {.devices = 4});
+  const auto dir = std::filesystem::temp_directory_path() / "loom_search_test";
+  std::filesystem::create_directories(dir);
+  const std::string base = read_file(kSrc + "/configs/tiny-llama.toml");
+  int checked = 0;
+  for (const auto& d : s.enumerate()) {
+    const Candidate c = s.candidate(d);
+    const std::string path = (dir / "c.toml").string();
+    write_file_atomic(path, base + "\n" + c.toml());
+    const train::Config back = train::load_config(path);
+    train::Config want = tiny();
+    c.apply(want);
+    EXPECT_EQ(back.plan.plan.mesh.to_string(), want.plan.plan.mesh.to_string()) << c.key();
+    ASSERT_EQ(back.plan.plan.tactics.size(), want.plan.plan.tactics.size()) << c.key();
+    for (size_t i = 0; i < want.plan.plan.tactics.size(); ++i) {
+      EXPECT_EQ(back.plan.plan.tactics[i].kind, want.plan.plan.tactics[i].kind);
+      EXPECT_EQ(back.plan.plan.tactics[i].axis, want.plan.plan.tactics[i].axis);
+    }
+    EXPECT_EQ(back.passes.recompute, c.recompute) << c.key();
+    if (!c.mesh.empty()) {
+      EXPECT_EQ(back.passes.bucket, c.bucket) << c.key();
+      EXPECT_EQ(back.passes.reshard_after_forward, c.reshard_after_forward) << c.key();
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 20);
+  std::filesystem::remove_all(dir);
+}
+
+// Sharding each candidate from the one compiled training graph predicts what compiling it whole
+// does.
+TEST(Evaluator, TheCachedTrainingGraphPredictsWhatAFullCompileDoes) {
+  Evaluator ev(tiny(), h100(), 4);
+  Space s(ev.config(), ev.trained().model.graph, ev.trained().model.roles, {.devices = 4});
+  const auto all = s.enumerate();
+  for (size_t i = 0; i < all.size(); i += 7) {
+    const Candidate c = s.candidate(all[i]);
+    const Evaluation& e = ev.evaluate(c);
+    ASSERT_TRUE(e.ok) << c.key() << ": " << e.error;
+    train::Config cfg = tiny();
+    c.apply(cfg);
+    const nlohmann::json whole = predict(cfg, h100(), 4, c.key());
+    EXPECT_EQ(e.figures.dump(), whole.dump()) << c.key();
+  }
+}
+
+TEST(Search, MctsWithoutALimitExhaustsTheSpaceAndFindsTheExhaustiveOptimum) {
+  Evaluator ex(tiny(), h100(), 4), mc(tiny(), h100(), 4);
+  Space s(ex.config(), ex.trained().model.graph, ex.trained().model.roles, {.devices = 4});
+  const SearchResult re = search(s, ex, {.budget_s = 600, .exhaustive = true});
+  ASSERT_TRUE(re.exhausted);
+  ASSERT_NE(re.best, nullptr);
+  EXPECT_EQ(re.evaluations, int64_t(s.enumerate().size()));
+  const SearchResult rm = search(s, mc, {.budget_s = 600, .seed = 3});
+  EXPECT_TRUE(rm.exhausted);
+  EXPECT_EQ(rm.evaluations, re.evaluations) << "each candidate evaluated once";
+  ASSERT_NE(rm.best, nullptr);
+  EXPECT_EQ(rm.best->step_s, re.best->step_s);
+  // a limit is kept
+  Evaluator lim(tiny(), h100(), 4);
+  const SearchResult rl = search(s, lim, {.budget_s = 600, .max_evaluations = 5});
+  EXPECT_EQ(rl.evaluations, 5);
+  EXPECT_FALSE(rl.exhausted);
+}
+
+TEST(Search, NoPlanFitsNamesTheClosestAndABudgetMustBePositive) {
+  sim::Cluster small = sim::load_cluster(kSrc + "/clusters/h100-sxm.toml");
+  small.device.memory_bytes = 1e5;  // 100 kB: nothing fits
+  Evaluator ev(tiny(), std::make_shared<const sim::Cluster>(small), 2);
+  Space s(ev.config(), ev.trained().model.graph, ev.trained().model.roles, {.devices = 2});
+  const SearchResult r = search(s, ev, {.budget_s = 600, .exhaustive = true});
+  EXPECT_EQ(r.best, nullptr);
+  ASSERT_NE(r.closest, nullptr);
+  for (const Evaluation* e : ev.ranked())
+    if (e->ok) EXPECT_LE(r.closest->peak_bytes, e->peak_bytes);
+  EXPECT_THROW(search(s, ev, {.budget_s = 0}), Error);
+  EXPECT_THROW(search(s, ev, {.budget_s = -1}), Error);
+}
+
+}  // namespace
+}  // namespace loom::search
