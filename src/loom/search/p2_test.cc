@@ -1,0 +1,98 @@
+// P² synthesis: placements as parallelism matrices, the symbolic run refusing what is not a
+// reduction, every synthesized program valid, and the hierarchical all-reduce found and ranked
+// above the flat one where an axis spans nodes.
+#include "loom/search/p2.h"
+
+#include <gtest/gtest.h>
+
+#include "loom/core/error.h"
+
+namespace loom::search::p2 {
+namespace {
+
+sim::Cluster h100() {
+  return sim::load_cluster(std::string(LOOM_SOURCE_DIR) + "/clusters/h100-sxm.toml");
+}
+
+TEST(Placements, AreTheParallelismMatrices) {
+  const sim::Cluster c = h100();  // 8 per node
+  // {x = 8, y = 4} on 4 nodes: x's share of a node is 8, 4 or 2 (y's 1, 2, 4)
+  const auto p = placements({8, 4}, c, 32);
+  ASSERT_EQ(p.size(), 3u);
+  for (const auto& f : p) {
+    int64_t x = 1, y = 1, node = 1;
+    for (const Factor& q : f) {
+      (q.axis == 0 ? x : y) *= q.size;
+      if (q.level == 0) node *= q.size;
+    }
+    EXPECT_EQ(x, 8);
+    EXPECT_EQ(y, 4);
+    EXPECT_EQ(node, 8);
+  }
+  EXPECT_EQ(placements({2, 4}, c, 8).size(), 1u);  // one node: everything on NVLink
+  EXPECT_THROW(placements({8, 4}, c, 16), Error);
+}
+
+// x = 2 in a node times 4 across nodes (factor 0 on nvlink, factor 1 on ib)
+const std::vector<Factor> kSpread{{0, 0, 2}, {0, 1, 4}};
+
+TEST(Valid, AcceptsReductionsAndRefusesWhatIsNotOne) {
+  const Program flat{{{Coll::all_reduce, 3}}};
+  const Program hier{{{Coll::reduce_scatter, 1}, {Coll::all_reduce, 2}, {Coll::all_gather, 1}}};
+  const Program rooted{{{Coll::reduce, 1}, {Coll::all_reduce, 2}, {Coll::broadcast, 1}}};
+  const Program two{{{Coll::reduce_scatter, 2},
+                     {Coll::reduce_scatter, 1},
+                     {Coll::all_gather, 1},
+                     {Coll::all_gather, 2}}};
+  for (const Program* p : {&flat, &hier, &rooted, &two}) {
+    std::string why;
+    EXPECT_TRUE(valid(*p, kSpread, 3, &why)) << p->text(kSpread, {"x"}) << ": " << why;
+  }
+  std::string why;
+  // summing one input twice
+  EXPECT_FALSE(valid({{{Coll::all_reduce, 3}, {Coll::all_reduce, 1}}}, kSpread, 3, &why));
+  EXPECT_EQ(why, "an input summed twice");
+  // an all_reduce over ranks holding different pieces
+  EXPECT_FALSE(valid({{{Coll::reduce_scatter, 1}, {Coll::all_reduce, 1}, {Coll::all_gather, 1}}},
+                     kSpread, 3, &why));
+  // gathering in the wrong order leaves the pieces permuted
+  EXPECT_FALSE(valid({{{Coll::reduce_scatter, 2},
+                       {Coll::reduce_scatter, 1},
+                       {Coll::all_gather, 2},
+                       {Coll::all_gather, 1}}},
+                     kSpread, 3, &why));
+  EXPECT_EQ(why, "pieces gathered out of their order");
+  // not reduced over every factor
+  EXPECT_FALSE(valid({{{Coll::all_reduce, 1}}}, kSpread, 3, &why));
+  // a root that never broadcasts
+  EXPECT_FALSE(valid({{{Coll::reduce, 3}}}, kSpread, 3, &why));
+}
+
+TEST(Synthesize, EveryProgramIsValidAndTheHierarchicalOneWinsAcrossNodes) {
+  const sim::Cluster c = h100();
+  const double bytes = 256e6;
+  const auto programs = synthesize(kSpread, 3, bytes, c);
+  ASSERT_GT(programs.size(), 3u);
+  bool has_flat = false;
+  for (const Program& p : programs) {
+    EXPECT_TRUE(valid(p, kSpread, 3)) << p.text(kSpread, {"x"});
+    EXPECT_DOUBLE_EQ(p.seconds, seconds(p, kSpread, bytes, c));
+    has_flat |= p.steps.size() == 1 && p.steps[0].op == Coll::all_reduce;
+  }
+  EXPECT_TRUE(has_flat);
+  const Program& best = programs.front();
+  EXPECT_LT(best.seconds, flat_seconds(kSpread, 3, bytes, c));
+  // reduce_scatter in the node, all_reduce across nodes on the piece, all_gather in the node
+  ASSERT_EQ(best.steps.size(), 3u) << best.text(kSpread, {"x"});
+  EXPECT_EQ(best.steps[0].op, Coll::reduce_scatter);
+  EXPECT_EQ(best.steps[0].group, 1u);
+  EXPECT_EQ(best.steps[1].op, Coll::all_reduce);
+  EXPECT_EQ(best.steps[1].group, 2u);
+  EXPECT_EQ(best.steps[2].op, Coll::all_gather);
+  // within one node nothing beats the flat all_reduce
+  const std::vector<Factor> node{{0, 0, 8}};
+  EXPECT_DOUBLE_EQ(synthesize(node, 1, bytes, c).front().seconds, flat_seconds(node, 1, bytes, c));
+}
+
+}  // namespace
+}  // namespace loom::search::p2
