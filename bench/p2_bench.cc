@@ -11,7 +11,7 @@
 #include <string>
 
 #include "loom/core/error.h"
-#include "loom/search/p2.h"
+#include "loom/sim/p2.h"
 
 int main(int argc, char** argv) {
   using namespace loom;
@@ -26,13 +26,13 @@ int main(int argc, char** argv) {
       if (devices % a) continue;
       const std::vector<int64_t> mesh{a, devices / a};
       const std::vector<std::string> names{"x", "y"};
-      for (const auto& f : search::p2::placements(mesh, c, devices)) {
+      for (const auto& f : sim::p2::placements(mesh, c, devices)) {
         for (uint32_t axes : {1u, 2u, 3u}) {
           uint32_t reduce = 0;
           for (size_t i = 0; i < f.size(); ++i)
             if (axes >> f[i].axis & 1) reduce |= 1u << i;
-          const auto programs = search::p2::synthesize(f, reduce, bytes, c);
-          const double flat = search::p2::flat_seconds(f, reduce, bytes, c);
+          const auto programs = sim::p2::synthesize(f, reduce, bytes, c);
+          const double flat = sim::p2::flat_seconds(f, reduce, bytes, c);
           const double speedup = flat / programs.front().seconds;
           ++cases;
           beaten += speedup > 1.001;

@@ -198,6 +198,9 @@ inline std::vector<Case> cases() {
       std::string("passes.cluster=\"") + LOOM_SOURCE_DIR + "/clusters/h100-sxm.toml\"";
   const std::string slow =
       std::string("passes.cluster=\"") + LOOM_SOURCE_DIR + "/tests/slow-link.toml\"";
+  // P2's synthesized reductions (passes/synthesize.cc) on two hosts of two ranks each
+  const std::string two_hosts =
+      std::string("passes.cluster=\"") + LOOM_SOURCE_DIR + "/clusters/two-hosts.toml\"";
   return {
       {"data", "{data=2}", std::string("[") + data + "]"},
       {"data4", "{data=4}", std::string("[") + data + "]"},
@@ -253,6 +256,16 @@ inline std::vector<Case> cases() {
        std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
        "mid",
        {"passes.max_in_flight=1", "passes.bucket_mb=0.1"}},
+      {"data4_synthesized",
+       "{data=4}",
+       std::string("[") + data + "]",
+       "tiny",
+       {"passes.synthesize=true", two_hosts}},
+      {"fsdp_megatron_2x2_synthesized",
+       "{data=2,model=2}",
+       fsdp_megatron,
+       "tiny",
+       {"passes.synthesize=true", "passes.bucket=none", two_hosts}},
       {"fsdp_gathered_once",
        "{data=2}",
        std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",

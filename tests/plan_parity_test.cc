@@ -2,11 +2,13 @@
 // the losses, gradients and parameters of the 1-rank run of the same config (plan_parity.h).
 #include "plan_parity.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <mutex>
 
 #include "loom/comm/local.h"
+#include "loom/ops/op.h"
 #include "loom/train/compile.h"
 
 namespace loom::train::parity {
@@ -171,6 +173,34 @@ TEST(GatherCast, HalvesGatheredBytesAndChangesNoBit) {
     EXPECT_EQ(x.grad_norms, y.grad_norms);
     for (const auto& [param, v] : x.params) EXPECT_EQ(v, y.params.at(param)) << param;
   }
+}
+
+// [passes] synthesize: the data-parallel gradients' all-reduces over {data = 4} on two hosts of
+// two ranks become P2's hierarchical programs over sub-groups (a reduce-scatter within the host,
+// an all-reduce across on the piece, an all-gather within), and the cases above
+// (data4_synthesized) match one rank with them.
+TEST(Synthesize, ReplacesFlatAllReducesWithSubGroupPrograms) {
+  Case on;
+  for (const Case& c : cases())
+    if (c.name == "data4_synthesized") on = c;
+  Case off = on;
+  off.sets.push_back("passes.synthesize=false");
+  auto collectives = [](const Config& cfg) {
+    const CompiledStep s = compile_step(cfg, passes::StepKind::train, true, 4);
+    std::map<std::string, int> n;
+    for (const ir::Node& x : s.c.rank.graph.nodes())
+      if (ops::has_trait(x.op, ops::Trait::collective))
+        ++n[fmt::format("{} {}", x.op, x.attr_str("axis"))];
+    return n;
+  };
+  const auto a = collectives(config(on)), b = collectives(config(off));
+  EXPECT_GT(b.at("all_reduce data"), 0);
+  EXPECT_EQ(a.count("all_reduce data"), 0u) << "a flat all-reduce left";
+  EXPECT_GT(a.at("reduce_scatter data[1:2]"), 0);
+  EXPECT_EQ(a.at("reduce_scatter data[1:2]"), a.at("all_gather data[1:2]"));
+  // every reduction crosses the hosts once, on a piece where it was scattered (a scalar, which
+  // cannot be, is summed in the host first)
+  EXPECT_GE(a.at("all_reduce data[2:2]"), a.at("reduce_scatter data[1:2]"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Tactics, PlanParity, ::testing::ValuesIn(cases()),

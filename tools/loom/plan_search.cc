@@ -113,7 +113,7 @@ int run_plan_search(const PlanOpts& o) {
     nlohmann::json row = e->figures;
     row["plan"] = fmt::format("#{}", rows.size() + 1);
     row["candidate"] = e->candidate.key();
-    row["toml"] = e->candidate.toml();
+    row["toml"] = e->candidate.toml(o.cluster);
     rows.push_back(std::move(row));
   }
   if (o.json) {
@@ -130,7 +130,7 @@ int run_plan_search(const PlanOpts& o) {
       r.best_at);
   print_predictions(rows);
   fmt::print("\nthe fastest plan that fits, to paste into {}:\n\n{}", o.config,
-             r.best->candidate.toml());
+             r.best->candidate.toml(o.cluster));
   return 0;
 }
 

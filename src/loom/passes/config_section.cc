@@ -25,18 +25,21 @@ const config::Section<ScheduleOptions>& passes_section() {
                    bucket_name, "`auto`: sized by the simulator on `cluster`"),
           float_key("bucket_mb", &O::bucket_mb, {0, 1e6, true, false}, "", config::Used::f64),
           string_key("cluster", &O::cluster_file,
-                     "the cluster file `bucket = \"auto\"` predicts on"),
+                     "the cluster file `bucket = \"auto\"` and `synthesize` predict on"),
           bool_key("prefetch", &O::prefetch,
                    "collectives on a communication thread, started early"),
           int_key("max_in_flight", &O::max_in_flight, at_least(1),
                   "prefetched collectives at once"),
+          bool_key("synthesize", &O::synthesize,
+                   "P2: all-reduces as the fastest hierarchical program on `cluster`"),
       },
       [](O& o, const Fail& fail) {
-        if (o.bucket != Bucket::automatic) return;
+        if (o.bucket != Bucket::automatic && !o.synthesize) return;
         try {
           o.cluster = std::make_shared<const sim::Cluster>(sim::load_cluster(o.cluster_file));
         } catch (const Error& e) {
-          fail("[passes] cluster", std::string("bucket = \"auto\" needs it: ") + e.what());
+          fail("[passes] cluster", std::string(o.synthesize ? "synthesize" : "bucket = \"auto\"") +
+                                       " needs it: " + e.what());
         }
       }};
   return s;

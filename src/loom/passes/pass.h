@@ -77,8 +77,11 @@ struct ScheduleOptions {
   Recompute recompute = Recompute::none;
   bool prefetch = true;
   int64_t max_in_flight = 2;
-  // bucket = "auto": the cluster whose cost model decides ([passes] cluster, loaded with the
-  // config; sim/cluster.h)
+  // P²: each all_reduce (or chain of them over several axes) becomes the fastest program of
+  // sub-group collectives the simulator finds for it on `cluster` (passes/synthesize.cc)
+  bool synthesize = false;
+  // bucket = "auto" and synthesize: the cluster whose cost model decides ([passes] cluster, loaded
+  // with the config; sim/cluster.h)
   std::string cluster_file = "clusters/local.toml";
   std::shared_ptr<const sim::Cluster> cluster;
 };

@@ -44,7 +44,7 @@ const std::vector<Pass>& pipeline() {
                                    add_optimizer_pass(), apply_tactics_pass(), propagate_pass(),
                                    lower_pass(),         reshard_pass(),       recompute_pass(),
                                    dce_pass(),           gather_cast_pass(),   bucket_pass(),
-                                   prefetch_pass()};
+                                   synthesize_pass(),    prefetch_pass()};
   return p;
 }
 

@@ -45,6 +45,7 @@ Pass recompute_pass();
 Pass dce_pass();
 Pass gather_cast_pass();
 Pass bucket_pass();
+Pass synthesize_pass();
 Pass prefetch_pass();
 
 }  // namespace loom::passes

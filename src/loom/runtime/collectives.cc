@@ -6,13 +6,15 @@
 #include <cstring>
 #include <initializer_list>
 #include <map>
+#include <set>
 
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
 
 namespace loom::runtime {
 
-MeshComms::MeshComms(comm::Communicator& world, const shard::Mesh& mesh) : world_(world) {
+MeshComms::MeshComms(comm::Communicator& world, const shard::Mesh& mesh)
+    : world_(world), mesh_(mesh) {
   if (mesh.size() != world.size())
     throw Error(
         fmt::format("the mesh has {} ranks, the communicator {}", mesh.size(), world.size()));
@@ -22,6 +24,16 @@ MeshComms::MeshComms(comm::Communicator& world, const shard::Mesh& mesh) : world
     // ranks sharing every other coordinate: the rank with this axis's coordinate zeroed names them
     axes_[name] = world.split(int(r - coord * mesh.stride(name)), int(coord));
   }
+}
+
+void MeshComms::prepare(const ir::Graph& program) const {
+  std::set<std::string> groups;
+  for (const ir::Node& n : program.nodes())
+    if (ops::has_trait(n.op, ops::Trait::collective) && !axes_.count(n.attr_str("axis")))
+      groups.insert(n.attr_str("axis"));
+  const int r = world_.rank();
+  for (const std::string& g : groups)  // in the same (sorted) order on every rank
+    axes_[g] = world_.split(int(mesh_.group_color(r, g)), int(mesh_.group_coord(r, g)));
 }
 
 comm::Communicator& MeshComms::axis(const std::string& name) const {

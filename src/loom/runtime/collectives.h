@@ -29,12 +29,18 @@ class MeshComms {
   // Collective over `world`, whose size must be the mesh's.
   MeshComms(comm::Communicator& world, const shard::Mesh& mesh);
   comm::Communicator& world() const { return world_; }
-  // LOOM_CHECKs that the axis exists (lowering only names mesh axes).
+  // An axis's communicator, or a sub-group's (shard::Mesh::parse_group: "data[1:2]") that
+  // prepare() made; LOOM_CHECKs that it exists.
   comm::Communicator& axis(const std::string& name) const;
+  // Splits a communicator for each sub-group the program's collectives name: a collective call on
+  // the world communicator, so every rank calls it with the same program (StepRunner does, after
+  // checking that the ranks' collectives agree).
+  void prepare(const ir::Graph& program) const;
 
  private:
   comm::Communicator& world_;
-  std::map<std::string, std::unique_ptr<comm::Communicator>> axes_;
+  shard::Mesh mesh_;
+  mutable std::map<std::string, std::unique_ptr<comm::Communicator>> axes_;
 };
 
 // Whether an op runs here rather than as a CPU kernel: its traits say collective or rank_local.

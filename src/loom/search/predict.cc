@@ -75,7 +75,8 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   const int64_t ranks = plan.empty() ? 1 : plan.mesh.size();
   train::Config c = cfg;
   // bucket = "auto" decides on the cluster the prediction is for
-  if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic) c.passes.cluster = cluster;
+  if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic || c.passes.synthesize)
+    c.passes.cluster = cluster;
   train::CompiledStep step = trained ? train::compile_step(c, *trained, plan.empty() ? 0 : ranks)
                                      : train::compile_step(c, passes::StepKind::train,
                                                            !plan.empty(), plan.empty() ? 0 : ranks);

@@ -79,7 +79,7 @@ TEST(Candidate, TomlLoadsBackAsTheSamePlan) {
   for (const auto& d : s.enumerate()) {
     const Candidate c = s.candidate(d);
     const std::string path = (dir / "c.toml").string();
-    write_file_atomic(path, base + "\n" + c.toml());
+    write_file_atomic(path, base + "\n" + c.toml(kSrc + "/clusters/h100-sxm.toml"));
     const train::Config back = train::load_config(path);
     train::Config want = tiny();
     c.apply(want);

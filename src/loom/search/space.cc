@@ -80,7 +80,7 @@ std::string Candidate::key() const {
                          reshard_after_forward);
 }
 
-std::string Candidate::toml() const {
+std::string Candidate::toml(const std::string& cluster) const {
   std::string t;
   const shard::Plan p = plan();
   if (!p.empty()) {
@@ -96,6 +96,8 @@ std::string Candidate::toml() const {
   t += fmt::format("[passes]\nrecompute = \"{}\"\n", passes::recompute_name(recompute));
   if (!p.empty()) {
     t += fmt::format("bucket = \"{}\"\n", passes::bucket_name(bucket));
+    if (bucket == passes::ScheduleOptions::Bucket::automatic)
+      t += fmt::format("cluster = \"{}\"\n", cluster);
     t += fmt::format("reshard_after_forward = {}\n", reshard_after_forward);
   }
   return t;

@@ -54,7 +54,9 @@ struct Candidate {
   shard::Plan plan() const;              // the mesh and the canonical tactic list
   void apply(train::Config& cfg) const;  // cfg's [plan] and [passes] set to this candidate
   std::string key() const;               // one line, unique per candidate
-  std::string toml() const;              // [plan] and [passes] sections to paste into a config
+  // [plan] and [passes] sections to paste into a config; `cluster`: the cluster file bucket =
+  // "auto" decides on (the one the search predicted on)
+  std::string toml(const std::string& cluster) const;
 };
 
 struct SpaceOptions {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "loom/core/error.h"
@@ -58,6 +59,60 @@ int64_t Mesh::stride(std::string_view axis) const {
   int64_t stride = 1;
   for (size_t j = size_t(i) + 1; j < axes_.size(); ++j) stride *= axes_[j].second;
   return stride;
+}
+
+std::vector<Mesh::GroupPart> Mesh::parse_group(std::string_view group) const {
+  std::vector<GroupPart> parts;
+  size_t at = 0;
+  while (at <= group.size()) {
+    size_t plus = group.find('+', at);
+    if (plus == std::string_view::npos) plus = group.size();
+    std::string_view part = group.substr(at, plus - at);
+    GroupPart g;
+    const size_t open = part.find('[');
+    g.axis = std::string(part.substr(0, open));
+    if (!has(g.axis))
+      throw Error(
+          fmt::format("group '{}': no axis '{}' in the mesh {}", group, g.axis, to_string()));
+    const int64_t n = axis_size(g.axis);
+    g.size = n;
+    if (open != std::string_view::npos) {
+      long long s = 0, k = 0;
+      char close = 0;
+      const std::string digits(part.substr(open));
+      if (std::sscanf(digits.c_str(), "[%lld:%lld%c", &s, &k, &close) != 3 || close != ']' ||
+          digits.back() != ']' || s < 1 || k < 1 || n % (s * k))
+        throw Error(
+            fmt::format("group '{}': '{}' is not a digit [stride:size] of axis {} (size {})", group,
+                        part, g.axis, n));
+      g.stride = s;
+      g.size = k;
+    }
+    parts.push_back(std::move(g));
+    at = plus + 1;
+  }
+  return parts;
+}
+
+int64_t Mesh::group_size(std::string_view group) const {
+  int64_t n = 1;
+  for (const GroupPart& p : parse_group(group)) n *= p.size;
+  return n;
+}
+
+int64_t Mesh::group_coord(int64_t rank, std::string_view group) const {
+  int64_t c = 0;
+  for (const GroupPart& p : parse_group(group))
+    c = c * p.size + coord(rank, p.axis) / p.stride % p.size;
+  return c;
+}
+
+int64_t Mesh::group_color(int64_t rank, std::string_view group) const {
+  // the rank with every digit of the group zeroed
+  int64_t r = rank;
+  for (const GroupPart& p : parse_group(group))
+    r -= coord(rank, p.axis) / p.stride % p.size * p.stride * stride(p.axis);
+  return r;
 }
 
 int64_t Mesh::coord(int64_t rank, std::string_view axis) const {

@@ -46,6 +46,21 @@ class Mesh {
   std::string to_string() const;  // "{data = 2, model = 2}"
   bool operator==(const Mesh&) const = default;
 
+  // A group of ranks a collective runs over: an axis ("data"), a digit of one axis's coordinate
+  // ("data[2:4]": the ranks whose data coordinates differ only in (coord / 2) % 4), or several
+  // joined by '+' ("x[1:4]+y"). Members are ranked by their digits, the first part most
+  // significant. Hierarchical reductions (passes/synthesize.cc) run on such sub-groups.
+  struct GroupPart {
+    std::string axis;
+    int64_t stride = 1, size = 1;
+  };
+  // Throws loom::Error for an unknown axis or a digit the axis's size does not hold.
+  std::vector<GroupPart> parse_group(std::string_view group) const;
+  int64_t group_size(std::string_view group) const;
+  // The rank's place in its group, and a number shared by the group's members only.
+  int64_t group_coord(int64_t rank, std::string_view group) const;
+  int64_t group_color(int64_t rank, std::string_view group) const;
+
  private:
   std::vector<std::pair<std::string, int64_t>> axes_;
 };

@@ -336,6 +336,23 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
   write_file_atomic(path, s);
 }
 
+int group_level(const shard::Mesh& mesh, const Cluster& c, const Placement& p,
+                std::string_view group) {
+  if (auto it = p.level.find(std::string(group)); it != p.level.end()) return it->second;
+  int level = 0;
+  for (const shard::Mesh::GroupPart& part : mesh.parse_group(group)) {
+    const int64_t span = mesh.stride(part.axis) * part.stride * part.size;
+    int l = int(c.levels.size()) - 1;
+    for (size_t i = 0; i < c.levels.size(); ++i)
+      if (c.levels[i].size == 0 || (c.levels[i].size >= span && c.levels[i].size % span == 0)) {
+        l = int(i);
+        break;
+      }
+    level = std::max(level, l);
+  }
+  return level;
+}
+
 Placement place(const shard::Mesh& mesh, const Cluster& c, int64_t devices) {
   Placement p;
   if (devices > 0 && mesh.size() > devices)

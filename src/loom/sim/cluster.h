@@ -90,5 +90,11 @@ struct Placement {
   std::map<std::string, int> level;  // axis -> index into Cluster::levels
 };
 Placement place(const shard::Mesh& mesh, const Cluster& c, int64_t devices);
+// The level a collective over `group` (an axis, or a sub-group: shard::Mesh::parse_group) runs on:
+// an axis's from the placement; a sub-group's, the innermost level that holds the devices each
+// part's digit spans (its stride and size times the sizes of the axes inside its axis), outermost
+// over the parts.
+int group_level(const shard::Mesh& mesh, const Cluster& c, const Placement& p,
+                std::string_view group);
 
 }  // namespace loom::sim

@@ -40,8 +40,8 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
   for (const ir::Node& n : g.nodes()) {
     if (ops::has_trait(n.op, ops::Trait::collective)) {
       const std::string& axis = n.attr_str("axis");
-      const int64_t ranks = mesh.axis_size(axis);
-      const int level = p.level.at(axis);
+      const int64_t ranks = mesh.group_size(axis);
+      const int level = group_level(mesh, c, p, axis);
       const double in = buffer_bytes(g, n.inputs[0]);
       const double dur = collective_seconds(n.op, in, ranks, c, level);
       ++r.collectives;

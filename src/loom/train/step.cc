@@ -181,6 +181,7 @@ void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* 
                 ? ", and the same [passes] cluster file, which bucket = \"auto\" decides from"
                 : ""));
   }
+  comms.prepare(prog.graph);  // the sub-groups of synthesized reductions
   blocks_ = std::make_unique<RankBlocks>(step_.c, cfg_.plan.plan.mesh, comms);
   exec_ = std::make_unique<runtime::Executor>(prog.graph);
   exec_->set_comms(&comms);

@@ -1,21 +1,22 @@
-#include "loom/search/p2.h"
+#include "loom/sim/p2.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <bit>
 #include <functional>
+#include <numeric>
 
 #include "loom/core/error.h"
 #include "loom/sim/cost.h"
 
-namespace loom::search::p2 {
+namespace loom::sim::p2 {
 
 namespace {
 
 // The devices each level adds, innermost first: a level of size S inside one of size S' holds
 // S' / S groups of it; the outermost takes what is left of `devices`.
-std::vector<int64_t> level_widths(const sim::Cluster& c, int64_t devices) {
+std::vector<int64_t> level_widths(const Cluster& c, int64_t devices) {
   std::vector<int64_t> w;
   int64_t inner = 1;
   for (size_t l = 0; l < c.levels.size() && inner < devices; ++l) {
@@ -225,7 +226,7 @@ const char* coll_name(Coll c) {
   return "?";
 }
 
-std::vector<std::vector<Factor>> placements(const std::vector<int64_t>& axes, const sim::Cluster& c,
+std::vector<std::vector<Factor>> placements(const std::vector<int64_t>& axes, const Cluster& c,
                                             int64_t devices) {
   const std::vector<int64_t> w = level_widths(c, devices);
   int64_t total = 1;
@@ -248,8 +249,9 @@ std::vector<std::vector<Factor>> placements(const std::vector<int64_t>& axes, co
     }
     for (int64_t s = 1; s <= room; ++s) {
       if (room % s || left[a] % s) continue;
+      const int64_t stride = axes[a] / left[a];  // the shares of this axis on inner levels
       left[a] /= s;
-      if (s > 1) cur.push_back({int(a), int(l), s});
+      if (s > 1) cur.push_back({int(a), int(l), s, stride});
       walk(l, a + 1, room / s);
       if (s > 1) cur.pop_back();
       left[a] *= s;
@@ -257,6 +259,38 @@ std::vector<std::vector<Factor>> placements(const std::vector<int64_t>& axes, co
   };
   walk(0, 0, w.empty() ? 1 : w[0]);
   return out;
+}
+
+std::vector<Factor> axis_factors(const shard::Mesh& mesh, const Cluster& c,
+                                 const std::string& axis) {
+  const int64_t n = mesh.axis_size(axis), inner = mesh.stride(axis);
+  std::vector<Factor> out;
+  int64_t done = 1;  // the digits so far
+  for (size_t l = 0; l < c.levels.size() && done < n; ++l) {
+    const int64_t size = c.levels[l].size;
+    // how much of the axis one group of this level holds
+    int64_t hold = n;
+    if (size > 0 && l + 1 < c.levels.size())
+      hold = size % inner == 0 ? std::gcd(n, size / inner) : 1;
+    if (hold <= done || hold % done) continue;
+    out.push_back({mesh.index(axis), int(l), hold / done, done});
+    done = hold;
+  }
+  if (done != n) out.push_back({mesh.index(axis), int(c.levels.size()) - 1, n / done, done});
+  return out;
+}
+
+std::string group_spec(const shard::Mesh& mesh, const std::vector<Factor>& f, uint32_t group) {
+  std::string s;
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (!(group >> i & 1)) continue;
+    const std::string& axis = mesh.axes()[size_t(f[i].axis)].first;
+    s += s.empty() ? "" : "+";
+    s += f[i].stride == 1 && f[i].size == mesh.axis_size(axis)
+             ? axis
+             : fmt::format("{}[{}:{}]", axis, f[i].stride, f[i].size);
+  }
+  return s;
 }
 
 std::string Program::text(const std::vector<Factor>& f,
@@ -285,23 +319,22 @@ bool valid(const Program& p, const std::vector<Factor>& f, uint32_t reduce, std:
   return sym.done(why);
 }
 
-double seconds(const Program& p, const std::vector<Factor>& f, double bytes,
-               const sim::Cluster& c) {
+double seconds(const Program& p, const std::vector<Factor>& f, double bytes, const Cluster& c) {
   double t = 0, held = bytes;
   for (const Step& s : p.steps) {
     const int64_t n = group_size(f, s.group);
     const int level = group_level(f, s.group);
-    const sim::Level& lv = c.levels[size_t(level)];
+    const Level& lv = c.levels[size_t(level)];
     switch (s.op) {
       case Coll::all_reduce:
-        t += sim::collective_seconds(ir::Op::all_reduce, held, n, c, level);
+        t += collective_seconds(ir::Op::all_reduce, held, n, c, level);
         break;
       case Coll::reduce_scatter:
-        t += sim::collective_seconds(ir::Op::reduce_scatter, held, n, c, level);
+        t += collective_seconds(ir::Op::reduce_scatter, held, n, c, level);
         held /= double(n);
         break;
       case Coll::all_gather:
-        t += sim::collective_seconds(ir::Op::all_gather, held, n, c, level);
+        t += collective_seconds(ir::Op::all_gather, held, n, c, level);
         held *= double(n);
         break;
       case Coll::reduce:
@@ -313,14 +346,13 @@ double seconds(const Program& p, const std::vector<Factor>& f, double bytes,
   return t;
 }
 
-double flat_seconds(const std::vector<Factor>& f, uint32_t reduce, double bytes,
-                    const sim::Cluster& c) {
-  return sim::collective_seconds(ir::Op::all_reduce, bytes, group_size(f, reduce), c,
-                                 group_level(f, reduce));
+double flat_seconds(const std::vector<Factor>& f, uint32_t reduce, double bytes, const Cluster& c) {
+  return collective_seconds(ir::Op::all_reduce, bytes, group_size(f, reduce), c,
+                            group_level(f, reduce));
 }
 
 std::vector<Program> synthesize(const std::vector<Factor>& f, uint32_t reduce, double bytes,
-                                const sim::Cluster& c, int max_steps) {
+                                const Cluster& c, int max_steps, bool rooted_ops) {
   std::vector<uint32_t> groups;  // every non-empty subset of the reduced factors
   for (uint32_t g = reduce; g; g = (g - 1) & reduce) groups.push_back(g);
   std::sort(groups.begin(), groups.end());
@@ -347,6 +379,7 @@ std::vector<Program> synthesize(const std::vector<Factor>& f, uint32_t reduce, d
       const bool fresh = !(g & (summed | scattered | rooted));
       for (Coll op : {Coll::all_reduce, Coll::reduce_scatter, Coll::reduce, Coll::all_gather,
                       Coll::broadcast}) {
+        if (!rooted_ops && (op == Coll::reduce || op == Coll::broadcast)) continue;
         uint32_t ns = summed, nr = rooted;
         bool push = false, pop = false;
         switch (op) {
@@ -389,4 +422,4 @@ std::vector<Program> synthesize(const std::vector<Factor>& f, uint32_t reduce, d
   return out;
 }
 
-}  // namespace loom::search::p2
+}  // namespace loom::sim::p2

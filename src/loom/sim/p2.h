@@ -20,7 +20,7 @@
 // prunes: the symbolic run decides.)
 //
 // Cost: a collective over a sub-group of n ranks runs as a ring on the outermost level its factors
-// touch (sim::collective_seconds for all_reduce, reduce_scatter and all_gather; reduce and
+// touch (collective_seconds for all_reduce, reduce_scatter and all_gather; reduce and
 // broadcast as pipelined chains, B/β + (n-1)α), on the bytes each rank holds at that step. The
 // flat all_reduce is costed as Loom's simulator costs an axis's all_reduce today: one ring over the
 // whole group on its outermost level. Collectives of one step run on disjoint groups at once; the
@@ -31,20 +31,29 @@
 #include <string>
 #include <vector>
 
+#include "loom/shard/sharding.h"
 #include "loom/sim/cluster.h"
 
-namespace loom::search::p2 {
+namespace loom::sim::p2 {
 
 struct Factor {
-  int axis = 0;      // index into the mesh's axes
-  int level = 0;     // index into the cluster's levels
-  int64_t size = 1;  // > 1
+  int axis = 0;        // index into the mesh's axes
+  int level = 0;       // index into the cluster's levels
+  int64_t size = 1;    // > 1
+  int64_t stride = 1;  // the digit of the axis's coordinate it is: (coord / stride) % size
 };
 
 // Every placement of a mesh of these axis sizes onto `devices` devices of the cluster's levels
 // (each level's size, the outermost taking the rest), as lists of factors, innermost level first.
-std::vector<std::vector<Factor>> placements(const std::vector<int64_t>& axes, const sim::Cluster& c,
+std::vector<std::vector<Factor>> placements(const std::vector<int64_t>& axes, const Cluster& c,
                                             int64_t devices);
+// The factors of `axis` in Loom's own placement of `mesh` (row-major, the last axis innermost):
+// its coordinate's digits, lowest first, each on the level that holds it.
+std::vector<Factor> axis_factors(const shard::Mesh& mesh, const Cluster& c,
+                                 const std::string& axis);
+// A sub-group as a collective's `axis` attribute names it (shard::Mesh::parse_group): the digits
+// of `group` (a set of factors), "x[1:4]+y", a whole axis by its name.
+std::string group_spec(const shard::Mesh& mesh, const std::vector<Factor>& f, uint32_t group);
 
 enum class Coll { all_reduce, reduce_scatter, all_gather, reduce, broadcast };
 const char* coll_name(Coll c);
@@ -66,14 +75,14 @@ bool valid(const Program& p, const std::vector<Factor>& f, uint32_t reduce,
            std::string* why = nullptr);
 
 // The seconds of `p` on `bytes` (each rank's whole buffer) under the placement.
-double seconds(const Program& p, const std::vector<Factor>& f, double bytes, const sim::Cluster& c);
+double seconds(const Program& p, const std::vector<Factor>& f, double bytes, const Cluster& c);
 // The flat all_reduce over the factors in `reduce`, as the simulator costs one today.
-double flat_seconds(const std::vector<Factor>& f, uint32_t reduce, double bytes,
-                    const sim::Cluster& c);
+double flat_seconds(const std::vector<Factor>& f, uint32_t reduce, double bytes, const Cluster& c);
 
 // Every valid program of at most `max_steps` collectives over the factors in `reduce` (the flat
 // all_reduce among them), costed and sorted fastest first.
+// `rooted`: reduce and broadcast too (the runtime has neither yet: lowering asks without them).
 std::vector<Program> synthesize(const std::vector<Factor>& f, uint32_t reduce, double bytes,
-                                const sim::Cluster& c, int max_steps = 5);
+                                const Cluster& c, int max_steps = 5, bool rooted = true);
 
-}  // namespace loom::search::p2
+}  // namespace loom::sim::p2

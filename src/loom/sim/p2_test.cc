@@ -1,13 +1,13 @@
 // P² synthesis: placements as parallelism matrices, the symbolic run refusing what is not a
 // reduction, every synthesized program valid, and the hierarchical all-reduce found and ranked
 // above the flat one where an axis spans nodes.
-#include "loom/search/p2.h"
+#include "loom/sim/p2.h"
 
 #include <gtest/gtest.h>
 
 #include "loom/core/error.h"
 
-namespace loom::search::p2 {
+namespace loom::sim::p2 {
 namespace {
 
 sim::Cluster h100() {
@@ -95,4 +95,4 @@ TEST(Synthesize, EveryProgramIsValidAndTheHierarchicalOneWinsAcrossNodes) {
 }
 
 }  // namespace
-}  // namespace loom::search::p2
+}  // namespace loom::sim::p2
