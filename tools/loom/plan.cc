@@ -19,6 +19,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -27,8 +28,11 @@
 #include "commands.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/passes/synthesize.h"
 #include "loom/search/predict.h"
 #include "loom/sim/cluster.h"
+#include "loom/sim/p2.h"
+#include "loom/train/compile.h"
 #include "loom/train/config.h"
 
 namespace loom::cli {
@@ -89,6 +93,45 @@ std::string fmt_bytes(double b) {
   return fmt::format("{:.3g} MB", b / 1e6);
 }
 
+void explain_reductions(train::Config cfg, const sim::Cluster& cl) {
+  if (cfg.plan.plan.empty()) {
+    fmt::print("\nno plan: nothing is reduced across ranks\n");
+    return;
+  }
+  cfg.passes.synthesize = false;  // the program's reductions as lowering makes them
+  const train::CompiledStep step =
+      train::compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
+  const shard::Mesh& mesh = cfg.plan.plan.mesh;
+  std::vector<std::string> names;
+  for (const auto& [a, n] : mesh.axes()) names.push_back(a);
+  // one entry per distinct (axes, bytes), with how many reductions a step has of it
+  std::map<std::pair<std::vector<std::string>, int64_t>, int> seen;
+  for (const passes::Reduction& r : passes::reductions(step.c.rank.graph, mesh))
+    ++seen[{r.axes, int64_t(r.bytes)}];
+  fmt::print(
+      "\nreductions ({}; [passes] synthesize = {}): the flat all_reduce and the fastest "
+      "synthesized programs\n",
+      cl.name, cfg.passes.synthesize ? "true" : "false");
+  for (const auto& [key, count] : seen) {
+    const auto& [axes, bytes] = key;
+    std::vector<sim::p2::Factor> f;
+    std::string ax;
+    for (const std::string& a : axes) {
+      auto x = sim::p2::axis_factors(mesh, cl, a);
+      f.insert(f.end(), x.begin(), x.end());
+      ax += (ax.empty() ? "" : "+") + a;
+    }
+    if (f.size() > 6) continue;
+    const uint32_t all = (1u << f.size()) - 1;
+    const double flat = sim::p2::flat_seconds(f, all, double(bytes), cl);
+    const auto progs = sim::p2::synthesize(f, all, double(bytes), cl, 5, false);
+    fmt::print("  {} x {} over {}: flat all_reduce {:.3f} ms\n", count, fmt_bytes(double(bytes)),
+               ax, flat * 1e3);
+    for (size_t i = 0; i < progs.size() && i < 3; ++i)
+      fmt::print("    {:.3f} ms  {}\n", progs[i].seconds * 1e3, progs[i].text(f, names));
+  }
+}
+
 void print_predictions(const std::vector<nlohmann::json>& rows) {
   fmt::print("{:<16} {:>12} {:>10} {:>14} {:>6} {:>6} {:>10} {:>10} {:>5} {:>12}\n", "plan", "mesh",
              "step ms", "tok/s/device", "MFU", "HFU", "exposed", "peak", "fits", "kWh/Mtok");
@@ -131,6 +174,8 @@ std::function<int()> add_plan(CLI::App& app) {
   s->add_flag("--json", o->json, "one JSON line per plan");
   s->add_option("--kernels", o->kernels,
                 "write the programs' distinct compute kernels as JSON (for a GPU's timings)");
+  s->add_flag("--explain", o->explain,
+              "print each reduction's synthesized programs (P2) and their predicted times");
   add_search_options(*s, *o);
   return [o]() {
     if (o->search.on) {
@@ -164,6 +209,10 @@ std::function<int()> add_plan(CLI::App& app) {
     fmt::print("cluster {} ({}), model {} {}\n", cl->name, cl->source, o->config,
                rows.front()["devices"].get<int64_t>() > 1 ? "" : "(one device)");
     print_predictions(rows);
+    if (o->explain) {
+      train::Config cfg = train::load_config(o->config, o->sets);
+      explain_reductions(cfg, *cl);
+    }
     return 0;
   };
 }

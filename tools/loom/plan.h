@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "loom/sim/cluster.h"
+#include "loom/train/config.h"
+
 namespace loom::cli {
 
 struct PlanSearchOpts {
@@ -25,6 +28,7 @@ struct PlanOpts {
   int64_t devices = 0;
   std::vector<std::string> sets;
   bool json = false;
+  bool explain = false;
   PlanSearchOpts search;
 };
 
@@ -32,6 +36,9 @@ std::string fmt_bytes(double b);  // "1.2 GB", "3.4 MB"
 // The table of predictions (search::predict's JSON), one plan per row; a row's "candidate", when
 // present, printed under it.
 void print_predictions(const std::vector<nlohmann::json>& rows);
+// --explain: each reduction of the config's plan (an all_reduce over one or more axes), with the
+// flat all_reduce's predicted time and the three fastest synthesized programs (sim/p2.h).
+void explain_reductions(train::Config cfg, const sim::Cluster& cl);
 
 // --search and its flags (plan_search.cc).
 void add_search_options(CLI::App& s, PlanOpts& o);

@@ -17,6 +17,8 @@
 // and only programs whose scatters divide the buffer. Every synthesized program passed the
 // symbolic check (sim/p2.h), and the sum is the flat all_reduce's up to the order of float
 // additions (tests/plan_parity_test.cc: Synthesize.*).
+#include "loom/passes/synthesize.h"
+
 #include <fmt/format.h>
 
 #include <map>
@@ -69,6 +71,43 @@ std::optional<Plan2> best_program(const shard::Mesh& mesh, const sim::Cluster& c
   return std::nullopt;
 }
 
+}  // namespace
+
+std::vector<Reduction> reductions(const ir::Graph& g, const shard::Mesh& mesh) {
+  std::vector<int> readers(g.values().size(), 0);
+  for (const ir::Node& n : g.nodes())
+    for (int v : n.inputs) ++readers[size_t(v)];
+  for (int v : g.outputs()) ++readers[size_t(v)];
+  // chains: an all_reduce whose input is an all_reduce read by it alone continues that chain
+  std::vector<std::vector<int>> chain(g.nodes().size());
+  std::vector<bool> inner(g.nodes().size(), false);  // a node folded into a later one
+  for (const ir::Node& n : g.nodes()) {
+    if (n.op != ir::Op::all_reduce || !mesh.has(n.attr_str("axis"))) continue;
+    chain[size_t(n.id)] = {n.id};
+    const int p = g.value(n.inputs[0]).producer;
+    if (p >= 0 && g.node(p).op == ir::Op::all_reduce && readers[size_t(n.inputs[0])] == 1 &&
+        mesh.has(g.node(p).attr_str("axis"))) {
+      chain[size_t(n.id)] = chain[size_t(p)];
+      chain[size_t(n.id)].push_back(n.id);
+      inner[size_t(p)] = true;
+    }
+  }
+  std::vector<Reduction> out;
+  for (const ir::Node& n : g.nodes()) {
+    if (chain[size_t(n.id)].empty() || inner[size_t(n.id)]) continue;
+    Reduction r;
+    r.nodes = chain[size_t(n.id)];
+    for (int x : r.nodes) r.axes.push_back(g.node(x).attr_str("axis"));
+    const ir::TensorType& t = g.value(g.node(r.nodes.front()).inputs[0]).type;
+    r.numel = loom::numel(t.shape);
+    r.bytes = double(r.numel * int64_t(dtype_size(t.dtype)));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+namespace {
+
 void run_synthesize(Compilation& c, const Options& o) {
   if (!o.schedule.synthesize || o.plan.empty()) return;
   if (!o.schedule.cluster)
@@ -76,39 +115,17 @@ void run_synthesize(Compilation& c, const Options& o) {
   const sim::Cluster& cl = *o.schedule.cluster;
   const shard::Mesh& mesh = o.plan.mesh;
   const ir::Graph& g = c.rank.graph;
-  std::vector<int> readers(g.values().size(), 0);
-  for (const ir::Node& n : g.nodes())
-    for (int v : n.inputs) ++readers[size_t(v)];
-  for (int v : g.outputs()) ++readers[size_t(v)];
-  // chains: an all_reduce whose input is an all_reduce read by it alone continues that chain
-  std::vector<std::vector<int>> chain(g.nodes().size());  // at a chain's last node: its nodes
-  std::vector<bool> inner(g.nodes().size(), false);       // a node folded into a later one
-  for (const ir::Node& n : g.nodes()) {
-    if (n.op != ir::Op::all_reduce) continue;
-    chain[size_t(n.id)] = {n.id};
-    const int p = g.value(n.inputs[0]).producer;
-    if (p >= 0 && g.node(p).op == ir::Op::all_reduce && readers[size_t(n.inputs[0])] == 1 &&
-        mesh.has(n.attr_str("axis")) && mesh.has(g.node(p).attr_str("axis"))) {
-      chain[size_t(n.id)] = chain[size_t(p)];
-      chain[size_t(n.id)].push_back(n.id);
-      inner[size_t(p)] = true;
-    }
-  }
   std::map<int, Plan2> plans;  // last node of a chain -> its program
-  for (const ir::Node& n : g.nodes()) {
-    if (n.op != ir::Op::all_reduce || inner[size_t(n.id)] || !mesh.has(n.attr_str("axis")))
-      continue;
-    std::vector<std::string> axes;
-    for (int x : chain[size_t(n.id)]) axes.push_back(g.node(x).attr_str("axis"));
-    const ir::TensorType& t = g.value(n.inputs[0]).type;
-    const int64_t numel = loom::numel(t.shape);
-    if (auto p = best_program(mesh, cl, axes, numel, double(numel * dtype_size(t.dtype))))
-      plans[n.id] = std::move(*p);
-  }
+  std::map<int, std::vector<int>> chain;
+  for (const Reduction& r : reductions(g, mesh))
+    if (auto p = best_program(mesh, cl, r.axes, r.numel, r.bytes)) {
+      plans[r.nodes.back()] = std::move(*p);
+      chain[r.nodes.back()] = r.nodes;
+    }
   if (plans.empty()) return;
   std::vector<bool> replaced_inner(g.nodes().size(), false);
   for (const auto& [last, p] : plans)
-    for (int x : chain[size_t(last)])
+    for (int x : chain[last])
       if (x != last) replaced_inner[size_t(x)] = true;
   Rewriter rw(c.rank);
   ops::Builder& b = rw.builder();
@@ -120,7 +137,7 @@ void run_synthesize(Compilation& c, const Options& o) {
       continue;
     }
     const Plan2& p = it->second;
-    const int first = chain[size_t(n.id)].front();
+    const int first = chain[n.id].front();
     const int in = g.node(first).inputs[0];
     const ir::TensorType& t = g.value(in).type;
     const std::string& name = g.value(n.outputs[0]).name;

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# P² for real: 4 ranks on two "hosts" (network namespaces joined by a veth pair, tc's tbf limiting
+# the link on both ends), 2 ranks on each sharing memory (Open MPI's vader within a host, TCP
+# across), every program bench/p2_run measures for a reduction over one axis spanning both hosts
+# ({x = 4}) and over both axes of {a = 2, b = 2} (b within a host, a across), at each buffer size.
+#
+#   bench/p2_two_host.sh [RATE_GBIT] [SIZES] [REPS]     (root; default 1 "8e6 64e6" 5)
+#
+# Prints p2_run's JSON lines (one per program, then its summary), each with "link_gbit" added;
+# checks that the reductions' bytes crossed the link. Everything made here is removed on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SRC=$(pwd)
+rate=${1:-1}
+sizes=${2:-8e6 64e6}
+reps=${3:-5}
+run=$SRC/build/release/bench/p2_run
+die() { echo "p2_two_host: $*" >&2; exit 1; }
+[[ -x $run ]] || die "build first: cmake --build build/release --target p2_run"
+[[ $(id -u) -eq 0 ]] || die "must run as root: it creates network namespaces"
+for tool in ip tc mpirun python3 timeout; do
+  command -v "$tool" >/dev/null || die "$tool not found on PATH"
+done
+# shellcheck source=../scripts/netns.sh
+source "$SRC/scripts/netns.sh"
+
+NET=10.213.79
+NS_A=lp2A$$
+NS_B=lp2B$$
+TMP=$(mktemp -d /tmp/loom_p2.XXXXXX)
+netns_cleanup_on_exit "$TMP" "$NS_A" "$NS_B"
+netns_pair "$NS_A" "$NS_B" "$NET" 9000 || die "cannot join $NS_A and $NS_B"
+netns_reachable "$NS_A" "$NS_B" "$NET.2" || die "namespace $NS_A cannot reach $NET.2"
+burst=$(python3 -c "print(max(int(float('$rate') * 1e9 / 8 / 1000), 65536))")
+for ns in "$NS_A" "$NS_B"; do
+  netns_tbf "$ns" "${rate}gbit" "$burst" 100ms || die "tc cannot limit $ns's eth0"
+done
+AGENT=$TMP/agent
+netns_agent "$AGENT" "" "$NET.1" "$NS_A" "$NET.2" "$NS_B"
+printf '%s slots=2\n%s slots=2\n' "$NET.1" "$NET.2" >"$TMP/hostfile"
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# vader (shared memory) between the two ranks of a host, TCP across the link
+# shellcheck disable=SC2054
+mpi=(ip netns exec "$NS_A" mpirun --allow-run-as-root --bind-to none -np 4
+     --hostfile "$TMP/hostfile" --mca plm_rsh_agent "$AGENT"
+     --mca pml ob1 --mca btl tcp,vader,self
+     --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24"
+     -x OMP_NUM_THREADS -x OMP_WAIT_POLICY -x PATH
+     -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM)
+tx() { ip netns exec "$NS_A" cat /sys/class/net/eth0/statistics/tx_bytes; }
+for bytes in $sizes; do
+  for c in "x=4 x" "a=2,b=2 a,b"; do
+    read -r mesh axes <<<"$c"
+    before=$(tx)
+    timeout 900 "${mpi[@]}" "$run" "$SRC/clusters/two-hosts.toml" "$mesh" "$axes" "$bytes" \
+      "$reps" >"$TMP/out" 2>"$TMP/err" || die "p2_run $mesh $axes $bytes: $(tail -c 2000 "$TMP/err")"
+    sent=$(($(tx) - before))
+    python3 - "$TMP/out" "$rate" "$sent" "$bytes" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+if int(sys.argv[3]) < float(sys.argv[4]) / 4:
+    sys.exit(f"only {sys.argv[3]} bytes left host A: the ranks did not use the link")
+for r in rows:
+    r["link_gbit"] = float(sys.argv[2])
+    print(json.dumps(r))
+PY
+  done
+done
