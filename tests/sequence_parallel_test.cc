@@ -104,10 +104,11 @@ TEST_P(SequenceParallel, MovesTheActivationsOfTensorParallelismAsGathersAndScatt
         << k << ": " << x.count << " collectives of " << x.bytes << " bytes";
 
   // and no weight is gathered: megatron's column/row layout survives the bf16 casts
-  for (const ir::Node& n : sp.rank.graph.nodes())
-    if (n.op == ir::Op::all_gather)
-      EXPECT_EQ(sp.rank.graph.value(n.inputs[0]).type.shape.size(), 3u)
-          << "%" << sp.rank.graph.value(n.outputs[0]).name << " gathers a weight";
+  for (const ir::Node& n : sp.rank.graph.nodes()) {
+    if (n.op != ir::Op::all_gather) continue;
+    EXPECT_EQ(sp.rank.graph.value(n.inputs[0]).type.shape.size(), 3u)
+        << "%" << sp.rank.graph.value(n.outputs[0]).name << " gathers a weight";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, SequenceParallel,

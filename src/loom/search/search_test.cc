@@ -145,7 +145,9 @@ TEST(Search, NoPlanFitsNamesTheClosestAndABudgetMustBePositive) {
   EXPECT_EQ(r.best, nullptr);
   ASSERT_NE(r.closest, nullptr);
   for (const Evaluation* e : ev.ranked())
-    if (e->ok) EXPECT_LE(r.closest->peak_bytes, e->peak_bytes);
+    if (e->ok) {
+      EXPECT_LE(r.closest->peak_bytes, e->peak_bytes);
+    }
   EXPECT_THROW(search(s, ev, {.budget_s = 0}), Error);
   EXPECT_THROW(search(s, ev, {.budget_s = -1}), Error);
 }
