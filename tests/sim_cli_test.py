@@ -232,4 +232,39 @@ with tempfile.TemporaryDirectory() as tmp:
     r = loom("calibrate", "--import", timed, "--out", os.path.join(tmp, "y.toml"))
     check("--import without --base: exit 1", r.returncode == 1 and "--base" in r.stderr, r.stderr)
 
+# loom plan --search (src/loom/search/): the top plans and a pasteable [plan]; --json's summary;
+# bad input: a budget or evaluation count that is not positive, no plan that fits (the closest
+# named with its memory), a device count no plan can split the model over
+tiny = cfg("tiny-llama.toml")
+r = loom("plan", tiny, "--cluster", cluster("h100-sxm.toml"), "--devices", "4", "--search",
+         "--exhaustive", "--set", "train.seq_len=32")
+check("--search --exhaustive: exit 0, a table and a [plan] section to paste",
+      r.returncode == 0 and "the whole space" in r.stdout and "[plan]" in r.stdout
+      and "tactics = [" in r.stdout, r.stderr + r.stdout[-2000:])
+r = loom("plan", tiny, "--cluster", cluster("h100-sxm.toml"), "--devices", "4", "--search",
+         "--evals", "5", "--json", "--set", "train.seq_len=32")
+rows = json_lines(r) if r.returncode == 0 else []
+check("--search --evals 5 --json: top rows with the plan's figures, then the summary",
+      len(rows) >= 2 and all("toml" in x and "step_ms" in x for x in rows[:-1])
+      and rows[-1].get("evaluations") == 5 and rows[-1].get("plans_in_space", 0) > 5,
+      r.stderr + r.stdout[-2000:])
+for flag, value in [("--budget", "0"), ("--budget", "-3"), ("--evals", "0")]:
+    r = loom("plan", tiny, "--devices", "2", "--search", flag, value)
+    check(f"--search {flag} {value}: exit non-zero naming the flag",
+          r.returncode != 0 and flag in r.stderr, r.stderr)
+with tempfile.TemporaryDirectory() as tmp:
+    small = os.path.join(tmp, "small.toml")
+    with open(cluster("h100-sxm.toml")) as f:
+        text = f.read().replace("memory_bytes = 80e9", "memory_bytes = 1e5")
+    with open(small, "w") as f:
+        f.write(text)
+    r = loom("plan", tiny, "--cluster", small, "--devices", "2", "--search", "--exhaustive")
+    check("--search where nothing fits: exit 1, 'no plan fits' naming the closest and its peak",
+          r.returncode == 1 and "no plan fits" in r.stderr and "the closest" in r.stderr
+          and "at its peak" in r.stderr, r.stderr)
+r = loom("plan", tiny, "--cluster", cluster("h100-sxm.toml"), "--devices", "3", "--search",
+         "--set", "train.batch_size=4")
+check("--search on 3 devices the model cannot be split over: exit 1, no crash",
+      r.returncode == 1 and "no plan fits 3 devices" in r.stderr, r.stderr)
+
 checks.finish()

@@ -77,9 +77,13 @@ int run_plan_search(const PlanOpts& o) {
   }
   if (!r.best) {
     if (!r.closest) {
-      std::string why = ranked.empty() ? "no candidate in the space" : ranked.front()->error;
-      throw Error(fmt::format("{}: no plan for {} devices of {} compiles: {}", o.config, devices,
-                              cl->name, why));
+      const std::string why =
+          ranked.empty() ? "the model splits over them in no way the space holds (each axis's "
+                           "tactics refused, or the batch not divisible)"
+                         : "none compiles: " + ranked.front()->error;
+      throw Error(
+          fmt::format("{}: no plan fits {} devices of {}: {}", o.config, devices, cl->name, why),
+          "another device count, or a larger batch");
     }
     throw Error(
         fmt::format("{}: no plan fits {} devices of {} ({} each): the closest, {}, needs {} at "
