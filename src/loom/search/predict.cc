@@ -31,7 +31,8 @@ void collect_kernels(const ir::Graph& g, const sim::Cluster& cl, double steps,
     nlohmann::json k;
     k["op"] = std::string(ir::op_name(n.op));
     nlohmann::json attrs = nlohmann::json::object();
-    for (const auto& [key, v] : n.attrs) std::visit([&](const auto& x) { attrs[key] = x; }, v);
+    for (const auto& kv : n.attrs)  // a structured binding is not capturable in clang 14
+      std::visit([&](const auto& x) { attrs[kv.first] = x; }, kv.second);
     k["attrs"] = attrs;
     auto types = [&](const std::vector<int>& ids) {
       nlohmann::json a = nlohmann::json::array();

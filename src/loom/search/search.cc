@@ -97,14 +97,20 @@ class Mcts {
     // an iteration that only reaches evaluated candidates costs no evaluation; bound them
     const int64_t max_idle = 10000;
     int64_t idle = 0;
-    while (!root_->closed && since(t0) < o_.budget_s &&
-           (o_.max_evaluations <= 0 || ev_.evaluations() - before < o_.max_evaluations) &&
-           idle < max_idle) {
+    // the tree's share of the budget; the rest goes to the local search
+    const double tree = 1 - o_.local_share;
+    auto left = [&](double share) {
+      return since(t0) < share * o_.budget_s &&
+             (o_.max_evaluations <= 0 ||
+              double(ev_.evaluations() - before) < share * double(o_.max_evaluations));
+    };
+    while (!root_->closed && left(tree) && idle < max_idle) {
       const int64_t n = ev_.evaluations();
       iterate();
       ++r.iterations;
       idle = ev_.evaluations() == n ? idle + 1 : 0;
     }
+    if (!root_->closed) local_search([&] { return left(1.0); });
     r.evaluations = ev_.evaluations() - before;
     r.exhausted = root_->closed;
     r.seconds = since(t0);
@@ -112,6 +118,49 @@ class Mcts {
   }
 
  private:
+  // Hill climbing from the best candidate found: its neighbours (one decision changed, the later
+  // ones kept where they are still open, else the first open option) are evaluated, deepest
+  // decision first, moving to any that is faster, until none is left unevaluated or `more` says
+  // the budget is spent.
+  template <class More>
+  void local_search(More more) {
+    for (bool moved = true; moved && more();) {
+      moved = false;
+      const std::vector<int>* best = nullptr;
+      double reward = 0;
+      for (const auto& [key, d] : decisions_)
+        if (const Evaluation* e = ev_.find(s_.candidate(d)); e && e->reward() > reward)
+          reward = e->reward(), best = &d;
+      if (!best) return;
+      const std::vector<int> from = *best;
+      for (size_t i = from.size(); i-- > 0 && !moved && more();) {
+        const std::vector<int> prefix(from.begin(), from.begin() + long(i));
+        for (int o : s_.options(prefix)) {
+          if (o == from[i]) continue;
+          std::vector<int> d = prefix;
+          d.push_back(o);
+          while (!s_.complete(d)) {
+            const std::vector<int> opts = s_.options(d);
+            if (opts.empty()) break;
+            const int keep = d.size() < from.size() ? from[d.size()] : opts[0];
+            d.push_back(std::find(opts.begin(), opts.end(), keep) != opts.end() ? keep : opts[0]);
+          }
+          if (!s_.complete(d)) continue;
+          const Candidate c = s_.candidate(d);
+          if (ev_.find(c)) continue;
+          if (!more()) return;
+          decisions_[c.key()] = d;
+          const double got = ev_.evaluate(c).reward();
+          best_ = std::max(best_, got);
+          if (got > reward) {
+            moved = true;
+            break;
+          }
+        }
+      }
+    }
+  }
+
   std::unique_ptr<TreeNode> make(std::vector<int> prefix) {
     auto n = std::make_unique<TreeNode>();
     n->prefix = std::move(prefix);
@@ -157,7 +206,9 @@ class Mcts {
     double reward = 0;
     for (;;) {
       if (s_.complete(p)) {
-        reward = ev_.evaluate(s_.candidate(p)).reward();
+        const Candidate c = s_.candidate(p);
+        decisions_.emplace(c.key(), p);
+        reward = ev_.evaluate(c).reward();
         break;
       }
       const std::vector<int> opts = s_.options(p);
@@ -184,6 +235,7 @@ class Mcts {
   std::mt19937_64 rng_;
   std::unique_ptr<TreeNode> root_;
   double best_ = 0;  // the best reward seen
+  std::map<std::string, std::vector<int>> decisions_;  // evaluated candidate -> its decisions
 };
 
 }  // namespace
