@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # P² for real: 4 ranks on two "hosts" (network namespaces joined by a veth pair, tc's tbf limiting
-# the link on both ends), 2 ranks on each sharing memory (Open MPI's vader within a host, TCP
-# across), every program bench/p2_run measures for a reduction over one axis spanning both hosts
+# the link on both ends), 2 ranks on each (TCP within a host over its own address, which the
+# link's limit does not touch), every program bench/p2_run measures for a reduction over one axis spanning both hosts
 # ({x = 4}) and over both axes of {a = 2, b = 2} (b within a host, a across), at each buffer size.
 #
 #   bench/p2_two_host.sh [RATE_GBIT] [SIZES] [REPS]     (root; default 1 "8e6 64e6" 5)
@@ -40,11 +40,14 @@ netns_agent "$AGENT" "" "$NET.1" "$NS_A" "$NET.2" "$NS_B"
 printf '%s slots=2\n%s slots=2\n' "$NET.1" "$NET.2" >"$TMP/hostfile"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# vader (shared memory) between the two ranks of a host, TCP across the link
+# TCP only: within a host over the namespace's own address (the kernel's loopback path, not the
+# link), across hosts over the rate-limited veth. Open MPI's shared memory (vader) is refused: both
+# namespaces have one hostname, so it would join ranks across "hosts" (and it crashed there in
+# MPI_Comm_dup when tried)
 # shellcheck disable=SC2054
 mpi=(ip netns exec "$NS_A" mpirun --allow-run-as-root --bind-to none -np 4
      --hostfile "$TMP/hostfile" --mca plm_rsh_agent "$AGENT"
-     --mca pml ob1 --mca btl tcp,vader,self
+     --mca pml ob1 --mca btl tcp,self
      --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24"
      -x OMP_NUM_THREADS -x OMP_WAIT_POLICY -x PATH
      -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM)
