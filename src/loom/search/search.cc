@@ -104,13 +104,17 @@ class Mcts {
              (o_.max_evaluations <= 0 ||
               double(ev_.evaluations() - before) < share * double(o_.max_evaluations));
     };
-    while (!root_->closed && left(tree) && idle < max_idle) {
-      const int64_t n = ev_.evaluations();
-      iterate();
-      ++r.iterations;
-      idle = ev_.evaluations() == n ? idle + 1 : 0;
-    }
+    auto grow = [&](double share) {
+      while (!root_->closed && left(share) && idle < max_idle) {
+        const int64_t n = ev_.evaluations();
+        iterate();
+        ++r.iterations;
+        idle = ev_.evaluations() == n ? idle + 1 : 0;
+      }
+    };
+    grow(tree);
     if (!root_->closed) local_search([&] { return left(1.0); });
+    grow(1.0);  // the climb reached a plan none of whose neighbours is faster: back to the tree
     r.evaluations = ev_.evaluations() - before;
     r.exhausted = root_->closed;
     r.seconds = since(t0);
