@@ -99,7 +99,7 @@ for ranks in $ranks_list; do
     fi
     echo "{\"plan\": \"$name\", \"ranks\": $ranks, \"predicted_step_ms\": $p}"
   done
-done >"$tmp/predicted.jsonl"
+done | tee "$tmp/predicted.jsonl"
 
 python3 - "$tmp/runs.jsonl" "$tmp/predicted.jsonl" <<'EOF'
 import json, statistics, sys
@@ -110,7 +110,7 @@ for ranks in sorted({r["ranks"] for r in runs}):
     for name in dict.fromkeys(r["plan"] for r in runs if r["ranks"] == ranks):
         xs = [r for r in runs if r["ranks"] == ranks and r["plan"] == name]
         med[name] = statistics.median(x["tokens_per_s"] for x in xs)
-        step = statistics.median(x["step_ms"] for x in xs)
+        step = statistics.median(x["step_ms"]["median"] for x in xs)
         print(json.dumps({"plan": name, "ranks": ranks, "median_tokens_per_s": med[name],
                           "median_step_ms": step, "predicted_step_ms": pred[(name, ranks)],
                           "prediction_error": pred[(name, ranks)] / step - 1}))

@@ -74,11 +74,11 @@ def main():
         log = os.path.join(a.out, f"{space}-exhaustive.jsonl")
         old = os.path.join(ROOT, a.reuse_exhaustive or "", f"{space}-exhaustive.jsonl")
         if a.reuse_exhaustive and os.path.exists(old):
-            rows = [json.loads(l) for l in open(old)]
-            fit = min((r for r in rows if r["ok"] and r["fits"]), key=lambda r: r["step_ms"])
-            ex = {"exhausted": True, "evaluations": len(rows), "best_step_ms": fit["step_ms"],
+            logged = [json.loads(l) for l in open(old)]
+            fit = min((r for r in logged if r["ok"] and r["fits"]), key=lambda r: r["step_ms"])
+            ex = {"exhausted": True, "evaluations": len(logged), "best_step_ms": fit["step_ms"],
                   "best": fit["candidate"],
-                  "seconds_per_evaluation": statistics.mean(r["seconds"] for r in rows)}
+                  "seconds_per_evaluation": statistics.mean(r["seconds"] for r in logged)}
         else:
             ex = search(space, ["--exhaustive", "--budget", "7200"], log)
         if not ex["exhausted"]:

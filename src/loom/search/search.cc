@@ -238,7 +238,7 @@ class Mcts {
   SearchOptions o_;
   std::mt19937_64 rng_;
   std::unique_ptr<TreeNode> root_;
-  double best_ = 0;  // the best reward seen
+  double best_ = 0;                                    // the best reward seen
   std::map<std::string, std::vector<int>> decisions_;  // evaluated candidate -> its decisions
 };
 

@@ -16,9 +16,9 @@
 // a space it has exhausted. c = 1/sqrt(2) (Kocsis and Szepesvari's constant for rewards in [0, 1]),
 // fixed, not tuned on the spaces the benchmark reports.
 //
-// The last quarter of the budget (of the evaluations when they are limited, and of the seconds) goes
-// to a local search from the best plan the tree found: its neighbours, one decision changed (a pass
-// setting, an axis's role, the mesh), are evaluated, moving to the first that is faster, until
+// The last quarter of the budget (of the evaluations when they are limited, and of the seconds)
+// goes to a local search from the best plan the tree found: its neighbours, one decision changed (a
+// pass setting, an axis's role, the mesh), are evaluated, moving to the first that is faster, until
 // none is left; what budget the climb leaves goes back to the tree. The tree finds the region (mesh
 // and roles); the leaves' many near-equal pass settings are where a random rollout most often stops
 // short of the optimum (docs/benchmarks.md: the first runs, without it).
@@ -84,7 +84,7 @@ struct SearchOptions {
   double budget_s = 60;         // wall-clock seconds
   int64_t max_evaluations = 0;  // 0: no limit but the budget
   uint64_t seed = 0;
-  bool exhaustive = false;  // evaluate every candidate instead
+  bool exhaustive = false;    // evaluate every candidate instead
   double local_share = 0.25;  // of the budget, for the local search after the tree
 };
 

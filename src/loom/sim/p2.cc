@@ -281,14 +281,30 @@ std::vector<Factor> axis_factors(const shard::Mesh& mesh, const Cluster& c,
 }
 
 std::string group_spec(const shard::Mesh& mesh, const std::vector<Factor>& f, uint32_t group) {
+  // the parts most significant first (outer axes, then an axis's higher digits), so the group's
+  // ranks keep their order in the mesh and a ring over them crosses each level as few times as it
+  // can; an axis whose every digit is in the group is named whole
+  std::vector<size_t> in;
+  for (size_t i = 0; i < f.size(); ++i)
+    if (group >> i & 1) in.push_back(i);
+  std::sort(in.begin(), in.end(), [&](size_t a, size_t b) {
+    return f[a].axis != f[b].axis ? f[a].axis < f[b].axis : f[a].stride > f[b].stride;
+  });
   std::string s;
-  for (size_t i = 0; i < f.size(); ++i) {
-    if (!(group >> i & 1)) continue;
-    const std::string& axis = mesh.axes()[size_t(f[i].axis)].first;
+  for (size_t k = 0; k < in.size();) {
+    const Factor& x = f[in[k]];
+    const std::string& axis = mesh.axes()[size_t(x.axis)].first;
+    int64_t covered = 1;
+    size_t end = k;
+    while (end < in.size() && f[in[end]].axis == x.axis) covered *= f[in[end++]].size;
     s += s.empty() ? "" : "+";
-    s += f[i].stride == 1 && f[i].size == mesh.axis_size(axis)
-             ? axis
-             : fmt::format("{}[{}:{}]", axis, f[i].stride, f[i].size);
+    if (covered == mesh.axis_size(axis)) {
+      s += axis;
+    } else {
+      for (size_t j = k; j < end; ++j)
+        s += fmt::format("{}{}[{}:{}]", j == k ? "" : "+", axis, f[in[j]].stride, f[in[j]].size);
+    }
+    k = end;
   }
   return s;
 }

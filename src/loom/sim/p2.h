@@ -52,7 +52,10 @@ std::vector<std::vector<Factor>> placements(const std::vector<int64_t>& axes, co
 std::vector<Factor> axis_factors(const shard::Mesh& mesh, const Cluster& c,
                                  const std::string& axis);
 // A sub-group as a collective's `axis` attribute names it (shard::Mesh::parse_group): the digits
-// of `group` (a set of factors), "x[1:4]+y", a whole axis by its name.
+// of `group` (a set of factors), "y+x[1:4]", most significant first (the ranks in mesh order), an
+// axis all of whose digits are in the group by its name. (Which rank is which member changes no
+// sum, only a ring's neighbours: a flat all-reduce over x = 4 on two hosts named
+// "x[1:2]+x[2:2]" put the hosts' ranks in turn around the ring and ran at half speed.)
 std::string group_spec(const shard::Mesh& mesh, const std::vector<Factor>& f, uint32_t group);
 
 enum class Coll { all_reduce, reduce_scatter, all_gather, reduce, broadcast };
