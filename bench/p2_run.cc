@@ -23,6 +23,8 @@
 
 #include "loom/comm/mpi.h"
 #include "loom/core/error.h"
+#include "loom/ops/builder.h"
+#include "loom/passes/synthesize.h"
 #include "loom/runtime/collectives.h"
 #include "loom/runtime/executor.h"
 #include "loom/sim/p2.h"
@@ -42,34 +44,9 @@ std::vector<std::string> split(const std::string& s, char sep) {
 ir::Graph program_graph(const shard::Mesh& mesh, const std::vector<sim::p2::Factor>& f,
                         const sim::p2::Program& p, int64_t n) {
   ir::Graph g("p2");
-  int x = g.add_input("x", {DType::f32, {n}}, ir::ValueKind::input);
-  int64_t held = n;
-  int i = 0;
-  for (const sim::p2::Step& s : p.steps) {
-    const std::string group = sim::p2::group_spec(mesh, f, s.group);
-    const int64_t k = mesh.group_size(group);
-    const std::string name = fmt::format("s{}", i++);
-    switch (s.op) {
-      case sim::p2::Coll::all_reduce:
-        x = g.add_node(ir::Op::all_reduce, {x}, {{"axis", group}}, {{DType::f32, {held}}},
-                       {name})[0];
-        break;
-      case sim::p2::Coll::reduce_scatter:
-        held /= k;
-        x = g.add_node(ir::Op::reduce_scatter, {x},
-                       {{"axis", group}, {"dim", int64_t(0)}, {"n", k}}, {{DType::f32, {held}}},
-                       {name})[0];
-        break;
-      case sim::p2::Coll::all_gather:
-        held *= k;
-        x = g.add_node(ir::Op::all_gather, {x}, {{"axis", group}, {"dim", int64_t(0)}, {"n", k}},
-                       {{DType::f32, {held}}}, {name})[0];
-        break;
-      default:
-        throw Error("p2_run: a rooted step");
-    }
-  }
-  g.add_output(x);
+  ops::Builder b(g);
+  const int x = g.add_input("x", {DType::f32, {n}}, ir::ValueKind::input);
+  g.add_output(passes::emit_program(b, x, mesh, f, p, "x"));  // as the synthesize pass emits it
   return g;
 }
 
@@ -98,25 +75,14 @@ int run(int argc, char** argv) {
   const int rank = world->rank();
   runtime::MeshComms comms(*world, mesh);
 
-  std::vector<sim::p2::Factor> f;
   std::vector<std::string> names;
   for (const auto& [a, s] : axes) names.push_back(a);
-  for (const std::string& a : reduced) {
-    auto x = sim::p2::axis_factors(mesh, cl, a);
-    f.insert(f.end(), x.begin(), x.end());
-  }
+  const std::vector<sim::p2::Factor> f = sim::p2::reduction_factors(mesh, cl, reduced);
   const uint32_t all = (1u << f.size()) - 1;
   std::vector<sim::p2::Program> programs = sim::p2::synthesize(f, all, bytes, cl, 5, false);
   // those the buffer divides
-  std::erase_if(programs, [&](const sim::p2::Program& p) {
-    int64_t k = 1;
-    for (const auto& s : p.steps)
-      if (s.op == sim::p2::Coll::reduce_scatter) {
-        k *= mesh.group_size(sim::p2::group_spec(mesh, f, s.group));
-        if (n % k) return true;
-      }
-    return false;
-  });
+  std::erase_if(programs,
+                [&](const sim::p2::Program& p) { return !sim::p2::splits_evenly(p, f, n); });
 
   // inputs: small integers, exact in f32 whatever the order of the additions
   std::vector<float> in(static_cast<size_t>(n)), want(static_cast<size_t>(n), 0.0f);

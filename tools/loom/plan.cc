@@ -114,13 +114,9 @@ void explain_reductions(train::Config cfg, const sim::Cluster& cl) {
       cl.name, cfg.passes.synthesize ? "true" : "false");
   for (const auto& [key, count] : seen) {
     const auto& [axes, bytes] = key;
-    std::vector<sim::p2::Factor> f;
+    const std::vector<sim::p2::Factor> f = sim::p2::reduction_factors(mesh, cl, axes);
     std::string ax;
-    for (const std::string& a : axes) {
-      auto x = sim::p2::axis_factors(mesh, cl, a);
-      f.insert(f.end(), x.begin(), x.end());
-      ax += (ax.empty() ? "" : "+") + a;
-    }
+    for (const std::string& a : axes) ax += (ax.empty() ? "" : "+") + a;
     if (f.size() > 6) continue;
     const uint32_t all = (1u << f.size()) - 1;
     const double flat = sim::p2::flat_seconds(f, all, double(bytes), cl);

@@ -44,27 +44,14 @@ std::optional<Plan2> best_program(const shard::Mesh& mesh, const sim::Cluster& c
                                   const std::vector<std::string>& axes, int64_t numel,
                                   double bytes) {
   Plan2 p;
-  for (const std::string& a : axes) {
-    auto f = sim::p2::axis_factors(mesh, cl, a);
-    p.factors.insert(p.factors.end(), f.begin(), f.end());
-  }
+  p.factors = sim::p2::reduction_factors(mesh, cl, axes);
   if (p.factors.size() < 2 || p.factors.size() > 6) return std::nullopt;
   const uint32_t all = (1u << p.factors.size()) - 1;
   const double flat = sim::p2::flat_seconds(p.factors, all, bytes, cl);
   for (const sim::p2::Program& prog :
        sim::p2::synthesize(p.factors, all, bytes, cl, 5, /*rooted=*/false)) {
     if (prog.seconds >= flat * (1 - 1e-9)) break;  // sorted: nothing faster follows
-    int64_t scattered = 1;
-    bool divides = true;
-    for (const auto& s : prog.steps) {
-      if (s.op != sim::p2::Coll::reduce_scatter) continue;
-      int64_t n = 1;
-      for (size_t i = 0; i < p.factors.size(); ++i)
-        if (s.group >> i & 1) n *= p.factors[i].size;
-      scattered *= n;
-      divides = divides && numel % scattered == 0;
-    }
-    if (!divides) continue;
+    if (!sim::p2::splits_evenly(prog, p.factors, numel)) continue;
     p.program = prog;
     return p;
   }
@@ -106,6 +93,32 @@ std::vector<Reduction> reductions(const ir::Graph& g, const shard::Mesh& mesh) {
   return out;
 }
 
+int emit_program(ops::Builder& b, int x, const shard::Mesh& mesh,
+                 const std::vector<sim::p2::Factor>& f, const sim::p2::Program& p,
+                 const std::string& name) {
+  for (const sim::p2::Step& s : p.steps) {
+    const std::string group = sim::p2::group_spec(mesh, f, s.group);
+    const int64_t k = mesh.group_size(group);
+    switch (s.op) {
+      case sim::p2::Coll::all_reduce:
+        x = b.emit1(ir::Op::all_reduce, {x}, {{"axis", group}}, name + ".ar");
+        break;
+      case sim::p2::Coll::reduce_scatter:
+        x = b.emit1(ir::Op::reduce_scatter, {x}, {{"axis", group}, {"dim", int64_t(0)}, {"n", k}},
+                    name + ".rs");
+        break;
+      case sim::p2::Coll::all_gather:
+        x = b.emit1(ir::Op::all_gather, {x}, {{"axis", group}, {"dim", int64_t(0)}, {"n", k}},
+                    name + ".ag");
+        break;
+      default:
+        throw Error(fmt::format("%{}: a {} step, which the runtime has no op for", name,
+                                sim::p2::coll_name(s.op)));
+    }
+  }
+  return x;
+}
+
 namespace {
 
 void run_synthesize(Compilation& c, const Options& o) {
@@ -141,28 +154,10 @@ void run_synthesize(Compilation& c, const Options& o) {
     const int in = g.node(first).inputs[0];
     const ir::TensorType& t = g.value(in).type;
     const std::string& name = g.value(n.outputs[0]).name;
-    int x = b.emit1(ir::Op::reshape, {rw.map(in)},
-                    {{"shape", std::vector<int64_t>{numel(t.shape)}}}, name + ".flat");
-    for (const sim::p2::Step& s : p.program.steps) {
-      const std::string group = sim::p2::group_spec(mesh, p.factors, s.group);
-      const int64_t k = mesh.group_size(group);
-      switch (s.op) {
-        case sim::p2::Coll::all_reduce:
-          x = b.emit1(ir::Op::all_reduce, {x}, {{"axis", group}}, name + ".ar");
-          break;
-        case sim::p2::Coll::reduce_scatter:
-          x = b.emit1(ir::Op::reduce_scatter, {x}, {{"axis", group}, {"dim", int64_t(0)}, {"n", k}},
-                      name + ".rs");
-          break;
-        case sim::p2::Coll::all_gather:
-          x = b.emit1(ir::Op::all_gather, {x}, {{"axis", group}, {"dim", int64_t(0)}, {"n", k}},
-                      name + ".ag");
-          break;
-        default:
-          LOOM_CHECK(false) << "synthesize: a rooted step";
-      }
-    }
-    rw.alias(n.outputs[0], b.emit1(ir::Op::reshape, {x}, {{"shape", t.shape}}, name));
+    const int x = b.emit1(ir::Op::reshape, {rw.map(in)},
+                          {{"shape", std::vector<int64_t>{numel(t.shape)}}}, name + ".flat");
+    const int y = emit_program(b, x, mesh, p.factors, p.program, name);
+    rw.alias(n.outputs[0], b.emit1(ir::Op::reshape, {y}, {{"shape", t.shape}}, name));
   }
   c.rank = rw.finish();
 }

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "loom/ir/graph.h"
+#include "loom/ops/builder.h"
 #include "loom/shard/sharding.h"
+#include "loom/sim/p2.h"
 
 namespace loom::passes {
 
@@ -19,5 +21,12 @@ struct Reduction {
   double bytes = 0;  // of the buffer
 };
 std::vector<Reduction> reductions(const ir::Graph& g, const shard::Mesh& mesh);
+
+// Emits `p`'s steps on x, a 1-D buffer, through b (the collectives over the sub-groups
+// sim::p2::group_spec names, each named `name` plus .ar, .rs or .ag); returns the reduced buffer.
+// Throws loom::Error for a reduce or broadcast step (no runtime op).
+int emit_program(ops::Builder& b, int x, const shard::Mesh& mesh,
+                 const std::vector<sim::p2::Factor>& f, const sim::p2::Program& p,
+                 const std::string& name);
 
 }  // namespace loom::passes

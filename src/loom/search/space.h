@@ -76,18 +76,13 @@ class Space {
   Space(const train::Config& cfg, const ir::Graph& graph, const ir::Roles& roles, SpaceOptions o);
 
   // The choices open after `prefix` (a decision sequence from the root): indices of the next
-  // decision's options, pruned; empty when the prefix is a complete candidate. A prefix whose every
-  // continuation is pruned has no options and is not complete: dead(prefix) says so.
+  // decision's options, pruned; empty when the prefix is a complete candidate, and for a dead end
+  // (a prefix whose every continuation is pruned, which is not complete).
   std::vector<int> options(const std::vector<int>& prefix) const;
   bool complete(const std::vector<int>& prefix) const;
-  bool dead(const std::vector<int>& prefix) const {
-    return !complete(prefix) && options(prefix).empty();
-  }
   Candidate candidate(const std::vector<int>& decisions) const;
   // Every complete decision sequence, in order (the exhaustive baseline).
   std::vector<std::vector<int>> enumerate() const;
-
-  const std::vector<std::vector<int64_t>>& meshes() const { return meshes_; }
 
  private:
   bool role_ok(const std::vector<int>& prefix, int axis, int role) const;

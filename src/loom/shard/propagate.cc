@@ -203,28 +203,20 @@ class Propagator {
       if (p_.explicit_[size_t(v)] && !open_[size_t(v)]) continue;
       const Sharding& old = p_.value[size_t(v)];
       std::vector<int>& prio = prio_[size_t(v)];
+      // the base's splits stand and the other's fill the dims it leaves whole; each split keeps
+      // the priority it came with (the node's factor's, or the one the value already carried)
+      const bool open = open_[size_t(v)];
+      const Sharding& other = open ? ns.results[j] : old;
+      Sharding s = open ? old : ns.results[j];
       std::vector<int> pr(old.dims.size(), kPropagated);
-      Sharding s = ns.results[j];
-      if (open_[size_t(v)]) {
-        s = old;
-        for (size_t d = 0; d < s.dims.size(); ++d)
-          if (s.dims[d].empty() && !ns.results[j].dims[d].empty() &&
-              fits(s, ns.results[j].dims[d], g_.value(v).type.shape[d])) {
-            s.dims[d] = ns.results[j].dims[d];
-            pr[d] = carried(r.results[j], d);
-          } else if (!s.dims[d].empty()) {
-            pr[d] = prio[d];
-          }
-      } else {
-        for (size_t d = 0; d < s.dims.size(); ++d) {
-          if (s.dims[d].empty() && !old.dims[d].empty() &&
-              fits(s, old.dims[d], g_.value(v).type.shape[d])) {
-            s.dims[d] = old.dims[d];
-            pr[d] = prio[d];  // a consumer's wish keeps the priority it came with
-          } else if (!s.dims[d].empty()) {
-            pr[d] = carried(r.results[j], d);
-          }
-        }
+      for (size_t d = 0; d < s.dims.size(); ++d) {
+        const bool from_node = s.dims[d].empty() == open;  // whose split dim d ends with
+        if (s.dims[d].empty() && !other.dims[d].empty() &&
+            fits(s, other.dims[d], g_.value(v).type.shape[d]))
+          s.dims[d] = other.dims[d];
+        else if (s.dims[d].empty())
+          continue;
+        pr[d] = from_node ? carried(r.results[j], d) : prio[d];
       }
       const bool differs = !(s == old);
       for (size_t d = 0; d < s.dims.size(); ++d) {

@@ -95,6 +95,7 @@ std::vector<Mesh::GroupPart> Mesh::parse_group(std::string_view group) const {
 }
 
 int64_t Mesh::group_size(std::string_view group) const {
+  if (has(group)) return axis_size(group);  // a whole axis: every collective of a plain plan
   int64_t n = 1;
   for (const GroupPart& p : parse_group(group)) n *= p.size;
   return n;

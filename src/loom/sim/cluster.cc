@@ -336,19 +336,25 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
   write_file_atomic(path, s);
 }
 
+namespace {
+
+// The innermost level one of whose groups holds `span` consecutive devices, or -1.
+int level_holding(const Cluster& c, int64_t span) {
+  for (size_t l = 0; l < c.levels.size(); ++l)
+    if (c.levels[l].size == 0 || (c.levels[l].size >= span && c.levels[l].size % span == 0))
+      return int(l);
+  return -1;
+}
+
+}  // namespace
+
 int group_level(const shard::Mesh& mesh, const Cluster& c, const Placement& p,
                 std::string_view group) {
   if (auto it = p.level.find(std::string(group)); it != p.level.end()) return it->second;
   int level = 0;
   for (const shard::Mesh::GroupPart& part : mesh.parse_group(group)) {
-    const int64_t span = mesh.stride(part.axis) * part.stride * part.size;
-    int l = int(c.levels.size()) - 1;
-    for (size_t i = 0; i < c.levels.size(); ++i)
-      if (c.levels[i].size == 0 || (c.levels[i].size >= span && c.levels[i].size % span == 0)) {
-        l = int(i);
-        break;
-      }
-    level = std::max(level, l);
+    const int l = level_holding(c, mesh.stride(part.axis) * part.stride * part.size);
+    level = std::max(level, l < 0 ? int(c.levels.size()) - 1 : l);
   }
   return level;
 }
@@ -363,12 +369,7 @@ Placement place(const shard::Mesh& mesh, const Cluster& c, int64_t devices) {
   for (size_t i = axes.size(); i-- > 0;) {
     const auto& [axis, size] = axes[i];
     const int64_t span = inner * size;
-    int level = -1;
-    for (size_t l = 0; l < c.levels.size(); ++l)
-      if (c.levels[l].size == 0 || (c.levels[l].size >= span && c.levels[l].size % span == 0)) {
-        level = int(l);
-        break;
-      }
+    const int level = level_holding(c, span);
     if (level < 0)
       throw Error(
           fmt::format("{}: [[level]]: mesh axis {} spans {} devices, and no level joins groups "

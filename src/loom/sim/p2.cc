@@ -280,6 +280,26 @@ std::vector<Factor> axis_factors(const shard::Mesh& mesh, const Cluster& c,
   return out;
 }
 
+std::vector<Factor> reduction_factors(const shard::Mesh& mesh, const Cluster& c,
+                                      const std::vector<std::string>& axes) {
+  std::vector<Factor> f;
+  for (const std::string& a : axes) {
+    const std::vector<Factor> x = axis_factors(mesh, c, a);
+    f.insert(f.end(), x.begin(), x.end());
+  }
+  return f;
+}
+
+bool splits_evenly(const Program& p, const std::vector<Factor>& f, int64_t numel) {
+  int64_t pieces = 1;
+  for (const Step& s : p.steps)
+    if (s.op == Coll::reduce_scatter) {
+      pieces *= group_size(f, s.group);
+      if (numel % pieces) return false;
+    }
+  return true;
+}
+
 std::string group_spec(const shard::Mesh& mesh, const std::vector<Factor>& f, uint32_t group) {
   // the parts most significant first (outer axes, then an axis's higher digits), so the group's
   // ranks keep their order in the mesh and a ring over them crosses each level as few times as it

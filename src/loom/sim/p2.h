@@ -51,6 +51,9 @@ std::vector<std::vector<Factor>> placements(const std::vector<int64_t>& axes, co
 // its coordinate's digits, lowest first, each on the level that holds it.
 std::vector<Factor> axis_factors(const shard::Mesh& mesh, const Cluster& c,
                                  const std::string& axis);
+// The factors of a reduction over `axes`: each axis's axis_factors, in the order given.
+std::vector<Factor> reduction_factors(const shard::Mesh& mesh, const Cluster& c,
+                                      const std::vector<std::string>& axes);
 // A sub-group as a collective's `axis` attribute names it (shard::Mesh::parse_group): the digits
 // of `group` (a set of factors), "y+x[1:4]", most significant first (the ranks in mesh order), an
 // axis all of whose digits are in the group by its name. (Which rank is which member changes no
@@ -76,6 +79,9 @@ struct Program {
 // symbolic run above (why not, in `why`, when it says no).
 bool valid(const Program& p, const std::vector<Factor>& f, uint32_t reduce,
            std::string* why = nullptr);
+
+// Whether the reduce_scatters of `p` cut a buffer of `numel` elements into whole pieces.
+bool splits_evenly(const Program& p, const std::vector<Factor>& f, int64_t numel);
 
 // The seconds of `p` on `bytes` (each rank's whole buffer) under the placement.
 double seconds(const Program& p, const std::vector<Factor>& f, double bytes, const Cluster& c);
