@@ -56,18 +56,8 @@ netns_pair "$NS_A" "$NS_B" "$NET" "${MTU:-9000}" || die "cannot join $NS_A and $
 netns_reachable "$NS_A" "$NS_B" "$NET.2" ||
   die "namespace $NS_A cannot reach $NET.2 in $NS_B over the veth pair"
 
-set_rate() {  # set_rate GBIT|unlimited: tbf on both ends' egress (a burst of 1 ms of traffic,
-#   at least 64 KiB: a larger bucket refills while compute runs and lets a short collective pass at
-#   more than the rate, which flatters many small collectives against few large ones)
-  local rate=$1 ns burst=0 spec=unlimited
-  if [[ $rate != unlimited ]]; then
-    burst=$(python3 -c "print(max(int(float('$rate') * 1e9 / 8 / 1000), 65536))")
-    spec=${rate}gbit
-  fi
-  for ns in "$NS_A" "$NS_B"; do
-    netns_tbf "$ns" "$spec" "$burst" "${TBF_LATENCY:-100ms}" ||
-      die "tc cannot limit $ns's eth0 to $spec"
-  done
+set_rate() {  # set_rate GBIT|unlimited: tbf on both ends' egress (scripts/netns.sh: netns_rate)
+  netns_rate "$1" "${TBF_LATENCY:-100ms}" "$NS_A" "$NS_B" || die "tc cannot limit the link to $1 Gbit/s"
 }
 
 # --- the launcher: Open MPI's rsh agent runs a host's command line in its namespace ---

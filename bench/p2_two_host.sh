@@ -31,10 +31,7 @@ TMP=$(mktemp -d /tmp/loom_p2.XXXXXX)
 netns_cleanup_on_exit "$TMP" "$NS_A" "$NS_B"
 netns_pair "$NS_A" "$NS_B" "$NET" 9000 || die "cannot join $NS_A and $NS_B"
 netns_reachable "$NS_A" "$NS_B" "$NET.2" || die "namespace $NS_A cannot reach $NET.2"
-burst=$(python3 -c "print(max(int(float('$rate') * 1e9 / 8 / 1000), 65536))")
-for ns in "$NS_A" "$NS_B"; do
-  netns_tbf "$ns" "${rate}gbit" "$burst" 100ms || die "tc cannot limit $ns's eth0"
-done
+netns_rate "$rate" 100ms "$NS_A" "$NS_B" || die "tc cannot limit the link to $rate Gbit/s"
 AGENT=$TMP/agent
 netns_agent "$AGENT" "" "$NET.1" "$NS_A" "$NET.2" "$NS_B"
 printf '%s slots=2\n%s slots=2\n' "$NET.1" "$NET.2" >"$TMP/hostfile"

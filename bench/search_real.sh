@@ -35,23 +35,21 @@ fi
 data='{kind="data",axis="data"}'
 declare -A mesh tactics
 # hand-written plans: name -> mesh, tactics (the ones docs/plans.md shows, on 2 and 4 ranks)
-mesh[data2]='{data=2}'; tactics[data2]="[$data]"
-mesh[fsdp2]='{data=2}'; tactics[fsdp2]="[{kind=\"fsdp\",axis=\"data\"},$data]"
-mesh[zero1_2]='{data=2}'; tactics[zero1_2]="[{kind=\"zero1\",axis=\"data\"},$data]"
-mesh[zero2_2]='{data=2}'; tactics[zero2_2]="[{kind=\"zero2\",axis=\"data\"},$data]"
+for n in 2 4; do  # the data-parallel ones on every rank
+  mesh[data_$n]="{data=$n}"; tactics[data_$n]="[$data]"
+  for z in fsdp zero1 zero2; do
+    mesh[${z}_$n]="{data=$n}"; tactics[${z}_$n]="[{kind=\"$z\",axis=\"data\"},$data]"
+  done
+done
 mesh[megatron2]='{model=2}'; tactics[megatron2]='[{kind="megatron",axis="model"}]'
 mesh[megatron_sequence2]='{model=2}'
 tactics[megatron_sequence2]='[{kind="megatron",axis="model"},{kind="sequence",axis="model"}]'
-mesh[data4]='{data=4}'; tactics[data4]="[$data]"
-mesh[fsdp4]='{data=4}'; tactics[fsdp4]="[{kind=\"fsdp\",axis=\"data\"},$data]"
-mesh[zero1_4]='{data=4}'; tactics[zero1_4]="[{kind=\"zero1\",axis=\"data\"},$data]"
-mesh[zero2_4]='{data=4}'; tactics[zero2_4]="[{kind=\"zero2\",axis=\"data\"},$data]"
 mesh[megatron_data_2x2]='{data=2,model=2}'
 tactics[megatron_data_2x2]="[{kind=\"megatron\",axis=\"model\"},$data]"
 mesh[megatron_fsdp_2x2]='{data=2,model=2}'
 tactics[megatron_fsdp_2x2]="[{kind=\"megatron\",axis=\"model\"},{kind=\"fsdp\",axis=\"data\"},$data]"
-declare -A hand=([2]="data2 fsdp2 zero1_2 zero2_2 megatron2 megatron_sequence2"
-                 [4]="data4 fsdp4 zero1_4 zero2_4 megatron_data_2x2 megatron_fsdp_2x2")
+declare -A hand=([2]="data_2 fsdp_2 zero1_2 zero2_2 megatron2 megatron_sequence2"
+                 [4]="data_4 fsdp_4 zero1_4 zero2_4 megatron_data_2x2 megatron_fsdp_2x2")
 
 for ranks in $ranks_list; do
   # the search, and its plan as a config of its own

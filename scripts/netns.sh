@@ -13,6 +13,10 @@
 #                                      namespaces (netns_remove) and DIR, keeping the exit status.
 #   netns_tbf NS RATE BURST LATENCY    tc's token bucket filter on NS's eth0 egress (RATE as tc says
 #                                      it: 20mbit, 1gbit); RATE "unlimited" removes it.
+#   netns_rate GBIT LATENCY NS...      netns_tbf on each NS at GBIT Gbit/s ("unlimited" removes it),
+#                                      the bucket 1 ms of traffic and at least 64 KiB (a larger one
+#                                      refills while compute runs and lets a short collective pass at
+#                                      more than the rate, which flatters many small collectives).
 #
 #   netns_reachable NS_FROM NS_TO IP   a TCP round trip from NS_FROM to IP (in NS_TO), tried for up to
 #                                      15 s: 0 when it answers. Run before MPI uses the link, so that
@@ -99,6 +103,18 @@ netns_tbf() {
   ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
   [[ $rate == unlimited ]] && return 0
   ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency "$latency"
+}
+
+netns_rate() {
+  local rate=$1 latency=$2 ns burst=0 spec=unlimited
+  shift 2
+  if [[ $rate != unlimited ]]; then
+    burst=$(python3 -c "print(max(int(float('$rate') * 1e9 / 8 / 1000), 65536))")
+    spec=${rate}gbit
+  fi
+  for ns in "$@"; do
+    netns_tbf "$ns" "$spec" "$burst" "$latency" || return 1
+  done
 }
 
 netns_agent() {
