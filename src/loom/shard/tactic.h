@@ -60,8 +60,9 @@ class TacticContext {
   int divisible_dim(int v, const Sharding& s) const;
   // Sets v's sharding (checked against its shape: an error naming the value and the dim).
   void set(int v, Sharding s);
-  // Appends this tactic's axis to dim d of v.
-  void split(int v, size_t d);
+  // Appends this tactic's axis to dim d of v; `open`: the dims no tactic splits are left to
+  // propagation (Annotation::open).
+  void split(int v, size_t d, bool open = false);
   // split(p, d), also on the view its consumers see (fsdp's `use`) when it has one, and on its
   // gradient and moments.
   void split_with_state(int p, size_t d);

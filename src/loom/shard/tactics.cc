@@ -76,7 +76,10 @@ void TacticContext::set(int v, Sharding s) {
   a.sharding = std::move(s);
 }
 
-void TacticContext::split(int v, size_t d) { set(v, with_axis(v, current(v), d)); }
+void TacticContext::split(int v, size_t d, bool open) {
+  set(v, with_axis(v, current(v), d));
+  if (open) ann_[v].open = true;  // once open, a later tactic's split keeps it open
+}
 
 void TacticContext::split_with_state(int p, size_t d) {
   split(p, d);

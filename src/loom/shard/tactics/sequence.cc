@@ -25,10 +25,7 @@ TacticDef sequence_tactic() {
             std::sort(stream.begin(), stream.end());
             stream.erase(std::unique(stream.begin(), stream.end()), stream.end());
             for (int v : stream)
-              if (g.value(v).type.shape.size() >= 3) {
-                c.split(v, 1);
-                c.annotations()[v].open = true;  // the batch dim stays data's
-              }
+              if (g.value(v).type.shape.size() >= 3) c.split(v, 1, /*open=*/true);  // batch: data's
           }};
 }
 
