@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 from checks import Checks
 
@@ -231,6 +232,41 @@ with tempfile.TemporaryDirectory() as tmp:
           r.returncode == 1 and "--out" in r.stderr, r.stderr)
     r = loom("calibrate", "--import", timed, "--out", os.path.join(tmp, "y.toml"))
     check("--import without --base: exit 1", r.returncode == 1 and "--base" in r.stderr, r.stderr)
+
+# loom calibrate --level: a network level measured by ranks of an MPI job (here shared memory, 2
+# ranks of this machine) replaces the base's level of that name; bad input names the flag, the
+# launcher or why the ranks cannot measure the level
+with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "level.toml")
+    launcher = "mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2"
+    base = cluster("local.toml")
+    r = loom("calibrate", "--level", "shm", "--launcher", launcher, "--base", base, "--out", out,
+             "--quick")
+    ok = r.returncode == 0 and os.path.exists(out)
+    check("calibrate --level shm under mpirun: exit 0 and a cluster file", ok, r.stderr[-2000:])
+    if ok:
+        lv = tomllib.load(open(out, "rb"))["level"]
+        shm = lv[0] if lv else {}
+        check("the level is measured: a bandwidth, a latency and overlap factors >= 1",
+              shm.get("name") == "shm" and shm.get("bandwidth", 0) > 1e6
+              and shm.get("latency", 0) > 0 and shm.get("comm_beside_compute", 1) >= 1
+              and shm.get("compute_beside_comm", 1) >= 1, str(shm))
+        r = loom("plan", cfg("tiny-llama.toml"), "--cluster", out, "--json", *FSDP)
+        check("plan reads the calibrated level back", r.returncode == 0 and json_lines(r),
+              r.stderr[-1000:])
+    r = loom("calibrate", "--level", "shm", "--base", base, "--out", out)
+    check("--level without --launcher: exit 1 naming it",
+          r.returncode == 1 and "--launcher" in r.stderr, r.stderr)
+    r = loom("calibrate", "--level", "shm", "--launcher", launcher, "--out", out)
+    check("--level without --base: exit 1 naming it", r.returncode == 1 and "--base" in r.stderr,
+          r.stderr)
+    r = loom("calibrate", "--level", "shm", "--launcher", "false", "--base", base, "--out", out)
+    check("a launcher that fails: exit 1 naming it",
+          r.returncode == 1 and "the ranks failed" in r.stderr and "false" in r.stderr, r.stderr)
+    r = loom("calibrate", "--level", "tcp", "--launcher", launcher, "--base",
+             cluster("two-hosts.toml"), "--out", out, "--quick")
+    check("ranks that do not cross the level: exit 1 saying so",
+          r.returncode == 1 and 'lie within level "shm"' in r.stderr, r.stderr[-2000:])
 
 # loom plan --search (src/loom/search/): the top plans and a pasteable [plan]; --json's summary;
 # bad input: a budget or evaluation count that is not positive, no plan that fits (the closest

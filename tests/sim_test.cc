@@ -178,6 +178,40 @@ TEST(Cost, CollectivesFollowTheRing) {
                    2 * 12 * ib_a + 2 * 4 / ib_bw);
 }
 
+// Two hosts of two ranks, one link between them (clusters/two-hosts.toml: shared_by = 2): the
+// groups that cross it at once share it, counted from the ring each group runs.
+TEST(Cost, ASharedLinkIsDividedAmongTheGroupsThatCrossIt) {
+  const Cluster c = shipped("two-hosts.toml");
+  ASSERT_EQ(c.levels.size(), 2u);
+  ASSERT_EQ(c.levels[1].shared_by, 2);
+  const shard::Mesh x({{"x", 4}});
+  // the whole axis: ranks 0 1 | 2 3 in order, the ring crosses once each way
+  EXPECT_EQ(link_load(ir::Op::all_reduce, x, c, 1, "x"), 1);
+  // x's high digit: {0, 2} and {1, 3} cross at once, both from each host
+  EXPECT_EQ(link_load(ir::Op::all_reduce, x, c, 1, "x[2:2]"), 2);
+  // the same four ranks named low digit first: 0 2 1 3 around the ring, every edge across
+  EXPECT_EQ(link_load(ir::Op::all_reduce, x, c, 1, "x[1:2]+x[2:2]"), 2);
+  // all_to_all: each rank sends 2 of its 3 pieces across, two ranks a host
+  EXPECT_DOUBLE_EQ(link_load(ir::Op::all_to_all, x, c, 1, "x"), 4.0 / 3);
+  // on the innermost level every edge is its own device's
+  EXPECT_EQ(link_load(ir::Op::all_reduce, x, c, 0, "x[1:2]"), 1);
+  // the load multiplies the bandwidth term only
+  const Level& l = c.levels[1];
+  const double b = 64e6;
+  EXPECT_DOUBLE_EQ(collective_seconds(ir::Op::reduce_scatter, b, 2, c, 1, 2),
+                   l.latency + 2 * 0.5 * b / l.bandwidth);
+  // a level whose links are the devices' own: no sharing, whatever the group
+  Cluster own = c;
+  own.levels[1].shared_by = 1;
+  EXPECT_EQ(link_load(ir::Op::all_reduce, x, own, 1, "x[2:2]"), 1);
+  // shared_by must divide the inner level
+  std::string text = read_file((kClusters / "two-hosts.toml").string());
+  text.replace(text.find("shared_by = 2"), 13, "shared_by = 3");
+  EXPECT_NE(error_of(text).find("[level 1] shared_by: must divide the inner level's size 2"),
+            std::string::npos)
+      << error_of(text);
+}
+
 // A compiled program of a config under a plan, as loom plan compiles it.
 shard::Program program(const std::string& config, const std::vector<std::string>& sets,
                        shard::Mesh* mesh) {
@@ -300,6 +334,49 @@ TEST(Simulate, AFasterLinkNeverSlowsAStep) {
 // one of them, so on the cluster it decided for, auto is never predicted slower than block (this
 // checks that the program the pass emits is the one it simulated). And it decides by the link: on
 // DGX H100 figures it merges blocks, on a 1 Gbit/s link it keeps one bucket per block.
+// A CPU host's overlap (Level::comm_beside_compute, compute_beside_comm): the collectives and the
+// kernels that run beside them slow each other; a program without overlap is untouched, and one
+// with it lies between perfect overlap and none (each slowdown below 2x: a shared core's worst).
+TEST(Simulate, OverlapOnACpuHostSlowsBothStreams) {
+  Cluster c = shipped("two-hosts.toml");
+  c.levels[0] = c.levels[1];  // one rank a host: every collective over the 1 Gbit/s link
+  c.levels[0].size = 0;
+  c.levels[0].shared_by = 1;
+  c.levels.pop_back();
+  for (const PlanCase& pc : plans()) {
+    if (std::string(pc.name) == "megatron_fsdp") continue;  // 2 ranks
+    SCOPED_TRACE(pc.name);
+    shard::Mesh mesh;
+    const shard::Program prog = program("bench-llama.toml", pc.sets, &mesh);
+    const Placement pl = place(mesh, c, mesh.size());
+    const Prediction base = simulate(prog.graph, mesh, c, pl);
+    const bool overlaps = base.exposed_comm_seconds < base.comm_seconds * 0.99;
+    EXPECT_EQ(overlaps, std::string(pc.name) == "fsdp");
+    Cluster cpu = c;
+    cpu.levels[0].comm_beside_compute = 1.7;
+    cpu.levels[0].compute_beside_comm = 1.15;
+    const Prediction slow = simulate(prog.graph, mesh, cpu, pl);
+    EXPECT_DOUBLE_EQ(slow.comm_seconds, base.comm_seconds);
+    if (!overlaps) {
+      EXPECT_DOUBLE_EQ(slow.step_seconds, base.step_seconds);
+      EXPECT_DOUBLE_EQ(slow.compute_seconds, base.compute_seconds);
+      continue;
+    }
+    EXPECT_GT(slow.step_seconds, base.step_seconds * 1.01);
+    EXPECT_GT(slow.compute_seconds, base.compute_seconds * 1.01);
+    EXPECT_LE(slow.compute_seconds, base.compute_seconds * 1.15 * (1 + 1e-12));
+    EXPECT_GT(slow.exposed_comm_seconds, base.exposed_comm_seconds);
+    EXPECT_LE(slow.step_seconds, (base.compute_seconds + base.comm_seconds) * (1 + 1e-12));
+    // each stream alone: the other's factor at 1
+    Cluster only_comm = cpu;
+    only_comm.levels[0].compute_beside_comm = 1;
+    const Prediction oc = simulate(prog.graph, mesh, only_comm, pl);
+    EXPECT_NEAR(oc.compute_seconds, base.compute_seconds, 1e-9 * base.compute_seconds);
+    EXPECT_GT(oc.step_seconds, base.step_seconds);
+    EXPECT_LE(oc.step_seconds, slow.step_seconds * (1 + 1e-12));
+  }
+}
+
 TEST(Simulate, AutoBucketsAreNeverPredictedSlowerThanBlock) {
   const std::string slow = std::string(LOOM_SOURCE_DIR) + "/tests/slow-link.toml";
   for (const std::string& file : {std::string(LOOM_SOURCE_DIR) + "/clusters/h100-sxm.toml", slow}) {

@@ -5,6 +5,8 @@
 //   loom calibrate [--out clusters/local.toml] [--quick] [--idle-watts W] [--peak-watts W]
 //   loom calibrate --import TIMED.json --base CLUSTER.toml --out F.toml
 //                  [--compute-speed X --memory-speed Y]
+//   loom calibrate --level NAME --launcher "mpirun ... -np N" --base CLUSTER.toml --out F.toml
+//                  [--level-size S] [--shared-by K] [--quick]
 #include "loom/calibrate/calibrate.h"
 
 #include <fmt/format.h>
@@ -21,6 +23,8 @@ struct CalOpts {
   std::string out = "clusters/local.toml";
   calibrate::MeasureOptions measure;
   calibrate::ImportOptions import;
+  calibrate::LevelOptions level;
+  std::string level_worker;
 };
 
 }  // namespace
@@ -40,15 +44,54 @@ std::function<int()> add_calibrate(CLI::App& app) {
                 "kernels timed elsewhere (bench/gpu/torch_kernels.py): measure nothing, make them "
                 "--base's [profile]");
   s->add_option("--base", o->import.base,
-                "with --import: the cluster file the profile is added to");
+                "with --import or --level: the cluster file the profile or level is added to");
   s->add_option("--compute-speed", o->import.compute_speed,
                 "with --import: the base device's compute speed over the measured one's")
       ->check(CLI::PositiveNumber);
   s->add_option("--memory-speed", o->import.memory_speed,
                 "with --import: the base device's memory speed over the measured one's")
       ->check(CLI::PositiveNumber);
+  s->add_option("--level", o->level.name,
+                "measure this network level with ranks of an MPI job (--launcher) and put it in "
+                "--base's levels");
+  s->add_option("--launcher", o->level.launcher,
+                "with --level: the mpirun command that starts the ranks, up to the program "
+                "(\"mpirun --allow-run-as-root -np 2\"; each host's ranks consecutive)");
+  s->add_option("--level-size", o->level.size,
+                "with --level: the devices one group of it joins (default: the replaced level's, "
+                "else 0: any number)")
+      ->check(CLI::NonNegativeNumber);
+  s->add_option("--shared-by", o->level.shared_by,
+                "with --level: the devices that share one of its links (default 1)")
+      ->check(CLI::PositiveNumber);
+  s->add_option("--level-worker", o->level_worker,
+                "internal: run as a rank of --level's job, writing its result here")
+      ->group("");
   CLI::Option* out_opt = s->get_option("--out");
   return [o, out_opt]() {
+    if (!o->level_worker.empty()) {
+      calibrate::level_worker(o->level_worker, o->measure.quick);
+      return 0;
+    }
+    if (!o->level.name.empty()) {
+      o->level.base = o->import.base;
+      o->level.quick = o->measure.quick;
+      if (out_opt->count() == 0)
+        throw Error("loom calibrate: --level needs --out (it would replace clusters/local.toml)");
+      o->level.loom_binary = fmt::format("/proc/{}/exe", getpid());
+      o->level.progress = [](const std::string& line) {
+        fmt::print(stderr, "calibrate: {}\n", line);
+      };
+      const calibrate::Calibration c = calibrate::calibrate_level(o->level);
+      sim::write_cluster(c.cluster, o->out, c.header);
+      for (const sim::Level& l : c.cluster.levels)
+        if (l.name == o->level.name)
+          fmt::print(
+              "wrote {}: level {} bandwidth {:.3g} B/s, latency {:.3g} s, a collective x{:.3g} "
+              "beside compute, compute x{:.3g} beside it\n",
+              o->out, l.name, l.bandwidth, l.latency, l.comm_beside_compute, l.compute_beside_comm);
+      return 0;
+    }
     if (!o->import.timed.empty()) {
       if (o->import.base.empty()) throw Error("loom calibrate: --import needs --base CLUSTER.toml");
       if (out_opt->count() == 0)

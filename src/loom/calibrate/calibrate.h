@@ -68,6 +68,34 @@ struct ImportOptions {
 // the entry (kernels[i]) for anything it cannot read.
 Calibration import_timed(const ImportOptions& o);
 
+// A network level as ranks of an MPI job see it (`loom calibrate --level NAME --launcher CMD
+// --base F.toml`): `launcher` (an Open MPI mpirun command line up to the program, e.g. "mpirun
+// --allow-run-as-root -np 2", or one that starts the ranks on two hosts; each host's ranks
+// consecutive) runs `loom calibrate --level-worker` on its ranks, which measure, on their
+// communication threads as the runtime runs collectives (runtime/comm_stream.h): all_gather,
+// reduce_scatter, all_reduce and all_to_all over all of them, 64 KiB to 64 MiB per rank; and an
+// fsdp pair (an all_gather and a reduce_scatter of 16 MiB) beside GEMMs on the compute thread,
+// against each alone. The level's bandwidth comes from the largest all_reduce and its latency from
+// the smallest (both through the link load of the ranks' ring: cost.h), its comm_beside_compute
+// and compute_beside_comm from the overlap (the mean over ranks of the median of 10). The level
+// replaces the base's level of that name, or is added outermost; on the innermost level the
+// measured collectives also replace the profile's samples of that rank count (ranks of a job,
+// not threads of one process).
+struct LevelOptions {
+  std::string name, launcher, base;
+  int64_t size = -1;      // the level's size; < 0: the replaced level's, else 0 (any number)
+  int64_t shared_by = 1;  // devices that share one of its links
+  bool quick = false;
+  std::string loom_binary;  // the loom executable the launcher runs
+  std::function<void(const std::string&)> progress;
+};
+// Throws loom::Error naming the flag, the base file or the launcher's failure; a launcher whose
+// ranks all lie inside an inner level is refused (they would not cross this one).
+Calibration calibrate_level(const LevelOptions& o);
+// The ranks' side (each a process of the launcher's job): measures as above and, on rank 0,
+// writes the JSON to `out` (atomically). An error on any rank aborts the job.
+void level_worker(const std::string& out, bool quick);
+
 // The pieces, for tests.
 // The timed kernels of `path` as a profile (the matmuls by shape, the others by bytes), scaled by
 // the speed ratios; `device` and `torch` get the JSON's device and PyTorch version.

@@ -220,13 +220,22 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
       const std::string where = fmt::format("level {}", i);
       if (!(*ls)[i].is_table()) top.fail("level", "expected [[level]] tables");
       Reader l(*(*ls)[i].as_table(), where, source,
-               {"name", "size", "bandwidth", "all_reduce_bandwidth", "latency"});
+               {"name", "size", "bandwidth", "all_reduce_bandwidth", "latency", "shared_by",
+                "comm_beside_compute", "compute_beside_comm"});
       Level lv;
       lv.name = l.string("name", true);
       lv.size = l.integer("size", true, 0, 0);
       lv.bandwidth = l.number("bandwidth", true, 0, 1);
       lv.all_reduce_bandwidth = l.number("all_reduce_bandwidth", false, 0, 1);
       lv.latency = l.number("latency", true);
+      lv.shared_by = l.integer("shared_by", false, 1, 1);
+      lv.comm_beside_compute = l.number("comm_beside_compute", false, 1, 1);
+      lv.compute_beside_comm = l.number("compute_beside_comm", false, 1, 1);
+      const int64_t inner = c.levels.empty() ? 0 : c.levels.back().size;
+      if (lv.shared_by > 1 && inner > 0 && inner % lv.shared_by)
+        l.fail("shared_by", fmt::format("must divide the inner level's size {} (the devices that "
+                                        "share a link are in one group of it)",
+                                        inner));
       if (!c.levels.empty()) {
         const Level& prev = c.levels.back();
         if (prev.size == 0)
@@ -298,6 +307,11 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
     if (l.all_reduce_bandwidth > 0)
       line(fmt::format("all_reduce_bandwidth = {:.4g}", l.all_reduce_bandwidth));
     line(fmt::format("latency = {:.3g}", l.latency));
+    if (l.shared_by > 1) line(fmt::format("shared_by = {}", l.shared_by));
+    if (l.comm_beside_compute != 1)
+      line(fmt::format("comm_beside_compute = {:.4g}", l.comm_beside_compute));
+    if (l.compute_beside_comm != 1)
+      line(fmt::format("compute_beside_comm = {:.4g}", l.compute_beside_comm));
   }
   line("\n[efficiency]");
   line(fmt::format("matmul = {}", c.efficiency.matmul));

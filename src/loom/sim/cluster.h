@@ -47,6 +47,16 @@ struct Level {
   // all-reduce's bus bandwidth where it differs (NVLink SHARP reduces in the switch: 480 GB/s on
   // 8 H100 against 370 for all-gather and reduce-scatter); 0: `bandwidth`
   double all_reduce_bandwidth = 0;
+  // devices that share one link of this level (a host of two ranks with one NIC: 2; each GPU its
+  // own NIC: 1): collectives of one step that cross the level from those devices at once divide
+  // the link's `bandwidth` (cost.h: link_load). Consecutive ranks share; it divides the inner
+  // level's size.
+  int64_t shared_by = 1;
+  // A CPU host's collective and compute running at once (the communication thread and the network
+  // stack take cores from the kernels): how many times longer each takes while the other runs
+  // (>= 1; 1 where communication has engines of its own, as on a GPU). `loom calibrate --level`
+  // measures them.
+  double comm_beside_compute = 1, compute_beside_comm = 1;
 };
 
 // Achieved fractions of peak where no profile was measured (docs/simulator.md: the efficiency

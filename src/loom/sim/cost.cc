@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "loom/comm/communicator.h"
 #include "loom/core/error.h"
@@ -125,7 +126,48 @@ double collective_scratch_bytes(ir::Op op, double bytes, int64_t ranks, bool mpi
   return 0;
 }
 
-double collective_seconds(ir::Op op, double bytes, int64_t ranks, const Cluster& c, int level) {
+double link_load(ir::Op op, const shard::Mesh& mesh, const Cluster& c, int level,
+                 std::string_view group) {
+  const Level& l = c.levels.at(size_t(level));
+  const int64_t n = mesh.group_size(group);
+  if (l.shared_by <= 1 || n <= 1) return 1;
+  const int64_t ranks = mesh.size();
+  const int64_t unit = level == 0 ? 1 : c.levels[size_t(level) - 1].size;  // the inner level's
+  // every group's members in ring order
+  std::map<int64_t, std::vector<int64_t>> rings;
+  for (int64_t r = 0; r < ranks; ++r) {
+    auto& ring = rings[mesh.group_color(r, group)];
+    if (ring.empty()) ring.resize(size_t(n), -1);
+    ring[size_t(mesh.group_coord(r, group))] = r;
+  }
+  std::map<int64_t, double> out, in;  // per link: crossing edges
+  auto cross = [&](int64_t a, int64_t b) {
+    if (a / unit == b / unit) return;
+    out[a / l.shared_by] += 1;
+    in[b / l.shared_by] += 1;
+  };
+  for (const auto& [color, ring] : rings) {
+    if (op != ir::Op::all_to_all) {
+      for (size_t i = 0; i < ring.size(); ++i) cross(ring[i], ring[(i + 1) % ring.size()]);
+      continue;
+    }
+    // every member sends to (and receives from) each member outside its inner group
+    std::map<int64_t, int64_t> per_unit;
+    for (int64_t r : ring) per_unit[r / unit]++;
+    for (int64_t r : ring) {
+      const double w = double(n - per_unit[r / unit]) / double(n - 1);
+      out[r / l.shared_by] += w;
+      in[r / l.shared_by] += w;
+    }
+  }
+  double load = 1;
+  for (const auto* m : {&out, &in})
+    for (const auto& [link, w] : *m) load = std::max(load, w);
+  return load;
+}
+
+double collective_seconds(ir::Op op, double bytes, int64_t ranks, const Cluster& c, int level,
+                          double load) {
   if (ranks <= 1) return 0;
   if (level == 0 && c.profile) {
     auto it = c.profile->comm.find(op);
@@ -140,10 +182,10 @@ double collective_seconds(ir::Op op, double bytes, int64_t ranks, const Cluster&
   const double steps = double(ranks - 1) * (op == ir::Op::all_reduce ? 2 : 1);
   const double bw =
       op == ir::Op::all_reduce && l.all_reduce_bandwidth > 0 ? l.all_reduce_bandwidth : l.bandwidth;
-  const double ring = steps * l.latency + collective_wire_bytes(op, bytes, ranks) / bw;
+  const double ring = steps * l.latency + load * collective_wire_bytes(op, bytes, ranks) / bw;
   if (op != ir::Op::all_reduce) return ring;
   // a double binary tree (NCCL's other all-reduce): log-depth latency, the whole buffer up and down
-  const double tree = 2 * std::ceil(std::log2(double(ranks))) * l.latency + 2 * bytes / bw;
+  const double tree = 2 * std::ceil(std::log2(double(ranks))) * l.latency + load * 2 * bytes / bw;
   return std::min(ring, tree);
 }
 

@@ -17,9 +17,13 @@
 //                    where that is faster (small buffers on many ranks)
 //   all_to_all       (n-1) (α + B/(n β))
 // or, on this machine with a profile, the measured time of the kind at n ranks, interpolated in B.
+// Where a level's link is shared (Level::shared_by), the bandwidth term is multiplied by the
+// link's load: how many of the ring edges (all_to_all: pairs, per n-1) that the collective's
+// groups cross the level on at once leave or enter through one link (at least 1).
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "loom/ir/graph.h"
 #include "loom/ops/op.h"
@@ -41,7 +45,15 @@ inline bool compute_bound(ir::Op op) { return is_gemm(op) || by_flops(op); }
 DType node_dtype(const ir::Graph& g, const ir::Node& n);
 // Seconds of one collective `op` moving `bytes` (its input, per rank) among `ranks` ranks on
 // `level` (an index into c.levels).
-double collective_seconds(ir::Op op, double bytes, int64_t ranks, const Cluster& c, int level);
+double collective_seconds(ir::Op op, double bytes, int64_t ranks, const Cluster& c, int level,
+                          double load = 1);
+// The load on the busiest link of `level` when every group of `group` (an axis or a sub-group:
+// shard::Mesh::parse_group) runs `op` at once, its members in group order around a ring: the ring
+// edges that cross the level (join devices of different groups of the inner level; on the
+// innermost, every edge) counted per link, in and out, a link being Level::shared_by consecutive
+// ranks; all_to_all's pairs count 1/(n-1) each. 1 where the level's links are not shared.
+double link_load(ir::Op op, const shard::Mesh& mesh, const Cluster& c, int level,
+                 std::string_view group);
 // The bytes one rank sends for that collective (the level's traffic).
 double collective_wire_bytes(ir::Op op, double bytes, int64_t ranks);
 // The communicator's own temporaries for that collective (comm/chunking.cc, comm/mpi.cc): a

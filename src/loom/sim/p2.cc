@@ -52,6 +52,20 @@ int group_level(const std::vector<Factor>& f, uint32_t g) {
   return l;
 }
 
+// The load on a shared link of the group's level (cost.h: link_load) with the ring visiting the
+// members inside one group of the inner level one after another, as a topology-aware ring does:
+// each group of `g` leaves an inner group once, and the inner group's devices hold
+// (its size / the group's members in it) groups, Level::shared_by of them on one link.
+double group_load(const std::vector<Factor>& f, uint32_t g, const Cluster& c) {
+  const int level = group_level(f, g);
+  const int64_t shared = c.levels[size_t(level)].shared_by;
+  if (shared <= 1) return 1;
+  int64_t inside = 1;  // the group's members in one group of the inner level
+  for (size_t i = 0; i < f.size(); ++i)
+    if ((g >> i & 1) && f[i].level < level) inside *= f[i].size;
+  return double(std::max<int64_t>(1, (shared + inside - 1) / inside));
+}
+
 // The ranks of one reduction group, in mixed radix over the reduced factors (the first most
 // significant); chunk c of a rank's buffer holds `sum[c]`, the set of ranks whose inputs it sums
 // (0: the rank holds no value of that chunk).
@@ -361,21 +375,22 @@ double seconds(const Program& p, const std::vector<Factor>& f, double bytes, con
     const int64_t n = group_size(f, s.group);
     const int level = group_level(f, s.group);
     const Level& lv = c.levels[size_t(level)];
+    const double load = group_load(f, s.group, c);
     switch (s.op) {
       case Coll::all_reduce:
-        t += collective_seconds(ir::Op::all_reduce, held, n, c, level);
+        t += collective_seconds(ir::Op::all_reduce, held, n, c, level, load);
         break;
       case Coll::reduce_scatter:
-        t += collective_seconds(ir::Op::reduce_scatter, held, n, c, level);
+        t += collective_seconds(ir::Op::reduce_scatter, held, n, c, level, load);
         held /= double(n);
         break;
       case Coll::all_gather:
-        t += collective_seconds(ir::Op::all_gather, held, n, c, level);
+        t += collective_seconds(ir::Op::all_gather, held, n, c, level, load);
         held *= double(n);
         break;
       case Coll::reduce:
       case Coll::broadcast:
-        t += held / lv.bandwidth + double(n - 1) * lv.latency;
+        t += load * held / lv.bandwidth + double(n - 1) * lv.latency;
         break;
     }
   }
@@ -384,7 +399,7 @@ double seconds(const Program& p, const std::vector<Factor>& f, double bytes, con
 
 double flat_seconds(const std::vector<Factor>& f, uint32_t reduce, double bytes, const Cluster& c) {
   return collective_seconds(ir::Op::all_reduce, bytes, group_size(f, reduce), c,
-                            group_level(f, reduce));
+                            group_level(f, reduce), group_load(f, reduce, c));
 }
 
 std::vector<Program> synthesize(const std::vector<Factor>& f, uint32_t reduce, double bytes,

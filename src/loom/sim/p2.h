@@ -23,8 +23,10 @@
 // touch (collective_seconds for all_reduce, reduce_scatter and all_gather; reduce and
 // broadcast as pipelined chains, B/β + (n-1)α), on the bytes each rank holds at that step. The
 // flat all_reduce is costed as Loom's simulator costs an axis's all_reduce today: one ring over the
-// whole group on its outermost level. Collectives of one step run on disjoint groups at once; the
-// cluster's bandwidths are per device, so they share no link in this model.
+// whole group on its outermost level. Collectives of one step run on disjoint groups at once;
+// where a level's link is shared by several devices (Level::shared_by: one NIC per host), the
+// groups that cross it from those devices at once divide its bandwidth (cost.h's link load, for a
+// ring that visits an inner group's members one after another).
 #pragma once
 
 #include <cstdint>

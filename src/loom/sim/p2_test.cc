@@ -94,5 +94,29 @@ TEST(Synthesize, EveryProgramIsValidAndTheHierarchicalOneWinsAcrossNodes) {
   EXPECT_DOUBLE_EQ(synthesize(node, 1, bytes, c).front().seconds, flat_seconds(node, 1, bytes, c));
 }
 
+// Two hosts of two ranks with one link each (clusters/two-hosts.toml): the flat ring over the
+// four ranks crosses the link once each way, 1.5 buffers; reduce_scatter in the host, all_reduce
+// across, all_gather sends 1 buffer a host, but its two groups cross at once on one link. The
+// synthesized program still wins, by at most the 1.5x of the bytes (not the 3x of one link each).
+TEST(Synthesize, GroupsThatCrossAtOnceShareTheHostsLink) {
+  const sim::Cluster c =
+      sim::load_cluster(std::string(LOOM_SOURCE_DIR) + "/clusters/two-hosts.toml");
+  const std::vector<Factor> f{{0, 0, 2, 1}, {0, 1, 2, 2}};
+  const double bytes = 64e6;
+  const auto programs = synthesize(f, 3, bytes, c, 5, false);
+  const Program& best = programs.front();
+  const double flat = flat_seconds(f, 3, bytes, c);
+  EXPECT_NEAR(flat, 1.5 * bytes / c.levels[1].bandwidth, 0.01 * flat);
+  EXPECT_EQ(best.text(f, {"x"}),
+            "reduce_scatter(x:2@L0) ; all_reduce(x:2@L1) ; all_gather(x:2@L0)");
+  EXPECT_GT(flat / best.seconds, 1.2);
+  EXPECT_LT(flat / best.seconds, 1.5);
+  // with a link per device the same program would look 3x as fast across
+  sim::Cluster own = c;
+  own.levels[1].shared_by = 1;
+  EXPECT_GT(flat_seconds(f, 3, bytes, own) / synthesize(f, 3, bytes, own, 5, false).front().seconds,
+            2.0);
+}
+
 }  // namespace
 }  // namespace loom::sim::p2

@@ -1,6 +1,7 @@
 #include "loom/sim/simulate.h"
 
 #include <algorithm>
+#include <deque>
 
 #include "loom/ops/op.h"
 #include "loom/runtime/memory_plan.h"
@@ -35,15 +36,64 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
   Prediction r;
   bool stream = false;
   for (const ir::Node& n : g.nodes()) stream = stream || n.attr_int("async", 0) == 1;
-  double now = 0, comm_free = 0;
-  std::vector<double> ready(g.values().size(), 0);  // per in-flight value: its collective's end
+  // The communication stream: collectives in issue order, the front one in progress at `now`.
+  // While it runs beside compute, both go at the rates of the front's level (Level::overlap).
+  struct InFlight {
+    double work;  // seconds left at full speed
+    int value;    // its output, whose completion the compute stream may wait for
+    const Level* level;
+  };
+  std::deque<InFlight> queue;
+  double now = 0;
+  std::vector<char> done(g.values().size(), 1);  // per collective output: finished
+  auto finish_front = [&] {
+    done[size_t(queue.front().value)] = 1;
+    queue.pop_front();
+  };
+  // the compute stream runs `work` seconds (at full speed) of a kernel
+  auto compute = [&](double work) {
+    while (work > 0) {
+      if (queue.empty()) {
+        now += work;
+        r.compute_seconds += work;
+        return;
+      }
+      InFlight& f = queue.front();
+      const double slow_comm = f.level->comm_beside_compute;
+      const double slow_compute = f.level->compute_beside_comm;
+      const double t_compute = work * slow_compute, t_comm = f.work * slow_comm;
+      if (t_compute < t_comm) {
+        now += t_compute;
+        r.compute_seconds += t_compute;
+        f.work -= t_compute / slow_comm;
+        return;
+      }
+      now += t_comm;
+      r.compute_seconds += t_comm;
+      work -= t_comm / slow_compute;
+      finish_front();
+    }
+  };
+  // the compute stream waits for collective output v (the stream runs alone meanwhile)
+  auto wait = [&](int v) {
+    const double from = now;
+    while (!done[size_t(v)]) {
+      now += queue.front().work;
+      finish_front();
+    }
+    r.exposed_comm_seconds += now - from;
+  };
+  std::map<std::pair<std::string, bool>, double> loads;  // (group, all_to_all) -> link load
   for (const ir::Node& n : g.nodes()) {
     if (ops::has_trait(n.op, ops::Trait::collective)) {
       const std::string& axis = n.attr_str("axis");
       const int64_t ranks = mesh.group_size(axis);
       const int level = group_level(mesh, c, p, axis);
       const double in = buffer_bytes(g, n.inputs[0]);
-      const double dur = collective_seconds(n.op, in, ranks, c, level);
+      const bool pairs = n.op == ir::Op::all_to_all;
+      auto [at, fresh] = loads.try_emplace({axis, pairs}, 1.0);
+      if (fresh) at->second = link_load(n.op, mesh, c, level, axis);
+      const double dur = collective_seconds(n.op, in, ranks, c, level, at->second);
       ++r.collectives;
       r.comm_seconds += dur;
       AxisTraffic& t = r.axis_traffic[axis];
@@ -53,35 +103,34 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
       r.scratch_bytes =
           std::max(r.scratch_bytes,
                    int64_t(collective_scratch_bytes(n.op, in, ranks, o.mpi_ranks && stream)));
-      if (!stream) {
+      if (!stream) {  // on the compute stream
         now += dur;
         r.exposed_comm_seconds += dur;
         continue;
       }
-      const double end = std::max(now, comm_free) + dur;
-      comm_free = end;
-      if (n.attr_int("async", 0) == 1) {
-        ready[size_t(n.outputs[0])] = end;
-      } else {
-        r.exposed_comm_seconds += end - now;
-        now = end;
-      }
+      const int v = n.outputs[0];
+      done[size_t(v)] = 0;
+      queue.push_back({dur, v, &c.levels[size_t(level)]});
+      if (n.attr_int("async", 0) != 1) wait(v);
       continue;
     }
     if (ops::has_trait(n.op, ops::Trait::completion)) {
-      const double end = ready[size_t(n.inputs[0])];
-      if (end > now) r.exposed_comm_seconds += end - now, now = end;
+      wait(n.inputs[0]);
       continue;
     }
     const ops::OpDef& def = ops::op_def(n.op);
     const ops::Cost cost = def.cost ? def.cost(g, n) : ops::Cost{};
     const double s = node_seconds(g, n, cost, c) * o.oversubscription;
     r.flops += cost.flops;
-    r.compute_seconds += s;
-    r.compute_by_op[n.op] += s;
-    now += s;
+    const double before = r.compute_seconds;
+    compute(s);
+    r.compute_by_op[n.op] += r.compute_seconds - before;
   }
-  r.step_seconds = std::max(now, comm_free);
+  while (!queue.empty()) {  // what is still in flight at the step's end
+    now += queue.front().work;
+    finish_front();
+  }
+  r.step_seconds = now;
   if (!o.memory) return r;
   const runtime::MemoryPlan mp = runtime::plan_memory(g);
   r.planned_bytes = mp.arena_bytes + mp.external_bytes;

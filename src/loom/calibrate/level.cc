@@ -1,0 +1,282 @@
+// A network level measured by ranks of an MPI job (calibrate.h: calibrate_level, level_worker).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "loom/calibrate/calibrate.h"
+#include "loom/comm/mpi.h"
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/gemm.h"
+#include "loom/runtime/comm_stream.h"
+#include "loom/sim/cost.h"
+
+namespace loom::calibrate {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// One collective of `op` on `bytes` per rank (its input), as the runtime runs it: on the rank's
+// communication thread, whose waits are polite.
+struct Buffers {
+  std::vector<float> in, out;
+};
+void run_collective(comm::Communicator& w, ir::Op op, int64_t bytes, Buffers& b) {
+  const int n = w.size();
+  const int64_t count = bytes / 4;
+  b.in.resize(size_t(count), 1.0f);
+  b.out.resize(size_t(op == ir::Op::all_gather ? count * n : count));
+  if (op == ir::Op::all_gather)
+    w.all_gather(b.in.data(), b.out.data(), bytes);
+  else if (op == ir::Op::reduce_scatter)
+    w.reduce_scatter(b.in.data(), b.out.data(), count / n, DType::f32);
+  else if (op == ir::Op::all_reduce)
+    w.all_reduce(b.in.data(), count, DType::f32);
+  else
+    w.all_to_all(b.in.data(), b.out.data(), bytes / n);
+}
+
+// The slowest rank's value.
+double slowest(comm::Communicator& w, double v) {
+  std::vector<float> all(size_t(w.size()), 0.0f);
+  const float mine = float(v);
+  w.all_gather(&mine, all.data(), sizeof(float));
+  return double(*std::max_element(all.begin(), all.end()));
+}
+
+}  // namespace
+
+void level_worker(const std::string& out, bool quick) {
+  comm::MpiSession session;
+  auto world = comm::mpi_world();
+  try {
+    comm::Communicator& w = *world;
+    const int n = w.size();
+    if (n < 2)
+      throw Error("loom calibrate --level: the launcher started 1 rank; it needs 2 or more");
+    runtime::CommStream stream;
+    Buffers buf;
+    nlohmann::json j;
+    j["ranks"] = n;
+    const std::vector<int64_t> sizes =
+        quick ? std::vector<int64_t>{int64_t(1) << 16, int64_t(1) << 20}
+              : std::vector<int64_t>{int64_t(1) << 16, int64_t(1) << 20, int64_t(1) << 23,
+                                     int64_t(1) << 26};
+    const int reps = quick ? 2 : 5;
+    for (const ir::Op op :
+         {ir::Op::all_gather, ir::Op::reduce_scatter, ir::Op::all_reduce, ir::Op::all_to_all})
+      for (int64_t b : sizes) {
+        std::vector<double> ts;
+        for (int r = 0; r < reps + 1; ++r) {
+          w.barrier();
+          double s = 0;
+          stream.wait(stream.submit([&] {
+            const auto t0 = Clock::now();
+            run_collective(w, op, b, buf);
+            s = since(t0);
+          }));
+          if (r > 0) ts.push_back(slowest(w, s));
+        }
+        j["comm"][std::string(ir::op_name(op))].push_back({b, median(ts)});
+      }
+
+    // Overlap: a collective on the stream beside GEMMs on this thread, against each alone. The
+    // collective pair is an fsdp step's: an all_gather and a reduce_scatter of one buffer.
+    const int64_t bytes = quick ? int64_t(1) << 20 : int64_t(16) << 20;
+    const kernels::GemmDesc g{1, 256, 512, 512};
+    std::vector<float> a(size_t(g.M * g.K), 0.5f), bm(size_t(g.K * g.N), 0.25f),
+        c(size_t(g.M * g.N));
+    auto gemm = [&] { kernels::cpu::gemm(g, a.data(), bm.data(), c.data()); };
+    auto pair = [&](double* seconds) {
+      return stream.submit([&, seconds] {
+        const auto t0 = Clock::now();
+        run_collective(w, ir::Op::all_gather, bytes / n, buf);
+        run_collective(w, ir::Op::reduce_scatter, bytes, buf);
+        *seconds = since(t0);
+      });
+    };
+    for (int i = 0; i < 3; ++i) gemm();  // the primitive made, the caches warm
+    std::vector<double> gemm_alone, comm_alone, comm_beside, gemm_beside;
+    for (int r = 0; r < 2 * reps + 1; ++r) {
+      w.barrier();
+      const auto t0 = Clock::now();
+      const int k = quick ? 20 : 100;
+      for (int i = 0; i < k; ++i) gemm();
+      const double per_gemm = since(t0) / k;
+      w.barrier();
+      double alone = 0;
+      stream.wait(pair(&alone));
+      w.barrier();
+      double beside = 0;
+      const auto t1 = Clock::now();
+      const int64_t ticket = pair(&beside);
+      int done = 0;
+      while (!stream.idle()) {
+        gemm();
+        ++done;
+      }
+      const double window = since(t1);
+      stream.wait(ticket);
+      if (r == 0 || done == 0) continue;
+      gemm_alone.push_back(per_gemm);
+      comm_alone.push_back(alone);
+      comm_beside.push_back(beside);
+      gemm_beside.push_back(window / done);
+    }
+    auto mean_over_ranks = [&](double v) {
+      std::vector<float> all(size_t(n), 0.0f);
+      const float mine = float(v);
+      w.all_gather(&mine, all.data(), sizeof(float));
+      double s = 0;
+      for (float x : all) s += x;
+      return s / n;
+    };
+    const double gemm_s = median(gemm_alone), comm_s = median(comm_alone);
+    j["gemm_seconds"] = mean_over_ranks(gemm_s);
+    j["overlap_bytes"] = bytes;
+    j["comm_alone_seconds"] = mean_over_ranks(comm_s);
+    j["comm_beside_compute"] =
+        mean_over_ranks(comm_s > 0 ? std::max(1.0, median(comm_beside) / comm_s) : 1.0);
+    j["compute_beside_comm"] =
+        mean_over_ranks(gemm_s > 0 ? std::max(1.0, median(gemm_beside) / gemm_s) : 1.0);
+    if (w.rank() == 0) {
+      const std::string tmp = out + ".part";
+      {
+        std::ofstream f(tmp);
+        f << j.dump(1) << "\n";
+        if (!f) throw Error(fmt::format("loom calibrate: cannot write {}", tmp));
+      }
+      if (std::rename(tmp.c_str(), out.c_str()) != 0)
+        throw Error(fmt::format("loom calibrate: cannot write {}", out));
+    }
+    w.barrier();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom calibrate: error on rank %d of %d: %s\n", world->rank(),
+                 world->size(), e.what());
+    std::fflush(stderr);
+    comm::mpi_abort(1);
+  }
+}
+
+Calibration calibrate_level(const LevelOptions& o) {
+  if (o.name.empty()) throw Error("loom calibrate: --level needs a level name");
+  if (o.launcher.empty())
+    throw Error(
+        "loom calibrate --level: needs --launcher \"mpirun ... -np N\" (the command that "
+        "starts the ranks, each host's consecutive)");
+  if (o.base.empty()) throw Error("loom calibrate --level: needs --base CLUSTER.toml");
+  if (o.shared_by < 1)
+    throw Error(fmt::format("loom calibrate: --shared-by must be >= 1, got {}", o.shared_by));
+  Calibration r;
+  r.cluster = sim::load_cluster(o.base);
+  sim::Cluster& c = r.cluster;
+  // where the level goes: in place of the base's level of that name, else outermost
+  size_t at = c.levels.size();
+  for (size_t i = 0; i < c.levels.size(); ++i)
+    if (c.levels[i].name == o.name) at = i;
+  if (at == c.levels.size() && c.levels.back().size == 0)
+    throw Error(
+        fmt::format("{}: its outermost level \"{}\" already spans any number of devices; "
+                    "--level {} can only replace a level of that name, or give \"{}\" a "
+                    "size",
+                    o.base, c.levels.back().name, o.name, c.levels.back().name));
+
+  char path[] = "/tmp/loom-level-XXXXXX.json";
+  const int fd = mkstemps(path, 5);
+  if (fd < 0) throw Error("loom calibrate: cannot create a temporary file in /tmp");
+  close(fd);
+  std::remove(path);
+  const std::string cmd = fmt::format("{} -x OMP_NUM_THREADS '{}' calibrate --level-worker {}{}",
+                                      o.launcher, o.loom_binary, path, o.quick ? " --quick" : "");
+  if (o.progress) o.progress("running " + cmd);
+  const int rc = std::system(cmd.c_str());
+  nlohmann::json j;
+  {
+    std::ifstream in(path);
+    if (rc != 0 || !in)
+      throw Error(
+          fmt::format("loom calibrate --level: the ranks failed (exit status {}): {}", rc, cmd),
+          "run the launcher with `hostname` to check it starts its ranks");
+    try {
+      in >> j;
+    } catch (const std::exception& e) {
+      std::remove(path);
+      throw Error(fmt::format("loom calibrate --level: the ranks' result {} is not JSON: {}", path,
+                              e.what()));
+    }
+  }
+  std::remove(path);
+  const int64_t n = j.at("ranks").get<int64_t>();
+
+  sim::Level lv;
+  lv.name = o.name;
+  lv.size = o.size >= 0 ? o.size : at < c.levels.size() ? c.levels[at].size : 0;
+  lv.shared_by = o.shared_by;
+  lv.comm_beside_compute = j.at("comm_beside_compute").get<double>();
+  lv.compute_beside_comm = j.at("compute_beside_comm").get<double>();
+  std::vector<std::pair<double, double>> ar;
+  for (const auto& s : j.at("comm").at("all_reduce"))
+    ar.push_back({s.at(0).get<double>(), s.at(1).get<double>()});
+  std::sort(ar.begin(), ar.end());
+  if (ar.empty()) throw Error("loom calibrate --level: the ranks measured no all_reduce");
+  // the ranks' ring crosses the level (which ranks share a link: each host's consecutive)
+  std::vector<sim::Level> levels(c.levels.begin(), c.levels.begin() + long(at));
+  levels.push_back(lv);
+  sim::Cluster probe = c;
+  probe.levels = levels;
+  probe.levels.back().bandwidth = 1;
+  const shard::Mesh world({{"ranks", n}});
+  const sim::Placement pl = sim::place(world, probe, n);
+  if (pl.level.at("ranks") != int(at))
+    throw Error(
+        fmt::format("loom calibrate --level {}: the {} ranks lie within level \"{}\" "
+                    "(size {}); calibrating a level needs ranks across it",
+                    o.name, n, probe.levels[size_t(pl.level.at("ranks"))].name,
+                    probe.levels[size_t(pl.level.at("ranks"))].size));
+  const double load = sim::link_load(ir::Op::all_reduce, world, probe, int(at), "ranks");
+  const auto [big, t_big] = ar.back();
+  const auto [small, t_small] = ar.front();
+  // the ring's t = steps * latency + load * wire / bandwidth through the smallest and the largest
+  const double steps = 2.0 * double(n - 1);
+  const double w_big = load * sim::collective_wire_bytes(ir::Op::all_reduce, big, n);
+  const double w_small = load * sim::collective_wire_bytes(ir::Op::all_reduce, small, n);
+  const double per_byte =
+      t_big > t_small && big > small ? (t_big - t_small) / (w_big - w_small) : t_big / w_big;
+  lv.bandwidth = 1 / per_byte;
+  lv.latency = std::max(1e-7, (t_small - w_small * per_byte) / steps);
+  if (at < c.levels.size()) {
+    lv.all_reduce_bandwidth = 0;
+    c.levels[at] = lv;
+  } else {
+    c.levels.push_back(lv);
+  }
+  // the innermost level's collectives as ranks of this job see them: the profile's samples
+  if (at == 0 && c.profile) {
+    for (auto& [op, samples] : c.profile->comm)
+      std::erase_if(samples, [&](const sim::CommSample& s) { return s.ranks == n; });
+    for (const auto& [name, samples] : j.at("comm").items()) {
+      const ir::Op op = ir::parse_op(name);
+      for (const auto& s : samples)
+        c.profile->comm[op].push_back({n, s.at(0).get<double>(), s.at(1).get<double>()});
+    }
+  }
+  r.header = fmt::format(
+      "# {} with level \"{}\" measured by `loom calibrate --level` ({} ranks: {}):\n"
+      "# bandwidth from the {:.0f} MB all_reduce, latency from the {:.0f} KB one; an fsdp pair "
+      "of {:.0f} MB beside GEMMs: collective x{:.3g}, GEMM x{:.3g}.\n",
+      o.base, o.name, n, o.launcher, big / 1e6, small / 1e3,
+      j.at("overlap_bytes").get<double>() / 1e6, lv.comm_beside_compute, lv.compute_beside_comm);
+  return r;
+}
+
+}  // namespace loom::calibrate
