@@ -12,7 +12,9 @@
 # once per step); MTU (the veth's, 9000 unless set); TBF_LATENCY (tbf's queue bound, 100ms);
 # SHM=0 skips the shared-memory runs;
 # COMM_BENCH=1 first measures each rate's collective bandwidth with bench/comm_bench (to stderr);
-# TRACE_DIR=D writes each run's Chrome trace (loom bench --trace) into D.
+# TRACE_DIR=D writes each run's Chrome trace (loom bench --trace) into D;
+# CALIBRATE="BASE OUT" first measures the link (at the first rate) as level "tcp" of cluster file
+# BASE with `loom calibrate --level tcp` through the same launcher, into OUT.
 #
 # Every run prints loom bench's JSON line with "link_gbit" and "variant" added (both variants of a
 # rate alternate within a round, so they see the same machine load); the last line is the summary:
@@ -106,6 +108,12 @@ print(json.dumps(j))' "$out" "$extra" | tee -a "$log"
 }
 
 veth_bytes() { ip netns exec "$NS_A" cat /sys/class/net/eth0/statistics/tx_bytes; }
+if [[ -n ${CALIBRATE:-} ]]; then
+  read -r cal_base cal_out <<<"$CALIBRATE"
+  set_rate "${rates%% *}"
+  "$loom" calibrate --level tcp --launcher "${over_link[*]}" --base "$cal_base" --out "$cal_out" \
+    >&2 || die "loom calibrate --level tcp failed"
+fi
 for ((r = 0; r < rounds; r++)); do
   for rate in $rates; do
     set_rate "$rate"

@@ -8,6 +8,9 @@
 #
 # Prints p2_run's JSON lines (one per program, then its summary), each with "link_gbit" added;
 # checks that the reductions' bytes crossed the link. Everything made here is removed on exit.
+# CLUSTER=F plans on F (default clusters/two-hosts.toml); CALIBRATE_OUT=G first measures F's
+# levels as the ranks here see them (`loom calibrate --level`): "shm" with 2 ranks on one host (TCP
+# over its own address), then "tcp" with the 4 (--shared-by 2), into G, and plans on G.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$(pwd)
@@ -49,11 +52,24 @@ mpi=(ip netns exec "$NS_A" mpirun --allow-run-as-root --bind-to none -np 4
      -x OMP_NUM_THREADS -x OMP_WAIT_POLICY -x PATH
      -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM)
 tx() { ip netns exec "$NS_A" cat /sys/class/net/eth0/statistics/tx_bytes; }
+cluster=${CLUSTER:-$SRC/clusters/two-hosts.toml}
+if [[ -n ${CALIBRATE_OUT:-} ]]; then
+  # shellcheck disable=SC2054
+  one_host=(ip netns exec "$NS_A" mpirun --allow-run-as-root --bind-to none -np 2
+            --host "$NET.1:2" --mca pml ob1 --mca btl tcp,self
+            --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24"
+            -x OMP_WAIT_POLICY -x PATH)
+  "$SRC/build/release/tools/loom/loom" calibrate --level shm --launcher "${one_host[*]}" \
+    --base "$cluster" --out "$TMP/shm.toml" >&2 || die "loom calibrate --level shm failed"
+  "$SRC/build/release/tools/loom/loom" calibrate --level tcp --shared-by 2 --launcher "${mpi[*]}" \
+    --base "$TMP/shm.toml" --out "$CALIBRATE_OUT" >&2 || die "loom calibrate --level tcp failed"
+  cluster=$CALIBRATE_OUT
+fi
 for bytes in $sizes; do
   for c in "x=4 x" "a=2,b=2 a,b"; do
     read -r mesh axes <<<"$c"
     before=$(tx)
-    timeout 900 "${mpi[@]}" "$run" "$SRC/clusters/two-hosts.toml" "$mesh" "$axes" "$bytes" \
+    timeout 900 "${mpi[@]}" "$run" "$cluster" "$mesh" "$axes" "$bytes" \
       "$reps" >"$TMP/out" 2>"$TMP/err" || die "p2_run $mesh $axes $bytes: $(tail -c 2000 "$TMP/err")"
     sent=$(($(tx) - before))
     python3 - "$TMP/out" "$rate" "$sent" "$bytes" <<'PY'

@@ -352,6 +352,11 @@ TEST(Simulate, OverlapOnACpuHostSlowsBothStreams) {
     const Prediction base = simulate(prog.graph, mesh, c, pl);
     const bool overlaps = base.exposed_comm_seconds < base.comm_seconds * 0.99;
     EXPECT_EQ(overlaps, std::string(pc.name) == "fsdp");
+    // the communication thread's pace: only a program that has one runs its collectives there
+    Cluster polite = c;
+    polite.levels[0].comm_thread_slowdown = 2;
+    const Prediction p2 = simulate(prog.graph, mesh, polite, pl);
+    EXPECT_NEAR(p2.comm_seconds, (overlaps ? 2 : 1) * base.comm_seconds, 1e-9 * base.comm_seconds);
     Cluster cpu = c;
     cpu.levels[0].comm_beside_compute = 1.7;
     cpu.levels[0].compute_beside_comm = 1.15;

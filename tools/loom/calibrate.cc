@@ -87,9 +87,11 @@ std::function<int()> add_calibrate(CLI::App& app) {
       for (const sim::Level& l : c.cluster.levels)
         if (l.name == o->level.name)
           fmt::print(
-              "wrote {}: level {} bandwidth {:.3g} B/s, latency {:.3g} s, a collective x{:.3g} "
-              "beside compute, compute x{:.3g} beside it\n",
-              o->out, l.name, l.bandwidth, l.latency, l.comm_beside_compute, l.compute_beside_comm);
+              "wrote {}: level {} bandwidth {:.3g} B/s, latency {:.3g} s; on the communication "
+              "thread a collective x{:.3g}, beside compute x{:.3g} more, compute x{:.3g} beside "
+              "it\n",
+              o->out, l.name, l.bandwidth, l.latency, l.comm_thread_slowdown, l.comm_beside_compute,
+              l.compute_beside_comm);
       return 0;
     }
     if (!o->import.timed.empty()) {

@@ -71,16 +71,19 @@ Calibration import_timed(const ImportOptions& o);
 // A network level as ranks of an MPI job see it (`loom calibrate --level NAME --launcher CMD
 // --base F.toml`): `launcher` (an Open MPI mpirun command line up to the program, e.g. "mpirun
 // --allow-run-as-root -np 2", or one that starts the ranks on two hosts; each host's ranks
-// consecutive) runs `loom calibrate --level-worker` on its ranks, which measure, on their
-// communication threads as the runtime runs collectives (runtime/comm_stream.h): all_gather,
-// reduce_scatter, all_reduce and all_to_all over all of them, 64 KiB to 64 MiB per rank; and an
-// fsdp pair (an all_gather and a reduce_scatter of 16 MiB) beside GEMMs on the compute thread,
-// against each alone. The level's bandwidth comes from the largest all_reduce and its latency from
-// the smallest (both through the link load of the ranks' ring: cost.h), its comm_beside_compute
-// and compute_beside_comm from the overlap (the mean over ranks of the median of 10). The level
-// replaces the base's level of that name, or is added outermost; on the innermost level the
-// measured collectives also replace the profile's samples of that rank count (ranks of a job,
-// not threads of one process).
+// consecutive) runs `loom calibrate --level-worker` on its ranks, which measure all_gather,
+// reduce_scatter, all_reduce and all_to_all over all of them, 64 KiB to 64 MiB per rank, on the
+// compute thread (as a program without a communication stream runs them); and an fsdp pair (an
+// all_gather and a reduce_scatter of 16 MiB) there, on the communication thread
+// (runtime/comm_stream.h: polite waits) alone, and there beside GEMMs on the compute thread
+// against the GEMMs alone. Each kind's ring (t = steps latency + load wire / bandwidth, the load of
+// the ranks' ring: cost.h) is fitted to its samples by least squares in relative error: the level's
+// bandwidth is all_gather's and reduce_scatter's mean, all_reduce_bandwidth all_reduce's where it
+// differs by over 5%, the latency the median of the three; its comm_thread_slowdown,
+// comm_beside_compute and compute_beside_comm from the overlap (the mean over ranks of the median
+// of 10). The level replaces the base's level of that name, or is added outermost; on the innermost
+// level the measured collectives also replace the profile's samples of that rank count (ranks of a
+// job, not threads of one process).
 struct LevelOptions {
   std::string name, launcher, base;
   int64_t size = -1;      // the level's size; < 0: the replaced level's, else 0 (any number)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -79,12 +80,9 @@ void level_worker(const std::string& out, bool quick) {
         std::vector<double> ts;
         for (int r = 0; r < reps + 1; ++r) {
           w.barrier();
-          double s = 0;
-          stream.wait(stream.submit([&] {
-            const auto t0 = Clock::now();
-            run_collective(w, op, b, buf);
-            s = since(t0);
-          }));
+          const auto t0 = Clock::now();  // on this thread, as a program without a stream
+          run_collective(w, op, b, buf);
+          const double s = since(t0);
           if (r > 0) ts.push_back(slowest(w, s));
         }
         j["comm"][std::string(ir::op_name(op))].push_back({b, median(ts)});
@@ -106,13 +104,18 @@ void level_worker(const std::string& out, bool quick) {
       });
     };
     for (int i = 0; i < 3; ++i) gemm();  // the primitive made, the caches warm
-    std::vector<double> gemm_alone, comm_alone, comm_beside, gemm_beside;
+    std::vector<double> gemm_alone, comm_here, comm_alone, comm_beside, gemm_beside;
     for (int r = 0; r < 2 * reps + 1; ++r) {
       w.barrier();
       const auto t0 = Clock::now();
       const int k = quick ? 20 : 100;
       for (int i = 0; i < k; ++i) gemm();
       const double per_gemm = since(t0) / k;
+      w.barrier();
+      const auto t2 = Clock::now();
+      run_collective(w, ir::Op::all_gather, bytes / n, buf);
+      run_collective(w, ir::Op::reduce_scatter, bytes, buf);
+      const double here = since(t2);
       w.barrier();
       double alone = 0;
       stream.wait(pair(&alone));
@@ -129,6 +132,7 @@ void level_worker(const std::string& out, bool quick) {
       stream.wait(ticket);
       if (r == 0 || done == 0) continue;
       gemm_alone.push_back(per_gemm);
+      comm_here.push_back(here);
       comm_alone.push_back(alone);
       comm_beside.push_back(beside);
       gemm_beside.push_back(window / done);
@@ -145,6 +149,8 @@ void level_worker(const std::string& out, bool quick) {
     j["gemm_seconds"] = mean_over_ranks(gemm_s);
     j["overlap_bytes"] = bytes;
     j["comm_alone_seconds"] = mean_over_ranks(comm_s);
+    const double here_s = median(comm_here);
+    j["comm_thread_slowdown"] = mean_over_ranks(here_s > 0 ? std::max(1.0, comm_s / here_s) : 1.0);
     j["comm_beside_compute"] =
         mean_over_ranks(comm_s > 0 ? std::max(1.0, median(comm_beside) / comm_s) : 1.0);
     j["compute_beside_comm"] =
@@ -224,11 +230,7 @@ Calibration calibrate_level(const LevelOptions& o) {
   lv.shared_by = o.shared_by;
   lv.comm_beside_compute = j.at("comm_beside_compute").get<double>();
   lv.compute_beside_comm = j.at("compute_beside_comm").get<double>();
-  std::vector<std::pair<double, double>> ar;
-  for (const auto& s : j.at("comm").at("all_reduce"))
-    ar.push_back({s.at(0).get<double>(), s.at(1).get<double>()});
-  std::sort(ar.begin(), ar.end());
-  if (ar.empty()) throw Error("loom calibrate --level: the ranks measured no all_reduce");
+  lv.comm_thread_slowdown = j.at("comm_thread_slowdown").get<double>();
   // the ranks' ring crosses the level (which ranks share a link: each host's consecutive)
   std::vector<sim::Level> levels(c.levels.begin(), c.levels.begin() + long(at));
   levels.push_back(lv);
@@ -244,18 +246,43 @@ Calibration calibrate_level(const LevelOptions& o) {
                     o.name, n, probe.levels[size_t(pl.level.at("ranks"))].name,
                     probe.levels[size_t(pl.level.at("ranks"))].size));
   const double load = sim::link_load(ir::Op::all_reduce, world, probe, int(at), "ranks");
-  const auto [big, t_big] = ar.back();
-  const auto [small, t_small] = ar.front();
-  // the ring's t = steps * latency + load * wire / bandwidth through the smallest and the largest
-  const double steps = 2.0 * double(n - 1);
-  const double w_big = load * sim::collective_wire_bytes(ir::Op::all_reduce, big, n);
-  const double w_small = load * sim::collective_wire_bytes(ir::Op::all_reduce, small, n);
-  const double per_byte =
-      t_big > t_small && big > small ? (t_big - t_small) / (w_big - w_small) : t_big / w_big;
-  lv.bandwidth = 1 / per_byte;
-  lv.latency = std::max(1e-7, (t_small - w_small * per_byte) / steps);
+  // each kind's ring, t = steps * latency + load * wire / bandwidth, fitted to its samples:
+  // all_gather and reduce_scatter give the level's bandwidth (their mean), all_reduce
+  // its own where it differs by more than 5%, the latency the median of the three
+  struct Fit {
+    double bandwidth = 0, latency = 0, big = 0;
+  };
+  auto fit = [&](ir::Op op) {
+    std::vector<std::pair<double, double>> xs;
+    for (const auto& s : j.at("comm").at(std::string(ir::op_name(op))))
+      xs.push_back({s.at(0).get<double>(), s.at(1).get<double>()});
+    std::sort(xs.begin(), xs.end());
+    if (xs.empty())
+      throw Error(fmt::format("loom calibrate --level: the ranks measured no {}", op));
+    const double steps = double(n - 1) * (op == ir::Op::all_reduce ? 2 : 1);
+    // t = a + b w by least squares in relative error (weights 1/t^2): every size counts alike
+    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (const auto& [bytes, t] : xs) {
+      const double x = load * sim::collective_wire_bytes(op, bytes, n), wt = 1 / (t * t);
+      sw += wt, sx += wt * x, sy += wt * t, sxx += wt * x * x, sxy += wt * x * t;
+    }
+    const double det = sw * sxx - sx * sx;
+    double per_byte = det > 0 ? (sw * sxy - sx * sy) / det : 0;
+    double a = det > 0 ? (sy - per_byte * sx) / sw : 0;
+    if (!(per_byte > 0)) {  // no slope to fit: the largest sample's rate, no latency
+      per_byte = xs.back().second / (load * sim::collective_wire_bytes(op, xs.back().first, n));
+      a = 0;
+    }
+    return Fit{1 / per_byte, std::max(1e-7, a / steps), xs.back().first};
+  };
+  const Fit ag = fit(ir::Op::all_gather), rs = fit(ir::Op::reduce_scatter),
+            ar = fit(ir::Op::all_reduce);
+  lv.bandwidth = (ag.bandwidth + rs.bandwidth) / 2;
+  if (std::abs(ar.bandwidth / lv.bandwidth - 1) > 0.05) lv.all_reduce_bandwidth = ar.bandwidth;
+  std::vector<double> lat{ag.latency, rs.latency, ar.latency};
+  std::sort(lat.begin(), lat.end());
+  lv.latency = lat[1];
   if (at < c.levels.size()) {
-    lv.all_reduce_bandwidth = 0;
     c.levels[at] = lv;
   } else {
     c.levels.push_back(lv);
@@ -272,10 +299,13 @@ Calibration calibrate_level(const LevelOptions& o) {
   }
   r.header = fmt::format(
       "# {} with level \"{}\" measured by `loom calibrate --level` ({} ranks: {}):\n"
-      "# bandwidth from the {:.0f} MB all_reduce, latency from the {:.0f} KB one; an fsdp pair "
-      "of {:.0f} MB beside GEMMs: collective x{:.3g}, GEMM x{:.3g}.\n",
-      o.base, o.name, n, o.launcher, big / 1e6, small / 1e3,
-      j.at("overlap_bytes").get<double>() / 1e6, lv.comm_beside_compute, lv.compute_beside_comm);
+      "# bus bandwidth all_gather {:.4g}, reduce_scatter {:.4g}, all_reduce {:.4g} B/s (64 KiB "
+      "to {:.0f} MiB, least squares); an fsdp pair of {:.0f} MiB on the communication thread "
+      "x{:.3g}, beside GEMMs: "
+      "collective x{:.3g}, GEMM x{:.3g}.\n",
+      o.base, o.name, n, o.launcher, ag.bandwidth, rs.bandwidth, ar.bandwidth, ar.big / 1048576,
+      j.at("overlap_bytes").get<double>() / 1048576, lv.comm_thread_slowdown,
+      lv.comm_beside_compute, lv.compute_beside_comm);
   return r;
 }
 

@@ -57,6 +57,10 @@ struct Level {
   // (>= 1; 1 where communication has engines of its own, as on a GPU). `loom calibrate --level`
   // measures them.
   double comm_beside_compute = 1, compute_beside_comm = 1;
+  // How many times longer a collective takes on a rank's communication thread (which waits
+  // politely, sleeping between polls: runtime/comm_stream.h) than on its compute thread, alone;
+  // `bandwidth` and `latency` are the compute thread's. 1 on a GPU.
+  double comm_thread_slowdown = 1;
 };
 
 // Achieved fractions of peak where no profile was measured (docs/simulator.md: the efficiency

@@ -93,7 +93,10 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
       const bool pairs = n.op == ir::Op::all_to_all;
       auto [at, fresh] = loads.try_emplace({axis, pairs}, 1.0);
       if (fresh) at->second = link_load(n.op, mesh, c, level, axis);
-      const double dur = collective_seconds(n.op, in, ranks, c, level, at->second);
+      const Level& lv = c.levels[size_t(level)];
+      // on the communication thread, if the program has one, at its (polite) pace
+      const double dur = collective_seconds(n.op, in, ranks, c, level, at->second) *
+                         (stream ? lv.comm_thread_slowdown : 1);
       ++r.collectives;
       r.comm_seconds += dur;
       AxisTraffic& t = r.axis_traffic[axis];
@@ -110,7 +113,7 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
       }
       const int v = n.outputs[0];
       done[size_t(v)] = 0;
-      queue.push_back({dur, v, &c.levels[size_t(level)]});
+      queue.push_back({dur, v, &lv});
       if (n.attr_int("async", 0) != 1) wait(v);
       continue;
     }

@@ -6,10 +6,11 @@
 // order; a collective in a program with asynchronous collectives (passes/prefetch.cc) is queued on
 // the communication stream (FIFO: it starts when issued and when the one before it ends) and the
 // compute stream meets it at its wait (at once, for a synchronous one); in a program without, it
-// runs on the compute stream. While a collective runs beside a kernel, each takes its level's
-// comm_beside_compute / compute_beside_comm times as long (a CPU host's communication thread and
-// network stack share the cores with compute; 1 on a GPU). Exposed communication is the time the
-// compute stream waits. Collectives of one step that cross a shared link at once divide it
+// runs on the compute stream. On the communication stream a collective takes its level's
+// comm_thread_slowdown times as long (polite waits), and while it runs beside a kernel, each takes
+// its level's comm_beside_compute / compute_beside_comm times as long (a CPU host's communication
+// thread and network stack share the cores with compute; 1 on a GPU). Exposed communication is the
+// time the compute stream waits. Collectives of one step that cross a shared link at once divide it
 // (cost.h: link_load). The
 // program is SPMD: every rank runs the same nodes on blocks of the same shapes, so rank 0's
 // program stands for all, and a collective's time is its slowest member's (symmetric on a ring).
