@@ -37,7 +37,8 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
   bool stream = false;
   for (const ir::Node& n : g.nodes()) stream = stream || n.attr_int("async", 0) == 1;
   // The communication stream: collectives in issue order, the front one in progress at `now`.
-  // While it runs beside compute, both go at the rates of the front's level (Level::overlap).
+  // While it runs beside compute, both go at the rates of the front's level
+  // (Level::comm_beside_compute, compute_beside_comm).
   struct InFlight {
     double work;  // seconds left at full speed
     int value;    // its output, whose completion the compute stream may wait for
