@@ -9,8 +9,9 @@
 # Prints p2_run's JSON lines (one per program, then its summary), each with "link_gbit" added;
 # checks that the reductions' bytes crossed the link. Everything made here is removed on exit.
 # CLUSTER=F plans on F (default clusters/two-hosts.toml); CALIBRATE_OUT=G first measures F's
-# levels as the ranks here see them (`loom calibrate --level`): "shm" with 2 ranks on one host (TCP
-# over its own address), then "tcp" with the 4 (--shared-by 2), into G, and plans on G.
+# levels as the ranks here see them (`loom calibrate --level`, all 4 ranks): "shm" in both hosts at
+# once (2 ranks each, TCP over the host's own address), then "tcp" over the 4 (--shared-by 2),
+# into G, and plans on G.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$(pwd)
@@ -54,12 +55,7 @@ mpi=(ip netns exec "$NS_A" mpirun --allow-run-as-root --bind-to none -np 4
 tx() { ip netns exec "$NS_A" cat /sys/class/net/eth0/statistics/tx_bytes; }
 cluster=${CLUSTER:-$SRC/clusters/two-hosts.toml}
 if [[ -n ${CALIBRATE_OUT:-} ]]; then
-  # shellcheck disable=SC2054
-  one_host=(ip netns exec "$NS_A" mpirun --allow-run-as-root --bind-to none -np 2
-            --host "$NET.1:2" --mca pml ob1 --mca btl tcp,self
-            --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24"
-            -x OMP_WAIT_POLICY -x PATH)
-  "$SRC/build/release/tools/loom/loom" calibrate --level shm --launcher "${one_host[*]}" \
+  "$SRC/build/release/tools/loom/loom" calibrate --level shm --launcher "${mpi[*]}" \
     --base "$cluster" --out "$TMP/shm.toml" >&2 || die "loom calibrate --level shm failed"
   "$SRC/build/release/tools/loom/loom" calibrate --level tcp --shared-by 2 --launcher "${mpi[*]}" \
     --base "$TMP/shm.toml" --out "$CALIBRATE_OUT" >&2 || die "loom calibrate --level tcp failed"

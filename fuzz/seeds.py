@@ -229,6 +229,31 @@ put("outer_requests", "dipaco", b"\x40" + call(0, join(layered, paths=2)) +
                            chunk("layers.1.b", 0, [1, 2, 3, 4])])) +
     call(3, field(1, 0, 1)) + call(5, field(1, 0, 2)) + call(5, field(1, 0, 1)))
 
+# ---- cluster: the shipped cluster files without a profile, and one with a small profile ----
+for name in ["h100-sxm.toml", "two-hosts.toml", "mi300x.toml", "h200.toml"]:
+    with open(os.path.join(ROOT, "clusters", name), "rb") as f:
+        put("cluster", name, f.read())
+with open(os.path.join(ROOT, "clusters", "two-hosts.toml")) as f:
+    two_hosts = f.read().replace("size = 0\nbandwidth = 1.25e+08", "size = 4\nbandwidth = 1.25e+08")
+    put("cluster", "profiled.toml", two_hosts + """
+[[level]]
+name = "wan"
+size = 0
+bandwidth = 1e7
+latency = 1e-3
+comm_beside_compute = 1.5
+compute_beside_comm = 1.2
+comm_thread_slowdown = 1.1
+""" + """
+[profile]
+threads = 1
+matmul = [[0, 0, 1, 64, 64, 64, "f32", 1e-5], [0, 1, 2, 8, 8, 8, "bf16", 2e-6]]
+[profile.ops]
+add = [["f32", 1e6, 0, 1e-4]]
+[profile.comm]
+all_reduce = [[2, 65536, 7e-5], [4, 1048576, 1e-3]]
+""")
+
 # ---- metrics: lines as loom train writes them, MoE fields, a torn last line ----
 lines = []
 for step in range(1, 9):

@@ -25,6 +25,7 @@ struct CalOpts {
   calibrate::ImportOptions import;
   calibrate::LevelOptions level;
   std::string level_worker;
+  int64_t level_group = 0;
 };
 
 }  // namespace
@@ -67,10 +68,13 @@ std::function<int()> add_calibrate(CLI::App& app) {
   s->add_option("--level-worker", o->level_worker,
                 "internal: run as a rank of --level's job, writing its result here")
       ->group("");
+  s->add_option("--level-group", o->level_group,
+                "internal: with --level-worker, the ranks of one group (0: all)")
+      ->group("");
   CLI::Option* out_opt = s->get_option("--out");
   return [o, out_opt]() {
     if (!o->level_worker.empty()) {
-      calibrate::level_worker(o->level_worker, o->measure.quick);
+      calibrate::level_worker(o->level_worker, o->measure.quick, o->level_group);
       return 0;
     }
     if (!o->level.name.empty()) {

@@ -47,6 +47,8 @@ int run_plan_search(const PlanOpts& o) {
   search::SpaceOptions so;
   so.devices = devices;
   so.max_axes = o.search.max_axes;
+  // synthesized reductions can matter only where the devices span more than the innermost level
+  so.synthesize = cl->levels.size() > 1 && cl->levels[0].size > 0 && devices > cl->levels[0].size;
   const search::Space space(ev.config(), ev.trained().model.graph, ev.trained().model.roles, so);
   search::SearchOptions opt;
   opt.budget_s = o.search.budget_s;

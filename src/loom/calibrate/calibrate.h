@@ -72,7 +72,8 @@ Calibration import_timed(const ImportOptions& o);
 // --base F.toml`): `launcher` (an Open MPI mpirun command line up to the program, e.g. "mpirun
 // --allow-run-as-root -np 2", or one that starts the ranks on two hosts; each host's ranks
 // consecutive) runs `loom calibrate --level-worker` on its ranks, which measure all_gather,
-// reduce_scatter, all_reduce and all_to_all over all of them, 64 KiB to 64 MiB per rank, on the
+// reduce_scatter, all_reduce and all_to_all over all of them (a level of size S < the ranks: in
+// every group of S consecutive ranks at once), 64 KiB to 64 MiB per rank, on the
 // compute thread (as a program without a communication stream runs them); and an fsdp pair (an
 // all_gather and a reduce_scatter of 16 MiB) there, on the communication thread
 // (runtime/comm_stream.h: polite waits) alone, and there beside GEMMs on the compute thread
@@ -97,7 +98,9 @@ struct LevelOptions {
 Calibration calibrate_level(const LevelOptions& o);
 // The ranks' side (each a process of the launcher's job): measures as above and, on rank 0,
 // writes the JSON to `out` (atomically). An error on any rank aborts the job.
-void level_worker(const std::string& out, bool quick);
+// The collectives run within every group of `group` consecutive ranks at once (the level's size:
+// an inner level's groups all busy, as in a step; 0: all the ranks one group).
+void level_worker(const std::string& out, bool quick, int64_t group);
 
 // The pieces, for tests.
 // The timed kernels of `path` as a profile (the matmuls by shape, the others by bytes), scaled by

@@ -57,11 +57,23 @@ double slowest(comm::Communicator& w, double v) {
 
 }  // namespace
 
-void level_worker(const std::string& out, bool quick) {
+void level_worker(const std::string& out, bool quick, int64_t group) {
   comm::MpiSession session;
   auto world = comm::mpi_world();
   try {
-    comm::Communicator& w = *world;
+    // the collectives run in every group of `group` consecutive ranks at once (SPMD, as a step
+    // runs a level's collectives); barriers, the slowest rank and the means span them all
+    comm::Communicator& all = *world;
+    std::unique_ptr<comm::Communicator> sub;
+    if (group > 0 && group < all.size()) {
+      if (all.size() % group)
+        throw Error(
+            fmt::format("loom calibrate --level: {} ranks are not whole groups of the "
+                        "level's size {}",
+                        all.size(), group));
+      sub = all.split(int(all.rank() / group), all.rank());
+    }
+    comm::Communicator& w = sub ? *sub : all;
     const int n = w.size();
     if (n < 2)
       throw Error("loom calibrate --level: the launcher started 1 rank; it needs 2 or more");
@@ -69,6 +81,7 @@ void level_worker(const std::string& out, bool quick) {
     Buffers buf;
     nlohmann::json j;
     j["ranks"] = n;
+    j["groups"] = all.size() / n;
     const std::vector<int64_t> sizes =
         quick ? std::vector<int64_t>{int64_t(1) << 16, int64_t(1) << 20}
               : std::vector<int64_t>{int64_t(1) << 16, int64_t(1) << 20, int64_t(1) << 23,
@@ -79,11 +92,11 @@ void level_worker(const std::string& out, bool quick) {
       for (int64_t b : sizes) {
         std::vector<double> ts;
         for (int r = 0; r < reps + 1; ++r) {
-          w.barrier();
+          all.barrier();
           const auto t0 = Clock::now();  // on this thread, as a program without a stream
           run_collective(w, op, b, buf);
           const double s = since(t0);
-          if (r > 0) ts.push_back(slowest(w, s));
+          if (r > 0) ts.push_back(slowest(all, s));
         }
         j["comm"][std::string(ir::op_name(op))].push_back({b, median(ts)});
       }
@@ -106,20 +119,20 @@ void level_worker(const std::string& out, bool quick) {
     for (int i = 0; i < 3; ++i) gemm();  // the primitive made, the caches warm
     std::vector<double> gemm_alone, comm_here, comm_alone, comm_beside, gemm_beside;
     for (int r = 0; r < 2 * reps + 1; ++r) {
-      w.barrier();
+      all.barrier();
       const auto t0 = Clock::now();
       const int k = quick ? 20 : 100;
       for (int i = 0; i < k; ++i) gemm();
       const double per_gemm = since(t0) / k;
-      w.barrier();
+      all.barrier();
       const auto t2 = Clock::now();
       run_collective(w, ir::Op::all_gather, bytes / n, buf);
       run_collective(w, ir::Op::reduce_scatter, bytes, buf);
       const double here = since(t2);
-      w.barrier();
+      all.barrier();
       double alone = 0;
       stream.wait(pair(&alone));
-      w.barrier();
+      all.barrier();
       double beside = 0;
       const auto t1 = Clock::now();
       const int64_t ticket = pair(&beside);
@@ -138,12 +151,12 @@ void level_worker(const std::string& out, bool quick) {
       gemm_beside.push_back(window / done);
     }
     auto mean_over_ranks = [&](double v) {
-      std::vector<float> all(size_t(n), 0.0f);
+      std::vector<float> each(size_t(all.size()), 0.0f);
       const float mine = float(v);
-      w.all_gather(&mine, all.data(), sizeof(float));
+      all.all_gather(&mine, each.data(), sizeof(float));
       double s = 0;
-      for (float x : all) s += x;
-      return s / n;
+      for (float x : each) s += x;
+      return s / double(all.size());
     };
     const double gemm_s = median(gemm_alone), comm_s = median(comm_alone);
     j["gemm_seconds"] = mean_over_ranks(gemm_s);
@@ -155,7 +168,7 @@ void level_worker(const std::string& out, bool quick) {
         mean_over_ranks(comm_s > 0 ? std::max(1.0, median(comm_beside) / comm_s) : 1.0);
     j["compute_beside_comm"] =
         mean_over_ranks(gemm_s > 0 ? std::max(1.0, median(gemm_beside) / gemm_s) : 1.0);
-    if (w.rank() == 0) {
+    if (all.rank() == 0) {
       const std::string tmp = out + ".part";
       {
         std::ofstream f(tmp);
@@ -165,7 +178,7 @@ void level_worker(const std::string& out, bool quick) {
       if (std::rename(tmp.c_str(), out.c_str()) != 0)
         throw Error(fmt::format("loom calibrate: cannot write {}", out));
     }
-    w.barrier();
+    all.barrier();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom calibrate: error on rank %d of %d: %s\n", world->rank(),
                  world->size(), e.what());
@@ -202,8 +215,11 @@ Calibration calibrate_level(const LevelOptions& o) {
   if (fd < 0) throw Error("loom calibrate: cannot create a temporary file in /tmp");
   close(fd);
   std::remove(path);
-  const std::string cmd = fmt::format("{} -x OMP_NUM_THREADS '{}' calibrate --level-worker {}{}",
-                                      o.launcher, o.loom_binary, path, o.quick ? " --quick" : "");
+  // an inner level's groups (its size) all measure at once; the outermost's ranks are one group
+  const int64_t level_size = o.size >= 0 ? o.size : at < c.levels.size() ? c.levels[at].size : 0;
+  const std::string cmd =
+      fmt::format("{} -x OMP_NUM_THREADS '{}' calibrate --level-worker {} --level-group {}{}",
+                  o.launcher, o.loom_binary, path, level_size, o.quick ? " --quick" : "");
   if (o.progress) o.progress("running " + cmd);
   const int rc = std::system(cmd.c_str());
   nlohmann::json j;
@@ -226,7 +242,7 @@ Calibration calibrate_level(const LevelOptions& o) {
 
   sim::Level lv;
   lv.name = o.name;
-  lv.size = o.size >= 0 ? o.size : at < c.levels.size() ? c.levels[at].size : 0;
+  lv.size = level_size;
   lv.shared_by = o.shared_by;
   lv.comm_beside_compute = j.at("comm_beside_compute").get<double>();
   lv.compute_beside_comm = j.at("compute_beside_comm").get<double>();

@@ -67,6 +67,42 @@ TEST(Space, OneDeviceIsTheEmptyPlanUnderEachRecompute) {
   for (const auto& d : all) EXPECT_TRUE(s.candidate(d).mesh.empty());
 }
 
+// P²'s synthesized reductions as a decision: offered only when asked (a cluster of several levels),
+// each synthesized candidate has its flat twin, and on two hosts of two ranks with one link each
+// the data-parallel plan's gradient all-reduce split over the levels is predicted faster.
+TEST(Space, SynthesisIsADecisionWhereRanksCommunicate) {
+  const auto two =
+      std::make_shared<const sim::Cluster>(sim::load_cluster(kSrc + "/clusters/two-hosts.toml"));
+  Evaluator ev(tiny(), two, 4);
+  const Space flat(ev.config(), ev.trained().model.graph, ev.trained().model.roles, {.devices = 4});
+  for (const auto& d : flat.enumerate()) EXPECT_FALSE(flat.candidate(d).synthesize);
+  const Space s(ev.config(), ev.trained().model.graph, ev.trained().model.roles,
+                {.devices = 4, .synthesize = true});
+  const auto all = s.enumerate();
+  EXPECT_EQ(all.size(), 2 * flat.enumerate().size());
+  std::set<std::string> keys;
+  for (const auto& d : all) keys.insert(s.candidate(d).key());
+  const Evaluation* fast = nullptr;
+  const Evaluation* slow = nullptr;
+  for (const auto& d : all) {
+    const Candidate c = s.candidate(d);
+    if (!c.synthesize) continue;
+    Candidate twin = c;
+    twin.synthesize = false;
+    EXPECT_TRUE(keys.count(twin.key())) << c.key();
+    if (c.mesh.size() == 1 && c.mesh[0].first == "data" &&
+        c.recompute == passes::ScheduleOptions::Recompute::none &&
+        c.bucket == passes::ScheduleOptions::Bucket::block) {
+      fast = &ev.evaluate(c);
+      slow = &ev.evaluate(twin);
+    }
+  }
+  ASSERT_TRUE(fast && slow);
+  ASSERT_TRUE(fast->ok && slow->ok) << fast->error << slow->error;
+  EXPECT_LT(fast->step_s, slow->step_s);
+  EXPECT_NE(fast->candidate.toml("two-hosts.toml").find("synthesize = true"), std::string::npos);
+}
+
 // A candidate's TOML, appended to the config, is the same plan: what the search prints can be
 // pasted.
 TEST(Candidate, TomlLoadsBackAsTheSamePlan) {

@@ -68,6 +68,7 @@ void Candidate::apply(train::Config& cfg) const {
   cfg.passes.recompute = recompute;
   cfg.passes.bucket = bucket;
   cfg.passes.reshard_after_forward = reshard_after_forward;
+  cfg.passes.synthesize = synthesize;
 }
 
 std::string Candidate::key() const {
@@ -75,9 +76,9 @@ std::string Candidate::key() const {
   for (size_t a = 0; a < mesh.size(); ++a)
     k += fmt::format("{}{}={}:{}", a ? "," : "", mesh[a].first, mesh[a].second,
                      search::roles()[size_t(roles[a])].name);
-  return k + fmt::format("}} recompute={} bucket={} reshard_after_forward={}",
+  return k + fmt::format("}} recompute={} bucket={} reshard_after_forward={}{}",
                          passes::recompute_name(recompute), passes::bucket_name(bucket),
-                         reshard_after_forward);
+                         reshard_after_forward, synthesize ? " synthesize" : "");
 }
 
 std::string Candidate::toml(const std::string& cluster) const {
@@ -96,7 +97,8 @@ std::string Candidate::toml(const std::string& cluster) const {
   t += fmt::format("[passes]\nrecompute = \"{}\"\n", passes::recompute_name(recompute));
   if (!p.empty()) {
     t += fmt::format("bucket = \"{}\"\n", passes::bucket_name(bucket));
-    if (bucket == passes::ScheduleOptions::Bucket::automatic)
+    if (synthesize) t += "synthesize = true\n";
+    if (bucket == passes::ScheduleOptions::Bucket::automatic || synthesize)
       t += fmt::format("cluster = \"{}\"\n", cluster);
     t += fmt::format("reshard_after_forward = {}\n", reshard_after_forward);
   }
@@ -151,7 +153,7 @@ bool Space::role_ok(const std::vector<int>& prefix, int axis, int role) const {
 
 bool Space::complete(const std::vector<int>& prefix) const {
   if (prefix.empty()) return false;
-  return prefix.size() == meshes_[size_t(prefix[0])].size() + 4;
+  return prefix.size() == meshes_[size_t(prefix[0])].size() + 5;
 }
 
 std::vector<int> Space::options(const std::vector<int>& prefix) const {
@@ -174,6 +176,9 @@ std::vector<int> Space::options(const std::vector<int>& prefix) const {
     out.push_back(0);  // reshard after forward: only under fsdp
     for (size_t a = 0; a < axes; ++a)
       if (roles()[size_t(prefix[1 + a])].name == "fsdp") out.push_back(1);
+  } else if (level == axes + 4) {
+    out.push_back(0);  // synthesized reductions: only where ranks communicate over levels
+    if (o_.synthesize && axes > 0) out.push_back(1);
   }
   return out;
 }
@@ -189,6 +194,7 @@ Candidate Space::candidate(const std::vector<int>& d) const {
   c.recompute = o_.recompute[size_t(d[sizes.size() + 1])];
   c.bucket = o_.bucket[size_t(d[sizes.size() + 2])];
   c.reshard_after_forward = d[sizes.size() + 3] == 0;
+  c.synthesize = d[sizes.size() + 4] == 1;
   return c;
 }
 

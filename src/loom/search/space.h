@@ -1,7 +1,8 @@
 // The space of plans that plan search explores, as a sequence of decisions: how the devices factor
 // into mesh axes (outermost first; the last axis is innermost, so it lies within a node: the
 // placement), the role of each axis (which tactics go on it), and the pass settings (recompute;
-// bucketing when ranks communicate; FSDP's reshard after forward when an axis is fsdp).
+// bucketing when ranks communicate; FSDP's reshard after forward when an axis is fsdp; P²'s
+// synthesized reductions when ranks communicate and the cluster has several levels).
 //
 // A role is a small list of tactics on one axis: `data`, `zero1`/`zero2`/`fsdp` (each with `data`
 // beside it, which splits the batch), `megatron`, `megatron+sequence`, `expert`. A plan's tactic
@@ -50,6 +51,7 @@ struct Candidate {
   passes::ScheduleOptions::Recompute recompute = passes::ScheduleOptions::Recompute::none;
   passes::ScheduleOptions::Bucket bucket = passes::ScheduleOptions::Bucket::block;
   bool reshard_after_forward = true;
+  bool synthesize = false;  // P²'s hierarchical reductions (passes/synthesize.cc)
 
   shard::Plan plan() const;              // the mesh and the canonical tactic list
   void apply(train::Config& cfg) const;  // cfg's [plan] and [passes] set to this candidate
@@ -67,6 +69,8 @@ struct SpaceOptions {
       passes::ScheduleOptions::Recompute::full};
   std::vector<passes::ScheduleOptions::Bucket> bucket = {
       passes::ScheduleOptions::Bucket::block, passes::ScheduleOptions::Bucket::automatic};
+  // offer [passes] synthesize (where the cluster has levels a reduction can be split over)
+  bool synthesize = false;
 };
 
 class Space {
