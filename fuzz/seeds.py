@@ -254,6 +254,78 @@ add = [["f32", 1e6, 0, 1e-4]]
 all_reduce = [[2, 65536, 7e-5], [4, 1048576, 1e-3]]
 """)
 
+# ---- calibrate_import: bench/gpu/torch_kernels.py's JSON, a GEMM and a streaming kernel ----
+put("calibrate_import", "timed.json", json.dumps({
+    "device": "NVIDIA H100", "torch": "2.5.1",
+    "kernels": [
+        {"op": "matmul", "dtype": "bf16", "seconds": 1.5e-4,
+         "gemm": {"ta": 0, "tb": 1, "m": 4096, "n": 4096, "k": 4096, "batch": 1}},
+        {"op": "rmsnorm", "dtype": "bf16", "bytes": 33554432, "flops": 0, "seconds": 2e-5},
+        {"op": "attention", "dtype": "bf16", "bytes": 1e6, "flops": 1e12, "seconds": 2e-3}]}))
+
+# ---- router: DiPaCo's router.safetensors (centroids (paths, dim) and its metadata) ----
+def router(centroids, dim, meta):
+    raw = struct.pack("<%df" % len(centroids), *centroids)
+    header = {"centroids": {"dtype": "F32", "shape": [len(centroids) // dim, dim],
+                            "data_offsets": [0, len(raw)]},
+              "__metadata__": {"loom_router": json.dumps(meta)}}
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + raw
+
+
+put("router", "two_paths.safetensors",
+    router([0.5, 0.25, 0.25, 0.0, 0.0, 0.1, 0.2, 0.7], 4, {"format": 1, "prefix": 8, "k": 2}))
+put("router", "one_path.safetensors", router([1.0, 0.0], 2, {"format": 1, "prefix": 1}))
+
+# ---- tokenizer_json: a byte-level BPE tokenizer.json (256 byte pieces, merges, an added token) ----
+def byte_char(b):
+    keep = [i for i in range(256) if 33 <= i <= 126 or 161 <= i <= 172 or i >= 174]
+    nxt = 256
+    table = {}
+    for i in range(256):
+        if i in keep:
+            table[i] = chr(i)
+        else:
+            table[i] = chr(nxt)
+            nxt += 1
+    return table[b]
+
+
+vocab = {byte_char(b): b for b in range(256)}
+sp = byte_char(ord(" "))
+vocab.update({"th": 256, "the": 257, sp + "the": 258, "lo": 259})
+put("tokenizer_json", "bpe.json", json.dumps({
+    "version": "1.0",
+    "added_tokens": [{"id": 260, "content": "<|endoftext|>", "special": True}],
+    "normalizer": None,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "vocab": vocab,
+              "merges": [["t", "h"], ["th", "e"], [sp, "the"], "l o"]}}, ensure_ascii=False))
+
+# ---- hf_config: transformers' config.json for a Llama and a GPT-2 ----
+put("hf_config", "llama.json", json.dumps({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
+    "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "float32"}))
+put("hf_config", "gpt2.json", json.dumps({
+    "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 256, "n_embd": 64,
+    "n_layer": 2, "n_head": 4, "n_positions": 128, "layer_norm_epsilon": 1e-5,
+    "torch_dtype": "float32"}))
+
+# ---- hf_index: model.safetensors.index.json over the shard the target writes beside it ----
+put("hf_index", "index.json", json.dumps({
+    "metadata": {"total_size": 16},
+    "weight_map": {"a": "model-00001-of-00002.safetensors",
+                   "b": "model-00001-of-00002.safetensors"}}))
+put("hf_index", "missing_shard.json", json.dumps({
+    "metadata": {"total_size": 16},
+    "weight_map": {"a": "model-00001-of-00002.safetensors",
+                   "c": "model-00002-of-00002.safetensors"}}))
+
 # ---- metrics: lines as loom train writes them, MoE fields, a torn last line ----
 lines = []
 for step in range(1, 9):

@@ -227,6 +227,12 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_import('{"kernels": [{"op": "add", "dtype": "f64", "bytes": 8, "flops": 0, "seconds": 1}]}',
                "kernels[0]: dtype", "--import with an unknown dtype: exit 1 naming the entry")
     bad_import("{", "not valid JSON", "--import of broken JSON: exit 1 naming the file")
+    bad_import('{"device": 5, "kernels": [{"op": "add", "dtype": "f32", "bytes": 8, "flops": 0, '
+               '"seconds": 1}]}', "device: expected a string",
+               "--import with a device that is not a string: exit 1 naming the key")
+    bad_import('{"kernels": [{"op": "matmul", "dtype": "f32", "seconds": 1, "gemm": {"ta": 0, '
+               '"tb": 0, "m": 8, "n": 8, "k": 8, "batch": 1e30}}]}', "kernels[0]: gemm.batch",
+               "--import with a GEMM batch beyond any integer: exit 1 naming the entry and key")
     r = loom("calibrate", "--import", timed, "--base", h100)
     check("--import without --out: exit 1 (never over clusters/local.toml)",
           r.returncode == 1 and "--out" in r.stderr, r.stderr)

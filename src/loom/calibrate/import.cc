@@ -19,8 +19,13 @@ sim::Profile import_profile(const std::string& path, double compute_speed, doubl
         fmt::format("{}: expected an object with a \"kernels\" array "
                     "(bench/gpu/torch_kernels.py writes one)",
                     path));
-  *device = doc.value("device", std::string("unknown device"));
-  *torch = doc.value("torch", std::string("unknown"));
+  auto text = [&](const char* key, const char* fallback) {
+    if (!doc.contains(key)) return std::string(fallback);
+    if (!doc[key].is_string()) throw Error(fmt::format("{}: {}: expected a string", path, key));
+    return doc[key].get<std::string>();
+  };
+  *device = text("device", "unknown device");
+  *torch = text("torch", "unknown");
   sim::Profile prof;
   prof.threads = 1;
   const nlohmann::json& ks = doc["kernels"];
@@ -52,9 +57,18 @@ sim::Profile import_profile(const std::string& path, double compute_speed, doubl
     if (!(seconds > 0)) throw Error(fmt::format("{}: seconds: expected > 0", where));
     if (k.contains("gemm")) {
       const nlohmann::json& g = k["gemm"];
-      prof.matmul.push_back({int64_t(num(g, "ta")), int64_t(num(g, "tb")), int64_t(num(g, "m")),
-                             int64_t(num(g, "n")), int64_t(num(g, "k")), int64_t(num(g, "batch")),
-                             dt, seconds});
+      // a whole number in [lo, hi], checked before it becomes an integer
+      auto whole = [&](const char* key, double lo, double hi) {
+        const double v = num(g, key);
+        if (v < lo || v > hi || v != std::floor(v))
+          throw Error(fmt::format("{}: gemm.{} = {}: expected a whole number in {}..{}", where, key,
+                                  v, lo, hi));
+        return int64_t(v);
+      };
+      const double most = 1e12;
+      prof.matmul.push_back({whole("ta", 0, 1), whole("tb", 0, 1), whole("m", 1, most),
+                             whole("n", 1, most), whole("k", 1, most), whole("batch", 1, most), dt,
+                             seconds});
     } else {
       prof.ops[op].push_back({dt, num(k, "bytes"), num(k, "flops"), seconds});
     }
