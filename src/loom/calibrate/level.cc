@@ -27,8 +27,8 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// One collective of `op` on `bytes` per rank (its input), as the runtime runs it: on the rank's
-// communication thread, whose waits are polite.
+// One collective of `op` on `bytes` per rank (its input), through the communicator as the runtime
+// calls it (on whichever thread calls this).
 struct Buffers {
   std::vector<float> in, out;
 };
