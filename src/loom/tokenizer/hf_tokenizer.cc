@@ -83,6 +83,19 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
   auto set = [](const nlohmann::json& obj, const char* key) {
     return obj.contains(key) && !obj[key].is_null() && obj[key] != "";
   };
+  // obj[key] where present and not null, else `fallback`; a value of another type is an error
+  // naming the field (never nlohmann's type_error)
+  auto text_at = [&](const nlohmann::json& obj, const char* where, const char* key,
+                     const char* fallback) {
+    if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::string(fallback);
+    if (!obj[key].is_string()) fail(obj, where, key, "expected a string");
+    return obj[key].get<std::string>();
+  };
+  auto flag_at = [&](const nlohmann::json& obj, const char* where, const char* key, bool fallback) {
+    if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return fallback;
+    if (!obj[key].is_boolean()) fail(obj, where, key, "expected true or false");
+    return obj[key].get<bool>();
+  };
   auto t = std::unique_ptr<HfTokenizer>(new HfTokenizer());
   t->path_ = path;
 
@@ -93,19 +106,23 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
   const char* kPreWhy =
       "Loom reads ByteLevel (use_regex, no prefix space), or a Sequence of Split (a Regex "
       "pattern, behavior Isolated, not inverted) and ByteLevel (no regex, no prefix space)";
-  auto byte_level = [&](const nlohmann::json& p, bool use_regex) {
-    return p.is_object() && p.value("type", "") == "ByteLevel" &&
-           p.value("use_regex", true) == use_regex && !p.value("add_prefix_space", false);
+  auto byte_level = [&](const nlohmann::json& p, const char* where, bool use_regex) {
+    return p.is_object() && text_at(p, where, "type", "") == "ByteLevel" &&
+           flag_at(p, where, "use_regex", true) == use_regex &&
+           !flag_at(p, where, "add_prefix_space", false);
   };
   std::string pattern;
-  if (byte_level(pre, true)) {
+  if (byte_level(pre, "pre_tokenizer.", true)) {
     pattern = kGpt2Pattern;
-  } else if (pre.is_object() && pre.value("type", "") == "Sequence" &&
+  } else if (pre.is_object() && text_at(pre, "pre_tokenizer.", "type", "") == "Sequence" &&
              pre.value("pretokenizers", nlohmann::json()).is_array() &&
-             pre["pretokenizers"].size() == 2 && byte_level(pre["pretokenizers"][1], false)) {
+             pre["pretokenizers"].size() == 2 &&
+             byte_level(pre["pretokenizers"][1], "pre_tokenizer.pretokenizers[1].", false)) {
     const auto& split = pre["pretokenizers"][0];
-    if (!split.is_object() || split.value("type", "") != "Split" ||
-        split.value("behavior", "") != "Isolated" || split.value("invert", false) ||
+    const char* where = "pre_tokenizer.pretokenizers[0].";
+    if (!split.is_object() || text_at(split, where, "type", "") != "Split" ||
+        text_at(split, where, "behavior", "") != "Isolated" ||
+        flag_at(split, where, "invert", false) ||
         !split.value("pattern", nlohmann::json()).is_object() ||
         !split["pattern"].value("Regex", nlohmann::json()).is_string())
       bad("pre_tokenizer", kPreWhy);
@@ -114,20 +131,22 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
     bad("pre_tokenizer", kPreWhy);
   }
   const auto& dec = j.value("decoder", nlohmann::json());
-  if (!dec.is_object() || dec.value("type", "") != "ByteLevel")
+  if (!dec.is_object() || text_at(dec, "decoder.", "type", "") != "ByteLevel")
     bad("decoder", "Loom decodes ByteLevel only");
   if (!j.contains("model") || !j["model"].is_object()) bad("model", "expected an object");
   const auto& m = j["model"];
   auto bad_model = [&](const std::string& field, const std::string& why) {
     fail(m, "model.", field, why);
   };
-  if (m.value("type", "") != "BPE") bad_model("type", "Loom reads BPE models only");
+  if (text_at(m, "model.", "type", "") != "BPE") bad_model("type", "Loom reads BPE models only");
   if (set(m, "dropout")) bad_model("dropout", "no BPE dropout");
   if (set(m, "unk_token")) bad_model("unk_token", "byte-level BPE needs no unknown token");
   for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (set(m, affix)) bad_model(affix, "none expected");
-  if (m.value("byte_fallback", false)) bad_model("byte_fallback", "byte-level BPE has no fallback");
-  t->ignore_merges_ = m.value("ignore_merges", false);  // a word in the vocabulary is one token
+  if (flag_at(m, "model.", "byte_fallback", false))
+    bad_model("byte_fallback", "byte-level BPE has no fallback");
+  // a word in the vocabulary is one token
+  t->ignore_merges_ = flag_at(m, "model.", "ignore_merges", false);
   if (!m.contains("vocab") || !m["vocab"].is_object()) bad_model("vocab", "expected an object");
   if (!m.contains("merges") || !m["merges"].is_array()) bad_model("merges", "expected an array");
 
@@ -172,6 +191,14 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
     std::stable_sort(t->added_.begin(), t->added_.end(),
                      [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   }
+  // ids index tables sized by the largest: they must be the entries' (dense, as every released
+  // tokenizer's are), not any number up to 2^31 - 1
+  const int64_t entries = int64_t(t->vocab_.size() + t->added_.size());
+  if (int64_t(max_id) >= entries)
+    throw Error(
+        fmt::format("tokenizer {}: id {} is beyond the {} entries of model.vocab and "
+                    "added_tokens (ids are 0 to entries - 1)",
+                    path, max_id, entries));
   t->vocab_size_ = max_id + 1;
   t->pieces_.assign(size_t(t->vocab_size_), "");
   t->is_added_.assign(size_t(t->vocab_size_), 0);

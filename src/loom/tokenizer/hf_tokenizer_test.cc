@@ -158,6 +158,28 @@ TEST_F(HfTokenizerTest, WhatLoomCannotRunExactlyIsAnErrorNamingTheField) {
   c = base;
   c["model"]["vocab"]["x"] = -3;
   EXPECT_NE(error(c).find("id -3 is not a non-negative integer"), std::string::npos);
+  // a field of the wrong type is named (never a JSON library's exception), wherever it is
+  c = base;
+  c["pre_tokenizer"]["type"] = 5;
+  EXPECT_NE(error(c).find("pre_tokenizer.type = 5: expected a string"), std::string::npos)
+      << error(c);
+  c = base;
+  c["pre_tokenizer"]["use_regex"] = "yes";
+  EXPECT_NE(error(c).find("pre_tokenizer.use_regex = \"yes\": expected true or false"),
+            std::string::npos)
+      << error(c);
+  c = base;
+  c["decoder"]["type"] = nlohmann::json::array();
+  EXPECT_NE(error(c).find("decoder.type = []: expected a string"), std::string::npos) << error(c);
+  c = base;
+  c["model"]["ignore_merges"] = 1;
+  EXPECT_NE(error(c).find("model.ignore_merges = 1: expected true or false"), std::string::npos)
+      << error(c);
+  // an id far beyond the entries would size the tables by it (2^31 - 1: tens of gigabytes)
+  c = base;
+  c["model"]["vocab"]["x"] = 2147483647;
+  EXPECT_NE(error(c).find("id 2147483647 is beyond the 261 entries"), std::string::npos)
+      << error(c);
   j = base;
   write_file_atomic((dir / "tokenizer.json").string(), "{\"model\": ");
   try {
