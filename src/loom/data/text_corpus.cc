@@ -29,8 +29,22 @@ TextSplit split_text(const std::string& path, int val_every) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     std::vector<std::string> files;
-    for (const auto& e : fs::recursive_directory_iterator(path, ec))
-      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
+    // the error-code overloads throughout: an entry that cannot be read (a symlink loop, no
+    // permission) is named, not thrown as a filesystem_error
+    auto unreadable = [&](const std::string& what) {
+      throw Error(fmt::format("data {}: cannot read {}: {}", path, what, ec.message()),
+                  "remove or fix that entry, or point [data] path elsewhere");
+    };
+    fs::recursive_directory_iterator it(path, ec), end;
+    if (ec) unreadable(path);
+    while (it != end) {
+      const std::string entry = it->path().string();
+      const bool regular = it->is_regular_file(ec);
+      if (ec) unreadable(entry);
+      if (regular && it->path().extension() == ".txt") files.push_back(entry);
+      it.increment(ec);
+      if (ec) unreadable("the entry after " + entry);
+    }
     std::sort(files.begin(), files.end());
     if (files.empty()) {
       // a `loom data prepare` directory with a file missing is not a folder of text

@@ -44,6 +44,14 @@ TEST(TextCorpus, PathsThatAreNotTextAreNamedForWhatTheyAre) {
   EXPECT_NE(e.find("not a regular file or a directory"), std::string::npos) << e;
   e = error_of((dir / "absent").string());
   EXPECT_NE(e.find("no such file or directory"), std::string::npos) << e;
+  // a directory of text with a symlink loop in it: the loop is named, never a filesystem_error
+  fs::create_directories(dir / "texts" / "sub");
+  std::ofstream(dir / "texts" / "a.txt") << "some text\n";
+  fs::create_directory_symlink("loop_b", dir / "texts" / "sub" / "loop_a");
+  fs::create_directory_symlink("loop_a", dir / "texts" / "sub" / "loop_b");
+  e = error_of((dir / "texts").string());
+  EXPECT_NE(e.find("loop_"), std::string::npos) << e;
+  EXPECT_NE(e.find("cannot read"), std::string::npos) << e;
   fs::remove_all(dir);
 }
 
