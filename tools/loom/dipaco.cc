@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/dipaco/route.h"
 #include "loom/outer/state_file.h"
 #include "loom/train/checkpoint.h"
@@ -26,7 +27,7 @@ namespace {
 // model.safetensors, a .safetensors file, or a loom islands server directory's global parameters
 // (outer_state.safetensors).
 void load_weights(const std::string& path, train::ParamStore& params) {
-  if (const std::string state = outer::state_file(path); fs::exists(state)) {
+  if (const std::string state = outer::state_file(path); path_exists(state)) {
     std::map<std::string, outer::Tensor> got;
     for (auto& t : outer::read_state_params(state)) got[t.name] = std::move(t);
     for (const auto& p : params.infos()) {

@@ -55,6 +55,25 @@ std::string os_error_hint(int err, const std::string& path) {
               os_error_hint(err, path));
 }
 
+bool path_exists(const std::string& path) {
+  std::error_code ec;
+  const bool here = std::filesystem::exists(path, ec);
+  if (ec) throw_os("stat", path, ec.value());
+  return here;
+}
+
+void make_directories(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) throw_os("create directory", path, ec.value());
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) throw_os("remove", path, ec.value());
+}
+
 std::string read_file(const std::string& path) {
   Fd fd = open_regular(path);
   std::string s;

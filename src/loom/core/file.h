@@ -34,6 +34,14 @@ void fsync_directory(const std::string& dir);
 std::string read_file(const std::string& path);
 // The file parsed as JSON; throws as read_file does, or "<path>: not valid JSON (...)".
 nlohmann::json read_json(const std::string& path);
+// Whether `path` exists (a dangling symlink does not). Any other failure to tell (no permission on
+// a directory above it, a symlink loop) throws "cannot stat '<path>': ..." naming the OS error,
+// never std::filesystem's exception.
+bool path_exists(const std::string& path);
+// std::filesystem::create_directories, a failure thrown as "cannot create directory '<path>': ...".
+void make_directories(const std::string& path);
+// std::filesystem::remove_all, a failure thrown as "cannot remove '<path>': ...".
+void remove_tree(const std::string& path);
 
 // ---- checked POSIX calls ----
 

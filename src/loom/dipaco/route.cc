@@ -38,7 +38,7 @@ std::vector<int32_t> tokens_of(const TextCorpus& c, Split s, const std::vector<i
 void write_data_dir(const std::string& dir, const TextCorpus& c, const std::string& source,
                     const std::vector<int32_t>& train, const std::vector<int32_t>& val,
                     nlohmann::json meta) {
-  fs::create_directories(dir);
+  make_directories(dir);
   data::write_shard(dir + "/train.bin", train, c.vocab_size());
   data::write_shard(dir + "/val.bin", val, c.vocab_size());
   meta.update({{"format", "loom-data"},
@@ -52,7 +52,7 @@ void write_data_dir(const std::string& dir, const TextCorpus& c, const std::stri
     for (const char* key : {"tokenizer", "tokenizer_model"})
       if (src.contains(key)) meta[key] = src[key];
     for (const char* f : {"tokenizer.model", "tokenizer.vocab", "tokenizer.json"})
-      if (fs::exists(source + "/" + f))
+      if (path_exists(source + "/" + f))
         fs::copy_file(source + "/" + f, dir + "/" + f, fs::copy_options::overwrite_existing);
   }
   write_file_atomic(dir + "/meta.json", meta.dump(2) + "\n");
@@ -66,7 +66,7 @@ RouteResult route(const RouteOptions& o) {
   if (P == 0)
     throw Error(
         fmt::format("{}: [outer] modules is not set: there are no paths to route to", o.config));
-  if (fs::exists(o.out + "/router.safetensors"))
+  if (path_exists(o.out + "/router.safetensors"))
     throw Error(fmt::format("{} already holds a router", o.out),
                 "choose another --out, or remove it");
   if (cfg.data.path.empty()) throw Error(fmt::format("{}: [data] path is not set", o.config));
@@ -106,7 +106,7 @@ RouteResult route(const RouteOptions& o) {
     train_of[size_t(k.assign[i])].push_back(train_docs[i]);
   for (size_t i = 0; i < vdocs.size(); ++i)
     val_of[size_t(router.route(xv.data() + i * size_t(V)))].push_back(vdocs[i]);
-  fs::create_directories(o.out);
+  make_directories(o.out);
   nlohmann::json paths = nlohmann::json::array();
   for (int64_t p = 0; p < P; ++p) {
     const std::vector<int32_t> tr =

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/core/safetensors.h"
 #include "loom/train/step.h"
 
@@ -195,7 +196,7 @@ void write_router(const std::string& dir, const Router& r) {
 
 Router read_router(const std::string& dir) {
   const std::string path = dir + "/router.safetensors";
-  if (!fs::exists(path))
+  if (!path_exists(path))
     throw Error(fmt::format("{}: no router here", path),
                 "write one with loom dipaco route CONFIG --base RUN --out DIR");
   auto f = SafetensorsFile::open(path);

@@ -10,6 +10,7 @@
 
 #include "loom/backend/backend.h"
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/dipaco/choose.h"
 #include "loom/infer/decode.h"
 #include "loom/infer/sampler.h"
@@ -88,7 +89,7 @@ Model open_model(const ModelSource& s) {
   }
   // a run directory (config.toml, checkpoints), or a Hugging Face model directory (config.json,
   // weights, tokenizer.json: a pretrained model as it is)
-  const bool hf = train::is_hf_dir(run) && !fs::exists(run + "/config.toml");
+  const bool hf = train::is_hf_dir(run) && !path_exists(run + "/config.toml");
   if (hf) {
     m.cfg.model = train::read_hf_model(run);
     m.cfg.path = run + "/config.json";

@@ -125,7 +125,7 @@ IslandsResult run_islands(const IslandsOptions& o) {
   const std::string run =
       o.run_dir.empty() ? "runs/" + fs::path(o.config).stem().string() + "-islands" : o.run_dir;
   const std::string sdir = run + "/server";
-  if (fs::exists(outer::state_file(sdir)))
+  if (path_exists(outer::state_file(sdir)))
     throw Error(fmt::format("run dir {} already holds a run ({})", run, outer::state_file(sdir)),
                 "choose another --run-dir, or remove it");
   std::error_code ec;

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 
 namespace loom::outer {
 
@@ -71,7 +72,7 @@ OuterService::OuterService(ServerConfig cfg, TensorList initial)
                  cv_.notify_all();
                }}) {
   const std::string path = state_file(cfg_.state_dir);
-  if (!cfg_.state_dir.empty() && fs::exists(path)) {
+  if (!cfg_.state_dir.empty() && path_exists(path)) {
     rounds_.resume(read_state(path, cfg_.mode, rounds_.spec(), cfg_.fragments), Clock::now());
     log(fmt::format("resumed from {}: version {}, {} members", path, rounds_.version(),
                     rounds_.members()));

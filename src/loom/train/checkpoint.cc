@@ -91,8 +91,8 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
     st["config_crc32"] = crc32_hex(config_text);
     st["crc32"] = crc32_hex(st.dump());  // of the rest, as dump() writes it (keys sorted)
     write_file_atomic(tmp + "/state.json", st.dump(2) + "\n");
-    write_file_atomic(tmp + "/config.toml", config_text);    // each write fsyncs tmp as well
-    if (fs::exists(final_path)) fs::remove_all(final_path);  // re-saving the same step
+    write_file_atomic(tmp + "/config.toml", config_text);  // each write fsyncs tmp as well
+    if (path_exists(final_path)) remove_tree(final_path);  // re-saving the same step
     fs::rename(tmp, final_path);
     fsync_directory(dir);
   } catch (const fs::filesystem_error& e) {

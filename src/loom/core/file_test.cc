@@ -1,0 +1,54 @@
+// core/file.h's filesystem helpers: an answer or a loom::Error naming the path and the OS error,
+// never std::filesystem's exception (a symlink loop, a directory under a regular file).
+#include "loom/core/file.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "loom/core/error.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FileHelpers, AnswerOrNameThePathAndTheOsError) {
+  const fs::path dir = fs::temp_directory_path() / ("loom_file_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "plain") << "x";
+  EXPECT_TRUE(path_exists((dir / "plain").string()));
+  EXPECT_FALSE(path_exists((dir / "absent").string()));
+  fs::create_symlink("nowhere", dir / "dangling");
+  EXPECT_FALSE(path_exists((dir / "dangling").string()));
+  // a symlink loop: stat fails with ELOOP, which is not "absent"
+  fs::create_symlink("loop_b", dir / "loop_a");
+  fs::create_symlink("loop_a", dir / "loop_b");
+  std::string e = error_of([&] { path_exists((dir / "loop_a" / "x").string()); });
+  EXPECT_NE(e.find("cannot stat"), std::string::npos) << e;
+  EXPECT_NE(e.find("ELOOP"), std::string::npos) << e;
+  // a directory under a regular file
+  e = error_of([&] { make_directories((dir / "plain" / "sub").string()); });
+  EXPECT_NE(e.find("cannot create directory"), std::string::npos) << e;
+  EXPECT_NE(e.find("plain/sub"), std::string::npos) << e;
+  make_directories((dir / "a" / "b").string());
+  EXPECT_TRUE(fs::is_directory(dir / "a" / "b"));
+  remove_tree((dir / "a").string());
+  EXPECT_FALSE(fs::exists(dir / "a"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace loom
