@@ -279,21 +279,21 @@ put("router", "two_paths.safetensors",
 put("router", "one_path.safetensors", router([1.0, 0.0], 2, {"format": 1, "prefix": 1}))
 
 # ---- tokenizer_json: a byte-level BPE tokenizer.json (256 byte pieces, merges, an added token) ----
-def byte_char(b):
-    keep = [i for i in range(256) if 33 <= i <= 126 or 161 <= i <= 172 or i >= 174]
-    nxt = 256
-    table = {}
+def byte_chars():
+    """GPT-2's byte -> character map: printable Latin-1 bytes are themselves, the rest U+0100 on."""
+    table, nxt = [], 256
     for i in range(256):
-        if i in keep:
-            table[i] = chr(i)
+        if 33 <= i <= 126 or 161 <= i <= 172 or i >= 174:
+            table.append(chr(i))
         else:
-            table[i] = chr(nxt)
+            table.append(chr(nxt))
             nxt += 1
-    return table[b]
+    return table
 
 
-vocab = {byte_char(b): b for b in range(256)}
-sp = byte_char(ord(" "))
+BYTE_CHAR = byte_chars()
+vocab = {BYTE_CHAR[b]: b for b in range(256)}
+sp = BYTE_CHAR[ord(" ")]
 vocab.update({"th": 256, "the": 257, sp + "the": 258, "lo": 259})
 put("tokenizer_json", "bpe.json", json.dumps({
     "version": "1.0",

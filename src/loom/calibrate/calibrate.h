@@ -37,6 +37,10 @@
 #include "loom/ir/op.h"
 #include "loom/sim/cluster.h"
 
+namespace loom::comm {
+class Communicator;
+}
+
 namespace loom::calibrate {
 
 // A cluster and the comment that heads its file (how it was made).
@@ -109,6 +113,12 @@ sim::Profile import_profile(const std::string& path, double compute_speed, doubl
                             std::string* device, std::string* torch);
 // Median seconds of one collective `op` of `bytes` per rank on n ranks of this process.
 double time_collective(ir::Op op, int n, int64_t bytes, int reps);
+// One collective `op` (all_gather, reduce_scatter, all_reduce, all_to_all) of `bytes` of f32 per
+// rank (its input) on `c`, in buffers kept between calls.
+struct CollectiveBuffers {
+  std::vector<float> in, out;
+};
+void run_collective(comm::Communicator& c, ir::Op op, int64_t bytes, CollectiveBuffers& b);
 // One sample per distinct shape: the median of the samples that had it.
 void dedupe(sim::Profile& p);
 double median(std::vector<double> v);  // the upper median; 0 for none

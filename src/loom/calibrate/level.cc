@@ -27,31 +27,16 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// One collective of `op` on `bytes` per rank (its input), through the communicator as the runtime
-// calls it (on whichever thread calls this).
-struct Buffers {
-  std::vector<float> in, out;
-};
-void run_collective(comm::Communicator& w, ir::Op op, int64_t bytes, Buffers& b) {
-  const int n = w.size();
-  const int64_t count = bytes / 4;
-  b.in.resize(size_t(count), 1.0f);
-  b.out.resize(size_t(op == ir::Op::all_gather ? count * n : count));
-  if (op == ir::Op::all_gather)
-    w.all_gather(b.in.data(), b.out.data(), bytes);
-  else if (op == ir::Op::reduce_scatter)
-    w.reduce_scatter(b.in.data(), b.out.data(), count / n, DType::f32);
-  else if (op == ir::Op::all_reduce)
-    w.all_reduce(b.in.data(), count, DType::f32);
-  else
-    w.all_to_all(b.in.data(), b.out.data(), bytes / n);
-}
-
-// The slowest rank's value.
-double slowest(comm::Communicator& w, double v) {
+// Every rank's `v`, in rank order.
+std::vector<float> each_rank(comm::Communicator& w, double v) {
   std::vector<float> all(size_t(w.size()), 0.0f);
   const float mine = float(v);
   w.all_gather(&mine, all.data(), sizeof(float));
+  return all;
+}
+
+double slowest(comm::Communicator& w, double v) {
+  const std::vector<float> all = each_rank(w, v);
   return double(*std::max_element(all.begin(), all.end()));
 }
 
@@ -78,7 +63,7 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
     if (n < 2)
       throw Error("loom calibrate --level: the launcher started 1 rank; it needs 2 or more");
     runtime::CommStream stream;
-    Buffers buf;
+    CollectiveBuffers buf;
     nlohmann::json j;
     j["ranks"] = n;
     j["groups"] = all.size() / n;
@@ -108,13 +93,15 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
     std::vector<float> a(size_t(g.M * g.K), 0.5f), bm(size_t(g.K * g.N), 0.25f),
         c(size_t(g.M * g.N));
     auto gemm = [&] { kernels::cpu::gemm(g, a.data(), bm.data(), c.data()); };
+    // the pair's seconds, on the calling thread
+    auto fsdp_pair = [&] {
+      const auto t0 = Clock::now();
+      run_collective(w, ir::Op::all_gather, bytes / n, buf);
+      run_collective(w, ir::Op::reduce_scatter, bytes, buf);
+      return since(t0);
+    };
     auto pair = [&](double* seconds) {
-      return stream.submit([&, seconds] {
-        const auto t0 = Clock::now();
-        run_collective(w, ir::Op::all_gather, bytes / n, buf);
-        run_collective(w, ir::Op::reduce_scatter, bytes, buf);
-        *seconds = since(t0);
-      });
+      return stream.submit([&, seconds] { *seconds = fsdp_pair(); });
     };
     for (int i = 0; i < 3; ++i) gemm();  // the primitive made, the caches warm
     std::vector<double> gemm_alone, comm_here, comm_alone, comm_beside, gemm_beside;
@@ -125,10 +112,7 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
       for (int i = 0; i < k; ++i) gemm();
       const double per_gemm = since(t0) / k;
       all.barrier();
-      const auto t2 = Clock::now();
-      run_collective(w, ir::Op::all_gather, bytes / n, buf);
-      run_collective(w, ir::Op::reduce_scatter, bytes, buf);
-      const double here = since(t2);
+      const double here = fsdp_pair();
       all.barrier();
       double alone = 0;
       stream.wait(pair(&alone));
@@ -151,11 +135,8 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
       gemm_beside.push_back(window / done);
     }
     auto mean_over_ranks = [&](double v) {
-      std::vector<float> each(size_t(all.size()), 0.0f);
-      const float mine = float(v);
-      all.all_gather(&mine, each.data(), sizeof(float));
       double s = 0;
-      for (float x : each) s += x;
+      for (float x : each_rank(all, v)) s += x;
       return s / double(all.size());
     };
     const double gemm_s = median(gemm_alone), comm_s = median(comm_alone);

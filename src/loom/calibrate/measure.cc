@@ -207,24 +207,30 @@ std::string cpu_model() {
 
 }  // namespace
 
+void run_collective(comm::Communicator& c, ir::Op op, int64_t bytes, CollectiveBuffers& b) {
+  const int n = c.size();
+  const int64_t count = bytes / 4;
+  b.in.resize(size_t(count), 1.0f);
+  b.out.resize(size_t(op == ir::Op::all_gather ? count * n : count));
+  if (op == ir::Op::all_gather)
+    c.all_gather(b.in.data(), b.out.data(), bytes);
+  else if (op == ir::Op::reduce_scatter)
+    c.reduce_scatter(b.in.data(), b.out.data(), count / n, DType::f32);
+  else if (op == ir::Op::all_reduce)
+    c.all_reduce(b.in.data(), count, DType::f32);
+  else
+    c.all_to_all(b.in.data(), b.out.data(), bytes / n);
+}
+
 double time_collective(ir::Op op, int n, int64_t bytes, int reps) {
   std::vector<double> result(1);
   comm::run_local(n, [&](comm::Communicator& c) {
-    const int64_t count = bytes / 4;
-    std::vector<float> in(size_t(count), 1.0f);
-    std::vector<float> out(size_t(op == ir::Op::all_gather ? count * n : count), 0.0f);
+    CollectiveBuffers buf;
     std::vector<double> ts;
     for (int r = 0; r < reps + 1; ++r) {
       c.barrier();
       const auto t0 = std::chrono::steady_clock::now();
-      if (op == ir::Op::all_gather)
-        c.all_gather(in.data(), out.data(), bytes);
-      else if (op == ir::Op::reduce_scatter)
-        c.reduce_scatter(in.data(), out.data(), count / n, DType::f32);
-      else if (op == ir::Op::all_reduce)
-        c.all_reduce(in.data(), count, DType::f32);
-      else
-        c.all_to_all(in.data(), out.data(), bytes / n);
+      run_collective(c, op, bytes, buf);
       c.barrier();
       if (r > 0)
         ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
