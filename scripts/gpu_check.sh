@@ -22,10 +22,12 @@ root=/tmp/loom-gpu
 rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz || exit 1
 export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-# cuBLASLt comes from the GPU machine's own installation (PyTorch's nvidia-cublas package)
-nvlib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' \
-  2>/dev/null || true)
-[[ -n $nvlib && -d $nvlib ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nvlib"
+# cuBLASLt and cuDNN (with the NVRTC and libcudart.so its engines and frontend load) come from the
+# GPU machine's own installation (PyTorch's nvidia-* packages)
+nvroot=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
+for d in "$nvroot/cu13/lib" "$nvroot/cudnn/lib"; do
+  [[ -n $nvroot && -d $d ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+done
 # the binaries read configs under the source tree they were built in
 src=/work/main
 if [[ ! -e $src/configs ]]; then mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src"; fi
@@ -34,6 +36,7 @@ status=0
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
   ls /usr/local/nvidia/lib64 2>/dev/null | head -5
+  python3 -m pip list 2>/dev/null | grep -iE '^nvidia-(cudnn|cublas|cuda-nvrtc|cuda-runtime)'
 } | tee "$out/env.txt"
 if want parity; then
   timeout 420 "$root/bin/gpu_parity_test" --gtest_output=json:"$out/gpu_parity.json" \
@@ -73,9 +76,20 @@ done
 # the issue's comparison: Llama 3.2 1B's shape (sequence 2048) and GPT-2 124M (llm.c's, sequence
 # 1024), each config's batch, Loom (cuBLASLt, flash attention, CUDA graphs) beside PyTorch eager and
 # torch.compile; tokens/s, MFU and peak memory side by side (bench/gpu/mfu.py)
+# Loom's variants (LOOM_GPU_VARIANTS, default all three): attention on cuDNN (the default), on its own
+# tensor-core kernels (flash), and the forward's bf16 weights kept for the backward (keepcast:
+# [passes] recast = false)
 want large && for m in llama3.2-1b gpt2-124m; do
-  timeout 200 "$root/bin/loom" bench configs/$m.toml --steps 10 --warmup 3 --set train.device=cuda \
-    >"$out/speed-loom-$m.json" 2>"$out/speed-loom-$m.log" || { status=1; tail -5 "$out/speed-loom-$m.log"; }
+  runs=()
+  for v in ${LOOM_GPU_VARIANTS-loom flash keepcast}; do
+    env=() sets=()
+    [[ $v == flash ]] && env=(LOOM_CUDA_ATTENTION=flash)
+    [[ $v == keepcast ]] && sets=(--set passes.recast=false)
+    env "${env[@]}" timeout 200 "$root/bin/loom" bench configs/$m.toml --steps 10 --warmup 3 \
+      --set train.device=cuda "${sets[@]}" >"$out/speed-$v-$m.json" 2>"$out/speed-$v-$m.log" ||
+      { status=1; tail -5 "$out/speed-$v-$m.log"; }
+    runs+=("$v=$out/speed-$v-$m.json")
+  done
   for mode in ${LOOM_GPU_PEERS-eager compile}; do
     flag=()
     [[ $mode == compile ]] && flag=(--compile)
@@ -83,7 +97,7 @@ want large && for m in llama3.2-1b gpt2-124m; do
       "${flag[@]}" --out "$out/speed-torch-$m-$mode.json" >"$out/speed-torch-$m-$mode.log" 2>&1 ||
       tail -5 "$out/speed-torch-$m-$mode.log"
   done
-  python3 bench/gpu/mfu.py configs/$m.toml loom="$out/speed-loom-$m.json" \
+  python3 bench/gpu/mfu.py configs/$m.toml "${runs[@]}" \
     torch-eager="$out/speed-torch-$m-eager.json" torch-compile="$out/speed-torch-$m-compile.json" |
     tee "$out/speed-$m.md"
   # where Loom's step goes: time per op, every node synchronised (no graph)

@@ -196,8 +196,9 @@ TEST(GpuKernels, GemmOddAndLarge) {
   }
 }
 
-// bf16 with HS 32, 64 or 128 runs the tensor-core (flash) kernels; f32 and other head sizes the
-// row kernels: T not a multiple of the 64-row tiles, grouped and plain heads, every head size.
+// f32 runs the row kernels; bf16 each of cuDNN's SDPA (head sizes up to 128 in steps of 8), the
+// tensor-core (flash) kernels (HS 32, 64, 128; the row kernels for 48) and the row kernels: T not a
+// multiple of the 64-row tiles, grouped and plain heads, every head size.
 struct AttnCase {
   int64_t B, T, NH, NKV, HS;
 };
@@ -230,25 +231,35 @@ TEST_P(GpuAttention, EqualsCpu) {
   EXPECT_CLOSE(dq.down(), dq_c, 1e-5);
   EXPECT_CLOSE(dk.down(), dk_c, 1e-5);
   EXPECT_CLOSE(dv.down(), dv_c, 1e-5);
-  // bf16: the same inputs rounded; outputs within bf16's rounding
+  // bf16: the same inputs rounded; outputs within bf16's rounding, on each of the three kernels
+  // (kernels.h's attention_kernels: cuDNN insists on cuDNN, a failure if it does not open)
   Bf16 qb(q.h), kb(k.h), vb(v.h), ob(o_c), db(dout.h), dqb(dq_c), dkb(dk_c), dvb(dv_c);
   std::vector<bf16> ob_c(nq), dqb_c(nq), dkb_c(nk), dvb_c(nk);
+  std::vector<float> lse_b(nl);
   kernels::cpu::attention_fwd<bf16>(qb.h.data(), kb.h.data(), vb.h.data(), ob_c.data(),
-                                    lse_c.data(), B, T, NH, NKV, HS, sc);
-  kernels::cuda::attention_fwd<bf16>(qb.p(), kb.p(), vb.p(), ob.p(), lse.p(), B, T, NH, NKV, HS, sc,
-                                     no_stream());
-  EXPECT_CLOSE(ob.down(), widen(ob_c), 1e-2);
-  EXPECT_CLOSE(lse.down(), lse_c, 2e-3);  // the flash kernels sum bf16-rounded probabilities
-  gpu().upload(ob.p(), ob_c.data(), int64_t(nq) * 2);
-  gpu().upload(lse.p(), lse_c.data(), int64_t(nl) * 4);
+                                    lse_b.data(), B, T, NH, NKV, HS, sc);
   kernels::cpu::attention_bwd<bf16>(db.h.data(), qb.h.data(), kb.h.data(), vb.h.data(), ob_c.data(),
-                                    lse_c.data(), dqb_c.data(), dkb_c.data(), dvb_c.data(), B, T,
+                                    lse_b.data(), dqb_c.data(), dkb_c.data(), dvb_c.data(), B, T,
                                     NH, NKV, HS, sc);
-  kernels::cuda::attention_bwd<bf16>(db.p(), qb.p(), kb.p(), vb.p(), ob.p(), lse.p(), dqb.p(),
-                                     dkb.p(), dvb.p(), B, T, NH, NKV, HS, sc, no_stream());
-  EXPECT_CLOSE(dqb.down(), widen(dqb_c), 1e-2);
-  EXPECT_CLOSE(dkb.down(), widen(dkb_c), 1e-2);
-  EXPECT_CLOSE(dvb.down(), widen(dvb_c), 1e-2);
+  using kernels::cuda::AttentionKernels;
+  for (const auto& [kind, name] :
+       {std::pair{AttentionKernels::cudnn, "cudnn"}, std::pair{AttentionKernels::flash, "flash"},
+        std::pair{AttentionKernels::row, "row"}}) {
+    SCOPED_TRACE(name);
+    kernels::cuda::set_attention_kernels(kind);
+    kernels::cuda::attention_fwd<bf16>(qb.p(), kb.p(), vb.p(), ob.p(), lse.p(), B, T, NH, NKV, HS,
+                                       sc, no_stream());
+    EXPECT_CLOSE(ob.down(), widen(ob_c), 1e-2);
+    EXPECT_CLOSE(lse.down(), lse_b, 2e-3);  // the fused kernels sum bf16-rounded probabilities
+    gpu().upload(ob.p(), ob_c.data(), int64_t(nq) * 2);  // the backward reads the CPU's o and lse
+    gpu().upload(lse.p(), lse_b.data(), int64_t(nl) * 4);
+    kernels::cuda::attention_bwd<bf16>(db.p(), qb.p(), kb.p(), vb.p(), ob.p(), lse.p(), dqb.p(),
+                                       dkb.p(), dvb.p(), B, T, NH, NKV, HS, sc, no_stream());
+    EXPECT_CLOSE(dqb.down(), widen(dqb_c), 1e-2);
+    EXPECT_CLOSE(dkb.down(), widen(dkb_c), 1e-2);
+    EXPECT_CLOSE(dvb.down(), widen(dvb_c), 1e-2);
+  }
+  kernels::cuda::set_attention_kernels(AttentionKernels::automatic);
 }
 
 // add and the casts move 4 elements per access when aligned: bit-equal to the CPU on sizes with a
@@ -442,7 +453,7 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"tiny-llama-tied", "f32"}, StepCase{"tiny-gpt2", "f32"},
                       StepCase{"tiny-gpt2", "bf16"}, StepCase{"tiny-moe", "f32"},
                       StepCase{"tiny-moe", "bf16"},
-                      // head size 64: bf16 attention on the tensor cores (flash_attention.cu)
+                      // head size 64: bf16 attention on cuDNN (flash_attention.cu without it)
                       StepCase{"bench-llama", "bf16"}, StepCase{"bench-gpt2", "bf16"}),
     [](const auto& info) {
       std::string s = info.param.config + "_" + info.param.dtype;

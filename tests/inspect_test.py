@@ -188,6 +188,9 @@ check("--passes with a config: recast changes nothing in f32", plain.get("recast
 rc, bf16 = changed("model.dtype=bf16")
 check("--passes: bf16 weights' casts are made again for the backward (recast changes the step)",
       rc == 0 and bf16.get("recast") == "changed", str(bf16))
+rc, kept = changed("model.dtype=bf16", "passes.recast=false")
+check("--passes: recast = false keeps the forward's casts (recast changes nothing)",
+      rc == 0 and kept.get("recast") == "unchanged", str(kept))
 rc, rec = changed('passes.recompute="full"')
 check("--passes: recompute = full changes the program (and nothing else scheduled does)",
       rc == 0 and rec.get("recompute") == "changed" and rec.get("bucket") == "unchanged", str(rec))

@@ -175,6 +175,38 @@ TEST(GatherCast, HalvesGatheredBytesAndChangesNoBit) {
   }
 }
 
+// [passes] recast = false (passes/recast.cc) keeps each weight's forward cast for the backward
+// instead of casting again: fewer casts, and every loss, gradient norm and parameter bit that of
+// the recast run, on one rank and under fsdp.
+TEST(Recast, KeptCastsChangeNoBit) {
+  for (const char* name : {"fsdp", "gpt2_fsdp"}) {
+    SCOPED_TRACE(name);
+    Case on;
+    for (const Case& c : cases())
+      if (c.name == name) on = c;
+    on.sets.push_back("model.dtype=bf16");
+    Case off = on;
+    off.sets.push_back("passes.recast=false");
+    const Config a = config(on), b = config(off);
+    auto casts = [](const Config& cfg) {
+      const CompiledStep s =
+          compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
+      int n = 0;
+      for (const ir::Node& node : s.c.rank.graph.nodes()) n += node.op == ir::Op::cast;
+      return n;
+    };
+    EXPECT_LT(casts(b), casts(a));
+    auto run = [](const Config& cfg) {
+      return on_ranks<TrainRun>(cfg,
+                                [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+    };
+    const TrainRun x = run(a), y = run(b);
+    EXPECT_EQ(x.losses, y.losses);
+    EXPECT_EQ(x.grad_norms, y.grad_norms);
+    for (const auto& [param, v] : x.params) EXPECT_EQ(v, y.params.at(param)) << param;
+  }
+}
+
 // [passes] synthesize: the data-parallel gradients' all-reduces over {data = 4} on two hosts of
 // two ranks become P2's hierarchical programs over sub-groups (a reduce-scatter within the host,
 // an all-reduce across on the piece, an all-gather within), and the cases above

@@ -17,6 +17,8 @@ const config::Section<ScheduleOptions>& passes_section() {
                    "false: each parameter gathered once per step"),
           bool_key("cast_before_gather", &O::cast_before_gather,
                    "bf16: weights cast before their all-gather"),
+          bool_key("recast", &O::recast,
+                   "bf16: weights cast again for the backward (false: the forward's cast kept)"),
           enum_key(
               "recompute", &O::recompute,
               {Recompute::none, Recompute::selective, Recompute::selective_op, Recompute::full},

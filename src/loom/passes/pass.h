@@ -56,6 +56,10 @@ enum class StepKind { eval, infer, grads, train, decode };
 //   cast_before_gather   true: a parameter whose gathered copy is only cast (bf16 compute) is
 //              cast before its all-gather and gathered in the narrower dtype
 //              (passes/gather_cast.cc)
+//   recast     true: under bf16 each weight's cast is made again for the backward instead of kept
+//              from the forward across the loss (passes/recast.cc): one more pass over the weights
+//              for the whole model's bf16 copy less in memory; false keeps the forward's copies
+//              (as PyTorch's autocast cache does)
 //   recompute  none; selective: norms, activations, rope and casts made again in the backward
 //              instead of kept across the loss; selective_op: selective, and every second matmul
 //              of each layer too (torchtitan's selective_ac_option = "op"); full: only each
@@ -73,6 +77,7 @@ struct ScheduleOptions {
   double bucket_mb = 64;
   bool reshard_after_forward = true;
   bool cast_before_gather = true;
+  bool recast = true;
   enum class Recompute { none, selective, selective_op, full };
   Recompute recompute = Recompute::none;
   bool prefetch = true;

@@ -16,7 +16,9 @@
 //
 // The cast is the same op on the same input, so every bit of every gradient is unchanged. The
 // backward is every node after the one that computes the loss. Casts of computed values (an
-// activation) are recompute's business (stage scheduled, [passes] recompute).
+// activation) are recompute's business (stage scheduled, [passes] recompute). [passes] recast =
+// false keeps the forward's casts instead: a pass over the weights less a step for the bf16 copy
+// of the whole model held from the forward to the backward (what PyTorch's autocast cache does).
 #include <map>
 #include <numeric>
 
@@ -27,8 +29,8 @@ namespace loom::passes {
 
 namespace {
 
-void run_recast(Compilation& c, const Options&) {
-  if (c.grads.empty()) return;  // no backward
+void run_recast(Compilation& c, const Options& o) {
+  if (c.grads.empty() || !o.schedule.recast) return;  // no backward, or [passes] recast = false
   const ir::Graph& g = c.model.graph;
   const int boundary = g.value(c.model.loss).producer;
   // a forward cast of a graph input that a backward node reads

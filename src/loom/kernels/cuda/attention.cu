@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "loom/kernels/cuda/attention_row.cuh"
+#include "loom/kernels/cuda/cudnn_attention.h"
 #include "loom/kernels/cuda/flash_attention.h"
 
 namespace loom::kernels::cuda {
@@ -196,8 +197,10 @@ void attention_fwd(const Elem* q, const Elem* k, const Elem* v, Elem* o, float* 
   check_shape(B, T, NH, NKV, HS, "attention_fwd: bad shape (NH % NKV != 0 or HS > 256)");
   if (B == 0 || T == 0) return;
   if constexpr (std::is_same_v<Elem, bf16>) {
+    if (use_cudnn_attention() && cudnn_attention_fwd(q, k, v, o, lse, B, T, NH, NKV, HS, scale, s))
+      return;
     const void* ptrs[] = {q, k, v, o, lse};
-    if (flash_attention_fits(B, NH, HS, ptrs, 5))
+    if (attention_kernels() != AttentionKernels::row && flash_attention_fits(B, NH, HS, ptrs, 5))
       return flash_attention_fwd(q, k, v, o, lse, B, T, NH, NKV, HS, scale, s);
   }
   const AttnShape p{B, T, NH, NKV, int(HS), scale};
@@ -211,6 +214,11 @@ void attention_bwd(const Elem* dout, const Elem* q, const Elem* k, const Elem* v
                    int64_t NKV, int64_t HS, float scale, Stream s) {
   check_shape(B, T, NH, NKV, HS, "attention_bwd: bad shape (NH % NKV != 0 or HS > 256)");
   if (B == 0 || T == 0) return;
+  if constexpr (std::is_same_v<Elem, bf16>) {
+    if (use_cudnn_attention() &&
+        cudnn_attention_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, NH, NKV, HS, scale, s))
+      return;
+  }
   const AttnShape p{B, T, NH, NKV, int(HS), scale};
   const int64_t rows = B * NH * T;
   void* scratch = nullptr;
@@ -220,7 +228,7 @@ void attention_bwd(const Elem* dout, const Elem* q, const Elem* k, const Elem* v
   check_launch("attention_d_kernel");
   if constexpr (std::is_same_v<Elem, bf16>) {
     const void* ptrs[] = {dout, q, k, v, dq, dk, dv};
-    if (flash_attention_fits(B, NH, HS, ptrs, 7)) {
+    if (attention_kernels() != AttentionKernels::row && flash_attention_fits(B, NH, HS, ptrs, 7)) {
       flash_attention_bwd(dout, q, k, v, lse, D, dq, dk, dv, B, T, NH, NKV, HS, scale, s);
       check(int(cudaFreeAsync(scratch, s)), "attention_bwd: free D");
       return;

@@ -398,15 +398,6 @@ void launch(size_t smem, dim3 grid, CUstream_st* s, const Args& a, const char* n
   check_launch(name);
 }
 
-// LOOM_CUDA_ATTENTION=row: attention.cu's row kernels instead (for comparisons).
-bool rows_only() {
-  static const bool row = [] {
-    const char* v = std::getenv("LOOM_CUDA_ATTENTION");
-    return v != nullptr && std::strcmp(v, "row") == 0;
-  }();
-  return row;
-}
-
 template <int D>
 void fwd(const Args& a, int64_t B, CUstream_st* s) {
   const dim3 grid(unsigned((a.T + kTile - 1) / kTile), unsigned(B * a.NH));
@@ -425,7 +416,6 @@ void bwd(const Args& a, int64_t B, CUstream_st* s) {
 }  // namespace
 
 bool flash_attention_fits(int64_t B, int64_t NH, int64_t HS, const void* const* ptrs, int n) {
-  if (rows_only()) return false;
   if (HS != 32 && HS != 64 && HS != 128) return false;
   if (B * NH > 65535) return false;
   for (int i = 0; i < n; ++i)

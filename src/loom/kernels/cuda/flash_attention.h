@@ -12,8 +12,8 @@ struct CUstream_st;
 namespace loom::kernels::cuda {
 
 // Whether the tensor-core kernels take this shape: HS 32, 64 or 128, every pointer 16-byte aligned,
-// and B * NH within a grid's y dimension; LOOM_CUDA_ATTENTION=row turns them off (the row kernels
-// of attention.cu run instead).
+// and B * NH within a grid's y dimension (kernels.h's attention_kernels() picks whether they are
+// tried).
 bool flash_attention_fits(int64_t B, int64_t NH, int64_t HS, const void* const* ptrs, int n);
 
 void flash_attention_fwd(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,

@@ -107,6 +107,15 @@ void gemm_tiled(const GemmDesc& d, const void* a, const void* b, void* c, Stream
 void grouped_gemm(const GroupedGemm& d, const void* a, const void* b, void* c, Stream s);
 
 // ---- attention (kernels/cpu/attention.h); Elem float or bf16, f32 inside ----
+// Which kernels bf16 attention runs (f32 always runs the row kernels, the parity tests' exact
+// path): cuDNN's fused SDPA (cudnn_attention.cc) where libcudnn opens and takes the shape, else
+// Loom's tensor-core kernels (flash_attention.cu) for head sizes 32, 64, 128, else the row
+// kernels (attention.cu). `automatic` is that order; `cudnn` is an error where cuDNN does not
+// open; `flash` and `row` skip what comes before. LOOM_CUDA_ATTENTION=cudnn|flash|row sets the
+// process's choice (default automatic); the GPU tests switch it to check each against the CPU.
+enum class AttentionKernels { automatic, cudnn, flash, row };
+void set_attention_kernels(AttentionKernels k);
+AttentionKernels attention_kernels();
 template <class Elem>
 void attention_fwd(const Elem* q, const Elem* k, const Elem* v, Elem* o, float* lse, int64_t B,
                    int64_t T, int64_t NH, int64_t NKV, int64_t HS, float scale, Stream s);
