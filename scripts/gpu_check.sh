@@ -6,11 +6,11 @@
 # engine, a GPU run repeated bit for bit), the golden tests on the GPU, `loom bench`, `loom train`
 # and `loom sample` on both devices (tests/gpu_train_check.py), and writes logs and JSON
 # under $OUT (or ./gpu-out): logs.tar.gz holds every log. Exit status: non-zero when a check failed.
-# LOOM_GPU_CHECK (default "parity speed large golden train") picks the parts run, so that a rerun
+# LOOM_GPU_CHECK (default "parity speed large calibrate golden train") picks the parts run, so that a rerun
 # after a fix can spend the lease's minutes on what changed; LOOM_GPU_PEERS (default "eager
 # compile") the PyTorch peers of the large models.
 set -uo pipefail
-parts=" ${LOOM_GPU_CHECK:-parity speed large golden train} "
+parts=" ${LOOM_GPU_CHECK:-parity speed large calibrate golden train} "
 want() { [[ $parts == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 # everything is written under $out and packed into $final at the end: the device tool returns at
@@ -100,11 +100,46 @@ want large && for m in llama3.2-1b gpt2-124m; do
   python3 bench/gpu/mfu.py configs/$m.toml "${runs[@]}" \
     torch-eager="$out/speed-torch-$m-eager.json" torch-compile="$out/speed-torch-$m-compile.json" |
     tee "$out/speed-$m.md"
-  # where Loom's step goes: time per op, every node synchronised (no graph)
+  # where Loom's step goes: time per op, each node stamped on the stream (no graph)
   timeout 120 "$root/bin/loom" bench configs/$m.toml --steps 2 --warmup 1 --profile \
     --set train.device=cuda >/dev/null 2>"$out/profile-$m.txt" || tail -3 "$out/profile-$m.txt"
   python3 bench/gpu/profile_top.py "$out/profile-$m.txt"
 done
+# loom calibrate from Loom's own kernels on this GPU: each large model's step with every kernel
+# stamped on the stream (loom bench --kernels-out), both files made one cluster file's profile on
+# clusters/h200.toml, and loom plan's prediction of each model's step and memory from it beside
+# the measured (the graph step of `large` above, and this run's stamped step)
+if want calibrate; then
+  timed=()
+  for m in llama3.2-1b gpt2-124m; do
+    timeout 200 "$root/bin/loom" bench configs/$m.toml --steps 5 --warmup 2 \
+      --set train.device=cuda --kernels-out "$out/kernels-$m.json" >"$out/stamped-$m.json" \
+      2>"$out/stamped-$m.log" || { status=1; tail -5 "$out/stamped-$m.log"; }
+    timed+=(--import "$out/kernels-$m.json")
+  done
+  "$root/bin/loom" calibrate "${timed[@]}" --base clusters/h200.toml \
+    --out "$out/h200-loom.toml" 2>&1 | tail -2 || status=1
+  for m in llama3.2-1b gpt2-124m; do
+    "$root/bin/loom" plan configs/$m.toml --cluster "$out/h200-loom.toml" --devices 1 --json \
+      >"$out/plan-$m.json" 2>"$out/plan-$m.log" || { status=1; tail -3 "$out/plan-$m.log"; }
+    python3 - "$out" "$m" <<'PY'
+import json, sys
+out, m = sys.argv[1:]
+def load(p):
+    try:
+        with open(p) as f:
+            return json.loads(f.read().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return {}
+plan, stamped, graph = (load(f"{out}/{p}") for p in (f"plan-{m}.json", f"stamped-{m}.json",
+                                                          f"speed-loom-{m}.json"))
+med = lambda j: j.get("step_ms", {}).get("median") if isinstance(j.get("step_ms"), dict) else None
+print(f"calibrate {m}: predicted {plan.get('step_ms')} ms, {plan.get('peak_bytes')} B; measured "
+      f"graph {med(graph)} ms, stamped {med(stamped)} ms, device peak {graph.get('device_peak_bytes')} B, "
+      f"used {graph.get('device_used_bytes')} B")
+PY
+  done
+fi
 # the golden tests with device = cuda: PyTorch's loss, logits, gradients and 10-step curve
 want golden && for g in tiny-llama tiny-llama-tied tiny-gpt2 tiny-moe; do
   for dt in f32 bf16; do
@@ -124,5 +159,5 @@ if want train; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 tar -C "$out" -czf "$final/logs.tar.gz" .
-cp "$out"/gpu_parity.json "$out"/speed-*.md "$final/" 2>/dev/null  # the rest: logs.tar.gz
+cp "$out"/gpu_parity.json "$out"/speed-*.md "$out"/h200-loom.toml "$final/" 2>/dev/null  # the rest: logs.tar.gz
 exit $status

@@ -179,9 +179,10 @@ def changed(*sets):
 
 rc, plain = changed()
 listed = len(loom("inspect", "--passes").stdout.splitlines())
-check("--passes with a config: one process's scheduled passes change nothing",
+# (dce drops the loss's gradient seed of 1, which cross_entropy's fused backward does not read)
+check("--passes with a config: one process's scheduled passes change nothing but dead code",
       rc == 0 and len(plain) == listed and plain["build_model"] == "changed"
-      and all(plain[p] == "unchanged" for p in ("reshard", "recompute", "dce", "gather_cast",
+      and all(plain[p] == "unchanged" for p in ("reshard", "recompute", "gather_cast",
                                                   "bucket", "prefetch")), str(plain))
 check("--passes with a config: recast changes nothing in f32", plain.get("recast") == "unchanged",
       str(plain))

@@ -4,7 +4,8 @@ file that loom plan reads back; loom plan prints a table, or one JSON line per p
 docs promise, on this machine's cluster, on the shipped GPU clusters and for --compare files; a
 paper-scale model compiles and simulates with no tensor allocated; bad input (a missing or broken
 cluster file, a mesh the devices cannot hold, an axis no level can hold, a bad --compare file) is a
-clear error naming the file and key, exit 1. GPU timings' round trip: loom plan --kernels lists
+clear error naming the file and key, exit 1. Loom's own kernels (loom bench --kernels-out) as a
+cluster's profile that loom plan predicts the step from. GPU timings' round trip: loom plan --kernels lists
 the program's kernels (their predicted times add up to the compute stream's), kernels timed at twice
 those times and brought back by calibrate --import predict twice the compute time, the timing
 scripts of bench/gpu run on the CPU under Debian's PyTorch, and a broken timings file is an error
@@ -212,6 +213,42 @@ with tempfile.TemporaryDirectory() as tmp:
         step = json.loads(r.stdout) if r.returncode == 0 and r.stdout.startswith("{") else {}
         check("torch_step.py runs a step and reports its time",
               step.get("step_ms", 0) > 0 and step.get("layers") == 2, r.stdout[-1000:] + r.stderr[-1500:])
+
+    # Loom's own kernels: loom bench --kernels-out times the step's program as it runs, calibrate
+    # --import makes them a cluster's profile, and loom plan predicts the same program from them
+    own, listed = os.path.join(tmp, "own.json"), os.path.join(tmp, "listed.json")
+    own_toml, local = os.path.join(tmp, "own.toml"), cluster("local.toml")
+    one = [cfg("tiny-llama.toml"), "--set", "model.dtype=bf16"]
+    r = loom("bench", *one, "--steps", "2", "--warmup", "1", "--kernels-out", own)
+    mine = json.load(open(own)) if os.path.exists(own) else {"kernels": []}
+    r2 = loom("plan", one[0], "--cluster", local, "--json", *one[1:], "--kernels", listed)
+    want = json.load(open(listed))["kernels"] if os.path.exists(listed) else []
+
+    def sig(k):
+        return json.dumps({f: k[f] for f in ("op", "attrs", "inputs", "outputs")}, sort_keys=True)
+
+    check("bench --kernels-out times every kernel loom plan lists for the step, as many a step",
+          r.returncode == 0 and r2.returncode == 0 and len(want) > 10
+          and {sig(k): k["count"] for k in mine["kernels"]} == {sig(k): k["count"] for k in want}
+          and all(k["seconds"] > 0 for k in mine["kernels"])
+          and "Loom's own kernels" in mine.get("source", ""),
+          r.stderr[-1500:] + r2.stderr[-1500:])
+    r = loom("calibrate", "--import", own, "--base", local, "--out", own_toml)
+    check("calibrate --import of Loom's own kernels names them in the cluster file",
+          r.returncode == 0 and "Loom's own kernels" in open(own_toml).read(), r.stderr[-1500:])
+    if r.returncode == 0 and mine["kernels"]:
+        rows = json_lines(loom("plan", one[0], "--cluster", own_toml, "--json", *one[1:]))
+        total = sum(k["count"] * k["seconds"] for k in mine["kernels"]) * 1e3
+        check("loom plan on that cluster predicts the step's compute from the kernels measured",
+              len(rows) == 1 and abs(rows[0]["compute_ms"] - total) <= 0.1 * total,
+              f"{rows and rows[0]['compute_ms']} vs {total}")
+    r = loom("bench", *one, "--steps", "1", "--kernels-out", os.path.join(tmp, "no", "k.json"))
+    check("bench --kernels-out into a missing directory: exit 1 before any step, naming the flag",
+          r.returncode == 1 and "--kernels-out" in r.stderr and "does not exist" in r.stderr,
+          r.stderr[-1000:])
+    r = loom("bench", *one, "--steps", "1", "--set", "train.grad_accum=2", "--kernels-out", own)
+    check("bench --kernels-out with gradient accumulation: exit 1 naming train.grad_accum",
+          r.returncode == 1 and "grad_accum" in r.stderr, r.stderr[-1000:])
 
     def bad_import(text, want, name):
         path = os.path.join(tmp, "bad.json")

@@ -17,6 +17,12 @@
 // model_flops_per_token = 6 * (matmul params incl. the output head) + 12 * L * T * d_model
 // (training forward+backward; models::train_flops_per_token), so achieved_gflops is comparable
 // across implementations of the same model (it ignores the causal half-saving and recomputation).
+//
+// --kernels-out K.json writes every kernel of the step's program (sim/kernel_list.h) with the mean
+// seconds of one call over the timed steps, each kernel stamped on the device's queue as the steps
+// run (runtime::Executor's profile: a GPU's kernels back to back, not recorded as a graph): Loom's
+// own kernels in the form `loom calibrate --import K.json --base CLUSTER --out C.toml` makes a
+// cluster's profile of, so that `loom plan --cluster C.toml` predicts Loom's step on that device.
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/resource.h>
@@ -31,8 +37,10 @@
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/ops/linear.h"
 #include "loom/runtime/trace.h"
+#include "loom/sim/kernel_list.h"
 #include "loom/train/step.h"
 #include "ranks.h"
 
@@ -44,7 +52,7 @@ struct BenchOpts {
   std::string config;
   int steps = 10, warmup = 3;
   bool profile = false;
-  std::string trace;
+  std::string trace, kernels_out;
   std::vector<std::string> sets;
 };
 
@@ -67,7 +75,7 @@ Timed time_steps(const BenchOpts& o, const train::Config& cfg, train::StepRunner
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     for (auto& t : tokens) t = tok(rng);
     if (i == o.warmup) {  // the timed steps
-      runner.executor().set_profiling(o.profile);
+      runner.executor().set_profiling(o.profile || !o.kernels_out.empty());
       if (!o.trace.empty()) runner.set_trace(&trace);
       r.comm0 = runner.comm_stats();
     }
@@ -112,6 +120,40 @@ void print_profile(const BenchOpts& o, train::StepRunner& runner) {
   for (const auto& [k, gr] : mm)
     fmt::print(stderr, "  matmul {:<44} x{:<3} {:8.1f} ms/step {:6.1f} GFLOP/s\n", k, gr.calls,
                gr.seconds * 1000.0, gr.seconds > 0 ? gr.flops / gr.seconds / 1e9 : 0.0);
+}
+
+// --kernels-out: the step's kernels, each signature with the mean seconds of one call and its
+// count per step.
+void write_kernels(const BenchOpts& o, train::StepRunner& runner) {
+  const ir::Graph& g = runner.program();
+  const auto& nt = runner.executor().node_times();
+  std::map<std::string, nlohmann::json> by_sig;
+  std::map<std::string, std::pair<double, int64_t>> time;  // signature -> seconds, calls
+  for (const ir::Node& n : g.nodes()) {
+    if (!sim::listed_kernel(n) || nt[size_t(n.id)].calls == 0) continue;
+    nlohmann::json k = sim::kernel_json(g, n);
+    const std::string sig = sim::kernel_signature(k);
+    auto it = by_sig.try_emplace(sig, std::move(k)).first;
+    it->second["count"] = it->second.value("count", 0.0) + 1;
+    auto& [s, calls] = time[sig];
+    s += nt[size_t(n.id)].seconds;
+    calls += nt[size_t(n.id)].calls;
+  }
+  nlohmann::json doc;
+  doc["device"] = runner.device().describe();
+  doc["source"] = fmt::format("Loom's own kernels, {} steps of {} (loom bench --kernels-out)",
+                              o.steps, o.config);
+  doc["config"] = o.config;
+  // a GPU's memory beside Loom's allocations: its context, the libraries' workspaces, the pool
+  if (const runtime::Device& d = runner.device(); !d.host_memory())
+    doc["runtime_bytes"] = std::max<int64_t>(0, d.used_bytes() - d.peak_bytes());
+  doc["kernels"] = nlohmann::json::array();
+  for (auto& [sig, k] : by_sig) {
+    const auto [s, calls] = time[sig];
+    k["seconds"] = s / double(calls);
+    doc["kernels"].push_back(std::move(k));
+  }
+  write_file_atomic(o.kernels_out, doc.dump(1) + "\n");
 }
 
 // The process's resident memory now (/proc/self/statm), 0 where it cannot be read.
@@ -170,7 +212,12 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   j["device"] = runner.device().describe();
   // a GPU's memory: the most its allocations held at once (the executors' arenas and every bound
   // buffer; not cuBLASLt's 32 MiB workspace nor the reductions' stream-ordered scratch)
-  if (!runner.device().host_memory()) j["device_peak_bytes"] = runner.device().peak_bytes();
+  // and all it holds by the driver's count (the CUDA context, the libraries' workspaces and the
+  // stream-ordered pool too), after the steps
+  if (!runner.device().host_memory()) {
+    j["device_peak_bytes"] = runner.device().peak_bytes();
+    j["device_used_bytes"] = runner.device().used_bytes();
+  }
   j["final_loss"] = loss;
   j["collectives_per_step"] = double(comm1.collectives - comm0.collectives) / o->steps;
   j["activation_bytes"] = runner.activation_bytes();
@@ -226,6 +273,7 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   if (comms && comms->world().rank() != 0) return 0;
   fmt::print("{}\n", j.dump());
   if (o->profile) print_profile(o_, runner);
+  if (!o->kernels_out.empty()) write_kernels(o_, runner);
   return 0;
 }
 
@@ -239,11 +287,22 @@ std::function<int()> add_bench(CLI::App& app) {
   s->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   s->add_flag("--profile", o->profile, "also print time per op (JSON, to stderr)");
+  s->add_option("--kernels-out", o->kernels_out,
+                "write the step's kernels with their measured seconds (JSON, for loom calibrate "
+                "--import)");
   s->add_option("--trace", o->trace,
                 "write the timed steps as a Chrome trace (per rank: compute and comm lanes)");
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
-    if (!o->trace.empty()) runtime::check_trace_path(o->trace);
+    if (!o->trace.empty()) check_output_dir("--trace", o->trace);
+    if (!o->kernels_out.empty()) {
+      check_output_dir("--kernels-out", o->kernels_out);
+      if (cfg.train.grad_accum > 1)
+        throw Error(fmt::format("loom bench --kernels-out times the step's one program; {} has "
+                                "train.grad_accum = {} (its optimizer runs as a graph of its own)",
+                                o->config, cfg.train.grad_accum),
+                    "set train.grad_accum = 1 (--set train.grad_accum=1)");
+    }
     return run_ranks(cfg,
                      [&](const runtime::MeshComms* comms) { return bench_rank(*o, cfg, comms); });
   };

@@ -10,6 +10,7 @@
 #include "loom/calibrate/calibrate.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include "commands.h"
@@ -42,8 +43,8 @@ std::function<int()> add_calibrate(CLI::App& app) {
   s->add_option("--peak-watts", o->measure.peak_watts,
                 "a device's peak power (default: an estimate)");
   s->add_option("--import", o->import.timed,
-                "kernels timed elsewhere (bench/gpu/torch_kernels.py): measure nothing, make them "
-                "--base's [profile]");
+                "kernels timed elsewhere (bench/gpu/torch_kernels.py, loom bench --kernels-out; "
+                "several files: one profile): measure nothing, make them --base's [profile]");
   s->add_option("--base", o->import.base,
                 "with --import or --level: the cluster file the profile or level is added to");
   s->add_option("--compute-speed", o->import.compute_speed,
@@ -105,7 +106,8 @@ std::function<int()> add_calibrate(CLI::App& app) {
       const calibrate::Calibration c = calibrate::import_timed(o->import);
       sim::write_cluster(c.cluster, o->out, c.header);
       fmt::print("wrote {} ({} matmul samples, {} ops from {})\n", o->out,
-                 c.cluster.profile->matmul.size(), c.cluster.profile->ops.size(), o->import.timed);
+                 c.cluster.profile->matmul.size(), c.cluster.profile->ops.size(),
+                 fmt::join(o->import.timed, ", "));
       return 0;
     }
     // an MPI rank's memory is measured by running this executable's `bench` under mpirun

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "loom/core/file.h"
 #include "loom/outer/island.h"
 #include "loom/runtime/trace.h"
 #include "loom/train/loop.h"
@@ -95,7 +96,8 @@ std::function<int()> add_train(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
-    if (!o->trace.empty()) runtime::check_trace_path(o->trace);
+    if (!o->trace.empty())
+      check_output_dir("--trace", o->trace);  // before training: not lost at its end
     train::RunOptions opts{.run_dir = o->run_dir,
                            .resume = !o->resume.empty(),
                            .slowdown = o->slowdown,

@@ -63,13 +63,16 @@ struct MeasureOptions {
 Calibration measure(const MeasureOptions& o);
 
 struct ImportOptions {
-  std::string timed;                           // bench/gpu/torch_kernels.py's JSON
+  // bench/gpu/torch_kernels.py's or loom bench --kernels-out's JSON; several files (one device's,
+  // e.g. one per model) make one profile
+  std::vector<std::string> timed;
   std::string base;                            // the cluster file the profile is added to
   double compute_speed = 1, memory_speed = 1;  // the base device's over the measured one's; > 0
 };
 
 // The base cluster with the timed kernels as its profile. Throws loom::Error naming the file and
-// the entry (kernels[i]) for anything it cannot read.
+// the entry (kernels[i]) for anything it cannot read, and the files when they name different
+// devices.
 Calibration import_timed(const ImportOptions& o);
 
 // A network level as ranks of an MPI job see it (`loom calibrate --level NAME --launcher CMD
@@ -108,9 +111,15 @@ void level_worker(const std::string& out, bool quick, int64_t group);
 
 // The pieces, for tests.
 // The timed kernels of `path` as a profile (the matmuls by shape, the others by bytes), scaled by
-// the speed ratios; `device` and `torch` get the JSON's device and PyTorch version.
-sim::Profile import_profile(const std::string& path, double compute_speed, double memory_speed,
-                            std::string* device, std::string* torch);
+// the speed ratios; the JSON's device, what timed them (its "source": `loom bench --kernels-out`
+// writes one, Loom's own kernels; else bench/gpu/torch_kernels.py with its "torch" version), and
+// the runtime's own device memory where the file measured it ("runtime_bytes"; else -1).
+struct TimedKernels {
+  sim::Profile profile;
+  std::string device, source;
+  double runtime_bytes = -1;
+};
+TimedKernels read_timed(const std::string& path, double compute_speed, double memory_speed);
 // Median seconds of one collective `op` of `bytes` per rank on n ranks of this process.
 double time_collective(ir::Op op, int n, int64_t bytes, int reps);
 // One collective `op` (all_gather, reduce_scatter, all_reduce, all_to_all) of `bytes` of f32 per

@@ -61,7 +61,7 @@ TEST(Calibrate, ImportScalesComputeAndMemoryKernelsApart) {
     {"op": "attention", "dtype": "bf16", "bytes": 1000, "flops": 1e9, "seconds": 8e-6},
     {"op": "matmul", "dtype": "bf16", "seconds": 6e-6,
      "gemm": {"ta": 0, "tb": 1, "m": 64, "n": 32, "k": 16, "batch": 1}}]})");
-  ImportOptions o{timed, kBase, 2, 4};
+  ImportOptions o{{timed}, kBase, 2, 4};
   const Calibration c = import_timed(o);
   ASSERT_TRUE(c.cluster.profile);
   const sim::Profile& p = *c.cluster.profile;
@@ -79,7 +79,7 @@ TEST(Calibrate, BadImportsNameTheEntry) {
   auto error_of = [&](const std::string& text) -> std::string {
     write(timed, text);
     try {
-      import_timed({timed, kBase, 1, 1});
+      import_timed({{timed}, kBase, 1, 1});
     } catch (const Error& e) {
       return e.what();
     }
@@ -90,8 +90,41 @@ TEST(Calibrate, BadImportsNameTheEntry) {
             std::string::npos);
   EXPECT_NE(error_of(R"({"kernels": []})").find("no kernels"), std::string::npos);
   EXPECT_NE(error_of("[1]").find("\"kernels\" array"), std::string::npos);
-  EXPECT_THROW(import_timed({timed, kBase, 0, 1}), Error);
+  EXPECT_NE(error_of(R"({"runtime_bytes": -1, "kernels": [
+    {"op": "add", "dtype": "f32", "bytes": 8, "flops": 0, "seconds": 1}]})")
+                .find("runtime_bytes: expected a number >= 0"),
+            std::string::npos);
+  EXPECT_THROW(import_timed({{timed}, kBase, 0, 1}), Error);
   std::filesystem::remove(timed);
+}
+
+// Several files (one per model, say) make one profile, and the runtime's memory they measured the
+// cluster's; files timed on different devices do not.
+TEST(Calibrate, ImportMergesFilesOfOneDevice) {
+  const std::string a = temp_path("a.json"), b = temp_path("b.json"), c = temp_path("c.json");
+  write(a, R"({"device": "gpu A", "source": "Loom's own kernels", "runtime_bytes": 1e9, "kernels": [
+    {"op": "add", "dtype": "bf16", "bytes": 1000, "flops": 0, "seconds": 4e-6}]})");
+  write(b, R"({"device": "gpu A", "source": "Loom's own kernels", "runtime_bytes": 3e9, "kernels": [
+    {"op": "add", "dtype": "bf16", "bytes": 8000, "flops": 0, "seconds": 9e-6},
+    {"op": "matmul", "dtype": "bf16", "seconds": 6e-6,
+     "gemm": {"ta": 0, "tb": 1, "m": 64, "n": 32, "k": 16, "batch": 1}}]})");
+  write(c, R"({"device": "gpu B", "kernels": [
+    {"op": "add", "dtype": "bf16", "bytes": 1000, "flops": 0, "seconds": 4e-6}]})");
+  const Calibration m = import_timed({{a, b}, kBase, 1, 1});
+  ASSERT_TRUE(m.cluster.profile);
+  EXPECT_EQ(m.cluster.profile->ops.at(ir::Op::add).size(), 2u);
+  EXPECT_EQ(m.cluster.profile->matmul.size(), 1u);
+  EXPECT_NE(m.header.find("Loom's own kernels"), std::string::npos);
+  EXPECT_DOUBLE_EQ(m.cluster.device.runtime_bytes, 3e9);  // the most either measured
+  std::string err;
+  try {
+    import_timed({{a, c}, kBase, 1, 1});
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("gpu B"), std::string::npos) << err;
+  EXPECT_NE(err.find("one device's"), std::string::npos) << err;
+  for (const std::string& p : {a, b, c}) std::filesystem::remove(p);
 }
 
 TEST(Calibrate, CollectiveTimesArePositive) {

@@ -1,6 +1,8 @@
 // import_timed (calibrate.h): kernels another machine timed as a base cluster's profile.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -11,22 +13,30 @@
 
 namespace loom::calibrate {
 
-sim::Profile import_profile(const std::string& path, double compute_speed, double memory_speed,
-                            std::string* device, std::string* torch) {
+TimedKernels read_timed(const std::string& path, double compute_speed, double memory_speed) {
   const nlohmann::json doc = read_json(path);
   if (!doc.is_object() || !doc.contains("kernels") || !doc["kernels"].is_array())
     throw Error(
         fmt::format("{}: expected an object with a \"kernels\" array "
-                    "(bench/gpu/torch_kernels.py writes one)",
+                    "(bench/gpu/torch_kernels.py and loom bench --kernels-out write one)",
                     path));
   auto text = [&](const char* key, const char* fallback) {
     if (!doc.contains(key)) return std::string(fallback);
     if (!doc[key].is_string()) throw Error(fmt::format("{}: {}: expected a string", path, key));
     return doc[key].get<std::string>();
   };
-  *device = text("device", "unknown device");
-  *torch = text("torch", "unknown");
-  sim::Profile prof;
+  TimedKernels r;
+  r.device = text("device", "unknown device");
+  r.source = doc.contains("source") ? text("source", "")
+                                    : fmt::format("bench/gpu/torch_kernels.py (PyTorch {}, eager)",
+                                                  text("torch", "unknown"));
+  if (doc.contains("runtime_bytes")) {
+    const nlohmann::json& b = doc["runtime_bytes"];
+    if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < 0)
+      throw Error(fmt::format("{}: runtime_bytes: expected a number >= 0", path));
+    r.runtime_bytes = b.get<double>();
+  }
+  sim::Profile& prof = r.profile;
   prof.threads = 1;
   const nlohmann::json& ks = doc["kernels"];
   for (size_t i = 0; i < ks.size(); ++i) {
@@ -75,7 +85,7 @@ sim::Profile import_profile(const std::string& path, double compute_speed, doubl
   }
   if (prof.matmul.empty() && prof.ops.empty()) throw Error(fmt::format("{}: no kernels", path));
   dedupe(prof);
-  return prof;
+  return r;
 }
 
 Calibration import_timed(const ImportOptions& o) {
@@ -84,21 +94,44 @@ Calibration import_timed(const ImportOptions& o) {
                             o.compute_speed, o.memory_speed));
   Calibration r;
   r.cluster = sim::load_cluster(o.base);
-  std::string device, torch;
-  r.cluster.profile = import_profile(o.timed, o.compute_speed, o.memory_speed, &device, &torch);
+  if (o.timed.empty()) throw Error("calibrate: --import needs a timed-kernels file");
+  std::string device, source;
+  sim::Profile prof;
+  double runtime = -1;
+  for (const std::string& path : o.timed) {
+    TimedKernels t = read_timed(path, o.compute_speed, o.memory_speed);
+    if (path != o.timed.front() && t.device != device)
+      throw Error(
+          fmt::format("calibrate --import: {} was timed on {}, {} on {}: one cluster "
+                      "file is one device's",
+                      o.timed.front(), device, path, t.device));
+    device = t.device;
+    source += (source.empty() ? "" : "; ") + t.source;
+    runtime = std::max(runtime, t.runtime_bytes);
+    prof.matmul.insert(prof.matmul.end(), t.profile.matmul.begin(), t.profile.matmul.end());
+    for (auto& [op, samples] : t.profile.ops)
+      prof.ops[op].insert(prof.ops[op].end(), samples.begin(), samples.end());
+  }
+  dedupe(prof);
+  r.cluster.profile = std::move(prof);
+  // the runtime's own memory as measured there (a GPU's context and libraries' workspaces)
+  if (runtime >= 0) r.cluster.device.runtime_bytes = runtime;
+  for (std::string* s : {&device, &source})  // they go into a TOML comment: one line each
+    for (char& ch : *s)
+      if (ch == '\n' || ch == '\r') ch = ' ';
   const bool derived = o.compute_speed != 1 || o.memory_speed != 1;
   r.cluster.name += derived ? "-derived" : "-measured";
   const std::string scaled = derived ? fmt::format(" --compute-speed {} --memory-speed {}",
                                                    o.compute_speed, o.memory_speed)
                                      : "";
   r.header = fmt::format(
-      "# {} with the kernels timed on one {} by bench/gpu/torch_kernels.py (PyTorch {},\n"
-      "# eager) as its [profile]{}: `loom calibrate --import {} --base {}{}`.\n"
+      "# {} with the kernels timed on one {} by\n# {} as its [profile]{}:\n"
+      "# `loom calibrate --import {} --base {}{}`.\n"
       "# The rest is {}'s: its device, levels and efficiency model stand for what the "
       "profile\n# lacks. Units: SI.\n",
-      o.base, device, torch,
-      derived ? ", carried to this device by the speed ratios given (an estimate)" : "", o.timed,
-      o.base, scaled, o.base);
+      o.base, device, source,
+      derived ? ", carried to this device by the speed ratios given (an estimate)" : "",
+      fmt::join(o.timed, " --import "), o.base, scaled, o.base);
   return r;
 }
 

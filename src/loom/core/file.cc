@@ -55,6 +55,16 @@ std::string os_error_hint(int err, const std::string& path) {
               os_error_hint(err, path));
 }
 
+void check_output_dir(std::string_view flag, const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
+    throw Error(
+        fmt::format("{} {}: the directory '{}' does not exist or is not writable", flag, path, dir),
+        "create it first, or give another path");
+}
+
 bool path_exists(const std::string& path) {
   std::error_code ec;
   const bool here = std::filesystem::exists(path, ec);

@@ -42,6 +42,9 @@ bool path_exists(const std::string& path);
 void make_directories(const std::string& path);
 // std::filesystem::remove_all, a failure thrown as "cannot remove '<path>': ...".
 void remove_tree(const std::string& path);
+// Before the work whose result `flag` writes to `path`: throws "<flag> <path>: the directory ...
+// does not exist or is not writable" unless path's directory is one this process can write in.
+void check_output_dir(std::string_view flag, const std::string& path);
 
 // ---- checked POSIX calls ----
 

@@ -1,7 +1,8 @@
 // cross_entropy(logits f32 (...,V), targets i32 (...)) -> loss f32 [], dlogits f32 (...,V)
 //
 // Fused with its gradient: one pass over the logits computes the mean loss over all rows and
-// dlogits = (softmax - onehot) / rows, so the backward is a single scaling by the incoming dloss.
+// dlogits = (softmax - onehot) / rows, so the backward is a single scaling by the incoming dloss,
+// and none where that is the seed of 1 (the loss is this op's own: x * 1 is x, to the bit).
 // Attribute `rows` (optional) is the divisor: the row count of the whole batch when this op runs on
 // a shard of it (set by the sharding rule's localize), so the shards' losses add up to the global
 // mean.
@@ -29,6 +30,11 @@ void register_loss_ops() {
        .vjp =
            [](Builder& b, const ir::Node& n, const std::vector<int>& d) {
              if (d[1] >= 0) throw Error("cross_entropy: dlogits is not differentiable");
+             const ir::Graph& g = b.graph();
+             const int seed = g.value(d[0]).producer;
+             if (seed >= 0 && g.node(seed).op == Op::fill &&
+                 g.node(seed).attr_float("value", 0) == 1.0)
+               return std::vector<int>{n.outputs[1], -1};
              int dl = b.emit1(Op::mul_scalar, {n.outputs[1], d[0]}, {}, "grad.logits");
              return std::vector<int>{dl, -1};
            },

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -37,6 +38,27 @@ const Kernel& KernelTable::get(const ir::Graph& g, const ir::Node& n) const {
               "run the program on a device that has one, or add the kernel "
               "(docs/extending.md, 'An op')");
 }
+
+namespace {
+
+class HostStamps final : public Stamps {
+ public:
+  explicit HostStamps(size_t n) : t_(n) {}
+  void stamp(size_t i) override { t_.at(i) = std::chrono::steady_clock::now(); }
+  std::vector<double> seconds() override {
+    std::vector<double> s(t_.size());
+    for (size_t i = 0; i < t_.size(); ++i)
+      s[i] = std::chrono::duration<double>(t_[i] - t_[0]).count();
+    return s;
+  }
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> t_;
+};
+
+}  // namespace
+
+std::unique_ptr<Stamps> Device::stamps(size_t n) { return std::make_unique<HostStamps>(n); }
 
 namespace {
 

@@ -28,6 +28,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "loom/ir/graph.h"
 
@@ -66,6 +67,18 @@ class Recording {
   virtual void replay() = 0;
 };
 
+// Time stamps in the order of a device's queue, to time each piece of queued work without waiting
+// for it (an executor's profile): stamp(i) marks when everything queued before it has finished
+// (on a GPU an event on its stream; on the CPU, whose kernels run as they are queued, the host's
+// clock). seconds() waits for the queue and returns each stamp's time, in seconds from an
+// arbitrary origin shared by the stamps of one object.
+class Stamps {
+ public:
+  virtual ~Stamps() = default;
+  virtual void stamp(size_t i) = 0;  // i < the count the object was made for
+  virtual std::vector<double> seconds() = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -96,10 +109,16 @@ class Device {
   // The most bytes allocate() had handed out at once (0 on the CPU, whose peak is the process's
   // RSS).
   virtual int64_t peak_bytes() const { return 0; }
+  // The device's memory in use now by the driver's count, this process's runtime included (a GPU's
+  // context, libraries' workspaces, the stream-ordered pool); 0 on the CPU.
+  virtual int64_t used_bytes() const { return 0; }
   // Records what `queue` puts on this device (kernels, copies) without running it, for replay; null
   // when the device records nothing (the CPU; a GPU with LOOM_CUDA_GRAPHS=0) or could not record
   // what `queue` did (then nothing of it ran: the caller runs it as it is).
   virtual std::unique_ptr<Recording> record(const std::function<void()>& queue) { return nullptr; }
+  // n stamps on this device's queue (the default: the host's clock, for a device whose kernels
+  // have finished when they return).
+  virtual std::unique_ptr<Stamps> stamps(size_t n);
 };
 
 // `bytes` of a device's memory, released when the Buffer goes.

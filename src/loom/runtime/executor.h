@@ -65,7 +65,9 @@ class Executor {
   // The communicators a sharded program's collectives run on (kept by the caller).
   void set_comms(const MeshComms* comms) { comms_ = comms; }
 
-  // Per-op wall time, summed over runs, when profiling is on.
+  // Per-node time, summed over runs, when profiling is on: the interval between the device's time
+  // stamps (Device::stamps) before and after each node, the kernels queued back to back (on a GPU,
+  // not recorded as a graph).
   void set_profiling(bool on) {
     profile_ = on;
     recording_.reset();
@@ -101,6 +103,7 @@ class Executor {
   std::vector<void*> external_;
   bool profile_ = false;
   std::vector<NodeTiming> node_times_;
+  std::unique_ptr<Stamps> stamps_;      // a profiled run's, made on its first
   std::vector<const Kernel*> kernels_;  // per node, looked up once; null for a collective
   const MeshComms* comms_ = nullptr;
   std::unique_ptr<CommStream> stream_;  // when the program has an asynchronous collective
@@ -112,6 +115,7 @@ class Executor {
   int64_t runs_ = 0;
   bool recordable_ = true;  // false once the device declined to record it
   void run_nodes();
+  void run_nodes_stamped();
   void launch(const ir::Node& n, void* const* ins, void* const* outs);
   // Blocks on the stream; returns the microseconds waited, which count as exposed.
   double wait_for(int64_t ticket);

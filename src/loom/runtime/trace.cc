@@ -1,12 +1,10 @@
 #include "loom/runtime/trace.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -100,15 +98,6 @@ void write_trace(const std::string& path, const Trace& trace, const MeshComms* c
           nlohmann::json::parse(all.substr(size_t(r * block), size_t(sizes[size_t(r)])))));
   }
   write_file_atomic(path, chrome_trace(per_rank).dump() + "\n");
-}
-
-void check_trace_path(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
-    throw Error(
-        fmt::format("--trace {}: the directory '{}' does not exist or is not writable", path, dir),
-        "create it first, or give another path");
 }
 
 }  // namespace loom::runtime

@@ -53,8 +53,5 @@ class MeshComms;
 // (core/file.h). Collective when comms is non-null (every rank calls it; rank 0 writes). Throws
 // loom::Error naming the path when it cannot be written.
 void write_trace(const std::string& path, const Trace& trace, const MeshComms* comms);
-// Throws loom::Error naming `path` when its directory does not exist or is not writable: checked
-// before training, so a long run does not end in an unwritable trace.
-void check_trace_path(const std::string& path);
 
 }  // namespace loom::runtime

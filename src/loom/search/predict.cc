@@ -13,6 +13,7 @@
 #include "loom/ops/op.h"
 #include "loom/runtime/memory_plan.h"
 #include "loom/sim/cost.h"
+#include "loom/sim/kernel_list.h"
 #include "loom/sim/simulate.h"
 #include "loom/train/compile.h"
 
@@ -20,49 +21,22 @@ namespace loom::search {
 
 namespace {
 
-// A program's compute kernels, one entry per distinct (op, attributes, operand types), into `out`
-// (a JSON object keyed by that signature; `count` adds up over a step's programs, `steps` of it).
+// A program's compute kernels (sim/kernel_list.h), into `out` keyed by their signature; `count`
+// adds up over a step's programs, `steps` of it; `predicted_s` is the cluster's time for one.
 void collect_kernels(const ir::Graph& g, const sim::Cluster& cl, double steps,
                      nlohmann::json& out) {
   for (const ir::Node& n : g.nodes()) {
-    if (ops::has_trait(n.op, ops::Trait::view) || ops::has_trait(n.op, ops::Trait::collective) ||
-        ops::has_trait(n.op, ops::Trait::completion))
-      continue;
-    nlohmann::json k;
-    k["op"] = std::string(ir::op_name(n.op));
-    nlohmann::json attrs = nlohmann::json::object();
-    for (const auto& kv : n.attrs)  // a structured binding is not capturable in clang 14
-      std::visit([&](const auto& x) { attrs[kv.first] = x; }, kv.second);
-    k["attrs"] = attrs;
-    auto types = [&](const std::vector<int>& ids) {
-      nlohmann::json a = nlohmann::json::array();
-      for (int id : ids) {
-        const ir::TensorType& t = g.value(id).type;
-        a.push_back({{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}});
-      }
-      return a;
-    };
-    k["inputs"] = types(n.inputs);
-    k["outputs"] = types(n.outputs);
-    const std::string sig = k.dump();
+    if (!sim::listed_kernel(n)) continue;
+    nlohmann::json k = sim::kernel_json(g, n);
+    const std::string sig = sim::kernel_signature(k);
     if (out.contains(sig)) {
       out[sig]["count"] = out[sig]["count"].get<double>() + steps;
       continue;
     }
     const ops::OpDef& def = ops::op_def(n.op);
-    const ops::Cost cost = def.cost ? def.cost(g, n) : ops::Cost{};
-    k["dtype"] = std::string(dtype_name(sim::node_dtype(g, n)));
-    k["bytes"] = cost.bytes_read + cost.bytes_written;
-    k["flops"] = cost.flops;
-    if (sim::is_gemm(n.op)) {
-      const ops::MatmulDims d =
-          n.op == ir::Op::matmul ? ops::matmul_dims(g, n) : ops::grouped_matmul_dims(g, n);
-      k["gemm"] = {{"ta", int64_t(d.ta)}, {"tb", int64_t(d.tb)}, {"m", d.M}, {"n", d.N}, {"k", d.K},
-                   {"batch", d.batch}};
-    }
-    k["predicted_s"] = sim::node_seconds(g, n, cost, cl);
+    k["predicted_s"] = sim::node_seconds(g, n, def.cost ? def.cost(g, n) : ops::Cost{}, cl);
     k["count"] = steps;
-    out[sig] = k;
+    out[sig] = std::move(k);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <vector>
 
 #include "loom/core/error.h"
 #include "loom/kernels/cuda/cuda_check.h"
@@ -37,6 +38,35 @@ class CudaRecording final : public Recording {
 
  private:
   cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+// Events on the device's stream: a stamp's time is when the work queued before it finished.
+class CudaStamps final : public Stamps {
+ public:
+  CudaStamps(size_t n, cudaStream_t stream) : events_(n, nullptr), stream_(stream) {
+    for (cudaEvent_t& e : events_) check(cudaEventCreate(&e), "creating a timing event");
+  }
+  ~CudaStamps() override {
+    for (cudaEvent_t e : events_)
+      if (e) cudaEventDestroy(e);
+  }
+  void stamp(size_t i) override {
+    check(cudaEventRecord(events_.at(i), stream_), "recording a timing event");
+  }
+  std::vector<double> seconds() override {
+    check(cudaStreamSynchronize(stream_), "running the queued kernels");
+    std::vector<double> s(events_.size());
+    for (size_t i = 1; i < events_.size(); ++i) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, events_[0], events_[i]), "reading a timing event");
+      s[i] = double(ms) * 1e-3;
+    }
+    return s;
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
   cudaStream_t stream_;
 };
 
@@ -107,6 +137,14 @@ class CudaDevice final : public Device {
     }
     cudaFree(p);
   }
+  int64_t used_bytes() const override {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return int64_t(total - free);
+  }
   int64_t peak_bytes() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return peak_;
@@ -155,6 +193,9 @@ class CudaDevice final : public Device {
       return nullptr;
     }
     return std::make_unique<CudaRecording>(exec, stream_);
+  }
+  std::unique_ptr<Stamps> stamps(size_t n) override {
+    return std::make_unique<CudaStamps>(n, stream_);
   }
   void zero(void* dst, int64_t bytes) override {
     if (bytes > 0) check(cudaMemsetAsync(dst, 0, size_t(bytes), stream_), "zeroing GPU memory");
