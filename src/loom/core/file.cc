@@ -56,8 +56,8 @@ std::string os_error_hint(int err, const std::string& path) {
 }
 
 void check_output_dir(std::string_view flag, const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  const std::string dir = parent.empty() ? std::string(".") : parent;
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
     throw Error(
