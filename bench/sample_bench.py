@@ -53,7 +53,8 @@ def main():
     runs = {}
     for _ in range(args.rounds):
         r = subprocess.run([LOOM, "sample", args.model_dir, "--prompt", PROMPT, "--max-tokens",
-                            str(args.max_new_tokens), "--temperature", "0", "--stats"],
+                            str(args.max_new_tokens), "--temperature", "0", "--stats",
+                            "--ignore-eos"],  # as the peer's min_new_tokens: the same count
                            env=env, capture_output=True, text=True, check=True)
         d = dict(last_json(r.stderr), program="loom", threads=args.threads,
                  text=r.stdout[len(PROMPT):])

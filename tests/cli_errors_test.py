@@ -326,7 +326,20 @@ with tempfile.TemporaryDirectory() as d:
     json.dump(dict(hf_config, vocab_size=300), open(os.path.join(hf, "config.json"), "w"))
     run("sample: a model without tokenizer.json", ["sample", hf],
         must_contain=[hf, "no tokenizer.json"])
+    gguf = cfg("model.gguf", "GGUF")
+    run("sample: a .gguf file", ["sample", gguf], must_contain=[gguf, "GGUF file", "gguf_file="])
     json.dump(hf_config, open(os.path.join(hf, "config.json"), "w"))
+    # a pretrained model with its own tokenizer trains only on data that tokenizer made
+    open(os.path.join(hf, "tokenizer.json"), "w").write('{"model": {"type": "BPE"}}')
+    run("init: raw text for a tokenizer's model", ["train", init_cfg, "--run-dir",
+                                                   os.path.join(d, "r_tok"), "--set",
+                                                   "data.path=" + prose_file],
+        must_contain=[prose_file, "read as byte ids", "loom data prepare", "--tokenizer " + hf])
+    open(train_bin, "wb").write(blob)  # whole again: the data above, prepared with SentencePiece
+    run("init: data of another tokenizer", ["train", init_cfg, "--run-dir", os.path.join(d, "r_tok2"),
+                                            "--set", "data.path=" + tokdir],
+        must_contain=[tokdir, "prepared with another tokenizer", "--tokenizer " + hf])
+    os.remove(os.path.join(hf, "tokenizer.json"))
     run("init: directory without weights", ["train", init_cfg, "--run-dir", os.path.join(d, "r_hf"),
                                             "--set", "data.path=" + prose_file],
         must_contain=[hf, "neither model.safetensors nor model.safetensors.index.json"])

@@ -11,16 +11,20 @@ Face directory) read by Loom, fine-tuned by Loom, and read back by transformers.
   2. `loom data prepare --tokenizer DIR` on the corpus, then `loom train` from the directory for a
      few steps, `loom export --hf`: on the same held-out tokens Loom's loss falls, and transformers
      loads the export (no missing or unexpected key) with the same loss as Loom reports.
+  3. The export keeps the source's tokenizer_config.json, chat template, generation defaults and
+     max_position_embeddings, and a chat with it (`loom sample --chat`, greedy) gives transformers'
+     apply_chat_template + generate reply, both ending at the end-of-turn token.
 
 The transformers half runs this file under the peer venv's python (`--transformers DIR TOKENS`).
 Labelled peer; a missing venv fails the test, never skips. About 5 minutes on 2 cores.
 """
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
-from peer_env import (VENV_PYTHON, check, checks, corpus_dir, require_venv, run, smollm2_dir,
+from peer_env import (ENV, VENV_PYTHON, check, checks, corpus_dir, require_venv, run, smollm2_dir,
                       transformers_on)
 from safetensors_io import floats, read_safetensors
 
@@ -47,8 +51,37 @@ def held_out_tokens(tokenizer_json, book, out):
     save_file({"tokens": torch.tensor(rows, dtype=torch.int32)}, out)
 
 
+def transformers_chat(model_dir, message, max_new):
+    """transformers' greedy reply to one user message through the directory's chat template."""
+    import warnings
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 attn_implementation="eager", local_files_only=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                  return_tensors="pt")
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_new, do_sample=False)
+    new = out[0, ids.shape[1]:].tolist()
+    eos = model.generation_config.eos_token_id
+    eos = eos if isinstance(eos, list) else [eos]
+    print(json.dumps({"reply": tok.decode(new, skip_special_tokens=True),
+                      "ended": bool(new) and new[-1] in eos, "eos_token": tok.eos_token,
+                      "warnings": [str(w.message) for w in caught
+                                   if "special" in str(w.message).lower()]}))
+
+
 if len(sys.argv) == 4 and sys.argv[1] == "--transformers":
     transformers_loss(sys.argv[2], sys.argv[3])
+    sys.exit(0)
+if len(sys.argv) == 5 and sys.argv[1] == "--chat":
+    transformers_chat(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     sys.exit(0)
 if len(sys.argv) == 5 and sys.argv[1] == "--tokens":
     held_out_tokens(sys.argv[2], sys.argv[3], sys.argv[4])
@@ -109,6 +142,33 @@ with tempfile.TemporaryDirectory() as d:
                 "0"])
     check(said.startswith(prompt) and len(said) > len(prompt) + 4,
           "loom sample on the export continues the prompt: %r" % said)
+    # 3. the export keeps what the source gave: special tokens, chat template, generation defaults,
+    # the context length it was made for; a chat with it ends at the end-of-turn token, as
+    # transformers' generate on the same directory does, with the same greedy reply
+    cfg_out = json.load(open(os.path.join(export, "config.json")))
+    check(all(os.path.exists(os.path.join(export, f)) for f in
+              ("tokenizer_config.json", "generation_config.json", "chat_template.jinja"))
+          and cfg_out.get("max_position_embeddings") == 8192,
+          "the export carries tokenizer_config.json, generation_config.json, the chat template and "
+          "the source's max_position_embeddings (8192, not the run's %d): %s"
+          % (T, cfg_out.get("max_position_embeddings")))
+    message, max_new = "What is the capital of France?", 48
+    r = subprocess.run([LOOM, "sample", export, "--chat", message, "--temperature", "0",
+                        "--max-tokens", str(max_new), "--stats"], env=ENV, capture_output=True,
+                       text=True)
+    stats = json.loads(r.stderr.strip().splitlines()[-1]) if r.returncode == 0 else {}
+    theirs = json.loads(run([VENV_PYTHON, os.path.abspath(__file__), "--chat", export, message,
+                             str(max_new)]).strip().splitlines()[-1])
+    check(r.returncode == 0 and r.stdout == theirs["reply"] and stats.get("stopped") == "stop_id"
+          and theirs["ended"],
+          "a chat with the export: loom sample --chat and transformers' apply_chat_template + "
+          "generate give the same greedy reply, both ended by the end-of-turn token: loom %r "
+          "(stopped %s), transformers %r (ended %s)%s" % (r.stdout, stats.get("stopped"),
+                                                         theirs["reply"], theirs["ended"],
+                                                         r.stderr[-500:] if r.returncode else ""))
+    check(theirs["eos_token"] == "<|im_end|>" and not theirs["warnings"],
+          "transformers reads the export's special tokens (eos %r), no warning about missing ones "
+          "%s" % (theirs["eos_token"], theirs["warnings"][:2]))
     tuned = loom_loss(config, export, tokens, d)
     check(tuned < base, "fine-tuned: held-out loss %.6f < %.6f before" % (tuned, base))
     hf2 = hf_loss(export, tokens)

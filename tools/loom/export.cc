@@ -12,6 +12,11 @@
 //                      model transformers has no class for (GPT-2 with MoE, NormFormer) is refused
 //   tokenizer.json     the run's, when it trained on a pretrained model's tokenizer (loom data
 //                      prepare --tokenizer), so the directory is a whole model again
+//   tokenizer_config.json, special_tokens_map.json, chat_template.jinja, generation_config.json
+//                      a run from a pretrained model ([model] init): its source's, as loom train
+//                      copied them to RUN/hf/ (a generation_config.json made of the token ids
+//                      where the source had none); config.json keeps the source's token ids and
+//                      max_position_embeddings where that is larger than the run's max_seq_len
 // so that `LlamaForCausalLM.from_pretrained(OUT_DIR)` (or GPT2LMHeadModel) loads it unchanged, and
 // `[model] init = "OUT_DIR"` starts a new Loom run from it.
 //
@@ -24,8 +29,10 @@
 // a silently bad export.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "commands.h"
 #include "loom/core/error.h"
@@ -34,6 +41,7 @@
 #include "loom/models/architecture.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/config.h"
+#include "loom/train/hf_dir.h"
 #include "loom/train/params.h"
 
 namespace loom::cli {
@@ -58,8 +66,22 @@ std::function<int()> add_export(CLI::App& app) {
     params.load(weights);  // every name, dtype and shape checked against the run's [model]
 
     const models::Architecture& arch = models::architecture(cfg.model.arch);
-    const nlohmann::ordered_json hf = arch.hf_config(cfg.model);  // refuses what HF cannot hold
+    nlohmann::ordered_json hf = arch.hf_config(cfg.model);  // refuses what HF cannot hold
+    // a run from a pretrained model: what its config.json said beyond the [model] (hf_dir.h:
+    // RUN/hf/ holds the source's files)
+    const std::string source = o->run_dir + "/hf";
     std::error_code ec;
+    if (fs::is_regular_file(source + "/config.json", ec)) {
+      const nlohmann::json src = read_json(source + "/config.json");
+      // the context the model was made for, though this run trained on less (RoPE: no weight
+      // holds it)
+      if (hf.contains("max_position_embeddings") && src.contains("max_position_embeddings") &&
+          src["max_position_embeddings"].is_number_integer())
+        hf["max_position_embeddings"] = std::max(hf["max_position_embeddings"].get<int64_t>(),
+                                                 src["max_position_embeddings"].get<int64_t>());
+      for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
+        if (src.contains(key) && !src[key].is_null()) hf[key] = src[key];
+    }
     fs::create_directories(o->hf, ec);
     if (ec || !fs::is_directory(o->hf))
       throw Error(fmt::format("--hf {}: cannot create the directory ({})", o->hf,
@@ -84,6 +106,18 @@ std::function<int()> add_export(CLI::App& app) {
     write_file_atomic(o->hf + "/config.json", hf.dump(2) + "\n");
     if (fs::is_regular_file(o->run_dir + "/tokenizer.json", ec))
       write_file_atomic(o->hf + "/tokenizer.json", read_file(o->run_dir + "/tokenizer.json"));
+    // the source's special tokens, chat template and generation defaults as they were given
+    for (const char* name : train::kHfSourceFiles)
+      if (const std::string f = source + "/" + name;
+          std::string_view(name) != "config.json" && fs::is_regular_file(f, ec))
+        write_file_atomic(o->hf + "/" + name, read_file(f));
+    // generation defaults where the source had none: its token ids (transformers' own fallback)
+    if (!fs::is_regular_file(o->hf + "/generation_config.json", ec)) {
+      nlohmann::ordered_json gen;
+      for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
+        if (hf.contains(key)) gen[key] = hf[key];
+      if (!gen.empty()) write_file_atomic(o->hf + "/generation_config.json", gen.dump(2) + "\n");
+    }
     fmt::print("exported {} ({} {}, {} parameters) to {}\n", weights, cfg.model.arch,
                hf["architectures"][0].get<std::string>(), params.total_elements(), o->hf);
     return 0;

@@ -77,6 +77,15 @@ class TextStream {
 Model open_model(const ModelSource& s) {
   Model m;
   std::string run = s.run, checkpoint = s.checkpoint;
+  if (std::error_code ec; fs::is_regular_file(run, ec)) {
+    const bool gguf = fs::path(run).extension() == ".gguf";
+    throw Error(fmt::format("{} is a {}file, not a run directory or a Hugging Face model directory",
+                            run, gguf ? "GGUF " : ""),
+                gguf ? "convert it to a Hugging Face directory first (transformers loads GGUF "
+                       "with gguf_file=; bench/smollm2.py shows how)"
+                     : "give the directory loom train wrote, or one with config.json, the "
+                       "weights and tokenizer.json");
+  }
   if (!s.path.empty()) {  // DiPaCo: one path's model
     const dipaco::PathChoice c =
         dipaco::choose_path(run, s.path, [&](const std::string& dir, const train::Config& cfg) {
@@ -114,6 +123,12 @@ Model open_model(const ModelSource& s) {
                             m.config, vocab),
                 "loom sample reads byte-level models (vocab_size >= 256), as loom train makes");
   m.weights = hf && checkpoint.empty() ? run : train::run_weights(run, checkpoint);
+  // a Hugging Face directory's own files; a run's copy of its source's; else the source's
+  const std::string chat_dir = hf                                     ? run
+                               : path_exists(run + "/hf")             ? run + "/hf"
+                               : train::is_hf_dir(m.cfg.init_weights) ? m.cfg.init_weights
+                                                                      : "";
+  m.chat = read_chat_files(chat_dir, tok);
   return m;
 }
 
@@ -140,13 +155,24 @@ SampleStats sample(const Model& m, const SampleOptions& o,
   // context: the tokens the cache holds (the prompt's last T at first), the newest last
   std::vector<int32_t> context = encode_prompt(tok, o.prompt);
   if (int64_t(context.size()) > T) context.erase(context.begin(), context.end() - T);
-  out(o.prompt);
+  if (o.echo_prompt) out(o.prompt);
   const int n = tok.is_byte_level() ? kBytes : tok.vocab_size();  // candidate ids 0..n-1
   TextStream text(tok, o.prompt);
+  std::string written;  // the generated text so far, for the stop strings
+  size_t longest_stop = 0;
+  for (const std::string& s : o.stop) longest_stop = std::max(longest_stop, s.size());
+  auto write = [&](std::string_view piece) {
+    out(piece);
+    if (o.stop.empty()) return false;
+    const size_t from = written.size() > longest_stop ? written.size() - longest_stop : 0;
+    written.append(piece);
+    for (const std::string& s : o.stop)
+      if (!s.empty() && written.find(s, from) != std::string::npos) return true;
+    return false;
+  };
   Sampler sampler(o.temperature, o.top_k, o.seed);
   SampleStats st;
   st.prompt_tokens = int64_t(context.size());
-  st.new_tokens = o.max_tokens;
   st.context = T;
   const float* row = o.max_tokens > 0 ? decoder.feed(context.data(), st.prompt_tokens) : nullptr;
   const auto t_prompt = Clock::now();
@@ -157,12 +183,22 @@ SampleStats sample(const Model& m, const SampleOptions& o,
                                 m.weights, row[v], v),
                     "the checkpoint is corrupt or the run diverged; try an earlier checkpoint");
     const int next = sampler.next(row, n);
+    st.new_tokens = i + 1;
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) {
+      st.stopped = "stop_id";
+      break;
+    }
     context.push_back(next);
+    bool stop = false;
     if (tok.is_byte_level()) {
       const char byte = static_cast<char>(static_cast<unsigned char>(next));
-      out(std::string_view(&byte, 1));
+      stop = write(std::string_view(&byte, 1));
     } else if (const std::string piece = text.push(next); !piece.empty()) {
-      out(piece);
+      stop = write(piece);
+    }
+    if (stop) {
+      st.stopped = "stop_string";
+      break;
     }
     if (i + 1 == o.max_tokens) break;
     if (decoder.position() < decoder.capacity()) {

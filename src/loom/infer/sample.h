@@ -30,6 +30,7 @@
 #include <string>
 #include <string_view>
 
+#include "loom/infer/chat.h"
 #include "loom/tokenizer/tokenizer.h"
 #include "loom/train/config.h"
 
@@ -50,6 +51,9 @@ struct Model {
   data::Tokenizer tok = data::Tokenizer::byte_level();
   int64_t dipaco_path = -1;  // the DiPaCo path chosen, or -1
   bool routed = false;       // ... by the router
+  // the ids that end a reply and the chat template (chat.h): from a Hugging Face directory's own
+  // files, or those a run copied from its [model] init directory (RUN/hf/), else that directory's
+  ChatFiles chat;
 };
 
 // Throws loom::Error naming the file for a run that cannot be sampled from: no weights, a tokenizer
@@ -65,16 +69,23 @@ struct SampleOptions {
   uint64_t seed = 0;
   int64_t context = 0;  // tokens of context; 0: [model] max_seq_len, at most 512
   std::string device;   // "cpu" or "cuda"; empty: the run's [train] device
+  // Generation also ends at a token of stop_ids (not written: the model's end of turn) or once the
+  // text it wrote holds one of `stop` (written, as transformers' stop_strings leave it).
+  std::vector<int32_t> stop_ids;
+  std::vector<std::string> stop;
+  bool echo_prompt = true;  // write the prompt before the text (not for a chat's rendered turn)
 };
 
 struct SampleStats {
   int64_t prompt_tokens = 0, new_tokens = 0, context = 0;
-  double load_s = 0;    // weights loaded, decoder compiled
-  double prompt_s = 0;  // the prompt fed
-  double decode_s = 0;  // every token after the first
+  std::string stopped = "max_tokens";  // or "stop_id", "stop_string"
+  double load_s = 0;                   // weights loaded, decoder compiled
+  double prompt_s = 0;                 // the prompt fed
+  double decode_s = 0;                 // every token after the first
 };
 
-// Generates o.max_tokens tokens after o.prompt, writing the prompt and then the text through `out`.
+// Generates up to o.max_tokens tokens after o.prompt, writing the prompt and then the text through
+// `out`.
 // Throws loom::Error when the logits are not finite (a corrupt checkpoint or a diverged run).
 SampleStats sample(const Model& m, const SampleOptions& o,
                    const std::function<void(std::string_view)>& out);

@@ -110,6 +110,13 @@ const std::string& Weights::file_of(const std::string& name) const {
   return it == where_.end() ? path_ : files_[it->second].path();
 }
 
+void copy_hf_source_files(const std::string& from, const std::string& to) {
+  make_directories(to);
+  for (const char* name : kHfSourceFiles)
+    if (const std::string f = from + "/" + name; path_exists(f))
+      write_file_atomic(to + "/" + name, read_file(f));
+}
+
 void merge_hf_model(toml::table& root, const std::string& path) {
   toml::table* model = root["model"].as_table();
   if (!model) return;

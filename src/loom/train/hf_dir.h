@@ -26,6 +26,14 @@ namespace loom::train {
 
 // `path` is a directory holding a config.json.
 bool is_hf_dir(const std::string& path);
+// A pretrained model's files beside its weights that say how it is used: its config.json, the
+// tokenizer's configuration (special tokens, chat template), generation defaults.
+inline constexpr const char* kHfSourceFiles[] = {"config.json", "tokenizer_config.json",
+                                                 "special_tokens_map.json",
+                                                 "generation_config.json", "chat_template.jinja"};
+// Copies those of kHfSourceFiles that `from` has into `to` (made if absent; each file written
+// atomically). Throws loom::Error naming the file that cannot be read or written.
+void copy_hf_source_files(const std::string& from, const std::string& to);
 // The [model] that `dir`/config.json describes. Throws naming the file and field.
 models::ModelConfig read_hf_model(const std::string& dir);
 

@@ -14,6 +14,7 @@
 #include "loom/runtime/trace.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/evaluate.h"
+#include "loom/train/hf_dir.h"
 #include "loom/train/plan_island.h"
 #include "loom/train/schedule.h"
 #include "loom/train/step.h"
@@ -71,6 +72,28 @@ void truncate_metrics(const std::string& path, int64_t upto) {
   write_file_atomic(path, kept);
 }
 
+// A pretrained model ([model] init, a Hugging Face directory with its tokenizer.json) trains only
+// on text its own tokenizer made: raw text (byte ids) or data prepared with another tokenizer
+// would feed it ids that mean other pieces, with no error anywhere.
+void check_data_tokenizer(const Config& cfg, const data::TextCorpus& corpus) {
+  if (!is_hf_dir(cfg.init_weights)) return;
+  const std::string model_tok = cfg.init_weights + "/tokenizer.json";
+  if (!path_exists(model_tok)) return;
+  const std::string data_tok = cfg.data.path + "/tokenizer.json";
+  if (corpus.prepared() && path_exists(data_tok) && read_file(data_tok) == read_file(model_tok))
+    return;
+  throw Error(
+      fmt::format("{}: [data] path {} is {}, but [model] init {} is a pretrained model with its "
+                  "own tokenizer ({})",
+                  cfg.path, cfg.data.path,
+                  corpus.prepared() ? "prepared with another tokenizer"
+                                    : "text, which would be read as byte ids",
+                  cfg.init_weights, model_tok),
+      fmt::format("prepare the text with the model's tokenizer: loom data prepare --input TEXT "
+                  "--out DIR --tokenizer {}, then set [data] path = \"DIR\"",
+                  cfg.init_weights));
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -83,6 +106,7 @@ Run open_run(const Config& cfg, const RunOptions& opts) {
                 "point it at a text file, a directory of .txt files, or a loom data prepare "
                 "directory");
   data::TextCorpus corpus = data::TextCorpus::open(cfg.data.path, cfg.train.seq_len);
+  check_data_tokenizer(cfg, corpus);
   if (corpus.prepared() && corpus.vocab_size() != cfg.model.vocab_size)
     throw Error(
         fmt::format("{}: the tokenizer's vocabulary does not match the model: vocab_size "
@@ -203,6 +227,11 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
     fs::copy_file(from, run.dir + "/" + name, fs::copy_options::overwrite_existing, ec);
     if (ec) throw Error(fmt::format("cannot copy {} to {}: {}", from, run.dir, ec.message()));
   }
+  // a pretrained model's files that are not weights (hf_dir.h: kHfSourceFiles) go with the run to
+  // RUN/hf/: loom sample reads its stop tokens and chat template there, loom export --hf writes
+  // them out again
+  if (writer && is_hf_dir(cfg.init_weights))
+    copy_hf_source_files(cfg.init_weights, run.dir + "/hf");
   Schedule sched{.lr = cfg.optim.lr,
                  .min_lr = cfg.train.min_lr,
                  .warmup = cfg.train.warmup_steps,
