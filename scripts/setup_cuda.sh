@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Installs the CUDA 13.0 compiler the cuda preset builds with: NVIDIA's PyPI wheels (nvcc, NVVM,
-# the CUDA runtime with its static library, CCCL, cuBLAS's and cuDNN's headers alone and the
-# header-only cudnn-frontend: the libraries are opened at
-# run time from the GPU machine's installation), unpacked under /opt/loom-cuda, where the cuda preset
-# (CMakePresets.json) finds nvcc; no GPU or driver is needed to build. Pinned to 13.0.x: the GPU machines' driver is CUDA 13.0,
-# and code from a newer compiler would not load there. Safe to run again.
+# Installs the CUDA 13.0 compiler the cuda preset builds with: NVIDIA's PyPI wheels (nvcc, NVVM, the
+# CUDA runtime with its static library, CCCL), cuBLAS's, cuDNN's and NVRTC's headers alone and the
+# header-only cudnn-frontend (the libraries are opened at run time from the GPU machine's
+# installation), unpacked under /opt/loom-cuda, where the cuda preset (CMakePresets.json) finds
+# them; no GPU or driver is needed to build. Pinned to 13.0.x: the GPU machines' driver is CUDA
+# 13.0, and code from a newer compiler would not load there. Safe to run again.
 set -euo pipefail
 home=/opt/loom-cuda
 cu=$home/nvidia/cu13
@@ -21,7 +21,7 @@ SUDO=""
 [[ $(id -u) -ne 0 && ! -w $(dirname "$home") ]] && SUDO=sudo
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "setup: downloading the CUDA 13.0 compiler wheels (~100 MB, and cuBLAS's for its headers) into $home"
+echo "setup: downloading the CUDA 13.0 compiler wheels (~100 MB; cuBLAS's, cuDNN's and NVRTC's, ~1 GB, for their headers) into $home"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
   --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$tmp" "${wheels[@]}"

@@ -14,7 +14,8 @@ Per config (tiny-llama, tiny-gpt2, tiny-moe dropless as Mixtral): train 20 steps
   3. `loom train --set model.init=OUT` (its config.json then decides [model]) logs a first loss below the original run's step-1 loss (same
      batch: the data order depends only on the seed and the step).
 And bad input: a run dir without checkpoints, a missing --checkpoint, an init path that does not
-exist or holds the other architecture's weights: exit 1 with a message naming the path.
+exist or holds the other architecture's weights, an output directory holding an earlier model's file
+the export would not replace: exit 1 with a message naming the path.
 
 The driver is stdlib-only; step 2's PyTorch half runs this same file under /usr/bin/python3 (the
 only interpreter that imports Debian's PyTorch) as `export_test.py --torch-loss OUT TOKENS`. A
@@ -228,6 +229,18 @@ with tempfile.TemporaryDirectory() as d:
     expect_error([LOOM, "export", moe_gpt2, "--hf", os.path.join(d, "x")],
                  "export of a GPT-2 with MoE layers", "no Hugging Face equivalent", "MoE layers")
     check(not os.path.exists(os.path.join(d, "x")), "  ... and no output directory was created")
+    # an earlier model's file the export would not replace: refused before anything is written
+    stale = os.path.join(d, "stale")
+    os.makedirs(stale)
+    open(os.path.join(stale, "tokenizer_config.json"), "w").write("{}")
+    expect_error([LOOM, "export", os.path.join(d, "run-tiny-llama"), "--hf", stale],
+                 "export into a directory holding an earlier model's tokenizer_config.json", stale,
+                 "tokenizer_config.json", "would not replace")
+    check(sorted(os.listdir(stale)) == ["tokenizer_config.json"], "  ... and nothing was written")
+    # an earlier export of the same files is replaced
+    r = run([LOOM, "export", os.path.join(d, "run-tiny-llama"), "--hf", outs["tiny-llama"]])
+    check(r.returncode == 0, "export again into its own earlier export: replaced (%s)"
+          % r.stderr.strip()[-200:])
     expect_error([LOOM, "export", os.path.join(d, "nowhere"), "--hf", os.path.join(d, "x")],
                  "export of a missing run dir", os.path.join(d, "nowhere"))
     missing = os.path.join(d, "run-tiny-llama", "checkpoints", "step_00000099")

@@ -23,6 +23,9 @@
 // Not done here: a tokenizer.json for byte-level or SentencePiece runs (transformers has no
 // tokenizer for either as Loom uses them), bf16 or sharded output, optimizer state.
 //
+// OUT_DIR is this model's alone: a file of an earlier model there that this export would not
+// replace (a tokenizer, a chat template, a weights shard) is refused before anything is written.
+//
 // Invariant: each file in OUT_DIR is either its old self or complete: both are written to a
 // temporary name in OUT_DIR, fsynced and renamed into place. The weights pass through
 // ParamStore::load, so a checkpoint whose tensors do not match the run's config is an error, never
@@ -33,6 +36,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <vector>
 
 #include "commands.h"
 #include "loom/core/error.h"
@@ -47,6 +51,47 @@
 namespace loom::cli {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// A file of a Hugging Face model directory that says what the model is: its config, weights,
+// tokenizer or generation defaults.
+bool describes_a_model(const std::string& name) {
+  static const char* const kFiles[] = {"config.json",
+                                       "model.safetensors",
+                                       "model.safetensors.index.json",
+                                       "tokenizer.json",
+                                       "tokenizer.model",
+                                       "tokenizer_config.json",
+                                       "special_tokens_map.json",
+                                       "generation_config.json",
+                                       "chat_template.jinja",
+                                       "vocab.json",
+                                       "merges.txt",
+                                       "added_tokens.json"};
+  for (const char* f : kFiles)
+    if (name == f) return true;
+  return name.starts_with("model-") && name.ends_with(".safetensors");  // a shard
+}
+
+// An export directory is this model's alone: a file an earlier model left there that this export
+// would not replace (its tokenizer, a shard) would describe the new weights wrongly, so the export
+// is refused before anything is written.
+void check_no_stale_files(const std::string& out, const std::vector<std::string>& writes) {
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) return;
+  for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (describes_a_model(name) && std::find(writes.begin(), writes.end(), name) == writes.end())
+      throw Error(fmt::format("--hf {}: it holds {}, an earlier model's, which this export would "
+                              "not replace",
+                              out, name),
+                  "export into a new or empty directory, or remove that file first");
+  }
+  if (ec) throw Error(fmt::format("--hf {}: cannot list the directory ({})", out, ec.message()));
+}
+
+}  // namespace
 
 std::function<int()> add_export(CLI::App& app) {
   struct Opts {
@@ -82,6 +127,17 @@ std::function<int()> add_export(CLI::App& app) {
       for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
         if (src.contains(key) && !src[key].is_null()) hf[key] = src[key];
     }
+    // the files this export writes, checked against what the directory already holds
+    std::vector<std::string> writes{"config.json", "model.safetensors"};
+    if (fs::is_regular_file(o->run_dir + "/tokenizer.json", ec)) writes.push_back("tokenizer.json");
+    for (const char* name : train::kHfSourceFiles)
+      if (std::string_view(name) != "config.json" && fs::is_regular_file(source + "/" + name, ec))
+        writes.push_back(name);
+    const bool gen_made =
+        std::find(writes.begin(), writes.end(), "generation_config.json") == writes.end() &&
+        (hf.contains("bos_token_id") || hf.contains("eos_token_id") || hf.contains("pad_token_id"));
+    if (gen_made) writes.push_back("generation_config.json");
+    check_no_stale_files(o->hf, writes);
     fs::create_directories(o->hf, ec);
     if (ec || !fs::is_directory(o->hf))
       throw Error(fmt::format("--hf {}: cannot create the directory ({})", o->hf,
@@ -112,11 +168,11 @@ std::function<int()> add_export(CLI::App& app) {
           std::string_view(name) != "config.json" && fs::is_regular_file(f, ec))
         write_file_atomic(o->hf + "/" + name, read_file(f));
     // generation defaults where the source had none: its token ids (transformers' own fallback)
-    if (!fs::is_regular_file(o->hf + "/generation_config.json", ec)) {
+    if (gen_made) {
       nlohmann::ordered_json gen;
       for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
         if (hf.contains(key)) gen[key] = hf[key];
-      if (!gen.empty()) write_file_atomic(o->hf + "/generation_config.json", gen.dump(2) + "\n");
+      write_file_atomic(o->hf + "/generation_config.json", gen.dump(2) + "\n");
     }
     fmt::print("exported {} ({} {}, {} parameters) to {}\n", weights, cfg.model.arch,
                hf["architectures"][0].get<std::string>(), params.total_elements(), o->hf);
