@@ -133,19 +133,36 @@ TEST(Recompute, OneProcessChangesNoBitInF32) {
     }
 }
 
+// The named case in bf16, and the same with one more --set: a pass on and off.
+std::pair<Config, Config> bf16_with_and_without(const char* name, const std::string& off_set) {
+  Case on;
+  for (const Case& c : cases())
+    if (c.name == name) on = c;
+  on.sets.push_back("model.dtype=bf16");
+  Case off = on;
+  off.sets.push_back(off_set);
+  return {config(on), config(off)};
+}
+
+// Both trained on their ranks: every loss, gradient norm and parameter bit the same.
+void expect_same_bits(const Config& a, const Config& b) {
+  auto run = [](const Config& cfg) {
+    return on_ranks<TrainRun>(cfg,
+                              [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+  };
+  const TrainRun x = run(a), y = run(b);
+  EXPECT_EQ(x.losses, y.losses);
+  EXPECT_EQ(x.grad_norms, y.grad_norms);
+  for (const auto& [param, v] : x.params) EXPECT_EQ(v, y.params.at(param)) << param;
+}
+
 // [passes] cast_before_gather (passes/gather_cast.cc) casts each rank's block before the
 // all-gather instead of the gathered copy after it: in bf16 the parameters' all-gathers carry half
 // the bytes, and every loss, gradient norm and parameter bit is that of the gathered-then-cast run.
 TEST(GatherCast, HalvesGatheredBytesAndChangesNoBit) {
   for (const char* name : {"fsdp", "gpt2_fsdp", "mid_fsdp_megatron_2x2", "fsdp_gathered_once"}) {
     SCOPED_TRACE(name);
-    Case on;
-    for (const Case& c : cases())
-      if (c.name == name) on = c;
-    on.sets.push_back("model.dtype=bf16");
-    Case off = on;
-    off.sets.push_back("passes.cast_before_gather=false");
-    const Config a = config(on), b = config(off);
+    const auto [a, b] = bf16_with_and_without(name, "passes.cast_before_gather=false");
     auto gathered = [](const Config& cfg) {
       const int64_t ranks = cfg.plan.plan.mesh.size();
       const CompiledStep s = compile_step(cfg, passes::StepKind::train, true, ranks);
@@ -164,14 +181,7 @@ TEST(GatherCast, HalvesGatheredBytesAndChangesNoBit) {
     EXPECT_GT(on_bf16, 0);
     // the matmul weights move in bf16 (half), what is read in f32 (norms, the embedding) as before
     EXPECT_LT(on_f32 + on_bf16, 0.6 * off_f32);
-    auto run = [](const Config& cfg) {
-      return on_ranks<TrainRun>(cfg,
-                                [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
-    };
-    const TrainRun x = run(a), y = run(b);
-    EXPECT_EQ(x.losses, y.losses);
-    EXPECT_EQ(x.grad_norms, y.grad_norms);
-    for (const auto& [param, v] : x.params) EXPECT_EQ(v, y.params.at(param)) << param;
+    expect_same_bits(a, b);
   }
 }
 
@@ -181,13 +191,7 @@ TEST(GatherCast, HalvesGatheredBytesAndChangesNoBit) {
 TEST(Recast, KeptCastsChangeNoBit) {
   for (const char* name : {"fsdp", "gpt2_fsdp"}) {
     SCOPED_TRACE(name);
-    Case on;
-    for (const Case& c : cases())
-      if (c.name == name) on = c;
-    on.sets.push_back("model.dtype=bf16");
-    Case off = on;
-    off.sets.push_back("passes.recast=false");
-    const Config a = config(on), b = config(off);
+    const auto [a, b] = bf16_with_and_without(name, "passes.recast=false");
     auto casts = [](const Config& cfg) {
       const CompiledStep s =
           compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
@@ -196,14 +200,7 @@ TEST(Recast, KeptCastsChangeNoBit) {
       return n;
     };
     EXPECT_LT(casts(b), casts(a));
-    auto run = [](const Config& cfg) {
-      return on_ranks<TrainRun>(cfg,
-                                [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
-    };
-    const TrainRun x = run(a), y = run(b);
-    EXPECT_EQ(x.losses, y.losses);
-    EXPECT_EQ(x.grad_norms, y.grad_norms);
-    for (const auto& [param, v] : x.params) EXPECT_EQ(v, y.params.at(param)) << param;
+    expect_same_bits(a, b);
   }
 }
 

@@ -127,17 +127,19 @@ void print_profile(const BenchOpts& o, train::StepRunner& runner) {
 void write_kernels(const BenchOpts& o, train::StepRunner& runner) {
   const ir::Graph& g = runner.program();
   const auto& nt = runner.executor().node_times();
-  std::map<std::string, nlohmann::json> by_sig;
-  std::map<std::string, std::pair<double, int64_t>> time;  // signature -> seconds, calls
+  struct Kernel {
+    nlohmann::json entry;
+    double seconds = 0;
+    int64_t calls = 0, count = 0;  // calls over the timed steps; nodes of it a step
+  };
+  std::map<std::string, Kernel> by_sig;
   for (const ir::Node& n : g.nodes()) {
     if (!sim::listed_kernel(n) || nt[size_t(n.id)].calls == 0) continue;
     nlohmann::json k = sim::kernel_json(g, n);
-    const std::string sig = sim::kernel_signature(k);
-    auto it = by_sig.try_emplace(sig, std::move(k)).first;
-    it->second["count"] = it->second.value("count", 0.0) + 1;
-    auto& [s, calls] = time[sig];
-    s += nt[size_t(n.id)].seconds;
-    calls += nt[size_t(n.id)].calls;
+    Kernel& e = by_sig[sim::kernel_signature(k)];
+    if (e.count++ == 0) e.entry = std::move(k);
+    e.seconds += nt[size_t(n.id)].seconds;
+    e.calls += nt[size_t(n.id)].calls;
   }
   nlohmann::json doc;
   doc["device"] = runner.device().describe();
@@ -148,10 +150,10 @@ void write_kernels(const BenchOpts& o, train::StepRunner& runner) {
   if (const runtime::Device& d = runner.device(); !d.host_memory())
     doc["runtime_bytes"] = std::max<int64_t>(0, d.used_bytes() - d.peak_bytes());
   doc["kernels"] = nlohmann::json::array();
-  for (auto& [sig, k] : by_sig) {
-    const auto [s, calls] = time[sig];
-    k["seconds"] = s / double(calls);
-    doc["kernels"].push_back(std::move(k));
+  for (auto& [sig, e] : by_sig) {
+    e.entry["count"] = double(e.count);
+    e.entry["seconds"] = e.seconds / double(e.calls);
+    doc["kernels"].push_back(std::move(e.entry));
   }
   write_file_atomic(o.kernels_out, doc.dump(1) + "\n");
 }

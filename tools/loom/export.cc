@@ -127,12 +127,17 @@ std::function<int()> add_export(CLI::App& app) {
       for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
         if (src.contains(key) && !src[key].is_null()) hf[key] = src[key];
     }
-    // the files this export writes, checked against what the directory already holds
-    std::vector<std::string> writes{"config.json", "model.safetensors"};
-    if (fs::is_regular_file(o->run_dir + "/tokenizer.json", ec)) writes.push_back("tokenizer.json");
+    // the files copied as they are (the run's tokenizer; the source's special tokens, chat
+    // template and generation defaults): output name -> file
+    std::vector<std::pair<std::string, std::string>> copies;
+    if (fs::is_regular_file(o->run_dir + "/tokenizer.json", ec))
+      copies.emplace_back("tokenizer.json", o->run_dir + "/tokenizer.json");
     for (const char* name : train::kHfSourceFiles)
       if (std::string_view(name) != "config.json" && fs::is_regular_file(source + "/" + name, ec))
-        writes.push_back(name);
+        copies.emplace_back(name, source + "/" + name);
+    // every file this export writes, checked against what the directory already holds
+    std::vector<std::string> writes{"config.json", "model.safetensors"};
+    for (const auto& c : copies) writes.push_back(c.first);
     const bool gen_made =
         std::find(writes.begin(), writes.end(), "generation_config.json") == writes.end() &&
         (hf.contains("bos_token_id") || hf.contains("eos_token_id") || hf.contains("pad_token_id"));
@@ -160,13 +165,7 @@ std::function<int()> add_export(CLI::App& app) {
     }
     write_safetensors(model_out, tensors);  // atomic: MODEL.tmp.<pid>, fsynced, renamed
     write_file_atomic(o->hf + "/config.json", hf.dump(2) + "\n");
-    if (fs::is_regular_file(o->run_dir + "/tokenizer.json", ec))
-      write_file_atomic(o->hf + "/tokenizer.json", read_file(o->run_dir + "/tokenizer.json"));
-    // the source's special tokens, chat template and generation defaults as they were given
-    for (const char* name : train::kHfSourceFiles)
-      if (const std::string f = source + "/" + name;
-          std::string_view(name) != "config.json" && fs::is_regular_file(f, ec))
-        write_file_atomic(o->hf + "/" + name, read_file(f));
+    for (const auto& [name, from] : copies) write_file_atomic(o->hf + "/" + name, read_file(from));
     // generation defaults where the source had none: its token ids (transformers' own fallback)
     if (gen_made) {
       nlohmann::ordered_json gen;

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "loom/core/error.h"
+#include "loom/core/testing.h"
 
 namespace loom::calibrate {
 namespace {
@@ -78,12 +79,7 @@ TEST(Calibrate, BadImportsNameTheEntry) {
   const std::string timed = temp_path("bad.json");
   auto error_of = [&](const std::string& text) -> std::string {
     write(timed, text);
-    try {
-      import_timed({{timed}, kBase, 1, 1});
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
+    return loom::error_of([&] { import_timed({{timed}, kBase, 1, 1}); });
   };
   EXPECT_NE(error_of(R"({"kernels": [{"op": "frobnicate", "dtype": "f32", "seconds": 1}]})")
                 .find("kernels[0]: op: unknown op 'frobnicate'"),
@@ -116,12 +112,7 @@ TEST(Calibrate, ImportMergesFilesOfOneDevice) {
   EXPECT_EQ(m.cluster.profile->matmul.size(), 1u);
   EXPECT_NE(m.header.find("Loom's own kernels"), std::string::npos);
   EXPECT_DOUBLE_EQ(m.cluster.device.runtime_bytes, 3e9);  // the most either measured
-  std::string err;
-  try {
-    import_timed({{a, c}, kBase, 1, 1});
-  } catch (const Error& e) {
-    err = e.what();
-  }
+  const std::string err = error_of([&] { import_timed({{a, c}, kBase, 1, 1}); });
   EXPECT_NE(err.find("gpu B"), std::string::npos) << err;
   EXPECT_NE(err.find("one device's"), std::string::npos) << err;
   for (const std::string& p : {a, b, c}) std::filesystem::remove(p);

@@ -7,23 +7,14 @@
 
 #include <filesystem>
 #include <fstream>
-#include <functional>
 
 #include "loom/core/error.h"
+#include "loom/core/testing.h"
 
 namespace loom {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(FileHelpers, AnswerOrNameThePathAndTheOsError) {
   const fs::path dir = fs::temp_directory_path() / ("loom_file_test_" + std::to_string(::getpid()));

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "loom/core/error.h"
+#include "loom/core/testing.h"
 
 namespace loom::infer {
 namespace {
@@ -73,12 +74,7 @@ TEST(Chat, TemplatesItCannotRenderAreRefusedNamingTheFile) {
   auto error_of = [](const std::string& tmpl) -> std::string {
     ChatFiles c = with("");
     c.chat_template = tmpl;
-    try {
-      apply_chat_template(c, "hi");
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
+    return loom::error_of([&] { apply_chat_template(c, "hi"); });
   };
   EXPECT_NE(error_of("").find("no chat template"), std::string::npos);
   EXPECT_NE(error_of("{{ '[INST] ' + messages[0]['content'] + ' [/INST]' }}")
@@ -118,13 +114,9 @@ TEST(Chat, FilesGiveTheStopIdsAndTheTemplate) {
   d.put("tokenizer_config.json", R"({"chat_template": [{"name": "default", "template": "T"}]})");
   EXPECT_EQ(read_chat_files(d.path, bytes).chat_template, "T");  // before chat_template.jinja
   d.put("generation_config.json", R"({"eos_token_id": "two"})");
-  try {
-    read_chat_files(d.path, bytes);
-    ADD_FAILURE() << "a bad eos_token_id was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("generation_config.json: eos_token_id"), std::string::npos)
-        << e.what();
-  }
+  const std::string e = error_of([&] { read_chat_files(d.path, bytes); });
+  EXPECT_NE(e.find("generation_config.json: eos_token_id"), std::string::npos)
+      << "a bad eos_token_id: " << e;
 }
 
 }  // namespace

@@ -131,8 +131,17 @@ void Executor::run() {
   run_nodes();
 }
 
+// A profiled run without a trace stamps the device's queue after each node and reads the stamps
+// once the run is queued, so that a GPU's kernels are timed as they run back to back (no
+// synchronisation between them; an interval also holds the gap before its kernel started). On the
+// CPU a stamp is the host's clock, and a node's interval its kernel, or the wait for its
+// collective. A traced run synchronises after each node and times it on the host's clock.
 void Executor::run_nodes() {
-  if (profile_ && !trace_) return run_nodes_stamped();
+  const bool stamped = profile_ && !trace_;
+  if (stamped) {
+    if (!stamps_) stamps_ = device_.stamps(g_.nodes().size() + 1);
+    stamps_->stamp(0);
+  }
   std::vector<void*> ins, outs;
   for (const ir::Node& n : g_.nodes()) {
     ins.clear();
@@ -140,9 +149,10 @@ void Executor::run_nodes() {
     for (int v : n.inputs) ins.push_back(data(v));
     for (int v : n.outputs) outs.push_back(data(v));
     const bool completes = stream_ && completes_[size_t(n.id)];
-    if (!profile_ && !trace_) {
+    if (!trace_) {
       if (completes) wait_for(ticket_[size_t(n.inputs[0])]);
       launch(n, ins.data(), outs.data());
+      if (stamped) stamps_->stamp(size_t(n.id) + 1);
       continue;
     }
     const double t0 = Trace::now_us();
@@ -154,35 +164,15 @@ void Executor::run_nodes() {
       node_times_[n.id].seconds += us * 1e-6;
       node_times_[n.id].calls++;
     }
-    if (trace_ && kernels_[n.id])  // a collective traced itself, on the comm lane
+    if (kernels_[n.id])  // a collective traced itself, on the comm lane
       trace_->add({(completes ? "wait " : "") + g_.value(n.outputs[0]).name,
                    std::string(ir::op_name(n.op)), TraceEvent::compute, t0, us,
                    output_bytes(g_, n)});
   }
   if (stream_) stream_->drain();
-}
-
-// A profiled run: a stamp on the device's queue after each node, read once the run is queued, so
-// that a GPU's kernels are timed as they run back to back (no synchronisation between them; an
-// interval also holds the gap before its kernel started). On the CPU a stamp is the host's clock,
-// and a node's interval its kernel, or the wait for its collective.
-void Executor::run_nodes_stamped() {
-  const size_t n_nodes = g_.nodes().size();
-  if (!stamps_) stamps_ = device_.stamps(n_nodes + 1);
-  std::vector<void*> ins, outs;
-  stamps_->stamp(0);
-  for (const ir::Node& n : g_.nodes()) {
-    ins.clear();
-    outs.clear();
-    for (int v : n.inputs) ins.push_back(data(v));
-    for (int v : n.outputs) outs.push_back(data(v));
-    if (stream_ && completes_[size_t(n.id)]) wait_for(ticket_[size_t(n.inputs[0])]);
-    launch(n, ins.data(), outs.data());
-    stamps_->stamp(size_t(n.id) + 1);
-  }
-  if (stream_) stream_->drain();
+  if (!stamped) return;
   const std::vector<double> t = stamps_->seconds();
-  for (size_t i = 0; i < n_nodes; ++i) {
+  for (size_t i = 0; i + 1 < t.size(); ++i) {
     node_times_[i].seconds += t[i + 1] - t[i];
     node_times_[i].calls++;
   }

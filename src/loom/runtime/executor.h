@@ -115,7 +115,6 @@ class Executor {
   int64_t runs_ = 0;
   bool recordable_ = true;  // false once the device declined to record it
   void run_nodes();
-  void run_nodes_stamped();
   void launch(const ir::Node& n, void* const* ins, void* const* outs);
   // Blocks on the stream; returns the microseconds waited, which count as exposed.
   double wait_for(int64_t ticket);

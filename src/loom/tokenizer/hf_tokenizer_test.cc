@@ -13,6 +13,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/core/testing.h"
 #include "loom/tokenizer/tokenizer.h"
 
 namespace loom::data {
@@ -78,12 +79,7 @@ struct HfTokenizerTest : ::testing::Test {
   }
   std::string error(const nlohmann::json& changed) {
     j = changed;
-    try {
-      load();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
+    return error_of([&] { load(); });
   }
 };
 
@@ -182,12 +178,8 @@ TEST_F(HfTokenizerTest, WhatLoomCannotRunExactlyIsAnErrorNamingTheField) {
       << error(c);
   j = base;
   write_file_atomic((dir / "tokenizer.json").string(), "{\"model\": ");
-  try {
-    HfTokenizer::load((dir / "tokenizer.json").string());
-    ADD_FAILURE() << "a truncated file loaded";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
-  }
+  const std::string e = error_of([&] { HfTokenizer::load((dir / "tokenizer.json").string()); });
+  EXPECT_NE(e.find("not valid JSON"), std::string::npos) << "a truncated file: " << e;
 }
 
 }  // namespace

@@ -106,34 +106,32 @@ std::map<Key, Plan>& plans() {
   return p;
 }
 
-// (B,T,heads,HS) in memory as cuDNN's (B,heads,T,HS)
-fe::graph::Tensor_attributes bthd(const char* name, int64_t uid, int64_t B, int64_t T, int64_t H,
-                                  int64_t HS) {
-  return fe::graph::Tensor_attributes()
-      .set_name(name)
-      .set_uid(uid)
-      .set_dim({B, H, T, HS})
-      .set_stride({T * H * HS, HS, H * HS, 1});
-}
-
-fe::graph::Tensor_attributes stats(int64_t B, int64_t T, int64_t NH) {
-  return fe::graph::Tensor_attributes()
-      .set_name("stats")
-      .set_uid(kStats)
-      .set_dim({B, NH, T, 1})
-      .set_stride({NH * T, T, 1, 1})
-      .set_data_type(fe::DataType_t::FLOAT);
-}
-
 Plan make_plan(bool forward, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                float scale) {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = g->tensor(bthd("q", kQ, B, T, NH, HS));
-  auto k = g->tensor(bthd("k", kK, B, T, NKV, HS));
-  auto v = g->tensor(bthd("v", kV, B, T, NKV, HS));
+  // (B,T,H,HS) in memory as cuDNN's (B,H,T,HS); the statistics (B,NH,T) f32
+  const auto bthd = [&](fe::graph::Tensor_attributes& t, int64_t uid, int64_t H) {
+    t.set_uid(uid).set_dim({B, H, T, HS}).set_stride({T * H * HS, HS, H * HS, 1});
+  };
+  const auto stats = [&](fe::graph::Tensor_attributes& t) {
+    t.set_uid(kStats)
+        .set_dim({B, NH, T, 1})
+        .set_stride({NH * T, T, 1, 1})
+        .set_data_type(fe::DataType_t::FLOAT);
+  };
+  const auto input = [&](const char* name, int64_t uid, int64_t H) {
+    fe::graph::Tensor_attributes t;
+    t.set_name(name);
+    if (uid == kStats)
+      stats(t);
+    else
+      bthd(t, uid, H);
+    return g->tensor(t);
+  };
+  auto q = input("q", kQ, NH), k = input("k", kK, NKV), v = input("v", kV, NKV);
   if (forward) {
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("loom_attention_fwd")
@@ -141,37 +139,19 @@ Plan make_plan(bool forward, int64_t B, int64_t T, int64_t NH, int64_t NKV, int6
                     .set_attn_scale(scale)
                     .set_causal_mask(true);
     auto [o, st] = g->sdpa(q, k, v, opts);
-    o->set_output(true)
-        .set_uid(kO)
-        .set_dim({B, NH, T, HS})
-        .set_stride({T * NH * HS, HS, NH * HS, 1});
-    st->set_output(true)
-        .set_uid(kStats)
-        .set_data_type(fe::DataType_t::FLOAT)
-        .set_dim({B, NH, T, 1})
-        .set_stride({NH * T, T, 1, 1});
+    bthd(o->set_output(true), kO, NH);
+    stats(st->set_output(true));
   } else {
-    auto o = g->tensor(bthd("o", kO, B, T, NH, HS));
-    auto dout = g->tensor(bthd("dout", kdO, B, T, NH, HS));
-    auto st = g->tensor(stats(B, T, NH));
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("loom_attention_bwd")
                     .set_attn_scale(scale)
                     .set_causal_mask(true)
                     .set_deterministic_algorithm(true);
-    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, st, opts);
-    dq->set_output(true)
-        .set_uid(kdQ)
-        .set_dim({B, NH, T, HS})
-        .set_stride({T * NH * HS, HS, NH * HS, 1});
-    dk->set_output(true)
-        .set_uid(kdK)
-        .set_dim({B, NKV, T, HS})
-        .set_stride({T * NKV * HS, HS, NKV * HS, 1});
-    dv->set_output(true)
-        .set_uid(kdV)
-        .set_dim({B, NKV, T, HS})
-        .set_stride({T * NKV * HS, HS, NKV * HS, 1});
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, input("o", kO, NH), input("dout", kdO, NH),
+                                         input("stats", kStats, NH), opts);
+    bthd(dq->set_output(true), kdQ, NH);
+    bthd(dk->set_output(true), kdK, NKV);
+    bthd(dv->set_output(true), kdV, NKV);
   }
   Plan p;
   const auto declined = [&](const std::string& msg) {
