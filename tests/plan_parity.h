@@ -54,7 +54,8 @@ inline Config config(const Case& c) {
 inline std::vector<int32_t> batch(const Config& c, int64_t step) {
   std::mt19937 rng(uint32_t(7919 * step + 3));
   std::uniform_int_distribution<int32_t> u(0, int32_t(c.model.vocab_size - 1));
-  std::vector<int32_t> t(size_t(c.train.batch_size * (c.train.seq_len + 1)));
+  // a step's rows: grad_accum micro-batches of batch_size
+  std::vector<int32_t> t(size_t(c.train.batch_size * c.train.grad_accum * (c.train.seq_len + 1)));
   for (auto& x : t) x = u(rng);
   return t;
 }
@@ -306,6 +307,30 @@ inline std::vector<Case> cases() {
        fsdp_megatron,
        "mid",
        {"passes.bucket=auto", slow}},
+      // gradient accumulation under a plan (passes/micro_batch.cc): the one-process reference
+      // accumulates too
+      {"data_accum", "{data=2}", std::string("[") + data + "]", "tiny", {"train.grad_accum=2"}},
+      {"fsdp_accum",
+       "{data=2}",
+       std::string(R"([{kind="fsdp",axis="data"},)") + data + "]",
+       "tiny",
+       {"train.grad_accum=3"}},
+      {"zero2_accum",
+       "{data=2}",
+       std::string(R"([{kind="zero2",axis="data"},)") + data + "]",
+       "tiny",
+       {"train.grad_accum=2"}},
+      {"mid_fsdp_megatron_accum", "{data=2,model=2}", fsdp_megatron, "mid", {"train.grad_accum=2"}},
+      {"gpt2_megatron_sequence_accum",
+       "{model=2}",
+       megatron_sequence,
+       "gpt2",
+       {"train.grad_accum=2"}},
+      {"moe_expert_fsdp_accum",
+       "{expert=2,data=2}",
+       R"([{kind="expert",axis="expert"},{kind="fsdp",axis="data"},{kind="data",axis="data"}])",
+       "moe",
+       {"train.grad_accum=2", "passes.max_in_flight=1"}},
       {"mid_data_unbucketed_prefetch",
        "{data=2}",
        std::string("[") + data + "]",

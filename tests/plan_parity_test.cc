@@ -82,8 +82,8 @@ TEST(Recompute, ChangesNoBitInF32) {
 // One process (no [plan]) runs its training graph through the scheduled stage when [passes]
 // recompute asks for it (train/compile.h: CompiledStep::scheduled): fewer saved activations and
 // recomputed nodes present, and in f32 every loss, gradient norm, parameter and moment (m and v)
-// bit of recompute = "none"; also with gradient accumulation, where the optimizer is a graph of its
-// own.
+// bit of recompute = "none"; also with gradient accumulation, where a micro-batch before the last
+// runs a prefix of the program.
 TEST(Recompute, OneProcessChangesNoBitInF32) {
   for (const char* model : {"tiny", "gpt2"})
     for (int accum : {1, 2}) {
@@ -97,12 +97,7 @@ TEST(Recompute, OneProcessChangesNoBitInF32) {
         TrainRun out;
         out.recomputed = recomputed_nodes(r.program());
         for (int64_t s = 1; s <= 4; ++s) {
-          std::vector<int32_t> rows;
-          for (int i = 0; i < accum; ++i) {
-            auto b = batch(cfg, s * 10 + i);
-            rows.insert(rows.end(), b.begin(), b.end());
-          }
-          out.losses.push_back(r.step(rows.data(), lr_at(s)));
+          out.losses.push_back(r.step(batch(cfg, s).data(), lr_at(s)));
           out.grad_norms.push_back(r.grad_norm());
         }
         read_state(p, r, out);
@@ -131,6 +126,56 @@ TEST(Recompute, OneProcessChangesNoBitInF32) {
         }
       }
     }
+}
+
+// Gradient accumulation under a plan is the full batch at once: k micro-batches of B rows under
+// the plan train as one process does on one batch of k*B rows (the same tokens), within the parity
+// bounds (the gradients are summed in another order). And the micro-batch prefix holds no
+// optimizer node, while the whole program has one per parameter.
+TEST(GradAccum, UnderAPlanMatchesTheFullBatch) {
+  for (const char* name :
+       {"fsdp_accum", "mid_fsdp_megatron_accum", "gpt2_megatron_sequence_accum"}) {
+    SCOPED_TRACE(name);
+    Case c;
+    for (const Case& x : cases())
+      if (x.name == name) c = x;
+    ASSERT_EQ(c.name, name);
+    const Config micro = config(c);
+    ASSERT_GT(micro.train.grad_accum, 1);
+    Config full = single(micro);
+    full.train.batch_size *= full.train.grad_accum;
+    full.train.grad_accum = 1;
+    ASSERT_EQ(batch(full, 1), batch(micro, 1));
+    const TrainRun ref = train_run(full, nullptr);
+    const TrainRun got = on_ranks<TrainRun>(
+        micro, [&](const runtime::MeshComms& mc) { return train_run(micro, &mc); });
+    for (const auto& e : compare_training(got, ref)) ADD_FAILURE() << e;
+  }
+}
+
+TEST(GradAccum, TheMicroBatchPrefixHoldsNoOptimizer) {
+  for (const char* name : {"fsdp_accum", "mid_fsdp_megatron_accum", "moe_expert_fsdp_accum"}) {
+    SCOPED_TRACE(name);
+    Case c;
+    for (const Case& x : cases())
+      if (x.name == name) c = x;
+    const Config cfg = config(c);
+    const CompiledStep step =
+        compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
+    const ir::Graph& g = step.c.rank.graph;
+    const size_t prefix = step.micro_nodes();
+    ASSERT_GT(prefix, 0u);
+    ASSERT_LT(prefix, g.nodes().size());
+    int64_t in_prefix = 0, after = 0, assigns = 0;
+    for (const ir::Node& n : g.nodes()) {
+      const bool opt = ops::has_trait(n.op, ops::Trait::optimizer);
+      (size_t(n.id) < prefix ? in_prefix : after) += opt;
+      assigns += size_t(n.id) < prefix && n.op == ir::Op::assign;
+    }
+    EXPECT_EQ(in_prefix, 0);
+    EXPECT_EQ(after, int64_t(step.c.grads.size()));
+    EXPECT_EQ(assigns, int64_t(step.c.grads.size())) << "one gradient sum kept per parameter";
+  }
 }
 
 // The named case in bf16, and the same with one more --set: a pass on and off.

@@ -246,9 +246,21 @@ with tempfile.TemporaryDirectory() as tmp:
     check("bench --kernels-out into a missing directory: exit 1 before any step, naming the flag",
           r.returncode == 1 and "--kernels-out" in r.stderr and "does not exist" in r.stderr,
           r.stderr[-1000:])
-    r = loom("bench", *one, "--steps", "1", "--set", "train.grad_accum=2", "--kernels-out", own)
-    check("bench --kernels-out with gradient accumulation: exit 1 naming train.grad_accum",
-          r.returncode == 1 and "grad_accum" in r.stderr, r.stderr[-1000:])
+    # gradient accumulation: a micro-batch's kernels run grad_accum times a step, the optimizer's
+    # once, in what bench measures and in what plan lists
+    accum = one + ["--set", "train.grad_accum=3"]
+    r = loom("bench", *accum, "--steps", "2", "--warmup", "1", "--kernels-out", own)
+    mine = json.load(open(own)) if r.returncode == 0 else {"kernels": []}
+    r2 = loom("plan", accum[0], "--cluster", local, "--json", *accum[1:], "--kernels", listed)
+    want = json.load(open(listed))["kernels"] if r2.returncode == 0 else []
+    counts = {sig(k): k["count"] for k in mine["kernels"]}
+    check("with grad_accum = 3, bench --kernels-out and plan --kernels count every kernel alike "
+          "(the loss 3 times a step, the clipping once)",
+          r.returncode == 0 and r2.returncode == 0 and len(want) > 10
+          and counts == {sig(k): k["count"] for k in want}
+          and [k["count"] for k in mine["kernels"] if k["op"] == "cross_entropy"] == [3]
+          and [k["count"] for k in mine["kernels"] if k["op"] == "clip_coef"] == [1],
+          r.stderr[-1500:] + r2.stderr[-1500:])
 
     def bad_import(text, want, name):
         path = os.path.join(tmp, "bad.json")

@@ -123,21 +123,24 @@ void print_profile(const BenchOpts& o, train::StepRunner& runner) {
 }
 
 // --kernels-out: the step's kernels, each signature with the mean seconds of one call and its
-// count per step.
+// calls per step (under gradient accumulation a node of the micro-batch prefix runs grad_accum
+// times a step, the optimizer's once).
 void write_kernels(const BenchOpts& o, train::StepRunner& runner) {
   const ir::Graph& g = runner.program();
   const auto& nt = runner.executor().node_times();
+  // the timed steps: the program's last node runs once a step
+  const double steps = g.nodes().empty() ? 1.0 : double(std::max<int64_t>(1, nt.back().calls));
   struct Kernel {
     nlohmann::json entry;
     double seconds = 0;
-    int64_t calls = 0, count = 0;  // calls over the timed steps; nodes of it a step
+    int64_t calls = 0;  // over the timed steps
   };
   std::map<std::string, Kernel> by_sig;
   for (const ir::Node& n : g.nodes()) {
     if (!sim::listed_kernel(n) || nt[size_t(n.id)].calls == 0) continue;
     nlohmann::json k = sim::kernel_json(g, n);
     Kernel& e = by_sig[sim::kernel_signature(k)];
-    if (e.count++ == 0) e.entry = std::move(k);
+    if (e.calls == 0) e.entry = std::move(k);
     e.seconds += nt[size_t(n.id)].seconds;
     e.calls += nt[size_t(n.id)].calls;
   }
@@ -151,7 +154,7 @@ void write_kernels(const BenchOpts& o, train::StepRunner& runner) {
     doc["runtime_bytes"] = std::max<int64_t>(0, d.used_bytes() - d.peak_bytes());
   doc["kernels"] = nlohmann::json::array();
   for (auto& [sig, e] : by_sig) {
-    e.entry["count"] = double(e.count);
+    e.entry["count"] = double(e.calls) / steps;
     e.entry["seconds"] = e.seconds / double(e.calls);
     doc["kernels"].push_back(std::move(e.entry));
   }
@@ -297,14 +300,7 @@ std::function<int()> add_bench(CLI::App& app) {
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
     if (!o->trace.empty()) check_output_dir("--trace", o->trace);
-    if (!o->kernels_out.empty()) {
-      check_output_dir("--kernels-out", o->kernels_out);
-      if (cfg.train.grad_accum > 1)
-        throw Error(fmt::format("loom bench --kernels-out times the step's one program; {} has "
-                                "train.grad_accum = {} (its optimizer runs as a graph of its own)",
-                                o->config, cfg.train.grad_accum),
-                    "set train.grad_accum = 1 (--set train.grad_accum=1)");
-    }
+    if (!o->kernels_out.empty()) check_output_dir("--kernels-out", o->kernels_out);
     return run_ranks(cfg,
                      [&](const runtime::MeshComms* comms) { return bench_rank(*o, cfg, comms); });
   };

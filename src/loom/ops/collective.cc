@@ -17,8 +17,9 @@
 //                                     keeps it and an in-place write before the wait is a
 //                                     verifier error). passes/prefetch.cc makes these pairs.
 // assign(dst, src) -> dst             copy src into dst's memory (an optimizer result returned to
-// its
-//                                     parameter's storage after a reshard)
+//                                     its parameter's storage after a reshard; a gradient sum
+//                                     kept across micro-batches); elementwise: dst, src and the
+//                                     result share every dim's split
 //
 // Not here: how the bytes move (comm/ and runtime/collectives.cc). No VJPs: collectives are
 // inserted after autodiff, on the per-rank program.
@@ -142,7 +143,8 @@ void register_collective_ops() {
                  return {in[0]};
                },
                .cost = comm_cost,
-               .inplace = {{0, 0}}});
+               .inplace = {{0, 0}},
+               .sharding = einsum("*,*->*")});
 }
 
 }  // namespace loom::ops

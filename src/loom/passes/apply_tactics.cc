@@ -1,5 +1,7 @@
 // apply_tactics (stage sharded): the plan's tactics, in order, set the shardings of the values the
-// model's roles name (shard/plan.h). Checks first that the mesh has as many ranks as the run.
+// model's roles name (shard/plan.h). Checks first that the mesh has as many ranks as the run. Under
+// gradient accumulation each gradient sum is kept as the tactics keep the mean gradient it feeds
+// (pass.h's Accumulation), so an fsdp or zero2 rank holds its block of each sum.
 #include <fmt/format.h>
 
 #include "loom/core/error.h"
@@ -17,6 +19,14 @@ Pass apply_tactics_pass() {
                           "make the product of the mesh's axis sizes equal the number of ranks "
                           "(mpirun -np N)");
             c.annotations = shard::apply_tactics(c.model.graph, plan, c.model.roles);
+            if (!c.accumulation) return;
+            for (auto [p, sum] : c.accumulation->sums) {
+              auto it = c.annotations.find(c.accumulation->means.at(p));
+              if (it == c.annotations.end()) continue;
+              shard::Annotation a = it->second;
+              a.has_use = false;
+              c.annotations[sum] = a;
+            }
           }};
 }
 

@@ -74,7 +74,9 @@ int gathered_source(const ir::Graph& g, const ir::Node& n) {
   return c >= 0 ? g.node(c).inputs[0] : n.inputs[0];
 }
 
-// Which parameter group a bucketable collective belongs to; nullopt: not bucketable.
+// Which parameter group a bucketable collective belongs to; nullopt: not bucketable. param_group
+// holds each parameter's group, and under gradient accumulation each gradient sum's (its
+// parameter's).
 std::optional<int> group_of(const ir::Graph& g, const ir::Node& n,
                             const std::vector<int>& param_group,
                             const std::map<int, std::vector<std::pair<int, int>>>& uses) {
@@ -89,13 +91,18 @@ std::optional<int> group_of(const ir::Graph& g, const ir::Node& n,
     return param_group[size_t(p)];
   }
   if (t != DType::f32) return {};
-  // a gradient: its reduced value is an optimizer's gradient input (input 1; input 0 the param)
+  // a gradient: its reduced value is an optimizer's gradient input (input 1; input 0 the param),
+  // or (gradient accumulation) added to its parameter's gradient sum (add(sum, gradient))
   auto u = uses.find(n.outputs[0]);
   if (u == uses.end()) return {};
   for (auto [node, slot] : u->second) {
     const ir::Node& c = g.node(node);
-    if (slot != 1 || !ops::has_trait(c.op, ops::Trait::optimizer)) continue;
-    if (param_group[size_t(c.inputs[0])] >= 0) return param_group[size_t(c.inputs[0])];
+    if (slot == 1 && ops::has_trait(c.op, ops::Trait::optimizer) &&
+        param_group[size_t(c.inputs[0])] >= 0)
+      return param_group[size_t(c.inputs[0])];
+    if (slot == 1 && c.op == ir::Op::add && g.value(c.inputs[0]).kind == ir::ValueKind::state &&
+        param_group[size_t(c.inputs[0])] >= 0)
+      return param_group[size_t(c.inputs[0])];
   }
   return {};
 }
@@ -140,7 +147,12 @@ struct Member {
 
 std::vector<Member> bucketable(const Compilation& c) {
   const ir::Graph& g = c.rank.graph;
-  const std::vector<int> param_group = param_groups(c);
+  std::vector<int> param_group = param_groups(c);
+  if (c.accumulation)
+    for (auto [p, sum] : c.accumulation->sums) {
+      const int lp = c.rank.local[size_t(p)], ls = c.rank.local[size_t(sum)];
+      if (lp >= 0 && ls >= 0) param_group[size_t(ls)] = param_group[size_t(lp)];
+    }
   std::map<int, std::vector<std::pair<int, int>>> uses;  // value -> (node, input slot)
   for (const ir::Node& n : g.nodes())
     for (size_t i = 0; i < n.inputs.size(); ++i) uses[n.inputs[i]].push_back({n.id, int(i)});

@@ -13,7 +13,7 @@ Pass differentiate_pass() {
             ir::Graph& g = c.model.graph;
             ops::Builder b(g);
             c.grads = autodiff::gradients(b, c.model.loss, g.inputs_of_kind(ir::ValueKind::param));
-            if (o.kind == StepKind::train && !o.accumulate) return;
+            if (o.kind == StepKind::train) return;
             std::vector<int> outs = c.model.loss_outputs();
             if (o.kind == StepKind::grads) outs.push_back(c.model.logits);
             for (auto [p, d] : c.grads) outs.push_back(d);

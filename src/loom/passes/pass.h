@@ -42,8 +42,8 @@ Stage parse_stage(std::string_view name);
 //   eval    loss                     (validation)
 //   infer   loss, logits             (sampling)
 //   grads   loss, logits, gradients  (loom step, tests)
-//   train   loss, grad_norm and the AdamW update; with `accumulate`, loss and gradients only (the
-//           optimizer then runs as a graph of its own over summed gradients: train/compile.h)
+//   train   loss, grad_norm and the AdamW update; with `accumulate`, of the mean of the micro-
+//           batches' gradients (Accumulation below)
 //   decode  one step of incremental decoding (models::build_decode): seq_len new tokens at a
 //           runtime position, key/value caches of cache_len positions, the last token's logits
 //           (inference only: it stops at the forward stage and takes no plan)
@@ -99,7 +99,7 @@ struct Options {
   int64_t batch = 1, seq_len = 1;  // the global batch (B, T)
   int64_t cache_len = 0;           // decode: positions of the key/value caches
   StepKind kind = StepKind::train;
-  bool accumulate = false;  // train: stop at the gradients (gradient accumulation)
+  bool accumulate = false;  // train: micro-batches' gradients summed in the graph (Accumulation)
   autodiff::AdamWConfig optim;
   shard::Plan plan;                // empty: one rank, every value whole
   int64_t ranks = 1;               // the number of ranks the plan must fit
@@ -110,24 +110,27 @@ struct Options {
   bool report_changes = false;
 };
 
-// With gradient accumulation (Options::accumulate) the step graph stops at the gradients, and
-// add_optimizer builds two graphs of their own beside it:
+// Gradient accumulation (Options::accumulate, [train] grad_accum = k): one training graph serves
+// every micro-batch of a step. add_optimizer adds, per parameter P with gradient %d.P,
 //
-//   graph accumulate {                     per parameter P; run after micro-batches 1 .. k-1
-//     state %sum.P : f32[...]              (micro-batch 0's gradients are copied in)
-//     input %grad.P : f32[...]             the step graph's gradient of P
-//     input %coef : f32[]                  1, and 1/k after the last micro-batch (their mean)
-//     %sum.P.add = add(%sum.P, %grad.P)
-//     %sum.P.new = mul_scalar(%sum.P.add, %coef)
-//     %sum.P.assign = assign(%sum.P, %sum.P.new)
-//   }
-//   graph optimizer { clipping and AdamW of every parameter, its gradient input bound to the sums }
+//   state %grad_sum.P : f32[...]           the gradients of the step's earlier micro-batches
+//   input %accum.keep : f32[]              1, and 0 on the step's last micro-batch
+//   input %accum.scale : f32[]             1/k
+//   %grad_sum.P.add = add(%grad_sum.P, %d.P)
+//   %grad_sum.P.kept = mul_scalar(%grad_sum.P.add, %accum.keep)
+//   %grad_sum.P.assign = assign(%grad_sum.P, %grad_sum.P.kept)
+//   %grad_mean.P = mul_scalar(%grad_sum.P.add, %accum.scale)     what clipping and AdamW read
+//
+// apply_tactics keeps each sum as the tactics keep its mean (an fsdp or zero2 rank: its block), and
+// the last scheduled pass (micro_batch) orders the rank program so that its first
+// `micro_nodes` nodes are a micro-batch before the last: the forward, the backward, the gradients'
+// reductions and the sums' update, nothing of the optimizer. A step runs that prefix k - 1 times
+// and the whole program once. Under a plan the gradients are reduced once per micro-batch.
 struct Accumulation {
-  ir::Graph optimizer{"optimizer"}, accumulate{"accumulate"};
-  autodiff::TrainStep opt;        // the optimizer graph's handles
-  std::map<int, int> grad_input;  // global param -> optimizer-graph gradient input
-  std::map<int, int> sum, grad;   // global param -> accumulate-graph sum (state), gradient (input)
-  int coef = -1;                  // the accumulate graph's scalar input
+  std::map<int, int> sums;   // global param -> its %grad_sum state
+  std::map<int, int> means;  // global param -> its %grad_mean (the optimizer's gradient)
+  int keep = -1, scale = -1;
+  int64_t micro_nodes = 0;  // scheduled: the rank program's prefix that is one micro-batch
 };
 
 struct PassRun {
@@ -139,11 +142,11 @@ struct PassRun {
 struct Compilation {
   models::ModelGraph model;        // the global graph, its handles and roles (forward on)
   std::map<int, int> grads;        // param -> gradient value (train: kinds grads and train)
-  autodiff::TrainStep optimizer;   // clipping and AdamW handles (train, not accumulating)
+  autodiff::TrainStep optimizer;   // clipping and AdamW handles (train)
   shard::Annotations annotations;  // the tactics' shardings (sharded)
   shard::Propagation propagation;  // every value's sharding (sharded)
   shard::Program rank;             // the per-rank program (lowered)
-  std::optional<Accumulation> accumulation;  // train with gradient accumulation
+  std::optional<Accumulation> accumulation;  // train with Options::accumulate
   std::vector<PassRun> passes_run;           // in order
 };
 

@@ -44,7 +44,7 @@ const std::vector<Pass>& pipeline() {
                                    add_optimizer_pass(), apply_tactics_pass(), propagate_pass(),
                                    lower_pass(),         reshard_pass(),       recompute_pass(),
                                    dce_pass(),           gather_cast_pass(),   bucket_pass(),
-                                   synthesize_pass(),    prefetch_pass()};
+                                   synthesize_pass(),    prefetch_pass(),      micro_batch_pass()};
   return p;
 }
 
@@ -86,7 +86,7 @@ const Pass& find_pass(std::string_view name) {
 namespace {
 
 // Everything a pass may change, as text: the global graph, the tactics' and propagation's
-// shardings, the rank program, the accumulation graphs.
+// shardings, the rank program.
 std::string compilation_text(const Compilation& c) {
   std::string t = ir::print(c.model.graph);
   for (const auto& [v, a] : c.annotations)
@@ -94,8 +94,6 @@ std::string compilation_text(const Compilation& c) {
                      a.has_use ? shard::to_string(a.use) : "");
   for (const shard::Sharding& s : c.propagation.value) t += shard::to_string(s) + "\n";
   t += ir::print(c.rank.graph);
-  if (c.accumulation)
-    t += ir::print(c.accumulation->accumulate) + ir::print(c.accumulation->optimizer);
   return t;
 }
 

@@ -47,5 +47,6 @@ Pass gather_cast_pass();
 Pass bucket_pass();
 Pass synthesize_pass();
 Pass prefetch_pass();
+Pass micro_batch_pass();
 
 }  // namespace loom::passes

@@ -42,7 +42,7 @@ Executor::~Executor() {
 
 void Executor::bind(int value, void* data) {
   LOOM_CHECK(g_.value(value).kind != ir::ValueKind::node) << "bind of a node value";
-  if (external_[value] != data) recording_.reset();  // it read the old address
+  if (external_[value] != data) recordings_.clear();  // it read the old address
   external_[value] = data;
 }
 
@@ -116,19 +116,27 @@ void Executor::launch(const ir::Node& n, void* const* ins, void* const* outs) {
                  Trace::now_us() - us, us, 0});
 }
 
-void Executor::run() {
+void Executor::run() { run(g_.nodes().size()); }
+
+void Executor::run(size_t nodes) {
+  LOOM_CHECK(nodes <= g_.nodes().size()) << "run(" << nodes << ") of " << g_.nodes().size();
+  replayed_ = false;
   for (const ir::Value& v : g_.values())
     if (v.kind != ir::ValueKind::node && !external_[v.id] && value_bytes(v) > 0)
       throw Error(fmt::format("executor: graph input %{} ({}) is not bound", v.name,
                               ir::kind_name(v.kind)));
-  if (recording_) return recording_->replay();
-  if (recordable_ && runs_ > 0 && !profile_ && !trace_ && !comms_ && !stream_) {
-    recording_ = device_.record([this] { run_nodes(); });
-    recordable_ = recording_ != nullptr;
-    if (recording_) return recording_->replay();
+  std::unique_ptr<Recording>& recording = recordings_[nodes];
+  if (!recording && recordable_ && runs_[nodes] > 0 && !profile_ && !trace_ && !comms_ &&
+      !stream_) {
+    recording = device_.record([this, nodes] { run_nodes(nodes); });
+    recordable_ = recording != nullptr;
   }
-  ++runs_;
-  run_nodes();
+  if (recording) {
+    replayed_ = true;
+    return recording->replay();
+  }
+  ++runs_[nodes];
+  run_nodes(nodes);
 }
 
 // A profiled run without a trace stamps the device's queue after each node and reads the stamps
@@ -136,14 +144,15 @@ void Executor::run() {
 // synchronisation between them; an interval also holds the gap before its kernel started). On the
 // CPU a stamp is the host's clock, and a node's interval its kernel, or the wait for its
 // collective. A traced run synchronises after each node and times it on the host's clock.
-void Executor::run_nodes() {
+void Executor::run_nodes(size_t count) {
   const bool stamped = profile_ && !trace_;
   if (stamped) {
     if (!stamps_) stamps_ = device_.stamps(g_.nodes().size() + 1);
     stamps_->stamp(0);
   }
   std::vector<void*> ins, outs;
-  for (const ir::Node& n : g_.nodes()) {
+  for (size_t i = 0; i < count; ++i) {
+    const ir::Node& n = g_.nodes()[i];
     ins.clear();
     outs.clear();
     for (int v : n.inputs) ins.push_back(data(v));
@@ -172,7 +181,7 @@ void Executor::run_nodes() {
   if (stream_) stream_->drain();
   if (!stamped) return;
   const std::vector<double> t = stamps_->seconds();
-  for (size_t i = 0; i + 1 < t.size(); ++i) {
+  for (size_t i = 0; i < count && i + 1 < t.size(); ++i) {
     node_times_[i].seconds += t[i + 1] - t[i];
     node_times_[i].calls++;
   }

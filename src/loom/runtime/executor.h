@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,9 +53,11 @@ class Executor {
 
   // Binds an external value (param, state, input) to caller memory of value_bytes() bytes.
   void bind(int value, void* data);
-  // Runs every node. Throws loom::Error if an external value is unbound or a kernel rejects its
-  // input (e.g. a token id outside the vocabulary).
+  // Runs every node, or the program's first `nodes` (a micro-batch before a step's last:
+  // passes/micro_batch.cc). Throws loom::Error if an external value is unbound or a kernel rejects
+  // its input (e.g. a token id outside the vocabulary).
   void run();
+  void run(size_t nodes);
   // Any value's memory (arena values are valid until the next run()).
   void* data(int value) const;
   template <class T>
@@ -70,15 +73,15 @@ class Executor {
   // not recorded as a graph).
   void set_profiling(bool on) {
     profile_ = on;
-    recording_.reset();
+    recordings_.clear();
   }
   // Records every node of the following runs into `trace` (kept by the caller; null stops).
   void set_trace(Trace* trace) {
     trace_ = trace;
-    recording_.reset();
+    recordings_.clear();
   }
   // Whether the last run() replayed a recording of the program (a CUDA graph).
-  bool replayed() const { return recording_ != nullptr; }
+  bool replayed() const { return replayed_; }
   // Communication as the compute thread saw it, summed over runs: collectives launched, and the
   // seconds it spent blocked on them (at waits, and in synchronous collectives): the exposed
   // communication. Always counted (two clock reads per collective).
@@ -111,10 +114,13 @@ class Executor {
   std::vector<bool> completes_;         // per node: a wait (ops::Trait::completion)
   Trace* trace_ = nullptr;
   CommStats comm_stats_;
-  std::unique_ptr<Recording> recording_;  // the program recorded on the device, replayed
-  int64_t runs_ = 0;
+  // The program (or a prefix of it: keyed by its node count) recorded on the device, replayed;
+  // and how often each ran unrecorded.
+  std::map<size_t, std::unique_ptr<Recording>> recordings_;
+  std::map<size_t, int64_t> runs_;
   bool recordable_ = true;  // false once the device declined to record it
-  void run_nodes();
+  bool replayed_ = false;
+  void run_nodes(size_t count);
   void launch(const ir::Node& n, void* const* ins, void* const* outs);
   // Blocks on the stream; returns the microseconds waited, which count as exposed.
   double wait_for(int64_t ticket);

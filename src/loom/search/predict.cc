@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <map>
-#include <tuple>
 #include <variant>
 
 #include "loom/core/error.h"
@@ -22,10 +21,13 @@ namespace loom::search {
 namespace {
 
 // A program's compute kernels (sim/kernel_list.h), into `out` keyed by their signature; `count`
-// adds up over a step's programs, `steps` of it; `predicted_s` is the cluster's time for one.
-void collect_kernels(const ir::Graph& g, const sim::Cluster& cl, double steps,
-                     nlohmann::json& out) {
-  for (const ir::Node& n : g.nodes()) {
+// adds up over a step's programs, `steps` of it; `predicted_s` is the cluster's time for one. Only
+// the program's first `nodes` nodes when >= 0 (a micro-batch's prefix).
+void collect_kernels(const ir::Graph& g, const sim::Cluster& cl, double steps, nlohmann::json& out,
+                     int64_t nodes = -1) {
+  const size_t count = nodes < 0 ? g.nodes().size() : size_t(nodes);
+  for (size_t i = 0; i < count; ++i) {
+    const ir::Node& n = g.nodes()[i];
     if (!sim::listed_kernel(n)) continue;
     nlohmann::json k = sim::kernel_json(g, n);
     const std::string sig = sim::kernel_signature(k);
@@ -76,42 +78,33 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
     so.oversubscription =
         std::max(1.0, double(ranks * cl.profile->threads) / double(cl.device.cores));
   so.mpi_ranks = !plan.empty() && cfg.plan.ranks == "mpi";
-  const sim::Prediction p = sim::simulate(prog, plan.mesh, cl, pl, so);
-  if (kernels) collect_kernels(prog, cl, double(step.accum), *kernels);
-  // gradient accumulation: `accum` forward+backward programs, `accum` - 1 runs of the accumulate
-  // graph, then the optimizer's own graph (its arena, the gradient sums and moments beside the
-  // step's memory; the parameters once)
-  const double a = double(step.accum);
-  double step_s = p.step_seconds * a, compute_s = p.compute_seconds * a, flops = p.flops * a;
-  std::map<ir::Op, double> by_op;
-  for (const auto& [op, t] : p.compute_by_op) by_op[op] += t * a;
-  int64_t planned = p.planned_bytes, peak_bytes = p.peak_bytes;
-  if (step.separate_optimizer()) {
-    const passes::Accumulation& acc = step.accumulation();
-    // the accumulate graph's time only (its memory: its arena, below), the optimizer's both
-    sim::SimOptions time_only = so;
-    time_only.memory = false;
-    const sim::Prediction pa =
-        sim::simulate(acc.accumulate, shard::Mesh{}, cl, sim::Placement{}, time_only);
-    const sim::Prediction po =
-        sim::simulate(acc.optimizer, shard::Mesh{}, cl, sim::Placement{}, so);
-    for (const auto& [g, o, runs] :
-         {std::tuple<const ir::Graph*, const sim::Prediction*, double>{&acc.accumulate, &pa, a - 1},
-          {&acc.optimizer, &po, 1.0}}) {
-      if (kernels) collect_kernels(*g, cl, runs, *kernels);
-      step_s += o->step_seconds * runs;
-      compute_s += o->compute_seconds * runs;
-      flops += o->flops * runs;
-      for (const auto& [op, t] : o->compute_by_op) by_op[op] += t * runs;
+  sim::Prediction p = sim::simulate(prog, plan.mesh, cl, pl, so);
+  if (kernels) collect_kernels(prog, cl, 1.0, *kernels);
+  // gradient accumulation: the program's micro-batch prefix on `accum` - 1 micro-batches, then the
+  // whole program once (the same memory)
+  if (step.accum > 1) {
+    const double runs = double(step.accum - 1);
+    sim::SimOptions prefix = so;
+    prefix.memory = false;
+    prefix.nodes = int64_t(step.micro_nodes());
+    const sim::Prediction m = sim::simulate(prog, plan.mesh, cl, pl, prefix);
+    if (kernels) collect_kernels(prog, cl, runs, *kernels, prefix.nodes);
+    p.step_seconds += m.step_seconds * runs;
+    p.compute_seconds += m.compute_seconds * runs;
+    p.comm_seconds += m.comm_seconds * runs;
+    p.exposed_comm_seconds += m.exposed_comm_seconds * runs;
+    p.flops += m.flops * runs;
+    p.collectives += int64_t(double(m.collectives) * runs);
+    for (const auto& [op, t] : m.compute_by_op) p.compute_by_op[op] += t * runs;
+    for (const auto& [l, b] : m.level_bytes) p.level_bytes[l] += b * runs;
+    for (const auto& [a, t] : m.axis_traffic) {
+      p.axis_traffic[a].count += int64_t(double(t.count) * runs);
+      p.axis_traffic[a].bytes += t.bytes * runs;
     }
-    // the optimizer graph's memory but the parameters, and the accumulate graph's arena (its sums
-    // are the optimizer's inputs, its gradients the step's)
-    const int64_t params = models::param_count(cfg.model) * 4;
-    const int64_t extra =
-        po.planned_bytes - params + runtime::plan_memory(acc.accumulate).arena_bytes;
-    planned += extra;
-    peak_bytes += extra;
   }
+  const double step_s = p.step_seconds, compute_s = p.compute_seconds, flops = p.flops;
+  const std::map<ir::Op, double>& by_op = p.compute_by_op;
+  const int64_t planned = p.planned_bytes, peak_bytes = p.peak_bytes;
 
   const int64_t T = cfg.train.seq_len;
   const double tokens = double(cfg.train.batch_size * T * step.accum);
@@ -135,16 +128,16 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   nlohmann::json bo = nlohmann::json::object();
   for (const auto& [op, t] : by_op) bo[std::string(ir::op_name(op))] = t * 1e3;
   j["compute_ms_by_op"] = bo;
-  j["exposed_comm_ms"] = p.exposed_comm_seconds * double(step.accum) * 1e3;
-  j["collectives_per_step"] = p.collectives * step.accum;
+  j["exposed_comm_ms"] = p.exposed_comm_seconds * 1e3;
+  j["collectives_per_step"] = p.collectives;
   j["planned_bytes"] = planned;
   j["peak_bytes"] = peak_bytes;
   j["fits"] = double(peak_bytes) <= cl.device.memory_bytes;
   nlohmann::json lb = nlohmann::json::object();
-  for (const auto& [l, b] : p.level_bytes) lb[l] = b * double(step.accum);
+  for (const auto& [l, b] : p.level_bytes) lb[l] = b;
   j["bytes_per_level"] = lb;
   nlohmann::json ab = nlohmann::json::object();
-  for (const auto& [a, t] : p.axis_traffic) ab[a] = t.bytes * double(step.accum);
+  for (const auto& [a, t] : p.axis_traffic) ab[a] = t.bytes;
   j["bytes_per_axis"] = ab;
   j["energy_kwh_per_step"] = kwh;
   j["co2_kg_per_step"] = kwh * cl.carbon_intensity;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 
+#include "loom/core/error.h"
 #include "loom/ops/op.h"
 #include "loom/runtime/memory_plan.h"
 #include "loom/sim/cost.h"
@@ -85,7 +86,10 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
     r.exposed_comm_seconds += now - from;
   };
   std::map<std::pair<std::string, bool>, double> loads;  // (group, all_to_all) -> link load
-  for (const ir::Node& n : g.nodes()) {
+  const size_t count = o.nodes < 0 ? g.nodes().size() : size_t(o.nodes);
+  LOOM_CHECK(count <= g.nodes().size());
+  for (size_t i = 0; i < count; ++i) {
+    const ir::Node& n = g.nodes()[i];
     if (ops::has_trait(n.op, ops::Trait::collective)) {
       const std::string& axis = n.attr_str("axis");
       const int64_t ranks = mesh.group_size(axis);

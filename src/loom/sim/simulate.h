@@ -62,6 +62,9 @@ struct SimOptions {
   // false: time only (planned_bytes and peak_bytes stay 0); the memory plan is the
   // costly part of a large program, and bucket = "auto" compares candidates by time
   bool memory = true;
+  // the program's first `nodes` nodes only (-1: all): a micro-batch before a step's last under
+  // gradient accumulation (passes/micro_batch.cc)
+  int64_t nodes = -1;
 };
 
 // Simulates one step of a rank's program `g` (compiled under `mesh`) on cluster c with the axes

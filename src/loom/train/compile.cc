@@ -1,25 +1,10 @@
 #include "loom/train/compile.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 
-#include "loom/core/error.h"
 #include "loom/ops/verify.h"
 
 namespace loom::train {
-
-namespace {
-
-// What a plan cannot be combined with yet.
-void require_plannable(const Config& cfg) {
-  if (cfg.train.grad_accum > 1)
-    throw Error(
-        fmt::format("{}: [train] grad_accum > 1 with a [plan] is not supported yet", cfg.path),
-        "raise [train] batch_size instead: the plan splits it across ranks");
-}
-
-}  // namespace
 
 passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t ranks) {
   passes::Options o;
@@ -37,7 +22,6 @@ passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t r
 }
 
 void check_plan(const Config& cfg) {
-  require_plannable(cfg);
   passes::compile(step_options(cfg, passes::StepKind::train, cfg.plan.plan.mesh.size()),
                   passes::Stage::scheduled);
 }
@@ -46,7 +30,6 @@ CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_pl
   CompiledStep s;
   s.kind = kind;
   s.sharded = with_plan && !cfg.plan.plan.empty();
-  if (s.sharded && kind == passes::StepKind::train) require_plannable(cfg);
   const passes::Options opts = step_options(cfg, kind, s.sharded ? ranks : 0);
   // every run goes the whole way: one process lowers the empty plan (one rank, every value whole,
   // no collective) and its program gets the scheduled stage's passes as a rank's does
@@ -59,7 +42,6 @@ CompiledStep compile_step(const Config& cfg, const passes::Compilation& trained,
   CompiledStep s;
   s.kind = passes::StepKind::train;
   s.sharded = !cfg.plan.plan.empty();
-  if (s.sharded) require_plannable(cfg);
   const passes::Options opts = step_options(cfg, s.kind, s.sharded ? ranks : 0);
   s.c = trained;
   passes::compile_on(s.c, opts, passes::Stage::train, passes::Stage::scheduled);

@@ -2,13 +2,12 @@
 // this rank's program) through the compile pipeline (passes/), plus the handles a runner binds and
 // reads: loss, gradients, hyper-parameters, gradient norm and AdamW moments.
 //
-// With [train] grad_accum = k > 1 the forward+backward graph stops at the gradients, a graph of its
-// own (`accumulate`) adds each micro-batch's gradients into their sums, and the optimizer is a
-// third (`optimizer`), fed the sums: the add_optimizer pass builds them (passes::Accumulation).
+// With [train] grad_accum = k > 1 the same graph, under any plan, adds each micro-batch's gradients
+// into their sums and applies the optimizer to their mean; a micro-batch before the last runs only
+// the rank program's first micro_nodes() nodes (passes::Accumulation).
 //
 // Not here: memory (a runner binds buffers), running (step.h), a rank's parameter blocks
-// (rank_blocks.h). Invariant: every handle is an id of `graph()` except those of the separate
-// optimizer graph, which are ids of `optimizer_graph()`.
+// (rank_blocks.h). Invariant: every handle is an id of `graph()`.
 #pragma once
 
 #include <cstdint>
@@ -38,16 +37,15 @@ struct CompiledStep {
 
   const ir::Graph& graph() const { return c.model.graph; }
   int loss() const { return c.model.loss; }
-  // The graph holding the optimizer (the step's own, or the accumulation's optimizer graph) and its
-  // handles.
-  bool separate_optimizer() const { return c.accumulation.has_value(); }
-  // Gradient accumulation's optimizer and accumulate graphs (separate_optimizer()).
-  const passes::Accumulation& accumulation() const { return *c.accumulation; }
-  const ir::Graph& optimizer_graph() const {
-    return separate_optimizer() ? accumulation().optimizer : graph();
+  const autodiff::TrainStep& optimizer() const { return c.optimizer; }
+  // Gradient accumulation (accum > 1): the gradient sums and the scalars keep and scale.
+  const passes::Accumulation* accumulation() const {
+    return c.accumulation ? &*c.accumulation : nullptr;
   }
-  const autodiff::TrainStep& optimizer() const {
-    return separate_optimizer() ? accumulation().opt : c.optimizer;
+  // The nodes of the rank program that run on a micro-batch before the step's last (all of them
+  // without accumulation).
+  size_t micro_nodes() const {
+    return c.accumulation ? size_t(c.accumulation->micro_nodes) : c.rank.graph.nodes().size();
   }
 };
 

@@ -114,33 +114,17 @@ void StepRunner::bind_program(StepRunner* share) {
   exec_->bind(out(step_.c.model.tokens), staged(inputs_.data(), int64_t(inputs_.size()) * 4));
   exec_->bind(out(step_.c.model.targets), staged(targets_.data(), int64_t(targets_.size()) * 4));
   if (mode_ != Mode::train) return;
-  float* hyper = static_cast<float*>(staged(hyper_buf_, sizeof hyper_buf_));
-  if (step_.separate_optimizer()) {
-    const passes::Accumulation& a = step_.accumulation();
-    opt_exec_ = std::make_unique<runtime::Executor>(a.optimizer, dev_);
-    accum_exec_ = std::make_unique<runtime::Executor>(a.accumulate, dev_);
-    accum_exec_->bind(a.coef, staged(&accum_coef_, sizeof accum_coef_));
-    for (auto [p, d] : step_.c.grads) {
-      const ir::Value& pv = g.value(p);
-      float* sum = device_floats(numel(pv.type.shape));
-      accum_grads_.push_back({d, sum});
-      opt_exec_->bind(a.optimizer.find(pv.name), param(pv.name));
-      opt_exec_->bind(a.grad_input.at(p), sum);
-      accum_exec_->bind(a.sum.at(p), sum);
-      accum_exec_->bind(a.grad.at(p), exec_->data(out(d)));  // its arena: fixed
-    }
+  exec_->bind(out(step_.optimizer().hyper), staged(hyper_buf_, sizeof hyper_buf_));
+  if (const passes::Accumulation* a = step_.accumulation()) {
+    exec_->bind(out(a->keep), staged(&accum_buf_[0], 4));
+    exec_->bind(out(a->scale), staged(&accum_buf_[1], 4));
   }
-  // the optimizer's inputs live in the fused graph (its values mapped by out()), or in the
-  // optimizer graph when accumulating
-  runtime::Executor& ox = opt_exec_ ? *opt_exec_ : *exec_;
-  const ir::Graph& og = ox.graph();
-  auto in_ox = [&](int v) { return opt_exec_ ? v : out(v); };
-  ox.bind(in_ox(step_.optimizer().hyper), hyper);
-  for (const ir::Value& v : og.values())
-    if (v.kind == ir::ValueKind::state) ox.bind(v.id, device_floats(numel(v.type.shape)));
+  // the moments and gradient sums, zeroed
+  const ir::Graph& prog = exec_->graph();
+  for (const ir::Value& v : prog.values())
+    if (v.kind == ir::ValueKind::state) exec_->bind(v.id, device_floats(numel(v.type.shape)));
   for (auto [key, st] : step_.optimizer().moments)
-    moment_of_[{step_.optimizer_graph().value(key.first).name, key.second}] =
-        ox.ptr<float>(in_ox(st));
+    moment_of_[{g.value(key.first).name, key.second}] = exec_->ptr<float>(out(st));
 }
 
 namespace {
@@ -186,6 +170,7 @@ void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* 
   exec_ = std::make_unique<runtime::Executor>(prog.graph);
   exec_->set_comms(&comms);
   const int hyper = step_.c.optimizer.hyper;
+  const passes::Accumulation* accum = step_.accumulation();
   std::map<int, float*> state_buf;  // global state value -> this rank's block of it
   for (const ir::Value& v : g.values()) {
     if (v.kind == ir::ValueKind::node) continue;
@@ -204,6 +189,8 @@ void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* 
       exec_->bind(local, buf.data());
     } else if (v.id == hyper) {
       exec_->bind(local, hyper_buf_);
+    } else if (accum && (v.id == accum->keep || v.id == accum->scale)) {
+      exec_->bind(local, &accum_buf_[v.id == accum->keep ? 0 : 1]);
     } else if (v.kind == ir::ValueKind::state) {
       state_buf[v.id] = device_floats(n);
       exec_->bind(local, state_buf[v.id]);
@@ -245,6 +232,12 @@ StepRunner::StateBytes StepRunner::state_bytes() const {
   }
   for (const ir::Node& n : p.nodes())
     if (ops::has_trait(n.op, ops::Trait::optimizer)) b.grads += bytes(n.inputs[1]);
+  if (const passes::Accumulation* a = step_.accumulation())
+    for (auto [param, sum] : a->sums) {  // a state, but gradients' memory
+      const int local = step_.c.rank.local[size_t(sum)];
+      b.moments -= bytes(local);
+      b.grads += bytes(local);
+    }
   return b;
 }
 
@@ -307,37 +300,31 @@ float StepRunner::step(const int32_t* tokens, double lr) {
     hyper_buf_[1] = float(1.0 - std::pow(cfg_.optim.beta1, double(t_)));
     hyper_buf_[2] = float(1.0 - std::pow(cfg_.optim.beta2, double(t_)));
   }
-  if (!opt_exec_) {
-    load_rows(tokens);
+  // Gradient accumulation (k = accum > 1): micro-batches 0 .. k-2 run the program's prefix that
+  // adds their gradients into the sums, the last the whole program (passes::Accumulation).
+  const int64_t k = step_.accum;
+  double loss = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    const bool last = i + 1 == k;
+    load_rows(tokens + i * B * (T + 1));
     if (blocks_) {  // this rank's block of the batch
       blocks_->take_block(step_.c.model.tokens, inputs_.data(), tokens_block_.data());
       blocks_->take_block(step_.c.model.targets, targets_.data(), targets_block_.data());
     }
+    accum_buf_[0] = last ? 0.0f : 1.0f;
+    accum_buf_[1] = float(1.0 / double(k));
     send_staged();
-    exec_->run();
-    collect_forward_outputs(0);
-    return host_scalar(*exec_, out(step_.loss()));
-  }
-  // Gradient accumulation: micro-batch 0's gradients copied into the sums, the accumulate graph
-  // adding each later one's (and taking the mean after the last), then one optimizer step.
-  double loss = 0;
-  for (int64_t i = 0; i < step_.accum; ++i) {
-    load_rows(tokens + i * B * (T + 1));
-    accum_coef_ = i + 1 == step_.accum ? float(1.0 / double(step_.accum)) : 1.0f;
-    send_staged();
-    exec_->run();
+    if (last)
+      exec_->run();
+    else
+      exec_->run(step_.micro_nodes());
     collect_forward_outputs(i);
-    loss += host_scalar(*exec_, out(step_.loss()));
-    if (i == 0) {
-      for (auto& [d, sum] : accum_grads_)
-        dev_.copy(sum, exec_->data(out(d)), numel(graph().value(d).type.shape) * 4);
-      continue;
-    }
-    accum_exec_->run();
+    const float l = host_scalar(*exec_, out(step_.loss()));
+    if (k == 1) return l;
+    loss += l;
   }
-  opt_exec_->run();
-  ce_loss_ = float(ce_loss_ / double(step_.accum));
-  return float(loss / double(step_.accum));
+  ce_loss_ = float(ce_loss_ / double(k));
+  return float(loss / double(k));
 }
 
 void StepRunner::collect_forward_outputs(int64_t i) {
@@ -375,21 +362,12 @@ const float* StepRunner::grad(const std::string& param) const {
 float StepRunner::grad_norm() const {
   const int norm = step_.optimizer().grad_norm;
   LOOM_CHECK(norm >= 0);
-  if (blocks_) return host_scalar(*exec_, out(norm));
-  return opt_exec_ ? host_scalar(*opt_exec_, norm) : host_scalar(*exec_, out(norm));
+  return host_scalar(*exec_, out(norm));
 }
 
-void StepRunner::set_trace(runtime::Trace* trace) {
-  exec_->set_trace(trace);
-  if (opt_exec_) opt_exec_->set_trace(trace);
-  if (accum_exec_) accum_exec_->set_trace(trace);
-}
+void StepRunner::set_trace(runtime::Trace* trace) { exec_->set_trace(trace); }
 
-runtime::Executor::CommStats StepRunner::comm_stats() const {
-  runtime::Executor::CommStats s = exec_->comm_stats();
-  if (opt_exec_) s += opt_exec_->comm_stats();
-  return s;
-}
+runtime::Executor::CommStats StepRunner::comm_stats() const { return exec_->comm_stats(); }
 
 int64_t StepRunner::activation_bytes() const {
   std::vector<int> batch;
@@ -399,11 +377,7 @@ int64_t StepRunner::activation_bytes() const {
 }
 
 int64_t StepRunner::planned_peak_bytes() const {
-  int64_t b = exec_->plan().arena_bytes + exec_->plan().external_bytes;
-  if (opt_exec_)  // the optimizer graph: its arena, gradient sums and moments; params counted once
-    b += opt_exec_->plan().arena_bytes + opt_exec_->plan().external_bytes -
-         params_.total_elements() * 4;
-  return b;
+  return exec_->plan().arena_bytes + exec_->plan().external_bytes;
 }
 
 }  // namespace loom::train

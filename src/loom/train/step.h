@@ -6,9 +6,10 @@
 // train). Mode::eval    forward and loss only (validation). Mode::infer   forward, loss and logits
 // (sampling): the logits survive, so they cost a buffer. A batch is tokens (rows_per_step(), T+1):
 // inputs are [:, :-1], targets [:, 1:]. In Mode::train with [train] grad_accum = k > 1, a step runs
-// the forward+backward graph on k micro-batches of B rows, sums their gradients (scaled by 1/k: the
-// gradient of the mean loss over all k*B rows) and then runs the separate optimizer graph; the
-// returned loss is the mean over the micro-batches.
+// k micro-batches of B rows, summing their gradients, and one update with their mean (the gradient
+// of the mean loss over all k*B rows): the program's micro-batch prefix on the first k - 1, all of
+// it on the last (passes::Accumulation), with or without a plan; the returned loss is the mean over
+// the micro-batches.
 //
 // With a [plan] and communicators (one StepRunner per rank), the executor runs this rank's program.
 // Every rank passes the same whole batch; the runner keeps its own block. Parameters split by the
@@ -119,8 +120,6 @@ class StepRunner {
   runtime::Device& dev_;
   CompiledStep step_;
   std::unique_ptr<runtime::Executor> exec_;
-  std::unique_ptr<runtime::Executor> opt_exec_;        // gradient accumulation: the optimizer graph
-  std::unique_ptr<runtime::Executor> accum_exec_;      // ... and the accumulate graph
   std::unique_ptr<RankBlocks> blocks_;                 // sharded runs
   std::vector<int32_t> inputs_, targets_;              // the batch (B,T), whole
   std::vector<int32_t> tokens_block_, targets_block_;  // sharded: this rank's block of it
@@ -140,9 +139,8 @@ class StepRunner {
   std::map<MomentKey, float*> moment_of_;                        // this rank's block of each moment
   std::map<MomentKey, int> moment_value_;  // sharded: each moment's global state value
   std::map<int, int> out_local_;           // sharded: global output value -> the executor's value
-  std::vector<std::pair<int, float*>> accum_grads_;  // global grad id, its sum
   float hyper_buf_[3] = {0, 0, 0};
-  float accum_coef_ = 1;  // the accumulate graph's %coef
+  float accum_buf_[2] = {1, 1};  // gradient accumulation's %accum.keep, %accum.scale
   float ce_loss_ = 0;
   RouterLoad load_;
   // After the step graph ran on micro-batch i: adds its cross-entropy and router load to the
