@@ -19,7 +19,8 @@
 // an axis twice, a dim the axis does not divide). Pass settings that cannot matter are one option:
 // bucketing on one device, reshard-after-forward without fsdp.
 //
-// The micro-batch size is not a decision yet: [train] grad_accum cannot be combined with a plan.
+// The micro-batch size is not a decision yet: every candidate keeps the config's [train]
+// grad_accum (which any plan runs: passes/micro_batch.cc).
 #pragma once
 
 #include <cstdint>

@@ -7,11 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "loom/core/checksum.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/safetensors.h"
+#include "loom/train/hf_dir.h"
+#include "loom/train/sharded_checkpoint.h"
 
 namespace loom::train {
 
@@ -53,10 +56,99 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return all.back();
 }
 
+namespace {
+
+// state.json's text: the caller's state, the format, the step and the checksums.
+std::string state_text(const nlohmann::json& state, int64_t step, const std::string& config_text) {
+  nlohmann::json st = state;
+  st["format"] = 1;
+  st["step"] = step;
+  st["config_crc32"] = crc32_hex(config_text);
+  st["crc32"] = crc32_hex(st.dump());  // of the rest, as dump() writes it (keys sorted)
+  return st.dump(2) + "\n";
+}
+
+// Sweep: of the checkpoints up to `step`, those older than the newest `keep` (the one just written
+// the newest of them); a later step's checkpoint is one a resume passed over as damaged: never
+// counted (it would push good ones out), never deleted. Then temp directories of crashed writers.
+void sweep(const std::string& dir, int64_t step, int64_t keep) {
+  std::error_code ec;
+  std::vector<std::string> upto;
+  for (const std::string& c : list_checkpoints(dir))
+    if (step_of(fs::path(c).filename().string()) <= step) upto.push_back(c);
+  if (keep > 0 && int64_t(upto.size()) > keep)
+    for (size_t i = 0; i < upto.size() - size_t(keep); ++i) fs::remove_all(upto[i], ec);
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(".tmp.", 0) == 0) fs::remove_all(e.path(), ec);
+}
+
+// A sharded run's checkpoint (sharded_checkpoint.h): every rank writes its blocks into rank 0's
+// temp directory, rank 0 the index, state and config, then renames it. After each phase the ranks
+// agree on whether every rank succeeded; a failure anywhere fails every rank's save (naming the
+// rank), removes the temp directory and leaves earlier checkpoints as they were.
+std::string save_sharded(const std::string& dir, StepRunner& runner, const nlohmann::json& state,
+                         const std::string& config_text, int64_t keep) {
+  comm::Communicator& world = runner.world();
+  const int rank = world.rank(), ranks = world.size();
+  const int64_t step = runner.step_count();
+  const std::string name = checkpoint_name(step);
+  const std::string final_path = (fs::path(dir) / name).string();
+  int64_t pid = ::getpid();
+  std::vector<int64_t> pids(static_cast<size_t>(ranks));
+  world.all_gather(&pid, pids.data(), 8);
+  const std::string tmp = (fs::path(dir) / fmt::format(".tmp.{}.{}", name, pids[0])).string();
+  auto attempt = [&](const std::function<void()>& f) {
+    std::string err;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    int32_t bad = err.empty() ? 0 : 1;
+    std::vector<int32_t> all(static_cast<size_t>(ranks));
+    world.all_gather(&bad, all.data(), 4);
+    for (int r = 0; r < ranks; ++r) {
+      if (!all[size_t(r)]) continue;
+      std::error_code ec;
+      if (rank == 0) fs::remove_all(tmp, ec);
+      throw Error(r == rank ? fmt::format("cannot write checkpoint {}: {}", final_path, err)
+                            : fmt::format("cannot write checkpoint {}: rank {} failed (its own "
+                                          "error says why)",
+                                          final_path, r));
+    }
+  };
+  attempt([&] {
+    if (rank != 0) return;
+    make_directories(dir);
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    if (!fs::create_directory(tmp, ec) || ec)
+      throw Error(fmt::format("cannot create {}: {}", tmp, ec.message()));
+  });
+  const std::vector<HeldTensor> held = runner.held_tensors();
+  attempt([&] { write_rank_file(tmp, held, runner.mesh(), rank); });
+  attempt([&] {
+    if (rank != 0) return;
+    write_file_atomic(tmp + "/" + kShardedIndex, sharded_index(held, runner.mesh()).dump(1) + "\n");
+    write_file_atomic(tmp + "/state.json", state_text(state, step, config_text));
+    write_file_atomic(tmp + "/config.toml", config_text);
+    if (path_exists(final_path)) remove_tree(final_path);  // re-saving the same step
+    fs::rename(tmp, final_path);
+    fsync_directory(dir);
+  });
+  if (rank == 0) sweep(dir, step, keep);
+  return final_path;
+}
+
+}  // namespace
+
 std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunner& runner,
                             const nlohmann::json& state, const std::string& config_text,
                             int64_t keep, bool writer) {
-  // every rank of a sharded run gathers (collectively); only the writer touches the disk
+  if (runner.sharded()) {
+    const std::string path = save_sharded(dir, runner, state, config_text, keep);
+    return writer ? path : "";
+  }
   runner.push_params();
   std::vector<std::vector<float>> moments;
   for (const auto& p : params.infos())
@@ -85,12 +177,7 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
                        moments[i++].data()});
     }
     write_safetensors(tmp + "/optimizer.safetensors", opt);
-    nlohmann::json st = state;
-    st["format"] = 1;
-    st["step"] = step;
-    st["config_crc32"] = crc32_hex(config_text);
-    st["crc32"] = crc32_hex(st.dump());  // of the rest, as dump() writes it (keys sorted)
-    write_file_atomic(tmp + "/state.json", st.dump(2) + "\n");
+    write_file_atomic(tmp + "/state.json", state_text(state, step, config_text));
     write_file_atomic(tmp + "/config.toml", config_text);  // each write fsyncs tmp as well
     if (path_exists(final_path)) remove_tree(final_path);  // re-saving the same step
     fs::rename(tmp, final_path);
@@ -102,16 +189,7 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
     fs::remove_all(tmp, ec);
     throw;
   }
-  // Sweep: of the checkpoints up to this step, those older than the newest `keep` (this one the
-  // newest of them); a later step's checkpoint is one a resume passed over as damaged: never
-  // counted (it would push good ones out), never deleted. Then temp directories of crashed writers.
-  std::vector<std::string> upto;
-  for (const std::string& c : list_checkpoints(dir))
-    if (step_of(fs::path(c).filename().string()) <= step) upto.push_back(c);
-  if (keep > 0 && int64_t(upto.size()) > keep)
-    for (size_t i = 0; i < upto.size() - size_t(keep); ++i) fs::remove_all(upto[i], ec);
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename().string().rfind(".tmp.", 0) == 0) fs::remove_all(e.path(), ec);
+  sweep(dir, step, keep);
   return final_path;
 }
 
@@ -129,6 +207,7 @@ Config load_run_config(const std::string& run_dir) {
 
 std::optional<std::string> model_file(const std::string& path) {
   std::error_code ec;
+  if (fs::is_directory(path, ec) && is_sharded_checkpoint(path)) return path;
   std::string f = fs::is_directory(path, ec) ? path + "/model.safetensors" : path;
   if (!fs::is_regular_file(f, ec)) return std::nullopt;
   return f;
@@ -148,7 +227,7 @@ std::string run_weights(const std::string& run_dir, const std::string& choice) {
   if (!latest)
     throw Error(fmt::format("run dir {}: no checkpoints in {}", run_dir, ckdir),
                 "train it first (loom train CONFIG --run-dir RUN_DIR), or pass --checkpoint PATH");
-  return *latest + "/model.safetensors";
+  return is_sharded_checkpoint(*latest) ? *latest : *latest + "/model.safetensors";
 }
 
 namespace {
@@ -208,25 +287,27 @@ nlohmann::json read_checkpoint_state(const std::string& path) {
 
 nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner) {
   const nlohmann::json st = read_checkpoint_state(path);
-  params.load(path + "/model.safetensors");
+  // a sharded checkpoint's tensors, parameters and moments, are assembled from its rank files
+  const bool sharded = is_sharded_checkpoint(path);
+  params.load(sharded ? path : path + "/model.safetensors");
   runner.pull_params();
-  const std::string opt_path = path + "/optimizer.safetensors";
-  SafetensorsFile opt = SafetensorsFile::open(opt_path);
+  const std::string opt_path = sharded ? path : path + "/optimizer.safetensors";
+  const Weights opt = sharded ? Weights::sharded(path, "optimizer") : Weights::open(opt_path);
   for (const auto& p : params.infos())
     for (autodiff::Moment which : autodiff::kMoments) {
       std::string name = autodiff::moment_state_name(which, p.name);
       if (!opt.contains(name))
-        throw Error(fmt::format("checkpoint {}: missing tensor '{}'", opt_path, name));
+        throw Error(fmt::format("checkpoint {}: missing tensor '{}'", opt.file_of(name), name));
       const TensorView& t = opt.get(name);
       if (t.dtype != DType::f32 || t.shape != p.stored_shape())
-        throw Error(fmt::format("checkpoint {}: tensor '{}' is {}{}, expected f32{}", opt_path,
-                                name, dtype_name(t.dtype), shape_str(t.shape),
+        throw Error(fmt::format("checkpoint {}: tensor '{}' is {}{}, expected f32{}",
+                                opt.file_of(name), name, dtype_name(t.dtype), shape_str(t.shape),
                                 shape_str(p.stored_shape())));
       const float* m = static_cast<const float*>(t.data);
       if (const int64_t i = first_nonfinite(m, numel(p.shape)); i >= 0)
-        throw Error(
-            fmt::format("checkpoint {}: tensor '{}' holds {} at index {}", opt_path, name, m[i], i),
-            "resume from an earlier checkpoint");
+        throw Error(fmt::format("checkpoint {}: tensor '{}' holds {} at index {}",
+                                opt.file_of(name), name, m[i], i),
+                    "resume from an earlier checkpoint");
       runner.write_moment(p.name, which, m);
     }
   runner.set_step_count(st["step"].get<int64_t>());

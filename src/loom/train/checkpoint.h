@@ -4,6 +4,8 @@
 //   DIR/step_00000100/
 //     model.safetensors      every parameter (f32) under its Hugging Face name
 //     optimizer.safetensors  "adam.m.<name>", "adam.v.<name>" (f32)
+//     (a run under a [plan] writes its ranks' blocks instead: index.json and
+//      rank-NNNNN.safetensors, sharded_checkpoint.h)
 //     state.json             {"format": 1, "step": 100, "config_crc32": ..., "crc32": ...,
 //                             ...caller's state (data loader, RNG)}
 //     config.toml            the resolved config text
@@ -36,9 +38,10 @@ namespace loom::train {
 std::string checkpoint_name(int64_t step);  // "step_00000100"
 
 // Saves params, the runner's optimizer state and step count, `state` and `config_text`; returns the
-// checkpoint's path. Throws loom::Error naming the path on failure, leaving earlier checkpoints
-// intact. A sharded run calls it on every rank (it gathers the parameters and moments collectively,
-// so the checkpoint holds whole tensors and loads under any plan); only the `writer` rank writes.
+// checkpoint's path (on the `writer` rank; "" on the others). Throws loom::Error naming the path on
+// failure, leaving earlier checkpoints intact. A sharded run calls it on every rank (collective):
+// each rank writes its own blocks into rank 0's temp directory, never gathering a tensor, and rank
+// 0 the index (sharded_checkpoint.h); the checkpoint loads under any plan or none.
 // Then it sweeps: of the checkpoints up to this step, the newest `keep` stay (0: all), the one just
 // written always among them; checkpoints of later steps (a resume passed them over as damaged) are
 // neither counted nor deleted.
@@ -54,11 +57,12 @@ std::vector<std::string> list_checkpoints(const std::string& dir);  // oldest fi
 // loom export.
 // Its resolved config; throws loom::Error naming the run dir if it or its config.toml is missing.
 Config load_run_config(const std::string& run_dir);
-// `path` itself if it is a file, `path`/model.safetensors if it is a directory holding one, else
-// none.
+// `path` itself if it is a file, `path`/model.safetensors if it is a directory holding one,
+// `path` if it is a sharded checkpoint (train::Weights reads it), else none.
 std::optional<std::string> model_file(const std::string& path);
 // The weights to read: `choice` (a checkpoint directory or a .safetensors file) when given, else
-// the newest checkpoint's model.safetensors. Throws loom::Error naming the path.
+// the newest checkpoint's model.safetensors (or the checkpoint itself when sharded). Throws
+// loom::Error naming the path.
 std::string run_weights(const std::string& run_dir, const std::string& choice);
 
 // Checkpoint `path`'s state.json, validated: a JSON object of format 1 whose integer "step" is in
@@ -67,8 +71,9 @@ std::string run_weights(const std::string& run_dir, const std::string& choice);
 // none). Throws loom::Error naming the file and what is wrong.
 nlohmann::json read_checkpoint_state(const std::string& path);
 
-// Restores params, optimizer state and step count; returns state.json (read_checkpoint_state). A
-// sharded runner takes its blocks of them (every rank reads the files).
+// Restores params, optimizer state and step count; returns state.json (read_checkpoint_state).
+// Whole or sharded (each tensor assembled from its blocks); a sharded runner takes its blocks of
+// them (every rank reads the files).
 nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner);
 
 }  // namespace loom::train

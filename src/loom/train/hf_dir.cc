@@ -56,12 +56,13 @@ Weights Weights::open(const std::string& path) {
     add(SafetensorsFile::open(single.string()));
     return w;
   }
+  if (is_sharded_checkpoint(path)) return sharded(path, "model");
   if (!fs::is_regular_file(index, ec))
     throw Error(fmt::format("weights {}: the directory holds neither model.safetensors nor "
                             "model.safetensors.index.json",
                             path),
-                "point it at loom export --hf's output, a checkpoint, or a Hugging Face model "
-                "directory");
+                "point it at loom export --hf's output, a checkpoint (whole or sharded), or a "
+                "Hugging Face model directory");
   const std::string ifile = index.string();
   nlohmann::json j = read_json(ifile);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
@@ -99,13 +100,23 @@ Weights Weights::open(const std::string& path) {
   return w;
 }
 
+Weights Weights::sharded(const std::string& dir, const std::string& part) {
+  Weights w;
+  w.path_ = dir;
+  w.sharded_ = ShardedCheckpoint::open(dir, part);
+  w.names_ = w.sharded_->names();
+  return w;
+}
+
 const TensorView& Weights::get(const std::string& name) const {
+  if (sharded_) return sharded_->get(name);
   auto it = where_.find(name);
   if (it == where_.end()) throw Error(fmt::format("weights {}: no tensor '{}'", path_, name));
   return files_[it->second].get(name);
 }
 
 const std::string& Weights::file_of(const std::string& name) const {
+  if (sharded_) return sharded_->index_path();
   auto it = where_.find(name);
   return it == where_.end() ? path_ : files_[it->second].path();
 }

@@ -21,6 +21,7 @@
 
 #include "loom/core/safetensors.h"
 #include "loom/models/model.h"
+#include "loom/train/sharded_checkpoint.h"
 
 namespace loom::train {
 
@@ -37,15 +38,20 @@ void copy_hf_source_files(const std::string& from, const std::string& to);
 // The [model] that `dir`/config.json describes. Throws naming the file and field.
 models::ModelConfig read_hf_model(const std::string& dir);
 
-// Named tensors from one .safetensors file, or from a directory holding model.safetensors or
-// model.safetensors.index.json with its shards.
+// Named tensors from one .safetensors file, or from a directory holding model.safetensors,
+// model.safetensors.index.json with its shards, or a sharded checkpoint's index.json with its rank
+// files (sharded_checkpoint.h: each tensor assembled whole from its blocks).
 class Weights {
  public:
   // Throws loom::Error naming `path` when it is none of the above, or naming the index, a shard or
   // a tensor when they disagree.
   static Weights open(const std::string& path);
+  // Part "model" or "optimizer" of the sharded checkpoint in `dir` (sharded_checkpoint.h).
+  static Weights sharded(const std::string& dir, const std::string& part);
 
-  bool contains(const std::string& name) const { return where_.count(name) > 0; }
+  bool contains(const std::string& name) const {
+    return sharded_ ? sharded_->contains(name) : where_.count(name) > 0;
+  }
   // Throws naming the tensor when absent.
   const TensorView& get(const std::string& name) const;
   // The file that holds `name` (for messages).
@@ -60,6 +66,7 @@ class Weights {
   std::vector<SafetensorsFile> files_;
   std::map<std::string, size_t> where_;  // tensor -> index into files_
   std::vector<std::string> names_;
+  std::shared_ptr<const ShardedCheckpoint> sharded_;
 };
 
 // [model] init naming a Hugging Face directory decides the model: its config.json's keys fill the

@@ -244,7 +244,7 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
     if (log) log->sync();  // the metrics up to a checkpoint are as durable as it
     save_checkpoint(run.checkpoints, params, runner, {{"data", cfg.data.path}}, cfg.text,
                     cfg.checkpoint.keep, writer);
-    runner.release_params();  // the gathered whole parameters were only for the file
+    runner.release_params();  // a whole checkpoint's gathered parameters were only for the file
   };
   r.first_val = r.last_val = NAN;
   r.loss = NAN;

@@ -29,6 +29,7 @@ class RankBlocks {
              const runtime::MeshComms& comms);
 
   int64_t rank() const { return comms_.world().rank(); }
+  comm::Communicator& world() const { return comms_.world(); }
   const shard::Sharding& sharding(int v) const { return c_.propagation.value[size_t(v)]; }
   // Global value v's local (block) element count.
   int64_t block_elements(int v) const;

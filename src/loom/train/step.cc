@@ -206,6 +206,35 @@ void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* 
   }
 }
 
+std::vector<HeldTensor> StepRunner::held_tensors() const {
+  LOOM_CHECK(blocks_ && mode_ == Mode::train) << "held_tensors() of a sharded training runner";
+  const ir::Graph& g = graph();
+  auto sharding = [&](int v) {
+    shard::Sharding s = blocks_->sharding(v);
+    s.partial.clear();
+    return s;
+  };
+  std::vector<HeldTensor> held;
+  for (const auto& p : params_.infos()) {
+    const int v = g.find(p.name);
+    const bool split = blocks_->params().count(p.name) > 0;
+    held.push_back({"model", p.name, p.stored_shape(), p.shape, sharding(v),
+                    split ? blocks_->params().at(p.name) : params_.data(p.name)});
+  }
+  for (const auto& p : params_.infos())
+    for (autodiff::Moment which : autodiff::kMoments) {
+      const MomentKey k{p.name, which};
+      held.push_back({"optimizer", autodiff::moment_state_name(which, p.name), p.stored_shape(),
+                      p.shape, sharding(moment_value_.at(k)), moment_of_.at(k)});
+    }
+  return held;
+}
+
+comm::Communicator& StepRunner::world() const {
+  LOOM_CHECK(blocks_) << "world() of a runner without a plan";
+  return blocks_->world();
+}
+
 void StepRunner::push_params() {
   if (blocks_) blocks_->push(params_);
   for (auto& [name, p] : param_copy_)

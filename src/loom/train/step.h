@@ -39,6 +39,7 @@
 #include "loom/train/config.h"
 #include "loom/train/params.h"
 #include "loom/train/rank_blocks.h"
+#include "loom/train/sharded_checkpoint.h"
 
 namespace loom::train {
 
@@ -101,6 +102,11 @@ class StepRunner {
   // brings them back). No-op unsharded.
   void release_params();
   void set_step_count(int64_t t) { t_ = t; }
+  // Sharded runs (Mode::train): every parameter and AdamW moment as this rank holds it, named as
+  // checkpoints name them (sharded_checkpoint.h), and the plan's mesh and world communicator.
+  std::vector<HeldTensor> held_tensors() const;
+  const shard::Mesh& mesh() const { return cfg_.plan.plan.mesh; }
+  comm::Communicator& world() const;
   // Bytes of the activation arena plus every bound buffer (params, gradients live in the arena,
   // optimizer moments, inputs).
   int64_t planned_peak_bytes() const;
