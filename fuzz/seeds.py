@@ -326,6 +326,24 @@ put("hf_index", "missing_shard.json", json.dumps({
     "weight_map": {"a": "model-00001-of-00002.safetensors",
                    "c": "model-00002-of-00002.safetensors"}}))
 
+# ---- sharded_index: a sharded checkpoint's index.json over the two rank files the target writes ----
+def sharded_tensor(shape, sharding, ranks):
+    return {"dtype": "f32", "shape": shape, "grid": shape, "sharding": sharding, "ranks": ranks}
+
+
+put("sharded_index", "index.json", json.dumps({
+    "format": "loom.sharded-checkpoint.1", "mesh": [["data", 2]],
+    "model": {"w": sharded_tensor([4], "{data}", [0, 1]), "b": sharded_tensor([2], "{_}", [0])},
+    "optimizer": {"adam.m.w": sharded_tensor([4], "{data}", [0, 1])}}, indent=1))
+put("sharded_index", "reshaped.json", json.dumps({
+    "format": "loom.sharded-checkpoint.1", "mesh": [["data", 2]],
+    "model": {"w": dict(sharded_tensor([2, 2], "{data}", [0, 1]), grid=[4]),
+              "b": sharded_tensor([2], "{_}", [0])},
+    "optimizer": {"adam.m.w": sharded_tensor([4], "{data}", [0, 1])}}))
+put("sharded_index", "missing_rank.json", json.dumps({
+    "format": "loom.sharded-checkpoint.1", "mesh": [["data", 4]],
+    "model": {"w": sharded_tensor([8], "{data}", [0, 1, 2, 3])}, "optimizer": {}}))
+
 # ---- metrics: lines as loom train writes them, MoE fields, a torn last line ----
 lines = []
 for step in range(1, 9):

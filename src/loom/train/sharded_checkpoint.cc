@@ -57,14 +57,19 @@ nlohmann::json sharded_index(const std::vector<HeldTensor>& held, const shard::M
 
 namespace {
 
-// A JSON array of non-negative integers (a shape), or an error naming `what`.
+// A JSON array of non-negative integers (a shape) of at most 2^40 elements in all, or an error
+// naming `what`.
 Shape shape_of(const nlohmann::json& j, const std::string& what) {
-  if (!j.is_array()) throw Error(what + " is not an array of sizes");
+  if (!j.is_array() || j.size() > 16) throw Error(what + " is not an array of at most 16 sizes");
   Shape s;
+  int64_t n = 1;
   for (const auto& x : j) {
     if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > (int64_t(1) << 40))
       throw Error(what + " is not an array of sizes in [0, 2^40]");
     s.push_back(x.get<int64_t>());
+    if (s.back() > 0 && n > (int64_t(1) << 40) / s.back())
+      throw Error(what + " holds more than 2^40 elements");
+    n *= s.back();
   }
   return s;
 }
@@ -87,16 +92,18 @@ std::shared_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& di
   if (!j.contains("mesh") || !j["mesh"].is_array())
     throw Error(fmt::format("{}: no \"mesh\" array", ip));
   std::vector<std::pair<std::string, int64_t>> axes;
+  int64_t ranks = 1;
   for (const auto& a : j["mesh"]) {
     if (!a.is_array() || a.size() != 2 || !a[0].is_string() || !a[1].is_number_integer() ||
         a[1].get<int64_t>() < 1 || a[1].get<int64_t>() > (int64_t(1) << 24))
       throw Error(
           fmt::format("{}: mesh entry {} is not [\"axis\", size in [1, 2^24]]", ip, a.dump()));
     axes.push_back({a[0].get<std::string>(), a[1].get<int64_t>()});
+    ranks *= axes.back().second;
+    if (ranks > (int64_t(1) << 24))
+      throw Error(fmt::format("{}: the mesh has more than 2^24 ranks", ip));
   }
   c->mesh_ = shard::Mesh(axes, ip + ": mesh");
-  if (c->mesh_.size() > (int64_t(1) << 24))
-    throw Error(fmt::format("{}: the mesh has more than 2^24 ranks", ip));
   // both parts are checked (a rank file holds blocks of both); `part` is the one served
   std::map<std::string, Entry> entries;
   for (const auto& [key, tensors] : j.items()) {
