@@ -9,7 +9,8 @@
 #
 # Environment: STEPS, WARMUP (loom bench's; 4 and 1); VARIANTS (default "off on"; also "bucket":
 # bucketed but synchronous, "on1": one collective in flight, "once": on, each parameter gathered
-# once per step); MTU (the veth's, 9000 unless set); TBF_LATENCY (tbf's queue bound, 100ms);
+# once per step; "on16": on with model.dtype = bf16, "red16": on16 with gradients reduced in bf16
+# ([passes] reduce_dtype)); MTU (the veth's, 9000 unless set); TBF_LATENCY (tbf's queue bound, 100ms);
 # SHM=0 skips the shared-memory runs;
 # COMM_BENCH=1 first measures each rate's collective bandwidth with bench/comm_bench (to stderr);
 # TRACE_DIR=D writes each run's Chrome trace (loom bench --trace) into D;
@@ -87,7 +88,9 @@ declare -A passes=(
   [bucket]="--set passes.bucket=block --set passes.prefetch=false"
   [on]="--set passes.bucket=block --set passes.prefetch=true"
   [on1]="--set passes.bucket=block --set passes.prefetch=true --set passes.max_in_flight=1"
-  [once]="--set passes.bucket=block --set passes.prefetch=true --set passes.reshard_after_forward=false")
+  [once]="--set passes.bucket=block --set passes.prefetch=true --set passes.reshard_after_forward=false"
+  [on16]="--set passes.bucket=block --set passes.prefetch=true --set model.dtype=bf16"
+  [red16]="--set passes.bucket=block --set passes.prefetch=true --set model.dtype=bf16 --set passes.reduce_dtype=bf16")
 variants=${VARIANTS:-off on}
 shm=${SHM:-1}
 log=$TMP/log

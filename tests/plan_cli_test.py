@@ -4,7 +4,8 @@
   1. every tactic, with its ranks as threads ([plan] ranks = "local") and as mpirun processes, logs
      the losses of the unsharded run at every step (f32, within 1e-5 relative) and the same
      validation losses; fsdp under mpirun with [train] grad_accum = 2 micro-batches of half the
-     rows logs the straight run's training losses;
+     rows logs the straight run's training losses, and with [passes] reduce_dtype = "bf16" its
+     losses within 1%;
   2. a checkpoint written under one plan resumes under another plan, and under no plan, continuing
      with the straight run's losses; a rank SIGKILLed mid-run ends the mpirun job (no hang) and the
      run resumes from its last checkpoint (as threads) with the losses of the same plan run straight;
@@ -150,6 +151,19 @@ with tempfile.TemporaryDirectory() as d:
         compare("fsdp with grad_accum = 2 (batch 2) under mpirun against batch 4",
                 [{k: v for k, v in m.items() if k != "val_loss"} for m in metrics(rd)],
                 [{k: v for k, v in m.items() if k != "val_loss"} for m in ref])
+
+    # 1c. gradients reduced in bf16 ([passes] reduce_dtype) under mpirun (MPI's bf16 sum): the
+    # straight run's losses within 1% (each gradient rounded to bf16 once per reduction)
+    rd = os.path.join(d, "fsdp-bf16-reduce-mpirun")
+    r = run(train_args(rd, data, "fsdp", "mpi", ["--set", "passes.reduce_dtype=bf16"]), mpi_ranks=2)
+    got = metrics(rd) if r.returncode == 0 else []
+    worst = max([abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(got, ref)] + [0])
+    if r.returncode != 0 or len(got) != len(ref) or worst > 1e-2 or worst == 0:
+        fail("fsdp with reduce_dtype = bf16 under mpirun: rc %d, %d steps, worst relative loss "
+             "difference %.3g: %s" % (r.returncode, len(got), worst, (r.stdout + r.stderr)[-800:]))
+    else:
+        print("ok   fsdp with reduce_dtype = bf16 under mpirun: %d steps, worst relative loss "
+              "difference %.2g" % (len(got), worst))
 
     # 2. checkpoints across plans: the fsdp run's step-10 checkpoint, resumed elsewhere
     src = os.path.join(d, "fsdp-mpirun")

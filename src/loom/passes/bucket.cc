@@ -78,8 +78,7 @@ int gathered_source(const ir::Graph& g, const ir::Node& n) {
 // holds each parameter's group, and under gradient accumulation each gradient sum's (its
 // parameter's).
 std::optional<int> group_of(const ir::Graph& g, const ir::Node& n,
-                            const std::vector<int>& param_group,
-                            const std::map<int, std::vector<std::pair<int, int>>>& uses) {
+                            const std::vector<int>& param_group, const Uses& uses) {
   if (n.op != ir::Op::all_gather && n.op != ir::Op::reduce_scatter && n.op != ir::Op::all_reduce)
     return {};
   if (n.op != ir::Op::all_reduce && n.attr_int("dim") != 0) return {};
@@ -90,21 +89,11 @@ std::optional<int> group_of(const ir::Graph& g, const ir::Node& n,
     if (g.value(p).kind == ir::ValueKind::node || param_group[size_t(p)] < 0) return {};
     return param_group[size_t(p)];
   }
-  if (t != DType::f32) return {};
-  // a gradient: its reduced value is an optimizer's gradient input (input 1; input 0 the param),
-  // or (gradient accumulation) added to its parameter's gradient sum (add(sum, gradient))
-  auto u = uses.find(n.outputs[0]);
-  if (u == uses.end()) return {};
-  for (auto [node, slot] : u->second) {
-    const ir::Node& c = g.node(node);
-    if (slot == 1 && ops::has_trait(c.op, ops::Trait::optimizer) &&
-        param_group[size_t(c.inputs[0])] >= 0)
-      return param_group[size_t(c.inputs[0])];
-    if (slot == 1 && c.op == ir::Op::add && g.value(c.inputs[0]).kind == ir::ValueKind::state &&
-        param_group[size_t(c.inputs[0])] >= 0)
-      return param_group[size_t(c.inputs[0])];
-  }
-  return {};
+  // a gradient (f32, or bf16 under [passes] reduce_dtype): its reduced value is an optimizer's
+  // gradient input, or added into its parameter's gradient sum
+  const int owner = reduced_gradient_owner(g, n, uses);
+  if (owner < 0 || param_group[size_t(owner)] < 0) return {};
+  return param_group[size_t(owner)];
 }
 
 // Emits bucket b's pack, collective and unpack, and maps each member's output to its unpacked
@@ -153,9 +142,7 @@ std::vector<Member> bucketable(const Compilation& c) {
       const int lp = c.rank.local[size_t(p)], ls = c.rank.local[size_t(sum)];
       if (lp >= 0 && ls >= 0) param_group[size_t(ls)] = param_group[size_t(lp)];
     }
-  std::map<int, std::vector<std::pair<int, int>>> uses;  // value -> (node, input slot)
-  for (const ir::Node& n : g.nodes())
-    for (size_t i = 0; i < n.inputs.size(); ++i) uses[n.inputs[i]].push_back({n.id, int(i)});
+  const Uses uses = uses_of(g);
   std::vector<Member> out;
   for (const ir::Node& n : g.nodes()) {
     const auto grp = group_of(g, n, param_group, uses);

@@ -17,6 +17,8 @@ const config::Section<ScheduleOptions>& passes_section() {
                    "false: each parameter gathered once per step"),
           bool_key("cast_before_gather", &O::cast_before_gather,
                    "bf16: weights cast before their all-gather"),
+          enum_key("reduce_dtype", &O::reduce_dtype, {DType::f32, DType::bf16}, reduce_dtype_name,
+                   "the dtype gradients are reduced in (`bf16`: half the bytes)"),
           bool_key("recast", &O::recast,
                    "bf16: weights cast again for the backward (false: the forward's cast kept)"),
           enum_key(

@@ -69,6 +69,10 @@ enum class StepKind { eval, infer, grads, train, decode };
 //              a transformer block, the embedding, the head) and direction, up to bucket_mb each
 //              (SimpleFSDP's manual wrapping); auto: the bucketing the simulator predicts fastest
 //              on `cluster` (passes/bucket.cc)
+//   reduce_dtype   f32 (the default, exact) or bf16: each gradient's reduction (reduce_scatter,
+//              all_reduce) runs in that dtype, cast before it and back to f32 after, half the
+//              bytes on the wire (FSDP2's MixedPrecisionPolicy(reduce_dtype);
+//              passes/reduce_cast.cc)
 //   prefetch   collectives start early and are waited for late, on each rank's communication
 //              thread (passes/prefetch.cc); at most max_in_flight at a time
 struct ScheduleOptions {
@@ -77,6 +81,7 @@ struct ScheduleOptions {
   double bucket_mb = 64;
   bool reshard_after_forward = true;
   bool cast_before_gather = true;
+  DType reduce_dtype = DType::f32;
   bool recast = true;
   enum class Recompute { none, selective, selective_op, full };
   Recompute recompute = Recompute::none;
@@ -91,6 +96,7 @@ struct ScheduleOptions {
   std::shared_ptr<const sim::Cluster> cluster;
 };
 const char* bucket_name(ScheduleOptions::Bucket b);  // "none", "block", "auto"
+const char* reduce_dtype_name(DType t);              // "f32", "bf16"
 // "none", "selective", "selective_op", "full"
 const char* recompute_name(ScheduleOptions::Recompute r);
 

@@ -44,6 +44,7 @@ Pass reshard_pass();
 Pass recompute_pass();
 Pass dce_pass();
 Pass gather_cast_pass();
+Pass reduce_cast_pass();
 Pass bucket_pass();
 Pass synthesize_pass();
 Pass prefetch_pass();

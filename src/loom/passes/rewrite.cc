@@ -1,6 +1,7 @@
 #include "loom/passes/rewrite.h"
 
 #include "loom/core/error.h"
+#include "loom/ops/op.h"
 
 namespace loom::passes {
 
@@ -60,6 +61,35 @@ shard::Program Rewriter::finish() {
   for (int v : old_.outputs) next_.outputs.push_back(remap(v));
   next_.graph.set_outputs(next_.outputs);
   return std::move(next_);
+}
+
+Uses uses_of(const ir::Graph& g) {
+  Uses uses;
+  for (const ir::Node& n : g.nodes())
+    for (size_t i = 0; i < n.inputs.size(); ++i) uses[n.inputs[i]].push_back({n.id, int(i)});
+  return uses;
+}
+
+int reduced_gradient_owner(const ir::Graph& g, const ir::Node& n, const Uses& uses) {
+  if (n.op != ir::Op::reduce_scatter && n.op != ir::Op::all_reduce) return -1;
+  int out = n.outputs[0];
+  auto u = uses.find(out);
+  // seen through reduce_cast's cast back to f32
+  if (u != uses.end() && u->second.size() == 1) {
+    const ir::Node& c = g.node(u->second[0].first);
+    if (c.op == ir::Op::cast && g.value(c.outputs[0]).type.dtype == DType::f32) {
+      out = c.outputs[0];
+      u = uses.find(out);
+    }
+  }
+  if (u == uses.end()) return -1;
+  for (auto [node, slot] : u->second) {
+    const ir::Node& c = g.node(node);
+    if (slot == 1 && ops::has_trait(c.op, ops::Trait::optimizer)) return c.inputs[0];
+    if (slot == 1 && c.op == ir::Op::add && g.value(c.inputs[0]).kind == ir::ValueKind::state)
+      return c.inputs[0];
+  }
+  return -1;
 }
 
 std::vector<int> param_groups(const Compilation& c) {

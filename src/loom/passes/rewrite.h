@@ -13,7 +13,9 @@
 // never mapped. The verifier runs on the result like after every pass (pipeline.h).
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/ops/builder.h"
@@ -52,6 +54,15 @@ class Rewriter {
   ops::Builder b_{next_.graph};
   std::vector<int> map_;
 };
+
+// Every value's readers in g: value -> (node, input slot).
+using Uses = std::map<int, std::vector<std::pair<int, int>>>;
+Uses uses_of(const ir::Graph& g);
+// The value whose gradient collective n reduces (reduce_scatter or all_reduce): the parameter
+// when an optimizer reads n's output (or its cast to f32: passes/reduce_cast.cc) as the
+// parameter's gradient, or the gradient sum it is added into (add(sum, gradient), gradient
+// accumulation); -1 for any other collective.
+int reduced_gradient_owner(const ir::Graph& g, const ir::Node& n, const Uses& uses);
 
 // Per value of c.rank.graph: the parameter group (an index into c.model.roles.blocks) of the
 // parameter it is, or -1 (not a parameter, or one no group names). What bucket and recompute
