@@ -254,6 +254,7 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
                    {"bucket_mb", cfg.passes.bucket_mb},
                    {"reshard_after_forward", cfg.passes.reshard_after_forward},
                    {"cast_before_gather", cfg.passes.cast_before_gather},
+                   {"reduce_dtype", passes::reduce_dtype_name(cfg.passes.reduce_dtype)},
                    {"recompute", passes::recompute_name(cfg.passes.recompute)},
                    {"prefetch", cfg.passes.prefetch},
                    {"max_in_flight", cfg.passes.max_in_flight}};
