@@ -6,8 +6,9 @@
      validation losses; fsdp under mpirun with [train] grad_accum = 2 micro-batches of half the
      rows logs the straight run's training losses, and with [passes] reduce_dtype = "bf16" its
      losses within 1%;
-  2. a checkpoint written under one plan resumes under another plan, and under no plan, continuing
-     with the straight run's losses; a rank SIGKILLed mid-run ends the mpirun job (no hang) and the
+  2. a checkpoint written under one plan (sharded: rank files and an index) resumes under another
+     plan, and under no plan, continuing with the straight run's losses; loom export and loom
+     sample read it; a copy missing a rank's file is named and passed over; a rank SIGKILLed mid-run ends the mpirun job (no hang) and the
      run resumes from its last checkpoint (as threads) with the losses of the same plan run straight;
   3. plan errors (an unknown axis or tactic, a mesh that does not match the ranks, a dim its axes do
      not divide, two tactics splitting one value over one axis) exit non-zero before training, with
@@ -165,8 +166,38 @@ with tempfile.TemporaryDirectory() as d:
         print("ok   fsdp with reduce_dtype = bf16 under mpirun: %d steps, worst relative loss "
               "difference %.2g" % (len(got), worst))
 
-    # 2. checkpoints across plans: the fsdp run's step-10 checkpoint, resumed elsewhere
+    # 2. checkpoints across plans: the fsdp run's step-10 checkpoint, resumed elsewhere. It is
+    # sharded: each rank's blocks in its file and an index, no whole-model file
     src = os.path.join(d, "fsdp-mpirun")
+    ck = os.path.join(src, "checkpoints", "step_00000020")
+    files = sorted(os.listdir(ck)) if os.path.isdir(ck) else []
+    if files != ["config.toml", "index.json", "rank-00000.safetensors", "rank-00001.safetensors",
+                 "state.json"]:
+        fail("the fsdp run's checkpoint is not sharded: %s" % files)
+    else:
+        print("ok   the fsdp run's checkpoint holds rank files and an index: %s" % files)
+    # ... which loom export and loom sample read (its tensors assembled from the blocks)
+    out = os.path.join(d, "fsdp-export")
+    r = run([LOOM, "export", src, "--hf", out])
+    s = run([LOOM, "sample", src, "--prompt", "the ", "--max-tokens", "8"])
+    if r.returncode != 0 or not os.path.exists(os.path.join(out, "model.safetensors")) or \
+            s.returncode != 0:
+        fail("export (rc %d) or sample (rc %d) of the sharded checkpoint: %s" % (
+            r.returncode, s.returncode, (r.stderr + s.stderr)[-800:]))
+    else:
+        print("ok   loom export and loom sample read the sharded checkpoint")
+    # ... and a copy missing a rank's file is passed over for the checkpoint before it
+    rd = os.path.join(d, "fsdp-missing-rank")
+    shutil.copytree(src, rd)
+    os.remove(os.path.join(rd, "checkpoints", "step_00000020", "rank-00001.safetensors"))
+    r = run(train_args(rd, data, "fsdp", "local", ["--resume", "auto"]))
+    if r.returncode != 0 or "rank-00001.safetensors is missing" not in r.stderr or \
+            "resuming from" not in r.stderr or "step_00000010" not in r.stderr:
+        fail("a sharded checkpoint missing a rank file: rc %d: %s" % (r.returncode,
+                                                                      r.stderr[-800:]))
+    else:
+        print("ok   a sharded checkpoint missing a rank file: named, and the run resumes from "
+              "step 10")
     for target, launcher in [("fsdp x megatron", "local"), ("megatron", "mpirun"), (None, "")]:
         rd = os.path.join(d, "resume-%s" % (target or "single").replace(" ", "_"))
         if not os.path.isdir(src):
