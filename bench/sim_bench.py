@@ -39,6 +39,9 @@ CASES = [
     ("llama-fsdp-nopasses-mpi2", "bench-llama",
      plan("{data=2}", FSDP) + ["passes.prefetch=false", "passes.bucket=none"], "mpi", 2, 1),
     ("llama-bf16-fsdp-mpi2", "bench-llama", plan("{data=2}", FSDP) + ["model.dtype=bf16"], "mpi", 2, 1),
+    # the same rows per step as llama-fsdp-mpi2, in 2 micro-batches of 4 (gradient accumulation)
+    ("llama-fsdp-accum2-mpi2", "bench-llama",
+     plan("{data=2}", FSDP) + ["train.batch_size=4", "train.grad_accum=2"], "mpi", 2, 1),
     ("llama-megatron-mpi2", "bench-llama", plan("{model=2}", MEGATRON), "mpi", 2, 1),
     ("gpt2-fsdp-mpi2", "bench-gpt2", plan("{data=2}", FSDP), "mpi", 2, 1),
     ("gpt2-bf16-data-mpi2", "bench-gpt2", plan("{data=2}", "[%s]" % DATA) + ["model.dtype=bf16"],
