@@ -241,8 +241,17 @@ SafetensorsFile::AlignedBytes SafetensorsFile::alloc_aligned(size_t n) {
   return AlignedBytes(static_cast<std::byte*>(::operator new[](n, std::align_val_t{kBufferAlign})));
 }
 
-SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  Fd fd = open_regular(path);
+namespace {
+
+// A file's header, validated: its entries sorted by offset (tiling the data buffer exactly), its
+// metadata, and where the data buffer starts.
+struct Header {
+  std::vector<Entry> entries;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0, buffer_bytes = 0;
+};
+
+Header read_header(const std::string& path, Fd& fd) {
   struct stat st;
   check_sys(::fstat(fd.get(), &st), "stat safetensors file", path);
   const uint64_t file_bytes = uint64_t(st.st_size);
@@ -271,12 +280,11 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   pread_all(fd.get(), text.data(), text.size(), 8, path);
   json header = parse_header_json(path, text);
 
-  SafetensorsFile f;
-  f.path_ = path;
-  std::vector<Entry> entries;
+  Header h;
+  std::vector<Entry>& entries = h.entries;
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
-      parse_metadata(path, value, &f.metadata_);
+      parse_metadata(path, value, &h.metadata);
     } else {
       entries.push_back(parse_entry(path, key, value));
     }
@@ -314,9 +322,36 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
                      buffer_bytes - covered),
          "safetensors requires the tensors to cover the data buffer exactly");
   }
+  h.data_start = 8 + header_bytes;
+  h.buffer_bytes = buffer_bytes;
+  return h;
+}
 
-  f.buffer_ = alloc_aligned(buffer_bytes);
-  pread_all(fd.get(), f.buffer_.get(), buffer_bytes, 8 + header_bytes, path);
+// A tensor's bytes against the CRC-32 the file records for it (none recorded: nothing to check).
+void check_crc(const std::string& path, const std::map<std::string, std::string>& metadata,
+               const std::string& name, const void* data, size_t nbytes) {
+  auto it = metadata.find(std::string(kCrcPrefix) + name);
+  if (it == metadata.end()) return;
+  const std::string got = crc32_hex(data, nbytes);
+  if (got != it->second)
+    fail_tensor(path, name,
+                fmt::format("its data fails the checksum the file records (CRC-32 {}, "
+                            "recorded {}): the file is damaged",
+                            got, it->second),
+                "restore the file, or resume from an earlier checkpoint");
+}
+
+}  // namespace
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  Fd fd = open_regular(path);
+  Header h = read_header(path, fd);
+  std::vector<Entry>& entries = h.entries;
+  SafetensorsFile f;
+  f.path_ = path;
+  f.metadata_ = std::move(h.metadata);
+  f.buffer_ = alloc_aligned(h.buffer_bytes);
+  pread_all(fd.get(), f.buffer_.get(), h.buffer_bytes, h.data_start, path);
   fd.close(path);
 
   f.names_.reserve(entries.size());
@@ -328,26 +363,62 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       std::memcpy(f.realigned_.back().get(), data, nbytes);
       data = f.realigned_.back().get();
     }
-    if (auto it = f.metadata_.find(std::string(kCrcPrefix) + e.name); it != f.metadata_.end()) {
-      const std::string got = crc32_hex(data, nbytes);
-      if (got != it->second)
-        fail_tensor(path, e.name,
-                    fmt::format("its data fails the checksum the file records (CRC-32 {}, "
-                                "recorded {}): the file is damaged",
-                                got, it->second),
-                    "restore the file, or resume from an earlier checkpoint");
-    }
+    check_crc(path, f.metadata_, e.name, data, nbytes);
     f.names_.push_back(e.name);
     f.tensors_.emplace(e.name, TensorView{e.dtype, std::move(e.shape), data, nbytes});
   }
   return f;
 }
 
-bool SafetensorsFile::contains(const std::string& name) const { return tensors_.count(name) != 0; }
+SafetensorsFile SafetensorsFile::open_lazy(const std::string& path) {
+  Fd fd = open_regular(path);
+  Header h = read_header(path, fd);
+  fd.close(path);
+  SafetensorsFile f;
+  f.path_ = path;
+  f.metadata_ = std::move(h.metadata);
+  for (Entry& e : h.entries) {
+    f.names_.push_back(e.name);
+    f.lazy_.emplace(
+        e.name, Extent{e.dtype, std::move(e.shape), h.data_start + e.begin, h.data_start + e.end});
+  }
+  return f;
+}
+
+void SafetensorsFile::read(const std::string& name, void* dst) const {
+  if (auto t = tensors_.find(name); t != tensors_.end()) {
+    std::memcpy(dst, t->second.data, t->second.nbytes);
+    return;
+  }
+  auto it = lazy_.find(name);
+  if (it == lazy_.end()) {
+    get(name);  // throws, naming the missing tensor and the file's
+    return;
+  }
+  const Extent& e = it->second;
+  const size_t nbytes = size_t(e.end - e.begin);
+  Fd fd = open_regular(path_);
+  pread_all(fd.get(), dst, nbytes, e.begin, path_);
+  fd.close(path_);
+  check_crc(path_, metadata_, name, dst, nbytes);
+}
+
+bool SafetensorsFile::contains(const std::string& name) const {
+  return tensors_.count(name) != 0 || lazy_.count(name) != 0;
+}
 
 const TensorView& SafetensorsFile::get(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it != tensors_.end()) return it->second;
+  if (auto l = lazy_.find(name); l != lazy_.end()) {  // a lazy file's tensor, read now and kept
+    const size_t nbytes = size_t(l->second.end - l->second.begin);
+    realigned_.push_back(alloc_aligned(std::max<size_t>(nbytes, 1)));
+    read(name, realigned_.back().get());
+    return tensors_
+        .emplace(name,
+                 TensorView{l->second.dtype, l->second.shape, realigned_.back().get(), nbytes})
+        .first->second;
+  }
   constexpr size_t kShown = 5;
   std::vector<std::string> shown;
   for (size_t i = 0; i < names_.size() && i < kShown; ++i) shown.push_back("'" + names_[i] + "'");

@@ -50,6 +50,13 @@ class SafetensorsFile {
  public:
   // Reads and validates the whole file. Throws loom::Error naming `path` on any problem.
   static SafetensorsFile open(const std::string& path);
+  // Reads and validates the header only (names, dtypes, shapes, extents); get() then reads each
+  // tensor on first use, checking its CRC-32, and keeps it; read() copies one into caller memory
+  // without keeping it. For files read piecewise: a sharded checkpoint's rank files.
+  static SafetensorsFile open_lazy(const std::string& path);
+  // Copies tensor `name`'s bytes into `dst` (nbytes of it), checked against its recorded CRC-32.
+  // Throws naming the file and tensor (no such tensor, a read error, a failed checksum).
+  void read(const std::string& name, void* dst) const;
 
   SafetensorsFile(SafetensorsFile&&) noexcept = default;
   SafetensorsFile& operator=(SafetensorsFile&&) noexcept = default;
@@ -75,9 +82,17 @@ class SafetensorsFile {
   SafetensorsFile() = default;
 
   std::string path_;
-  AlignedBytes buffer_;                  // the data buffer, 64-byte aligned
-  std::vector<AlignedBytes> realigned_;  // copies of tensors the file left misaligned
-  std::unordered_map<std::string, TensorView> tensors_;
+  AlignedBytes buffer_;  // the data buffer, 64-byte aligned
+  // copies of tensors the file left misaligned; a lazy file's tensors as get() reads them
+  mutable std::vector<AlignedBytes> realigned_;
+  mutable std::unordered_map<std::string, TensorView> tensors_;
+  // a lazy file: each tensor's place, read on demand
+  struct Extent {
+    DType dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;  // in the file
+  };
+  std::unordered_map<std::string, Extent> lazy_;
   std::vector<std::string> names_;
   std::map<std::string, std::string> metadata_;
 };

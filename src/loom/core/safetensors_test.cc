@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "loom/core/error.h"
+#include "loom/core/testing.h"
 
 namespace loom {
 namespace {
@@ -278,6 +279,41 @@ TEST_F(SafetensorsTest, ChecksumsCatchDamage) {
   // no checksums: read as written
   write_safetensors(path, s.tensors(), {}, /*checksums=*/false);
   expect_sample(SafetensorsFile::open(path), s);
+}
+
+// open_lazy reads the header alone: get() then reads a tensor when first asked (the same values as
+// open()), read() copies one into caller memory; a flipped bit in a tensor is refused when that
+// tensor is read, naming the file and tensor, while the others still read; a bad header is refused
+// at open_lazy as at open.
+TEST_F(SafetensorsTest, LazyReadsEachTensorWhenAsked) {
+  Sample s;
+  std::string path = file("lazy.safetensors");
+  write_safetensors(path, s.tensors());
+  {
+    SafetensorsFile f = SafetensorsFile::open_lazy(path);
+    expect_sample(f, s);
+    std::vector<float> w(s.w.size());
+    f.read("w", w.data());
+    EXPECT_EQ(w, s.w);
+    EXPECT_NE(error_of([&] { f.read("nope", w.data()); }).find("'nope'"), std::string::npos);
+  }
+  const std::string whole = read_bytes(path);
+  uint64_t n;
+  std::memcpy(&n, whole.data(), 8);
+  std::string bad = whole;
+  bad[8 + size_t(n)] = char(bad[8 + size_t(n)] ^ 1);  // the first data byte: w's (f32 sorts first)
+  write_bytes(path, bad);
+  SafetensorsFile f = SafetensorsFile::open_lazy(path);
+  std::vector<float> w(s.w.size());
+  const std::string e = error_of([&] { f.read("w", w.data()); });
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+  EXPECT_NE(e.find("tensor 'w'"), std::string::npos) << e;
+  EXPECT_NE(e.find("fails the checksum"), std::string::npos) << e;
+  EXPECT_NE(error_of([&] { f.get("w"); }).find("fails the checksum"), std::string::npos);
+  EXPECT_EQ(f.get("h").nbytes, s.h.size() * 2);
+  write_bytes(path, whole.substr(0, 4));
+  EXPECT_NE(error_of([&] { SafetensorsFile::open_lazy(path); }).find("shorter than the 8-byte"),
+            std::string::npos);
 }
 
 TEST_F(SafetensorsTest, ReadsForeignLayouts) {

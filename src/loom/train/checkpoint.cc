@@ -285,8 +285,44 @@ nlohmann::json read_checkpoint_state(const std::string& path) {
   return st;
 }
 
+namespace {
+
+// A sharded run from a sharded checkpoint: each rank reads its own blocks of every parameter and
+// moment (ShardedCheckpoint::read_block), under whatever plan it runs, straight into the runner's
+// memory; no tensor it splits is assembled whole.
+void load_blocks(const std::string& path, StepRunner& runner) {
+  const auto model = ShardedCheckpoint::open(path, "model");
+  const auto opt = ShardedCheckpoint::open(path, "optimizer");
+  const int64_t rank = runner.world().rank();
+  for (const HeldTensor& t : runner.held_tensors()) {
+    const ShardedCheckpoint& ck = t.part == "model" ? *model : *opt;
+    if (!ck.contains(t.name))
+      throw Error(
+          fmt::format("checkpoint {}: {} has no tensor '{}'", path, ck.index_path(), t.name),
+          "check [model] against the checkpoint's config.toml");
+    if (ck.grid(t.name) != t.grid)
+      throw Error(
+          fmt::format("checkpoint {}: tensor '{}' is {} in {}, the model's is {}", path, t.name,
+                      shape_str(ck.grid(t.name)), ck.index_path(), shape_str(t.grid)),
+          "check [model] against the checkpoint's config.toml");
+    ck.read_block(t.name, t.sharding, runner.mesh(), rank, t.data);
+    const int64_t n = numel(shard::local_shape(t.grid, t.sharding, runner.mesh()));
+    if (const int64_t i = first_nonfinite(t.data, n); i >= 0)
+      throw Error(fmt::format("checkpoint {}: tensor '{}' holds {} in rank {}'s block (at {})",
+                              path, t.name, t.data[i], rank, i),
+                  "resume from an earlier checkpoint");
+  }
+}
+
+}  // namespace
+
 nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner) {
   const nlohmann::json st = read_checkpoint_state(path);
+  if (runner.sharded() && is_sharded_checkpoint(path)) {
+    load_blocks(path, runner);
+    runner.set_step_count(st["step"].get<int64_t>());
+    return st;
+  }
   // a sharded checkpoint's tensors, parameters and moments, are assembled from its rank files
   const bool sharded = is_sharded_checkpoint(path);
   params.load(sharded ? path : path + "/model.safetensors");

@@ -72,8 +72,9 @@ std::string run_weights(const std::string& run_dir, const std::string& choice);
 nlohmann::json read_checkpoint_state(const std::string& path);
 
 // Restores params, optimizer state and step count; returns state.json (read_checkpoint_state).
-// Whole or sharded (each tensor assembled from its blocks); a sharded runner takes its blocks of
-// them (every rank reads the files).
+// Whole or sharded: a sharded runner reads a sharded checkpoint's blocks that overlap its own
+// (under any plan), anything else reads whole tensors (a sharded checkpoint's assembled) and a
+// sharded runner takes its blocks of them.
 nlohmann::json load_checkpoint(const std::string& path, ParamStore& params, StepRunner& runner);
 
 }  // namespace loom::train

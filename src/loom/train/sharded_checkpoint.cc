@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -158,7 +159,7 @@ std::shared_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& di
                               "e.g. '{}')",
                               ip, r, f, names.size(), *names.begin()),
                   "copy every rank's file into the checkpoint, or resume from an earlier one");
-    SafetensorsFile file = SafetensorsFile::open(f);
+    SafetensorsFile file = SafetensorsFile::open_lazy(f);
     for (const std::string& n : file.names())
       if (!names.count(n))
         throw Error(fmt::format("{}: holds '{}', which {} does not list for rank {}", f, n, ip, r));
@@ -178,15 +179,89 @@ std::shared_ptr<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& di
   return c;
 }
 
+namespace {
+
+// Where rank `rank`'s block of a tensor of `grid` kept under `s` on `m` lies: its first index and
+// its extent in each dim.
+struct Box {
+  Shape at, size;
+};
+Box block_box(const Shape& grid, const shard::Sharding& s, const shard::Mesh& m, int64_t rank) {
+  Box b{Shape(grid.size()), shard::local_shape(grid, s, m)};
+  for (size_t d = 0; d < grid.size(); ++d) b.at[d] = shard::block_index(s, m, d, rank) * b.size[d];
+  return b;
+}
+
+// Copies the overlap of boxes `from` (row-major data `src`) and `to` (into `dst`), both within one
+// grid, row by row of the innermost dim.
+void copy_overlap(const Box& from, const float* src, const Box& to, float* dst) {
+  const size_t n = from.at.size();
+  Shape lo(n), hi(n);
+  for (size_t d = 0; d < n; ++d) {
+    lo[d] = std::max(from.at[d], to.at[d]);
+    hi[d] = std::min(from.at[d] + from.size[d], to.at[d] + to.size[d]);
+    if (lo[d] >= hi[d]) return;  // no overlap
+  }
+  if (n == 0) {
+    *dst = *src;
+    return;
+  }
+  Shape i = lo;  // the overlap's current row (the last dim runs whole)
+  const int64_t run = hi[n - 1] - lo[n - 1];
+  while (true) {
+    int64_t fs = 0, ts = 0;  // offsets within each box, row-major
+    for (size_t d = 0; d < n; ++d) {
+      fs = fs * from.size[d] + (i[d] - from.at[d]);
+      ts = ts * to.size[d] + (i[d] - to.at[d]);
+    }
+    std::copy(src + fs, src + fs + run, dst + ts);
+    size_t d = n - 1;  // the next row: count up the outer dims
+    while (d > 0) {
+      --d;
+      if (++i[d] < hi[d]) break;
+      i[d] = lo[d];
+      if (d == 0) return;
+    }
+    if (n == 1) return;
+  }
+}
+
+}  // namespace
+
+const Shape& ShardedCheckpoint::grid(const std::string& name) const {
+  auto e = entries_.find(name);
+  if (e == entries_.end()) throw Error(fmt::format("{}: no tensor '{}'", index_path_, name));
+  return e->second.grid;
+}
+
+void ShardedCheckpoint::read_block(const std::string& name, const shard::Sharding& sharding,
+                                   const shard::Mesh& mesh, int64_t rank, float* dst) const {
+  auto e = entries_.find(name);
+  if (e == entries_.end()) throw Error(fmt::format("{}: no tensor '{}'", index_path_, name));
+  const Shape& grid = e->second.grid;
+  const Box want = block_box(grid, sharding, mesh, rank);
+  std::vector<float> block;
+  for (int64_t r : e->second.ranks) {
+    const Box have = block_box(grid, e->second.sharding, mesh_, r);
+    bool overlaps = true;
+    for (size_t d = 0; d < grid.size(); ++d)
+      overlaps = overlaps && have.at[d] < want.at[d] + want.size[d] &&
+                 want.at[d] < have.at[d] + have.size[d];
+    if (!overlaps) continue;
+    block.resize(size_t(numel(have.size)));
+    files_.at(r).read(name, block.data());
+    copy_overlap(have, block.data(), want, dst);
+  }
+}
+
 const TensorView& ShardedCheckpoint::get(const std::string& name) const {
   if (auto it = whole_.find(name); it != whole_.end()) return it->second.second;
   auto e = entries_.find(name);
   if (e == entries_.end()) throw Error(fmt::format("{}: no tensor '{}'", index_path_, name));
   auto& [buf, view] = whole_[name];
   buf.resize(size_t(numel(e->second.grid)));
-  for (int64_t r : e->second.ranks)
-    shard::copy_block_back(files_.at(r).get(name).data, buf.data(), e->second.grid, 4,
-                           e->second.sharding, mesh_, r);
+  read_block(name, shard::Sharding::replicated(e->second.grid.size()), shard::Mesh(), 0,
+             buf.data());
   view = {DType::f32, e->second.stored, buf.data(), buf.size() * 4};
   return view;
 }

@@ -25,8 +25,11 @@
 // tensor the index does not list, blocks that do not cover the tensor) and an error names the
 // file and tensor.
 //
-// Not here: reading only the blocks a rank needs (a reader assembles whole tensors, as loading a
-// whole checkpoint does), asynchronous writing, ranks without one shared filesystem.
+// A rank of a sharded run reads only what it keeps (read_block: the saved blocks that overlap its
+// own, each read from its file when needed, never a whole tensor it splits); get() assembles a
+// whole tensor for those who need one (one process, exports).
+//
+// Not here: asynchronous writing, ranks without one shared filesystem.
 #pragma once
 
 #include <map>
@@ -54,7 +57,7 @@ struct HeldTensor {
   Shape stored;              // the whole tensor's shape in files (ParamInfo::stored_shape)
   Shape grid;                // the shape the plan splits (the graph's)
   shard::Sharding sharding;  // partial sums never: a parameter or moment is whole or split
-  const float* data;         // this rank's block (local_shape(grid, sharding, mesh))
+  float* data;               // this rank's block (local_shape(grid, sharding, mesh))
 };
 
 // Whether `rank` writes its block of a tensor kept under `s`: it is the lowest rank holding it.
@@ -77,6 +80,13 @@ class ShardedCheckpoint {
   bool contains(const std::string& name) const { return entries_.count(name) > 0; }
   // The whole tensor (f32, its stored shape), valid while this object lives.
   const TensorView& get(const std::string& name) const;
+  // The saved grid of tensor `name` (the shape its blocks are cut from).
+  const Shape& grid(const std::string& name) const;
+  // Rank `rank`'s block of tensor `name` as `sharding` keeps it on `mesh` (a plan other than the
+  // saving one, or the same), into `dst` (local_shape(grid, sharding, mesh) floats): only the
+  // saved blocks that overlap it are read, one at a time.
+  void read_block(const std::string& name, const shard::Sharding& sharding, const shard::Mesh& mesh,
+                  int64_t rank, float* dst) const;
   const std::string& index_path() const { return index_path_; }
 
  private:
