@@ -13,6 +13,7 @@
 #include "loom/core/testing.h"
 #include "loom/ops/op.h"
 #include "loom/passes/rewrite.h"
+#include "loom/runtime/memory_plan.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/compile.h"
 
@@ -155,6 +156,35 @@ TEST(GradAccum, UnderAPlanMatchesTheFullBatch) {
     const TrainRun got = on_ranks<TrainRun>(
         micro, [&](const runtime::MeshComms& mc) { return train_run(micro, &mc); });
     for (const auto& e : compare_training(got, ref)) ADD_FAILURE() << e;
+  }
+}
+
+// Data parallelism's gradients are summed unreduced across micro-batches and reduced once a step
+// (DDP's no_sync): the micro-batch prefix of data_accum moves only the loss's scalars, and the
+// whole program all of the gradients; fsdp's are reduce-scattered on every micro-batch (its sums
+// are blocks), so its prefix moves them.
+TEST(GradAccum, DataParallelGradientsAreReducedOnceAStep) {
+  for (const char* name : {"data_accum", "fsdp_accum"}) {
+    SCOPED_TRACE(name);
+    Case c;
+    for (const Case& x : cases())
+      if (x.name == name) c = x;
+    const Config cfg = config(c);
+    const CompiledStep step =
+        compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
+    const ir::Graph& g = step.c.rank.graph;
+    double prefix = 0, all = 0;  // bytes the reductions move
+    for (const ir::Node& n : g.nodes()) {
+      if (n.op != ir::Op::all_reduce && n.op != ir::Op::reduce_scatter) continue;
+      const double b = double(runtime::value_bytes(g.value(n.inputs[0])));
+      all += b;
+      if (size_t(n.id) < step.micro_nodes()) prefix += b;
+    }
+    EXPECT_GT(all, 4e5);
+    if (std::string(name) == "data_accum")
+      EXPECT_LT(prefix, 64) << "a gradient reduced on a micro-batch before the last";
+    else
+      EXPECT_GT(prefix, 0.99 * all - 64) << "fsdp's gradients are reduced on every micro-batch";
   }
 }
 

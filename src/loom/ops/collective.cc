@@ -19,7 +19,8 @@
 // assign(dst, src) -> dst             copy src into dst's memory (an optimizer result returned to
 //                                     its parameter's storage after a reshard; a gradient sum
 //                                     kept across micro-batches); elementwise: dst, src and the
-//                                     result share every dim's split
+//                                     result share every dim's split, and a partial sum stays one
+//                                     (a gradient sum kept unreduced)
 //
 // Not here: how the bytes move (comm/ and runtime/collectives.cc). No VJPs: collectives are
 // inserted after autodiff, on the per-rank program.
@@ -144,7 +145,7 @@ void register_collective_ops() {
                },
                .cost = comm_cost,
                .inplace = {{0, 0}},
-               .sharding = einsum("*,*->*")});
+               .sharding = einsum("*,*->*", {0, 1})});
 }
 
 }  // namespace loom::ops

@@ -4,10 +4,49 @@
 // (pass.h's Accumulation), so an fsdp or zero2 rank holds its block of each sum.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "loom/core/error.h"
 #include "loom/passes/pipeline.h"
 
 namespace loom::passes {
+
+namespace {
+
+// Gradient accumulation's sums (pass.h's Accumulation): each kept as the tactics keep the mean
+// gradient it feeds (an fsdp or zero2 rank: its block), and left unreduced, a partial sum, over
+// the axes that split the batch but not the mean (data parallelism's: DDP's no_sync), so those
+// gradients are reduced once a step, on its last micro-batch, rather than on every one.
+void keep_sums(Compilation& c, const shard::Plan& plan) {
+  const shard::Mesh& mesh = plan.mesh;
+  std::vector<std::string> batch_axes;  // the axes the batch's rows are split over
+  for (int v : c.model.roles.batch_inputs)
+    if (auto it = c.annotations.find(v);
+        it != c.annotations.end() && !it->second.sharding.dims.empty())
+      for (const std::string& a : it->second.sharding.dims[0])
+        if (std::find(batch_axes.begin(), batch_axes.end(), a) == batch_axes.end())
+          batch_axes.push_back(a);
+  for (auto [p, sum] : c.accumulation->sums) {
+    const ir::Value& v = c.model.graph.value(sum);
+    auto it = c.annotations.find(c.accumulation->means.at(p));
+    shard::Annotation a;
+    if (it != c.annotations.end()) {
+      a = it->second;
+      a.has_use = false;
+    } else {
+      a.sharding = shard::Sharding::replicated(v.type.shape.size());
+      a.priority = int(plan.tactics.size());  // after every tactic's
+      a.by = "gradient accumulation";
+    }
+    for (const auto& [axis, size] : mesh.axes())  // mesh order, as Sharding::partial is kept
+      if (std::find(batch_axes.begin(), batch_axes.end(), axis) != batch_axes.end() &&
+          !a.sharding.uses(axis))
+        a.sharding.partial.push_back(axis);
+    if (it != c.annotations.end() || !a.sharding.partial.empty()) c.annotations[sum] = a;
+  }
+}
+
+}  // namespace
 
 Pass apply_tactics_pass() {
   return {"apply_tactics", "the plan's tactics annotate parameters, batch, gradients and moments",
@@ -19,14 +58,7 @@ Pass apply_tactics_pass() {
                           "make the product of the mesh's axis sizes equal the number of ranks "
                           "(mpirun -np N)");
             c.annotations = shard::apply_tactics(c.model.graph, plan, c.model.roles);
-            if (!c.accumulation) return;
-            for (auto [p, sum] : c.accumulation->sums) {
-              auto it = c.annotations.find(c.accumulation->means.at(p));
-              if (it == c.annotations.end()) continue;
-              shard::Annotation a = it->second;
-              a.has_use = false;
-              c.annotations[sum] = a;
-            }
+            if (c.accumulation) keep_sums(c, plan);
           }};
 }
 

@@ -131,7 +131,9 @@ struct Options {
 // the last scheduled pass (micro_batch) orders the rank program so that its first
 // `micro_nodes` nodes are a micro-batch before the last: the forward, the backward, the gradients'
 // reductions and the sums' update, nothing of the optimizer. A step runs that prefix k - 1 times
-// and the whole program once. Under a plan the gradients are reduced once per micro-batch.
+// and the whole program once. A sum is a partial sum over the batch axes that do not split its
+// mean (apply_tactics): data parallelism's gradients are reduced once a step, fsdp's on every
+// micro-batch into their blocks.
 struct Accumulation {
   std::map<int, int> sums;   // global param -> its %grad_sum state
   std::map<int, int> means;  // global param -> its %grad_mean (the optimizer's gradient)
