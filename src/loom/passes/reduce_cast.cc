@@ -10,11 +10,13 @@
 // becomes
 //   %g.reduce_scatter.bf16_in = cast(%g) {to = "bf16"}
 //   %g.reduce_scatter.bf16 = reduce_scatter(%g.reduce_scatter.bf16_in) {...}    (bf16)
-//   %g.reduce_scatter = cast(%g.reduce_scatter.bf16) {to = "f32"}
+//   %g.reduce_scatter = cast(%g.reduce_scatter.bf16) {to = "f32"}      (before its first reader)
 //
 // bucket then packs the bf16 reductions as it packs f32 ones. Other collectives (parameters'
 // gathers, activations' reductions under tensor parallelism, the loss) are kept in their dtype.
 // reduce_dtype = "f32", the default, leaves the program unchanged: exact sums.
+#include <map>
+
 #include "loom/passes/pipeline.h"
 #include "loom/passes/rewrite.h"
 
@@ -36,7 +38,17 @@ void run_reduce_cast(Compilation& c, const Options& o) {
   Rewriter rw(c.rank);
   ops::Builder& b = rw.builder();
   const std::string dt(dtype_name(to));
+  // each narrowed reduction's result is cast back right before its first reader, not right after
+  // it, so that prefetch's wait for it stays late (a cast at once would wait at once)
+  std::map<int, int> pending;  // old output -> its narrow result, not cast back yet
+  auto cast_back = [&](int old) {
+    auto it = pending.find(old);
+    if (it == pending.end()) return;
+    rw.alias(old, b.emit1(ir::Op::cast, {it->second}, {{"to", "f32"}}, g.value(old).name));
+    pending.erase(it);
+  };
   for (const ir::Node& n : g.nodes()) {
+    for (int v : n.inputs) cast_back(v);
     if (!narrowed[size_t(n.id)]) {
       rw.copy(n);
       continue;
@@ -44,9 +56,9 @@ void run_reduce_cast(Compilation& c, const Options& o) {
     const std::string& name = g.value(n.outputs[0]).name;
     const int in =
         b.emit1(ir::Op::cast, {rw.map(n.inputs[0])}, {{"to", dt}}, name + "." + dt + "_in");
-    const int sum = b.emit1(n.op, {in}, n.attrs, name + "." + dt);
-    rw.alias(n.outputs[0], b.emit1(ir::Op::cast, {sum}, {{"to", "f32"}}, name));
+    pending[n.outputs[0]] = b.emit1(n.op, {in}, n.attrs, name + "." + dt);
   }
+  while (!pending.empty()) cast_back(pending.begin()->first);  // read by the outputs alone
   c.rank = rw.finish();
 }
 
