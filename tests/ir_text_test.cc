@@ -141,6 +141,8 @@ TEST_P(IrText, LoweredProgramMatches) {
       so.prefetch = f.at(1) == "true";
     else if (f[0] == "max_in_flight")
       so.max_in_flight = std::stoll(f.at(1));
+    else if (f[0] == "reduce_dtype")
+      so.reduce_dtype = f.at(1) == "bf16" ? DType::bf16 : DType::f32;
     else
       ADD_FAILURE() << GetParam() << ": unknown schedule option " << f[0];
   }
