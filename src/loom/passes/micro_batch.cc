@@ -12,6 +12,7 @@
 // Without accumulation the pass does nothing.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "loom/core/error.h"
