@@ -1,7 +1,8 @@
 // apply_tactics (stage sharded): the plan's tactics, in order, set the shardings of the values the
 // model's roles name (shard/plan.h). Checks first that the mesh has as many ranks as the run. Under
 // gradient accumulation each gradient sum is kept as the tactics keep the mean gradient it feeds
-// (pass.h's Accumulation), so an fsdp or zero2 rank holds its block of each sum.
+// (pass.h's Accumulation), so an fsdp or zero2 rank holds its block of each sum, and is a partial
+// sum over the batch axes that do not split it (keep_sums below).
 #include <fmt/format.h>
 
 #include <algorithm>
