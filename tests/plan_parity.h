@@ -339,4 +339,11 @@ inline std::vector<Case> cases() {
   };
 }
 
+// The case of cases() named `name` (an empty Case when there is none).
+inline Case case_named(const std::string& name) {
+  for (const Case& x : cases())
+    if (x.name == name) return x;
+  return Case{};
+}
+
 }  // namespace loom::train::parity

@@ -142,9 +142,7 @@ TEST(GradAccum, UnderAPlanMatchesTheFullBatch) {
   for (const char* name :
        {"fsdp_accum", "mid_fsdp_megatron_accum", "gpt2_megatron_sequence_accum"}) {
     SCOPED_TRACE(name);
-    Case c;
-    for (const Case& x : cases())
-      if (x.name == name) c = x;
+    const Case c = case_named(name);
     ASSERT_EQ(c.name, name);
     const Config micro = config(c);
     ASSERT_GT(micro.train.grad_accum, 1);
@@ -166,9 +164,7 @@ TEST(GradAccum, UnderAPlanMatchesTheFullBatch) {
 TEST(GradAccum, DataParallelGradientsAreReducedOnceAStep) {
   for (const char* name : {"data_accum", "fsdp_accum"}) {
     SCOPED_TRACE(name);
-    Case c;
-    for (const Case& x : cases())
-      if (x.name == name) c = x;
+    const Case c = case_named(name);
     const Config cfg = config(c);
     const CompiledStep step =
         compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
@@ -191,9 +187,7 @@ TEST(GradAccum, DataParallelGradientsAreReducedOnceAStep) {
 TEST(GradAccum, TheMicroBatchPrefixHoldsNoOptimizer) {
   for (const char* name : {"fsdp_accum", "mid_fsdp_megatron_accum", "moe_expert_fsdp_accum"}) {
     SCOPED_TRACE(name);
-    Case c;
-    for (const Case& x : cases())
-      if (x.name == name) c = x;
+    const Case c = case_named(name);
     const Config cfg = config(c);
     const CompiledStep step =
         compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
@@ -222,11 +216,6 @@ TEST(ShardedCheckpoint, ResumesUnderAnyPlan) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / fmt::format("loom-sharded-{}", ::getpid());
   fs::remove_all(dir);
-  auto case_named = [](const char* name) {
-    for (const Case& x : cases())
-      if (x.name == name) return x;
-    return Case{};
-  };
   Case fsdp4 = case_named("fsdp");
   fsdp4.mesh = "{data=4}";
   const Config saver = config(fsdp4);
