@@ -289,6 +289,69 @@ TEST(GpuKernels, ElementwiseWideAndTail) {
   }
 }
 
+// add_bias, broadcast_rows, GELU and SwiGLU move 4 elements per access when aligned (add_bias:
+// rows of C % 4 == 0): equal to the CPU on rows and sizes with a tail and on pointers one element
+// off (the one-by-one kernels)
+TEST(GpuKernels, PointwiseWideAndTail) {
+  auto from = [](const std::vector<float>& v, int64_t off, int64_t n) {
+    return std::vector<float>(v.begin() + off, v.begin() + off + n);
+  };
+  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{1001, 768}, {37, 771}, {5, 4}, {3, 2}}) {
+    for (const int64_t off : {int64_t(0), int64_t(1)}) {
+      SCOPED_TRACE(fmt::format("N {} C {} offset {}", N, C, off));
+      const int64_t n = N * C;
+      Tensor a(size_t(n + 1), 70, -4, 4), b(size_t(C + 1), 71), y(size_t(n + 1), 72),
+          dy(size_t(n + 1), 73), z(size_t(n + 1), 74);
+      std::vector<float> want(static_cast<size_t>(n)), want2(static_cast<size_t>(n));
+      kernels::cpu::add_bias(a.h.data() + off, b.h.data() + off, want.data(), N, C);
+      kernels::cuda::add_bias(a.p() + off, b.p() + off, y.p() + off, N, C, no_stream());
+      EXPECT_EQ(from(y.down(), off, n), want) << "add_bias";
+      kernels::cuda::broadcast_rows(b.p() + off, y.p() + off, N, C, no_stream());
+      for (int64_t i = 0; i < n; ++i) want[size_t(i)] = b.h[size_t(off + i % C)];
+      EXPECT_EQ(from(y.down(), off, n), want) << "broadcast_rows";
+      kernels::cpu::gelu_fwd(a.h.data() + off, want.data(), n);
+      kernels::cuda::gelu_fwd(a.p() + off, y.p() + off, n, no_stream());
+      EXPECT_CLOSE(from(y.down(), off, n), want, 1e-5);
+      kernels::cpu::gelu_bwd(dy.h.data() + off, a.h.data() + off, want.data(), n);
+      kernels::cuda::gelu_bwd(dy.p() + off, a.p() + off, y.p() + off, n, no_stream());
+      EXPECT_CLOSE(from(y.down(), off, n), want, 1e-5);
+      kernels::cpu::swiglu_fwd(a.h.data() + off, dy.h.data() + off, want.data(), n);
+      kernels::cuda::swiglu_fwd(a.p() + off, dy.p() + off, y.p() + off, n, no_stream());
+      EXPECT_CLOSE(from(y.down(), off, n), want, 1e-5);
+      kernels::cpu::swiglu_bwd(z.h.data() + off, a.h.data() + off, dy.h.data() + off, want.data(),
+                               want2.data(), n);
+      Tensor du(size_t(n + 1), 77);
+      kernels::cuda::swiglu_bwd(z.p() + off, a.p() + off, dy.p() + off, y.p() + off, du.p() + off,
+                                n, no_stream());
+      EXPECT_CLOSE(from(y.down(), off, n), want, 1e-5);
+      EXPECT_CLOSE(from(du.down(), off, n), want2, 1e-5);
+      Bf16 gb(a.h), ub(dy.h), yb(std::vector<float>(size_t(n + 1)));
+      std::vector<bf16> wb(static_cast<size_t>(n));
+      kernels::cpu::swiglu_fwd_bf16(gb.h.data() + off, ub.h.data() + off, wb.data(), n);
+      kernels::cuda::swiglu_fwd_bf16(gb.p() + off, ub.p() + off, yb.p() + off, n, no_stream());
+      EXPECT_CLOSE(from(yb.down(), off, n), widen(wb), 1e-2);
+    }
+  }
+}
+
+// cross-entropy's rows 4 wide (V % 4 == 0), dlogits written over the logits
+TEST(GpuKernels, CrossEntropyWideRowsInPlace) {
+  const int64_t N = 67, V = 50304;
+  Tensor logits(size_t(N * V), 75, -4, 4), loss(1, 76);
+  std::vector<int32_t> t(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) t[size_t(i)] = int32_t((i * 7919 + 3) % V);
+  t[0] = 0;
+  t[1] = int32_t(V - 1);
+  Buffer td(gpu(), N * 4);
+  gpu().upload(td.data(), t.data(), N * 4);
+  std::vector<float> loss_c(1), dl_c(static_cast<size_t>(N * V));
+  kernels::cpu::cross_entropy(logits.h.data(), t.data(), loss_c.data(), dl_c.data(), N, V, N);
+  kernels::cuda::cross_entropy(logits.p(), static_cast<int32_t*>(td.data()), loss.p(), logits.p(),
+                               N, V, N, no_stream());
+  EXPECT_CLOSE(loss.down(), loss_c, 1e-5);
+  EXPECT_CLOSE(logits.down(), dl_c, 1e-5);
+}
+
 TEST(GpuKernels, CrossEntropyGpt2Vocab) {
   const int64_t N = 131, V = 50257;
   Tensor logits(size_t(N * V), 13, -4, 4), dl(size_t(N * V), 14), loss(1, 15);
@@ -351,6 +414,21 @@ TEST(GpuKernels, EmbeddingGradRepeatedIds) {
   kernels::cpu::embedding_bwd(ids.data(), dout.h.data(), dt_c.data(), N, V, C);
   kernels::cuda::embedding_bwd(id, dout.p(), dtable.p(), N, V, C, no_stream());
   EXPECT_CLOSE(dtable.down(), dt_c, 1e-5);
+}
+
+// sum and sumsq of one element block (one kernel) and of two (partials, then their sum)
+TEST(GpuKernels, ShortReductions) {
+  for (const int64_t n : {int64_t(0), int64_t(1), int64_t(768), int64_t(16384), int64_t(16385)}) {
+    SCOPED_TRACE(n);
+    Tensor x(size_t(n + 1), 78), y(1, 79);
+    std::vector<float> y_c(1);
+    kernels::cpu::sum(x.h.data(), y_c.data(), n);
+    kernels::cuda::sum(x.p(), y.p(), n, no_stream());
+    EXPECT_NEAR(y.down()[0], y_c[0], 1e-5 * std::sqrt(double(n) + 1));
+    kernels::cpu::sumsq(x.h.data(), y_c.data(), n);
+    kernels::cuda::sumsq(x.p(), y.p(), n, no_stream());
+    EXPECT_NEAR(y.down()[0], y_c[0], 1e-6 * (y_c[0] + 1));
+  }
 }
 
 TEST(GpuKernels, LongReductionsAndAdamW) {

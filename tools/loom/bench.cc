@@ -222,6 +222,8 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
   if (!runner.device().host_memory()) {
     j["device_peak_bytes"] = runner.device().peak_bytes();
     j["device_used_bytes"] = runner.device().used_bytes();
+    for (const auto& [name, bytes] : runner.device().memory_detail())
+      j["device_memory_detail"][name] = bytes;
   }
   j["final_loss"] = loss;
   j["collectives_per_step"] = double(comm1.collectives - comm0.collectives) / o->steps;

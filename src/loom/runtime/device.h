@@ -112,6 +112,9 @@ class Device {
   // The device's memory in use now by the driver's count, this process's runtime included (a GPU's
   // context, libraries' workspaces, the stream-ordered pool); 0 on the CPU.
   virtual int64_t used_bytes() const { return 0; }
+  // Where used_bytes goes beside the allocations, by name (a GPU: its use when opened, the
+  // stream-ordered pool's and the CUDA graphs' own memory); empty on the CPU.
+  virtual std::vector<std::pair<std::string, int64_t>> memory_detail() const { return {}; }
   // Records what `queue` puts on this device (kernels, copies) without running it, for replay; null
   // when the device records nothing (the CPU; a GPU with LOOM_CUDA_GRAPHS=0) or could not record
   // what `queue` did (then nothing of it ran: the caller runs it as it is).

@@ -4,7 +4,11 @@
 // The same formulas as the CPU, through the logistic s(z) = 1/(1+e^-z) and never tanh:
 // 0.5*(1 + tanh(u)) = s(2u) and 1 - tanh(u)^2 = 4 s(2u) (1-s(2u)), which stays accurate in
 // relative terms where 1 + tanh(u) would cancel (x << 0). Does not fuse the gate/up split.
+// Each kernel moves 4 elements per access when every pointer is so aligned (common.cuh's load4 /
+// store4), then the tail one by one, with the same arithmetic per element.
 // Invariant: elementwise (grid-stride over n); bf16 results are rounded to nearest even once.
+#include <type_traits>
+
 #include "loom/kernels/cuda/common.cuh"
 
 namespace loom::kernels::cuda {
@@ -42,16 +46,32 @@ __device__ __forceinline__ float gelu_dx(float dy, float x) {
 }
 
 // Elem is float or bf16 (loaded as f32, stored rounded to nearest even).
-template <class Elem>
+// kVec: elements [0, 4*(n/4)) 4 per access, then the tail; else one by one.
+template <class Elem, bool kVec>
 __global__ void swiglu_fwd_kernel(const Elem* g, const Elem* u, Elem* y, int64_t n) {
-  for (int64_t i = grid_start(); i < n; i += grid_step())
+  const int64_t n4 = kVec ? n / 4 : 0;
+  for (int64_t i = grid_start(); i < n4; i += grid_step()) {
+    const F4 a = load4(g, i), b = load4(u, i);
+    F4 r;
+    for (int j = 0; j < 4; ++j) r.v[j] = swiglu_y(a.v[j], b.v[j]);
+    store4(y, i, r);
+  }
+  for (int64_t i = 4 * n4 + grid_start(); i < n; i += grid_step())
     y[i] = from_f32<Elem>(swiglu_y(to_f32(g[i]), to_f32(u[i])));
 }
 
-template <class Elem>
+template <class Elem, bool kVec>
 __global__ void swiglu_bwd_kernel(const Elem* dy, const Elem* g, const Elem* u, Elem* dg, Elem* du,
                                   int64_t n) {
-  for (int64_t i = grid_start(); i < n; i += grid_step()) {
+  const int64_t n4 = kVec ? n / 4 : 0;
+  for (int64_t i = grid_start(); i < n4; i += grid_step()) {
+    const F4 d = load4(dy, i), a = load4(g, i), b = load4(u, i);
+    F4 rg, ru;
+    for (int j = 0; j < 4; ++j) swiglu_grads(d.v[j], a.v[j], b.v[j], &rg.v[j], &ru.v[j]);
+    store4(dg, i, rg);
+    store4(du, i, ru);
+  }
+  for (int64_t i = 4 * n4 + grid_start(); i < n; i += grid_step()) {
     float fdg, fdu;
     swiglu_grads(to_f32(dy[i]), to_f32(g[i]), to_f32(u[i]), &fdg, &fdu);
     dg[i] = from_f32<Elem>(fdg);
@@ -59,49 +79,78 @@ __global__ void swiglu_bwd_kernel(const Elem* dy, const Elem* g, const Elem* u, 
   }
 }
 
+template <bool kVec>
 __global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n) {
-  for (int64_t i = grid_start(); i < n; i += grid_step()) y[i] = gelu_y(x[i]);
+  const int64_t n4 = kVec ? n / 4 : 0;
+  for (int64_t i = grid_start(); i < n4; i += grid_step()) {
+    F4 r = load4(x, i);
+    for (float& v : r.v) v = gelu_y(v);
+    store4(y, i, r);
+  }
+  for (int64_t i = 4 * n4 + grid_start(); i < n; i += grid_step()) y[i] = gelu_y(x[i]);
 }
 
+template <bool kVec>
 __global__ void gelu_bwd_kernel(const float* dy, const float* x, float* dx, int64_t n) {
-  for (int64_t i = grid_start(); i < n; i += grid_step()) dx[i] = gelu_dx(dy[i], x[i]);
+  const int64_t n4 = kVec ? n / 4 : 0;
+  for (int64_t i = grid_start(); i < n4; i += grid_step()) {
+    const F4 d = load4(dy, i), a = load4(x, i);
+    F4 r;
+    for (int j = 0; j < 4; ++j) r.v[j] = gelu_dx(d.v[j], a.v[j]);
+    store4(dx, i, r);
+  }
+  for (int64_t i = 4 * n4 + grid_start(); i < n; i += grid_step()) dx[i] = gelu_dx(dy[i], x[i]);
+}
+
+// Launches kernel<kVec = every pointer 4-element aligned> over n elements, 4 per thread when so.
+template <class Elem, class... P>
+void launch4(void (*vec)(P...), void (*one)(P...), std::initializer_list<const void*> ptrs,
+             int64_t n, Stream s, std::type_identity_t<P>... args) {
+  if (aligned(4 * int64_t(sizeof(Elem)), ptrs))
+    vec<<<blocks_for((n + 3) / 4), kThreads, 0, s>>>(args...);
+  else
+    one<<<blocks_for(n), kThreads, 0, s>>>(args...);
 }
 
 }  // namespace
 
 // g (n), u (n) -> y (n) = g * s(g) * u
 void swiglu_fwd(const float* g, const float* u, float* y, int64_t n, Stream s) {
-  swiglu_fwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, u, y, n);
+  launch4<float>(swiglu_fwd_kernel<float, true>, swiglu_fwd_kernel<float, false>, {g, u, y}, n, s,
+                 g, u, y, n);
   check_launch("swiglu_fwd");
 }
 
 // dy, g, u (n) -> dg (n), du (n)
 void swiglu_bwd(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n,
                 Stream s) {
-  swiglu_bwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(dy, g, u, dg, du, n);
+  launch4<float>(swiglu_bwd_kernel<float, true>, swiglu_bwd_kernel<float, false>,
+                 {dy, g, u, dg, du}, n, s, dy, g, u, dg, du, n);
   check_launch("swiglu_bwd");
 }
 
 void swiglu_fwd_bf16(const bf16* g, const bf16* u, bf16* y, int64_t n, Stream s) {
-  swiglu_fwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, u, y, n);
+  launch4<bf16>(swiglu_fwd_kernel<bf16, true>, swiglu_fwd_kernel<bf16, false>, {g, u, y}, n, s, g,
+                u, y, n);
   check_launch("swiglu_fwd_bf16");
 }
 
 void swiglu_bwd_bf16(const bf16* dy, const bf16* g, const bf16* u, bf16* dg, bf16* du, int64_t n,
                      Stream s) {
-  swiglu_bwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(dy, g, u, dg, du, n);
+  launch4<bf16>(swiglu_bwd_kernel<bf16, true>, swiglu_bwd_kernel<bf16, false>, {dy, g, u, dg, du},
+                n, s, dy, g, u, dg, du, n);
   check_launch("swiglu_bwd_bf16");
 }
 
 // x (n) -> y (n) = x * s(2u), u = k*(x + c*x^3)
 void gelu_fwd(const float* x, float* y, int64_t n, Stream s) {
-  gelu_fwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  launch4<float>(gelu_fwd_kernel<true>, gelu_fwd_kernel<false>, {x, y}, n, s, x, y, n);
   check_launch("gelu_fwd");
 }
 
 // dy (n), x (n) -> dx (n)
 void gelu_bwd(const float* dy, const float* x, float* dx, int64_t n, Stream s) {
-  gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(dy, x, dx, n);
+  launch4<float>(gelu_bwd_kernel<true>, gelu_bwd_kernel<false>, {dy, x, dx}, n, s, dy, x, dx, n);
   check_launch("gelu_bwd");
 }
 

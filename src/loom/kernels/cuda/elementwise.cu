@@ -4,7 +4,7 @@
 // Every kernel is a grid-stride loop over int64 indices (n may be 0: the loop does nothing); add
 // and the two casts, the bulk of a bf16 step's memory-bound work, move 4 elements per access
 // (16-byte f32, 8-byte bf16) when every pointer is so aligned, with the same arithmetic per
-// element. No broadcasting beyond what each op names.
+// element; add_bias too, when its rows are so aligned. No broadcasting beyond what each op names.
 // Invariant: y[i] depends only on the inputs at i (or a fixed index of them), so y == a exactly in
 // place is safe; partial overlap is not.
 #include "loom/kernels/cuda/common.cuh"
@@ -36,9 +36,32 @@ __global__ void add4_kernel(const float* a, const float* b, float* y, int64_t n)
   for (int64_t i = 4 * n4 + grid_start(); i < n; i += grid_step()) y[i] = a[i] + b[i];
 }
 
+// A grid-stride loop's column in rows of C: the start's, then advanced by the fixed step's
+// remainder with one compare, so no division runs per element (an int64 % costs more than the
+// element's memory traffic).
+struct Column {
+  int64_t c, dc, C;
+  __device__ Column(int64_t i, int64_t step, int64_t C_) : c(i % C_), dc(step % C_), C(C_) {}
+  __device__ void next() {
+    c += dc;
+    if (c >= C) c -= C;
+  }
+};
+
 // a (N,C), b (C) -> y (N,C); n = N*C
 __global__ void add_bias_kernel(const float* a, const float* b, float* y, int64_t n, int64_t C) {
-  for (int64_t i = grid_start(); i < n; i += grid_step()) y[i] = a[i] + b[i % C];
+  Column col(grid_start(), grid_step(), C);
+  for (int64_t i = grid_start(); i < n; i += grid_step(), col.next()) y[i] = a[i] + b[col.c];
+}
+
+// add_bias 4 columns per access: C % 4 == 0, pointers 16-byte aligned; n4 = N*C/4, C4 = C/4
+__global__ void add_bias4_kernel(const float4* a, const float4* b, float4* y, int64_t n4,
+                                 int64_t C4) {
+  Column col(grid_start(), grid_step(), C4);
+  for (int64_t i = grid_start(); i < n4; i += grid_step(), col.next()) {
+    const float4 x = a[i], z = b[col.c];
+    y[i] = make_float4(x.x + z.x, x.y + z.y, x.z + z.z, x.w + z.w);
+  }
 }
 
 __global__ void mul_kernel(const float* a, const float* b, float* y, int64_t n) {
@@ -105,7 +128,8 @@ __global__ void broadcast_scalar_kernel(const float* x, float* y, int64_t n) {
 
 // x (C) -> y (rows,C); n = rows*C
 __global__ void broadcast_rows_kernel(const float* x, float* y, int64_t n, int64_t C) {
-  for (int64_t i = grid_start(); i < n; i += grid_step()) y[i] = x[i % C];
+  Column col(grid_start(), grid_step(), C);
+  for (int64_t i = grid_start(); i < n; i += grid_step(), col.next()) y[i] = x[col.c];
 }
 
 }  // namespace
@@ -121,8 +145,13 @@ void add(const float* a, const float* b, float* y, int64_t n, Stream s) {
 
 // a (N,C), b (C) -> y (N,C) = a + b broadcast over rows
 void add_bias(const float* a, const float* b, float* y, int64_t N, int64_t C, Stream s) {
-  if (C <= 0) return;
-  add_bias_kernel<<<blocks_for(N * C), kThreads, 0, s>>>(a, b, y, N * C, C);
+  if (C <= 0 || N <= 0) return;
+  if (C % 4 == 0 && aligned(16, {a, b, y}))
+    add_bias4_kernel<<<blocks_for(N * C / 4), kThreads, 0, s>>>(
+        reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b),
+        reinterpret_cast<float4*>(y), N * C / 4, C / 4);
+  else
+    add_bias_kernel<<<blocks_for(N * C), kThreads, 0, s>>>(a, b, y, N * C, C);
   check_launch("add_bias");
 }
 

@@ -62,6 +62,7 @@ __global__ void rmsnorm_dw_partials_kernel(const float* dy, const float* x, cons
   for (int64_t b = blockIdx.y; b < chunks; b += gridDim.y) {
     const int64_t n1 = std::min(N, (b + 1) * chunk_rows);
     float p = 0;
+#pragma unroll 8  // the loads issue ahead of the adds, which stay in order
     for (int64_t n = b * chunk_rows; n < n1; ++n) p += dy[n * C + c] * (x[n * C + c] * rstd[n]);
     partials[b * C + c] = p;
   }
@@ -125,6 +126,7 @@ __global__ void layernorm_dwdb_partials_kernel(const float* dy, const float* x, 
   for (int64_t b = blockIdx.y; b < chunks; b += gridDim.y) {
     const int64_t n1 = std::min(N, (b + 1) * chunk_rows);
     float pw = 0, pb = 0;
+#pragma unroll 8  // the loads issue ahead of the adds, which stay in order
     for (int64_t n = b * chunk_rows; n < n1; ++n) {
       const float d = dy[n * C + c];
       pw += d * ((x[n * C + c] - mean[n]) * rstd[n]);

@@ -32,6 +32,19 @@ __global__ void element_block_sums_kernel(const float* x, double* partials, int6
   }
 }
 
+// x (n <= kElemBlock) -> y (1): the one element block's f64 sum (kSquare: of x^2) rounded once, as
+// the two kernels below would give it (their second adds one partial), in one launch and no scratch
+template <bool kSquare>
+__global__ void small_sum_kernel(const float* x, float* y, int64_t n) {
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double v = x[i];
+    s += kSquare ? v * v : v;
+  }
+  s = block_sum_f64(s);
+  if (threadIdx.x == 0) y[0] = float(s);
+}
+
 // partials (nb) -> y (1), f64 sum rounded once
 __global__ void sum_total_kernel(const double* partials, float* y, int64_t nb) {
   const double total = block_sum_f64(partials, nb);
@@ -47,6 +60,7 @@ __global__ void sum_rows_partials_kernel(const float* x, float* partials, int64_
   for (int64_t b = blockIdx.y; b < chunks; b += gridDim.y) {
     const int64_t n1 = std::min(N, (b + 1) * chunk_rows);
     float p = 0;
+#pragma unroll 8  // the loads issue ahead of the adds, which stay in order
     for (int64_t n = b * chunk_rows; n < n1; ++n) p += x[n * C + c];
     partials[b * C + c] = p;
   }
@@ -61,6 +75,11 @@ __global__ void sum_rows_total_kernel(const float* partials, float* y, int64_t c
 template <bool kSquare>
 void sum_impl(const float* x, float* y, int64_t n, Stream s, const char* name) {
   const int64_t nb = n > 0 ? (n + kElemBlock - 1) / kElemBlock : 0;
+  if (nb == 1) {  // a bias, a norm's weight: most of a step's gradient norms
+    small_sum_kernel<kSquare><<<1, kThreads, 0, s>>>(x, y, n);
+    check_launch(name);
+    return;
+  }
   StreamScratch partials(size_t(nb) * sizeof(double), s);  // (nb)
   if (nb > 0) {
     const unsigned grid = unsigned(std::min<int64_t>(nb, int64_t(1) << 20));

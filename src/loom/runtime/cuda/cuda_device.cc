@@ -103,6 +103,7 @@ class CudaDevice final : public Device {
     check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
           "keeping the memory pool's memory");
     table_ = std::make_unique<KernelTable>(cuda_kernels(stream_));
+    opened_used_ = used_bytes();
   }
   DeviceKind kind() const override { return DeviceKind::cuda; }
   const KernelTable& kernels() const override { return *table_; }
@@ -148,6 +149,27 @@ class CudaDevice final : public Device {
   int64_t peak_bytes() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return peak_;
+  }
+  std::vector<std::pair<std::string, int64_t>> memory_detail() const override {
+    std::vector<std::pair<std::string, int64_t>> d{{"used_when_opened", opened_used_}};
+    cudaMemPool_t pool = nullptr;
+    auto pool_attr = [&](const char* name, cudaMemPoolAttr a) {
+      uint64_t v = 0;
+      if (pool && cudaMemPoolGetAttribute(pool, a, &v) == cudaSuccess) d.emplace_back(name, v);
+    };
+    if (cudaDeviceGetDefaultMemPool(&pool, 0) != cudaSuccess) pool = nullptr;
+    pool_attr("pool_reserved", cudaMemPoolAttrReservedMemCurrent);
+    pool_attr("pool_reserved_high", cudaMemPoolAttrReservedMemHigh);
+    pool_attr("pool_used_high", cudaMemPoolAttrUsedMemHigh);
+    auto graph_attr = [&](const char* name, cudaGraphMemAttributeType a) {
+      uint64_t v = 0;
+      if (cudaDeviceGetGraphMemAttribute(0, a, &v) == cudaSuccess) d.emplace_back(name, v);
+    };
+    graph_attr("graphs_reserved", cudaGraphMemAttrReservedMemCurrent);
+    graph_attr("graphs_reserved_high", cudaGraphMemAttrReservedMemHigh);
+    graph_attr("graphs_used_high", cudaGraphMemAttrUsedMemHigh);
+    cudaGetLastError();  // an attribute this driver lacks is left out, not an error
+    return d;
   }
   void upload(void* dst, const void* src, int64_t bytes) override {
     if (bytes <= 0) return;
@@ -212,6 +234,7 @@ class CudaDevice final : public Device {
   mutable std::mutex mu_;
   std::map<void*, int64_t> sizes_;  // live allocations
   int64_t live_ = 0, peak_ = 0;
+  int64_t opened_used_ = 0;  // used_bytes() once the stream and the kernels' table were made
   std::unique_ptr<KernelTable> table_;
 };
 
