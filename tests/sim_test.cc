@@ -48,6 +48,7 @@ TEST(Cluster, WriteReadsBack) {
   p.threads = 2;
   p.matmul.push_back({0, 1, 128, 256, 512, 1, DType::bf16, 1.5e-4});
   p.ops[ir::Op::rmsnorm].push_back({DType::f32, 1e6, 2e5, 3e-5});
+  p.ops[ir::Op::attention_bwd].push_back({DType::bf16, 1.7e8, 1.7e11, 7.5e-4, 1141899520});
   p.comm[ir::Op::all_reduce].push_back({4, 65536, 2e-5});
   c.profile = p;
   const std::string path = (fs::temp_directory_path() / "loom_sim_test_cluster.toml").string();
@@ -62,6 +63,8 @@ TEST(Cluster, WriteReadsBack) {
   EXPECT_EQ(r.profile->matmul[0].n, 256);
   EXPECT_EQ(r.profile->matmul[0].dtype, DType::bf16);
   EXPECT_EQ(r.profile->ops.at(ir::Op::rmsnorm).size(), 1u);
+  EXPECT_EQ(r.profile->ops.at(ir::Op::rmsnorm)[0].scratch_bytes, 0);
+  EXPECT_EQ(r.profile->ops.at(ir::Op::attention_bwd)[0].scratch_bytes, 1141899520);
   EXPECT_EQ(r.profile->comm.at(ir::Op::all_reduce)[0].ranks, 4);
 }
 
@@ -238,6 +241,33 @@ std::vector<PlanCase> plans() {
        {"plan.mesh={data=2,model=2}",
         R"(plan.tactics=[{kind="megatron",axis="model"},{kind="fsdp",axis="data"},{kind="data",axis="data"}])"}},
   };
+}
+
+// A kernel's scratch (profile.h) is in the peak: the largest any node takes, at the size of the
+// sample measured at its own bytes, and in proportion beyond the samples; none measured, none.
+TEST(Simulate, PeakHoldsTheLargestKernelScratch) {
+  Cluster h = shipped("h100-sxm.toml");
+  shard::Mesh mesh;
+  const shard::Program prog = program("tiny-llama.toml", {}, &mesh);
+  const ir::Graph& g = prog.graph;
+  const Placement place1 = place(mesh, h, 1);
+  const Prediction none = simulate(g, mesh, h, place1);
+  const ir::Node* bwd = nullptr;
+  for (const ir::Node& n : g.nodes())
+    if (n.op == ir::Op::rmsnorm_bwd) bwd = &n;
+  ASSERT_NE(bwd, nullptr);
+  const ops::Cost cost = ops::op_def(bwd->op).cost(g, *bwd);
+  const double bytes = cost.bytes_read + cost.bytes_written;
+  Profile p;
+  p.ops[ir::Op::rmsnorm_bwd].push_back({node_dtype(g, *bwd), bytes, cost.flops, 1e-5, 5e6});
+  h.profile = p;
+  const Prediction with = simulate(g, mesh, h, place1);
+  EXPECT_EQ(with.scratch_bytes, 5000000);
+  EXPECT_EQ(with.peak_bytes - none.peak_bytes, 5000000 - none.scratch_bytes);
+  h.profile->ops[ir::Op::rmsnorm_bwd][0].bytes = bytes / 4;  // measured on a quarter of the size
+  EXPECT_EQ(simulate(g, mesh, h, place1).scratch_bytes, 20000000);
+  h.profile->ops[ir::Op::rmsnorm_bwd][0].scratch_bytes = 0;
+  EXPECT_EQ(simulate(g, mesh, h, place1).scratch_bytes, none.scratch_bytes);
 }
 
 TEST(Simulate, BytesPerAxisAreTheProgramsCollectives) {

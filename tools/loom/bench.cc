@@ -134,6 +134,7 @@ void write_kernels(const BenchOpts& o, train::StepRunner& runner) {
     nlohmann::json entry;
     double seconds = 0;
     int64_t calls = 0;  // over the timed steps
+    int64_t scratch = 0;
   };
   std::map<std::string, Kernel> by_sig;
   for (const ir::Node& n : g.nodes()) {
@@ -143,19 +144,23 @@ void write_kernels(const BenchOpts& o, train::StepRunner& runner) {
     if (e.calls == 0) e.entry = std::move(k);
     e.seconds += nt[size_t(n.id)].seconds;
     e.calls += nt[size_t(n.id)].calls;
+    e.scratch = std::max(e.scratch, nt[size_t(n.id)].scratch_bytes);
   }
   nlohmann::json doc;
   doc["device"] = runner.device().describe();
   doc["source"] = fmt::format("Loom's own kernels, {} steps of {} (loom bench --kernels-out)",
                               o.steps, o.config);
   doc["config"] = o.config;
-  // a GPU's memory beside Loom's allocations: its context, the libraries' workspaces, the pool
+  // a GPU's memory beside Loom's allocations and its kernels' scratch (each kernel's below): its
+  // context, the libraries' code and workspaces
   if (const runtime::Device& d = runner.device(); !d.host_memory())
-    doc["runtime_bytes"] = std::max<int64_t>(0, d.used_bytes() - d.peak_bytes());
+    doc["runtime_bytes"] =
+        std::max<int64_t>(0, d.used_bytes() - d.peak_bytes() - d.scratch_reserved_bytes());
   doc["kernels"] = nlohmann::json::array();
   for (auto& [sig, e] : by_sig) {
     e.entry["count"] = double(e.calls) / steps;
     e.entry["seconds"] = e.seconds / double(e.calls);
+    if (e.scratch > 0) e.entry["scratch_bytes"] = double(e.scratch);
     doc["kernels"].push_back(std::move(e.entry));
   }
   write_file_atomic(o.kernels_out, doc.dump(1) + "\n");

@@ -118,6 +118,29 @@ TEST(Calibrate, ImportMergesFilesOfOneDevice) {
   for (const std::string& p : {a, b, c}) std::filesystem::remove(p);
 }
 
+// A kernel's scratch (loom bench --kernels-out on a GPU) comes in with its sample; the same
+// kernel measured twice keeps the most it took; a negative one is refused naming the kernel.
+TEST(Calibrate, ImportKeepsEachKernelsScratch) {
+  const std::string a = temp_path("sa.json"), b = temp_path("sb.json");
+  write(a, R"({"device": "gpu A", "kernels": [
+    {"op": "attention_bwd", "dtype": "bf16", "bytes": 1e8, "flops": 1e11, "seconds": 3e-4,
+     "scratch_bytes": 4.5e8},
+    {"op": "add", "dtype": "bf16", "bytes": 1000, "flops": 0, "seconds": 4e-6}]})");
+  write(b, R"({"device": "gpu A", "kernels": [
+    {"op": "attention_bwd", "dtype": "bf16", "bytes": 1e8, "flops": 1e11, "seconds": 3e-4,
+     "scratch_bytes": 5e8}]})");
+  const Calibration m = import_timed({{a, b}, kBase, 1, 1});
+  ASSERT_TRUE(m.cluster.profile);
+  ASSERT_EQ(m.cluster.profile->ops.at(ir::Op::attention_bwd).size(), 1u);
+  EXPECT_EQ(m.cluster.profile->ops.at(ir::Op::attention_bwd)[0].scratch_bytes, 5e8);
+  EXPECT_EQ(m.cluster.profile->ops.at(ir::Op::add)[0].scratch_bytes, 0);
+  write(b, R"({"device": "gpu A", "kernels": [
+    {"op": "add", "dtype": "bf16", "bytes": 1e3, "flops": 0, "seconds": 4e-6, "scratch_bytes": -1}]})");
+  const std::string err = error_of([&] { import_timed({{b}, kBase, 1, 1}); });
+  EXPECT_NE(err.find("kernels[0]: scratch_bytes = -1"), std::string::npos) << err;
+  for (const std::string& p : {a, b}) std::filesystem::remove(p);
+}
+
 TEST(Calibrate, CollectiveTimesArePositive) {
   EXPECT_GT(time_collective(ir::Op::all_reduce, 2, 1 << 16, 1), 0);
 }

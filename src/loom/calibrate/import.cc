@@ -80,7 +80,8 @@ TimedKernels read_timed(const std::string& path, double compute_speed, double me
                              whole("n", 1, most), whole("k", 1, most), whole("batch", 1, most), dt,
                              seconds});
     } else {
-      prof.ops[op].push_back({dt, num(k, "bytes"), num(k, "flops"), seconds});
+      prof.ops[op].push_back({dt, num(k, "bytes"), num(k, "flops"), seconds,
+                              k.contains("scratch_bytes") ? num(k, "scratch_bytes") : 0.0});
     }
   }
   if (prof.matmul.empty() && prof.ops.empty()) throw Error(fmt::format("{}: no kernels", path));

@@ -27,10 +27,15 @@ void dedupe(sim::Profile& p) {
   }
   for (auto& [op, list] : p.ops) {
     std::map<std::tuple<DType, double, double>, std::vector<double>> by;
-    for (const auto& s : list) by[{s.dtype, s.bytes, s.flops}].push_back(s.seconds);
+    std::map<std::tuple<DType, double, double>, double> scratch;  // the most any took
+    for (const auto& s : list) {
+      by[{s.dtype, s.bytes, s.flops}].push_back(s.seconds);
+      double& most = scratch[{s.dtype, s.bytes, s.flops}];
+      most = std::max(most, s.scratch_bytes);
+    }
     list.clear();
     for (const auto& [k, ts] : by)
-      list.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), median(ts)});
+      list.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), median(ts), scratch[k]});
   }
 }
 

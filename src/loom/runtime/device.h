@@ -115,6 +115,13 @@ class Device {
   // Where used_bytes goes beside the allocations, by name (a GPU: its use when opened, the
   // stream-ordered pool's and the CUDA graphs' own memory); empty on the CPU.
   virtual std::vector<std::pair<std::string, int64_t>> memory_detail() const { return {}; }
+  // The largest temporary a kernel took beside the allocations (a GPU's stream-ordered scratch:
+  // column sums' partials, cuDNN's workspace) since the last call, which starts the count again;
+  // 0 where kernels take none (the CPU's work in the arena or on their own stacks).
+  virtual int64_t take_scratch_high() { return 0; }
+  // What the device holds now for such temporaries (a GPU: its stream-ordered pool and its CUDA
+  // graphs' memory), part of used_bytes.
+  virtual int64_t scratch_reserved_bytes() const { return 0; }
   // Records what `queue` puts on this device (kernels, copies) without running it, for replay; null
   // when the device records nothing (the CPU; a GPU with LOOM_CUDA_GRAPHS=0) or could not record
   // what `queue` did (then nothing of it ran: the caller runs it as it is).

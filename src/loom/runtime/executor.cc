@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -151,6 +152,7 @@ void Executor::run_nodes(size_t count) {
     stamps_->stamp(0);
   }
   std::vector<void*> ins, outs;
+  if (profile_) device_.take_scratch_high();  // what came before is no node's
   for (size_t i = 0; i < count; ++i) {
     const ir::Node& n = g_.nodes()[i];
     ins.clear();
@@ -161,7 +163,11 @@ void Executor::run_nodes(size_t count) {
     if (!trace_) {
       if (completes) wait_for(ticket_[size_t(n.inputs[0])]);
       launch(n, ins.data(), outs.data());
-      if (stamped) stamps_->stamp(size_t(n.id) + 1);
+      if (stamped) {
+        stamps_->stamp(size_t(n.id) + 1);
+        NodeTiming& t = node_times_[n.id];
+        t.scratch_bytes = std::max(t.scratch_bytes, device_.take_scratch_high());
+      }
       continue;
     }
     const double t0 = Trace::now_us();
@@ -170,8 +176,10 @@ void Executor::run_nodes(size_t count) {
     device_.synchronize();  // a GPU's kernel is only queued: time it to its end
     const double us = Trace::now_us() - t0;
     if (profile_) {
-      node_times_[n.id].seconds += us * 1e-6;
-      node_times_[n.id].calls++;
+      NodeTiming& t = node_times_[n.id];
+      t.seconds += us * 1e-6;
+      t.calls++;
+      t.scratch_bytes = std::max(t.scratch_bytes, device_.take_scratch_high());
     }
     if (kernels_[n.id])  // a collective traced itself, on the comm lane
       trace_->add({(completes ? "wait " : "") + g_.value(n.outputs[0]).name,

@@ -37,6 +37,8 @@ class Trace;
 struct NodeTiming {
   double seconds = 0;
   int64_t calls = 0;
+  int64_t scratch_bytes =
+      0;  // the largest temporary one of its calls took (Device::take_scratch_high)
 };
 
 class Executor {
@@ -70,7 +72,7 @@ class Executor {
 
   // Per-node time, summed over runs, when profiling is on: the interval between the device's time
   // stamps (Device::stamps) before and after each node, the kernels queued back to back (on a GPU,
-  // not recorded as a graph).
+  // not recorded as a graph); and the largest scratch each node's kernels took beside the arena.
   void set_profiling(bool on) {
     profile_ = on;
     recordings_.clear();

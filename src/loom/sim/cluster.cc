@@ -88,11 +88,15 @@ DType dtype_at(const toml::node& n, const std::string& source, const std::string
 }
 
 // A row of a [profile] array: numbers (and one dtype string) of a fixed count.
+// A [profile] row of `count` values, or of `count` to `most` where most > count.
 std::vector<const toml::node*> row(const toml::node& n, size_t count, const std::string& source,
-                                   const std::string& where) {
+                                   const std::string& where, size_t most = 0) {
   const toml::array* a = n.as_array();
-  if (!a || a->size() != count)
-    throw Error(fmt::format("{}: [{}]: each entry is an array of {} values", source, where, count));
+  most = std::max(most, count);
+  if (!a || a->size() < count || a->size() > most)
+    throw Error(
+        fmt::format("{}: [{}]: each entry is an array of {} values", source, where,
+                    most > count ? fmt::format("{} or {}", count, most) : std::to_string(count)));
   std::vector<const toml::node*> r;
   for (const auto& x : *a) r.push_back(&x);
   return r;
@@ -148,9 +152,10 @@ Profile read_profile(const toml::table& t, const std::string& source) {
       if (!v.is_array()) throw Error(fmt::format("{}: [{}]: expected an array", source, w));
       auto& list = p.ops[profile_op(k.str(), source, w)];
       for (const auto& e : *v.as_array()) {
-        auto f = row(e, 4, source, w);
+        auto f = row(e, 4, source, w, 5);
         list.push_back({dtype_at(*f[0], source, w), num_at(f[1], source, w),
-                        num_at(f[2], source, w), num_at(f[3], source, w, 1e-12)});
+                        num_at(f[2], source, w), num_at(f[3], source, w, 1e-12),
+                        f.size() > 4 ? num_at(f[4], source, w) : 0.0});
       }
     }
   if (const toml::table* comm = r.table("comm", false))
@@ -331,13 +336,14 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
       line(fmt::format("  [{}, {}, {}, {}, {}, {}, \"{}\", {:.6g}],", m.ta, m.tb, m.batch, m.m, m.n,
                        m.k, dtype_name(m.dtype), m.seconds));
     line("]");
-    line("\n# op = [[dtype, bytes, flops, seconds], ...]");
+    line("\n# op = [[dtype, bytes, flops, seconds(, scratch bytes where a call took some)], ...]");
     line("[profile.ops]");
     for (const auto& [op, list] : p.ops) {
       line(fmt::format("{} = [", op));
       for (const auto& o : list)
-        line(fmt::format("  [\"{}\", {:.6g}, {:.6g}, {:.6g}],", dtype_name(o.dtype), o.bytes,
-                         o.flops, o.seconds));
+        line(fmt::format("  [\"{}\", {:.6g}, {:.6g}, {:.6g}{}],", dtype_name(o.dtype), o.bytes,
+                         o.flops, o.seconds,
+                         o.scratch_bytes > 0 ? fmt::format(", {:.10g}", o.scratch_bytes) : ""));
       line("]");
     }
     line("\n# collective = [[ranks, bytes per rank, seconds], ...]");

@@ -109,6 +109,25 @@ double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost
   return std::max(compute, mem) + c.device.kernel_overhead;
 }
 
+double node_scratch_bytes(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost,
+                          const Cluster& c) {
+  if (!c.profile) return 0;
+  auto it = c.profile->ops.find(n.op);
+  if (it == c.profile->ops.end()) return 0;
+  const DType t = node_dtype(g, n);
+  std::vector<std::pair<double, double>> xs, any;
+  bool some = false;
+  for (const OpSample& s : it->second) {
+    const double x = by_flops(n.op) ? s.flops : s.bytes;
+    any.push_back({x, s.scratch_bytes});
+    if (s.dtype == t) xs.push_back({x, s.scratch_bytes});
+    some = some || s.scratch_bytes > 0;
+  }
+  if (!some) return 0;
+  if (xs.empty()) xs = any;
+  return interpolate(xs, by_flops(n.op) ? cost.flops : cost.bytes_read + cost.bytes_written, false);
+}
+
 double collective_wire_bytes(ir::Op op, double bytes, int64_t ranks) {
   const double n = double(ranks);
   if (ranks <= 1) return 0;

@@ -34,6 +34,11 @@ namespace loom::sim {
 // Seconds of one compute node (not a collective) on one device; `cost` is its op's ops::Cost (the
 // caller has it: the simulator counts its FLOPs too).
 double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost, const Cluster& c);
+// Bytes of scratch one compute node takes beside the memory plan (a GPU kernel's stream-ordered
+// temporaries), from the profile's samples of its op that measured some (profile.h), interpolated
+// as its time is; 0 where none did.
+double node_scratch_bytes(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost,
+                          const Cluster& c);
 // How the cost model sees an op: a GEMM (matmul, grouped_matmul: by shape, at matmul efficiency),
 // costed by its FLOPs (attention and its backward), or else by the bytes it moves. The first two
 // are compute-bound, the rest memory-bound.

@@ -5,7 +5,10 @@
 //   matmul   one sample per (transpose pattern, m, n, k, dtype): the seconds of one GEMM
 //   other    one sample per (op, dtype, size): the seconds of one node and the bytes it moved
 //            (its Cost's bytes read + written) and FLOPs; a node is predicted from the samples
-//            of its op, interpolated in bytes (or FLOPs for attention) on a log-log scale
+//            of its op, interpolated in bytes (or FLOPs for attention) on a log-log scale;
+//            where measured (a GPU's `loom bench --kernels-out`), also the largest temporary one
+//            call took beside the memory plan (stream-ordered scratch: cuDNN's workspace), which
+//            the simulator's peak memory adds the largest of
 //   comm     per collective kind and rank count: the seconds of one collective of a given size
 //            on this machine's shared memory (`local` threads or MPI ranks)
 #pragma once
@@ -32,6 +35,7 @@ struct OpSample {
   double bytes = 0;  // read + written (ops::Cost)
   double flops = 0;
   double seconds = 0;
+  double scratch_bytes = 0;  // 0: none taken, or not measured
 };
 
 struct CommSample {

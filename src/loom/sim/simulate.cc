@@ -129,6 +129,8 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
     const ops::OpDef& def = ops::op_def(n.op);
     const ops::Cost cost = def.cost ? def.cost(g, n) : ops::Cost{};
     const double s = node_seconds(g, n, cost, c) * o.oversubscription;
+    if (o.memory)
+      r.scratch_bytes = std::max(r.scratch_bytes, int64_t(node_scratch_bytes(g, n, cost, c)));
     r.flops += cost.flops;
     const double before = r.compute_seconds;
     compute(s);

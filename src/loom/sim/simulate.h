@@ -49,7 +49,7 @@ struct Prediction {
   std::map<std::string, AxisTraffic> axis_traffic;  // per axis, all collective kinds together
   std::map<std::string, double> level_bytes;        // per level: bytes one rank sends on it
   int64_t planned_bytes = 0;                        // the memory plan's peak: arena + bound
-  int64_t scratch_bytes = 0;  // the communicator's largest temporaries (cost.h)
+  int64_t scratch_bytes = 0;  // the largest temporaries: a collective's, a kernel's (cost.h)
   int64_t peak_bytes = 0;     // planned + scratch + the runtime's own (device.runtime_bytes)
 };
 

@@ -222,6 +222,7 @@ void attention_bwd(const Elem* dout, const Elem* q, const Elem* k, const Elem* v
   const AttnShape p{B, T, NH, NKV, int(HS), scale};
   const int64_t rows = B * NH * T;
   void* scratch = nullptr;
+  note_scratch(rows * int64_t(sizeof(float)));
   check(int(cudaMallocAsync(&scratch, size_t(rows) * sizeof(float), s)), "attention_bwd: D");
   float* D = static_cast<float*>(scratch);
   attention_d_kernel<Elem><<<blocks_for(rows * 32), kThreads, 0, s>>>(dout, o, D, p);

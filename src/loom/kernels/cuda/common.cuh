@@ -147,6 +147,7 @@ __device__ __forceinline__ float sum_partial_column(const float* partials, int64
 class StreamScratch {
  public:
   StreamScratch(size_t bytes, cudaStream_t s) : s_(s) {
+    note_scratch(int64_t(bytes));
     if (bytes > 0) check(cudaMallocAsync(&p_, bytes, s), "cudaMallocAsync (kernel scratch)");
   }
   ~StreamScratch() {

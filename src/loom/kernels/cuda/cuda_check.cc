@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <atomic>
+
 #include "loom/core/error.h"
 
 namespace loom::kernels::cuda {
@@ -17,5 +19,17 @@ void check_launch(const char* kernel) {
   if (err == cudaSuccess) return;
   throw Error(fmt::format("CUDA: launching {}: {}", kernel, cudaGetErrorString(err)));
 }
+
+namespace {
+std::atomic<int64_t> scratch_high{0};
+}  // namespace
+
+void note_scratch(int64_t bytes) {
+  int64_t seen = scratch_high.load(std::memory_order_relaxed);
+  while (bytes > seen && !scratch_high.compare_exchange_weak(seen, bytes)) {
+  }
+}
+
+int64_t take_scratch_high() { return scratch_high.exchange(0); }
 
 }  // namespace loom::kernels::cuda

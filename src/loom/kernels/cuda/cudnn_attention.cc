@@ -204,6 +204,7 @@ void execute(const Plan& p, std::unordered_map<int64_t, void*>& pack, CUstream_s
   if (fe::detail::set_stream(h, s) != CUDNN_STATUS_SUCCESS)
     throw Error(fmt::format("cuDNN: {}: cudnnSetStream failed", what));
   void* ws = nullptr;
+  note_scratch(p.workspace);
   if (p.workspace > 0)
     check(int(cudaMallocAsync(&ws, size_t(p.workspace), s)), "cuDNN attention's workspace");
   fe::error_t e;

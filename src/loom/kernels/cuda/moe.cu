@@ -196,6 +196,7 @@ void moe_router(const float* logits, float* gates, int32_t* experts, int32_t* sl
   const int64_t N = B * T;
   void* scratch = nullptr;  // probs (N,E) then lse (N)
   if (N > 0) {
+    note_scratch(N * (E + 1) * int64_t(sizeof(float)));
     check(int(cudaMallocAsync(&scratch, size_t(N * (E + 1)) * sizeof(float), s)),
           "moe_router: scratch");
     float* probs = static_cast<float*>(scratch);

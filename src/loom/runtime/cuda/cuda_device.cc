@@ -150,6 +150,13 @@ class CudaDevice final : public Device {
     std::lock_guard<std::mutex> lock(mu_);
     return peak_;
   }
+  int64_t take_scratch_high() override { return kernels::cuda::take_scratch_high(); }
+  int64_t scratch_reserved_bytes() const override {
+    int64_t bytes = 0;
+    for (const auto& [name, b] : memory_detail())
+      if (name == "pool_reserved" || name == "graphs_reserved") bytes += b;
+    return bytes;
+  }
   std::vector<std::pair<std::string, int64_t>> memory_detail() const override {
     std::vector<std::pair<std::string, int64_t>> d{{"used_when_opened", opened_used_}};
     cudaMemPool_t pool = nullptr;
@@ -214,6 +221,11 @@ class CudaDevice final : public Device {
                  cudaGetErrorString(err));
       return nullptr;
     }
+    // from now on the recording's own memory holds the kernels' scratch: give back the pool's
+    // (what the unrecorded runs before it took), so that the scratch is not held twice
+    cudaMemPool_t pool = nullptr;
+    synchronize();
+    if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
     return std::make_unique<CudaRecording>(exec, stream_);
   }
   std::unique_ptr<Stamps> stamps(size_t n) override {
