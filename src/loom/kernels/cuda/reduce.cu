@@ -1,11 +1,14 @@
 // Reductions as CUDA kernels: sum and sum of squares of a whole tensor, and the column sums of a
 // matrix (kernels/cpu/reduce.cc's twins), in fixed orders and without atomics.
 //
-// sum/sumsq: as the CPU, each block of kElemBlock elements is summed in f64 (a block per element
+// sum/sumsq: as the CPU, each block of elements is summed in f64 (a thread block per element
 // block, threads strided, then block_sum_f64), and one block adds the block sums in f64 and
-// rounds once to f32. sum_rows: common.cuh's two-stage column sums (f32 partials over chunks of
-// rows, then the partials in chunk order in f64). Partials live in stream-ordered scratch.
-// Invariant: the summation tree depends on n (or N, C) only, so results repeat bit for bit.
+// rounds once to f32. The element blocks are 4096 long (the CPU's 16384), so that a weight of a
+// few million elements still spreads over every multiprocessor; a tensor of at most 16384
+// elements (a bias, a norm's weight) is one thread block's, one kernel. sum_rows: common.cuh's
+// two-stage column sums (f32 partials over chunks of rows, then the partials in chunk order in
+// f64). Partials live in stream-ordered scratch. Invariant: the summation tree depends on n (or N,
+// C) only, so results repeat bit for bit.
 #include <algorithm>
 
 #include "loom/kernels/cuda/common.cuh"
@@ -14,7 +17,8 @@ namespace loom::kernels::cuda {
 
 namespace {
 
-constexpr int64_t kElemBlock = int64_t(1) << 14;  // elements per partial (the CPU's block)
+constexpr int64_t kElemBlock = int64_t(1) << 12;  // elements per partial
+constexpr int64_t kSmallSum = int64_t(1) << 14;   // at most this many: one kernel
 constexpr int kSumThreads = 1024;
 
 // x (n) -> partials (ceil(n / kElemBlock)): block b's sum of x (kSquare: of x^2) in f64
@@ -32,8 +36,8 @@ __global__ void element_block_sums_kernel(const float* x, double* partials, int6
   }
 }
 
-// x (n <= kElemBlock) -> y (1): the one element block's f64 sum (kSquare: of x^2) rounded once, as
-// the two kernels below would give it (their second adds one partial), in one launch and no scratch
+// x (n <= kSmallSum) -> y (1): the f64 sum (kSquare: of x^2) by one thread block, rounded once, in
+// one launch and no scratch
 template <bool kSquare>
 __global__ void small_sum_kernel(const float* x, float* y, int64_t n) {
   double s = 0;
@@ -75,7 +79,7 @@ __global__ void sum_rows_total_kernel(const float* partials, float* y, int64_t c
 template <bool kSquare>
 void sum_impl(const float* x, float* y, int64_t n, Stream s, const char* name) {
   const int64_t nb = n > 0 ? (n + kElemBlock - 1) / kElemBlock : 0;
-  if (nb == 1) {  // a bias, a norm's weight: most of a step's gradient norms
+  if (n > 0 && n <= kSmallSum) {  // a bias, a norm's weight: most of a step's gradient norms
     small_sum_kernel<kSquare><<<1, kThreads, 0, s>>>(x, y, n);
     check_launch(name);
     return;
