@@ -37,8 +37,8 @@ class Trace;
 struct NodeTiming {
   double seconds = 0;
   int64_t calls = 0;
-  int64_t scratch_bytes =
-      0;  // the largest temporary one of its calls took (Device::take_scratch_high)
+  // the largest temporary one of its calls took beside the arena (Device::take_scratch_high)
+  int64_t scratch_bytes = 0;
 };
 
 class Executor {

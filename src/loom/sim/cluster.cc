@@ -87,8 +87,8 @@ DType dtype_at(const toml::node& n, const std::string& source, const std::string
   return t;
 }
 
-// A row of a [profile] array: numbers (and one dtype string) of a fixed count.
-// A [profile] row of `count` values, or of `count` to `most` where most > count.
+// A row of a [profile] array: numbers (and one dtype string), `count` of them, or `count` to `most`
+// where most > count (an optional last column).
 std::vector<const toml::node*> row(const toml::node& n, size_t count, const std::string& source,
                                    const std::string& where, size_t most = 0) {
   const toml::array* a = n.as_array();
