@@ -34,6 +34,11 @@ T on_ranks(const Config& cfg, const std::function<T(const runtime::MeshComms&)>&
   return result;
 }
 
+// The train step of cfg as a rank of its plan's mesh compiles it.
+CompiledStep compiled(const Config& cfg) {
+  return compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
+}
+
 class PlanParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PlanParity, TrainingMatchesOneRank) {
@@ -166,8 +171,7 @@ TEST(GradAccum, DataParallelGradientsAreReducedOnceAStep) {
     SCOPED_TRACE(name);
     const Case c = case_named(name);
     const Config cfg = config(c);
-    const CompiledStep step =
-        compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
+    const CompiledStep step = compiled(cfg);
     const ir::Graph& g = step.c.rank.graph;
     double prefix = 0, all = 0;  // bytes the reductions move
     for (const ir::Node& n : g.nodes()) {
@@ -189,8 +193,7 @@ TEST(GradAccum, TheMicroBatchPrefixHoldsNoOptimizer) {
     SCOPED_TRACE(name);
     const Case c = case_named(name);
     const Config cfg = config(c);
-    const CompiledStep step =
-        compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
+    const CompiledStep step = compiled(cfg);
     const ir::Graph& g = step.c.rank.graph;
     const size_t prefix = step.micro_nodes();
     ASSERT_GT(prefix, 0u);
@@ -362,8 +365,7 @@ TEST(Recast, KeptCastsChangeNoBit) {
     SCOPED_TRACE(name);
     const auto [a, b] = bf16_with_and_without(name, "passes.recast=false");
     auto casts = [](const Config& cfg) {
-      const CompiledStep s =
-          compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
+      const CompiledStep s = compiled(cfg);
       int n = 0;
       for (const ir::Node& node : s.c.rank.graph.nodes()) n += node.op == ir::Op::cast;
       return n;
@@ -386,8 +388,7 @@ TEST(ReduceCast, HalvesTheGradientReductionsInBf16) {
     SCOPED_TRACE(name);
     const auto [f32, bf16] = bf16_with_and_without(name, "passes.reduce_dtype=bf16");
     auto bytes = [](const Config& cfg) {
-      const CompiledStep s =
-          compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
+      const CompiledStep s = compiled(cfg);
       const ir::Graph& g = s.c.rank.graph;
       // the reductions over the data axis (the gradients', bucketed, and the loss's scalar) by
       // dtype; every other collective's bytes
@@ -406,8 +407,7 @@ TEST(ReduceCast, HalvesTheGradientReductionsInBf16) {
     // the reductions are waited for as late in bf16 as in f32 (the cast back comes before the
     // result's first reader, not at once): nodes between each prefetched reduction and its wait
     auto slack = [](const Config& cfg) {
-      const CompiledStep s =
-          compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
+      const CompiledStep s = compiled(cfg);
       const ir::Graph& g = s.c.rank.graph;
       int64_t nodes = 0;
       for (const ir::Node& n : g.nodes())

@@ -26,16 +26,20 @@ void dedupe(sim::Profile& p) {
     p.matmul.push_back({ta, tb, m, n, kk, batch, dt, median(ts)});
   }
   for (auto& [op, list] : p.ops) {
-    std::map<std::tuple<DType, double, double>, std::vector<double>> by;
-    std::map<std::tuple<DType, double, double>, double> scratch;  // the most any took
+    struct Same {
+      std::vector<double> seconds;
+      double scratch = 0;  // the most any took
+    };
+    std::map<std::tuple<DType, double, double>, Same> by;
     for (const auto& s : list) {
-      by[{s.dtype, s.bytes, s.flops}].push_back(s.seconds);
-      double& most = scratch[{s.dtype, s.bytes, s.flops}];
-      most = std::max(most, s.scratch_bytes);
+      Same& e = by[{s.dtype, s.bytes, s.flops}];
+      e.seconds.push_back(s.seconds);
+      e.scratch = std::max(e.scratch, s.scratch_bytes);
     }
     list.clear();
-    for (const auto& [k, ts] : by)
-      list.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), median(ts), scratch[k]});
+    for (const auto& [k, e] : by)
+      list.push_back(
+          {std::get<0>(k), std::get<1>(k), std::get<2>(k), median(e.seconds), e.scratch});
   }
 }
 

@@ -61,18 +61,29 @@ double matmul_from_profile(const ops::MatmulDims& d, DType t, const Profile& p) 
   return flops / std::exp(lsum / wsum);
 }
 
-double op_from_profile(ir::Op op, DType t, const ops::Cost& cost, const Profile& p) {
+// The profile's samples of op as (size, field) pairs, those of dtype t where there are some, else
+// all; a size is bytes moved, or FLOPs for an op costed by them.
+std::vector<std::pair<double, double>> op_samples(ir::Op op, DType t, const Profile& p,
+                                                  double OpSample::*field) {
   auto it = p.ops.find(op);
-  if (it == p.ops.end()) return -1;
+  if (it == p.ops.end()) return {};
   std::vector<std::pair<double, double>> xs, any;
   for (const OpSample& s : it->second) {
     const double x = by_flops(op) ? s.flops : s.bytes;
-    any.push_back({x, s.seconds});
-    if (s.dtype == t) xs.push_back({x, s.seconds});
+    any.push_back({x, s.*field});
+    if (s.dtype == t) xs.push_back({x, s.*field});
   }
-  if (xs.empty()) xs = any;
+  return xs.empty() ? any : xs;
+}
+
+double op_size(ir::Op op, const ops::Cost& cost) {
+  return by_flops(op) ? cost.flops : cost.bytes_read + cost.bytes_written;
+}
+
+double op_from_profile(ir::Op op, DType t, const ops::Cost& cost, const Profile& p) {
+  const auto xs = op_samples(op, t, p, &OpSample::seconds);
   if (xs.empty()) return -1;
-  return interpolate(xs, by_flops(op) ? cost.flops : cost.bytes_read + cost.bytes_written, false);
+  return interpolate(xs, op_size(op, cost), false);
 }
 
 }  // namespace
@@ -112,20 +123,9 @@ double node_seconds(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost
 double node_scratch_bytes(const ir::Graph& g, const ir::Node& n, const ops::Cost& cost,
                           const Cluster& c) {
   if (!c.profile) return 0;
-  auto it = c.profile->ops.find(n.op);
-  if (it == c.profile->ops.end()) return 0;
-  const DType t = node_dtype(g, n);
-  std::vector<std::pair<double, double>> xs, any;
-  bool some = false;
-  for (const OpSample& s : it->second) {
-    const double x = by_flops(n.op) ? s.flops : s.bytes;
-    any.push_back({x, s.scratch_bytes});
-    if (s.dtype == t) xs.push_back({x, s.scratch_bytes});
-    some = some || s.scratch_bytes > 0;
-  }
-  if (!some) return 0;
-  if (xs.empty()) xs = any;
-  return interpolate(xs, by_flops(n.op) ? cost.flops : cost.bytes_read + cost.bytes_written, false);
+  const auto xs = op_samples(n.op, node_dtype(g, n), *c.profile, &OpSample::scratch_bytes);
+  if (std::none_of(xs.begin(), xs.end(), [](const auto& s) { return s.second > 0; })) return 0;
+  return interpolate(xs, op_size(n.op, cost), false);
 }
 
 double collective_wire_bytes(ir::Op op, double bytes, int64_t ranks) {

@@ -45,19 +45,29 @@ __device__ __forceinline__ float gelu_dx(float dy, float x) {
   return dy * (s + 2.0f * x * s * (1.0f - s) * dudx);
 }
 
+// The pointwise functions of two inputs, for binary_kernel.
+struct SwigluY {
+  __device__ float operator()(float g, float u) const { return swiglu_y(g, u); }
+};
+struct GeluDx {
+  __device__ float operator()(float dy, float x) const { return gelu_dx(dy, x); }
+};
+
 // Elem is float or bf16 (loaded as f32, stored rounded to nearest even).
 // kVec: elements [0, 4*(n/4)) 4 per access, then the tail; else one by one.
-template <class Elem, bool kVec>
-__global__ void swiglu_fwd_kernel(const Elem* g, const Elem* u, Elem* y, int64_t n) {
+// y = F()(a, b), elementwise.
+template <class Elem, bool kVec, class F>
+__global__ void binary_kernel(const Elem* a, const Elem* b, Elem* y, int64_t n) {
+  const F f;
   const int64_t n4 = kVec ? n / 4 : 0;
   for (int64_t i = grid_start(); i < n4; i += grid_step()) {
-    const F4 a = load4(g, i), b = load4(u, i);
+    const F4 x = load4(a, i), z = load4(b, i);
     F4 r;
-    for (int j = 0; j < 4; ++j) r.v[j] = swiglu_y(a.v[j], b.v[j]);
+    for (int j = 0; j < 4; ++j) r.v[j] = f(x.v[j], z.v[j]);
     store4(y, i, r);
   }
   for (int64_t i = 4 * n4 + grid_start(); i < n; i += grid_step())
-    y[i] = from_f32<Elem>(swiglu_y(to_f32(g[i]), to_f32(u[i])));
+    y[i] = from_f32<Elem>(f(to_f32(a[i]), to_f32(b[i])));
 }
 
 template <class Elem, bool kVec>
@@ -90,18 +100,6 @@ __global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n) {
   for (int64_t i = 4 * n4 + grid_start(); i < n; i += grid_step()) y[i] = gelu_y(x[i]);
 }
 
-template <bool kVec>
-__global__ void gelu_bwd_kernel(const float* dy, const float* x, float* dx, int64_t n) {
-  const int64_t n4 = kVec ? n / 4 : 0;
-  for (int64_t i = grid_start(); i < n4; i += grid_step()) {
-    const F4 d = load4(dy, i), a = load4(x, i);
-    F4 r;
-    for (int j = 0; j < 4; ++j) r.v[j] = gelu_dx(d.v[j], a.v[j]);
-    store4(dx, i, r);
-  }
-  for (int64_t i = 4 * n4 + grid_start(); i < n; i += grid_step()) dx[i] = gelu_dx(dy[i], x[i]);
-}
-
 // Launches kernel<kVec = every pointer 4-element aligned> over n elements, 4 per thread when so.
 template <class Elem, class... P>
 void launch4(void (*vec)(P...), void (*one)(P...), std::initializer_list<const void*> ptrs,
@@ -116,8 +114,8 @@ void launch4(void (*vec)(P...), void (*one)(P...), std::initializer_list<const v
 
 // g (n), u (n) -> y (n) = g * s(g) * u
 void swiglu_fwd(const float* g, const float* u, float* y, int64_t n, Stream s) {
-  launch4<float>(swiglu_fwd_kernel<float, true>, swiglu_fwd_kernel<float, false>, {g, u, y}, n, s,
-                 g, u, y, n);
+  launch4<float>(binary_kernel<float, true, SwigluY>, binary_kernel<float, false, SwigluY>,
+                 {g, u, y}, n, s, g, u, y, n);
   check_launch("swiglu_fwd");
 }
 
@@ -130,8 +128,8 @@ void swiglu_bwd(const float* dy, const float* g, const float* u, float* dg, floa
 }
 
 void swiglu_fwd_bf16(const bf16* g, const bf16* u, bf16* y, int64_t n, Stream s) {
-  launch4<bf16>(swiglu_fwd_kernel<bf16, true>, swiglu_fwd_kernel<bf16, false>, {g, u, y}, n, s, g,
-                u, y, n);
+  launch4<bf16>(binary_kernel<bf16, true, SwigluY>, binary_kernel<bf16, false, SwigluY>, {g, u, y},
+                n, s, g, u, y, n);
   check_launch("swiglu_fwd_bf16");
 }
 
@@ -150,7 +148,8 @@ void gelu_fwd(const float* x, float* y, int64_t n, Stream s) {
 
 // dy (n), x (n) -> dx (n)
 void gelu_bwd(const float* dy, const float* x, float* dx, int64_t n, Stream s) {
-  launch4<float>(gelu_bwd_kernel<true>, gelu_bwd_kernel<false>, {dy, x, dx}, n, s, dy, x, dx, n);
+  launch4<float>(binary_kernel<float, true, GeluDx>, binary_kernel<float, false, GeluDx>,
+                 {dy, x, dx}, n, s, dy, x, dx, n);
   check_launch("gelu_bwd");
 }
 

@@ -78,12 +78,12 @@ __global__ void sum_rows_total_kernel(const float* partials, float* y, int64_t c
 
 template <bool kSquare>
 void sum_impl(const float* x, float* y, int64_t n, Stream s, const char* name) {
-  const int64_t nb = n > 0 ? (n + kElemBlock - 1) / kElemBlock : 0;
   if (n > 0 && n <= kSmallSum) {  // a bias, a norm's weight: most of a step's gradient norms
     small_sum_kernel<kSquare><<<1, kThreads, 0, s>>>(x, y, n);
     check_launch(name);
     return;
   }
+  const int64_t nb = n > 0 ? (n + kElemBlock - 1) / kElemBlock : 0;
   StreamScratch partials(size_t(nb) * sizeof(double), s);  // (nb)
   if (nb > 0) {
     const unsigned grid = unsigned(std::min<int64_t>(nb, int64_t(1) << 20));

@@ -97,10 +97,9 @@ class CudaDevice final : public Device {
     // the pool hands its memory back at every synchronisation, and the next allocation goes to
     // the driver again: keep it (a step without a CUDA graph synchronises once per step, a
     // profiled one once per node)
-    cudaMemPool_t pool = nullptr;
-    check(cudaDeviceGetDefaultMemPool(&pool, 0), "reading GPU 0's memory pool");
+    check(cudaDeviceGetDefaultMemPool(&pool_, 0), "reading GPU 0's memory pool");
     uint64_t keep = UINT64_MAX;
-    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+    check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep),
           "keeping the memory pool's memory");
     table_ = std::make_unique<KernelTable>(cuda_kernels(stream_));
     opened_used_ = used_bytes();
@@ -152,30 +151,20 @@ class CudaDevice final : public Device {
   }
   int64_t take_scratch_high() override { return kernels::cuda::take_scratch_high(); }
   int64_t scratch_reserved_bytes() const override {
-    int64_t bytes = 0;
-    for (const auto& [name, b] : memory_detail())
-      if (name == "pool_reserved" || name == "graphs_reserved") bytes += b;
-    return bytes;
+    return std::max<int64_t>(0, pool_bytes(cudaMemPoolAttrReservedMemCurrent)) +
+           std::max<int64_t>(0, graph_bytes(cudaGraphMemAttrReservedMemCurrent));
   }
   std::vector<std::pair<std::string, int64_t>> memory_detail() const override {
     std::vector<std::pair<std::string, int64_t>> d{{"used_when_opened", opened_used_}};
-    cudaMemPool_t pool = nullptr;
-    auto pool_attr = [&](const char* name, cudaMemPoolAttr a) {
-      uint64_t v = 0;
-      if (pool && cudaMemPoolGetAttribute(pool, a, &v) == cudaSuccess) d.emplace_back(name, v);
+    auto add = [&](const char* name, int64_t bytes) {
+      if (bytes >= 0) d.emplace_back(name, bytes);  // an attribute this driver lacks is left out
     };
-    if (cudaDeviceGetDefaultMemPool(&pool, 0) != cudaSuccess) pool = nullptr;
-    pool_attr("pool_reserved", cudaMemPoolAttrReservedMemCurrent);
-    pool_attr("pool_reserved_high", cudaMemPoolAttrReservedMemHigh);
-    pool_attr("pool_used_high", cudaMemPoolAttrUsedMemHigh);
-    auto graph_attr = [&](const char* name, cudaGraphMemAttributeType a) {
-      uint64_t v = 0;
-      if (cudaDeviceGetGraphMemAttribute(0, a, &v) == cudaSuccess) d.emplace_back(name, v);
-    };
-    graph_attr("graphs_reserved", cudaGraphMemAttrReservedMemCurrent);
-    graph_attr("graphs_reserved_high", cudaGraphMemAttrReservedMemHigh);
-    graph_attr("graphs_used_high", cudaGraphMemAttrUsedMemHigh);
-    cudaGetLastError();  // an attribute this driver lacks is left out, not an error
+    add("pool_reserved", pool_bytes(cudaMemPoolAttrReservedMemCurrent));
+    add("pool_reserved_high", pool_bytes(cudaMemPoolAttrReservedMemHigh));
+    add("pool_used_high", pool_bytes(cudaMemPoolAttrUsedMemHigh));
+    add("graphs_reserved", graph_bytes(cudaGraphMemAttrReservedMemCurrent));
+    add("graphs_reserved_high", graph_bytes(cudaGraphMemAttrReservedMemHigh));
+    add("graphs_used_high", graph_bytes(cudaGraphMemAttrUsedMemHigh));
     return d;
   }
   void upload(void* dst, const void* src, int64_t bytes) override {
@@ -223,9 +212,8 @@ class CudaDevice final : public Device {
     }
     // from now on the recording's own memory holds the kernels' scratch: give back the pool's
     // (what the unrecorded runs before it took), so that the scratch is not held twice
-    cudaMemPool_t pool = nullptr;
     synchronize();
-    if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
+    if (cudaMemPoolTrimTo(pool_, 0) != cudaSuccess) cudaGetLastError();  // then it is only kept
     return std::make_unique<CudaRecording>(exec, stream_);
   }
   std::unique_ptr<Stamps> stamps(size_t n) override {
@@ -240,7 +228,22 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // A memory attribute of the pool / of the CUDA graphs, in bytes; -1 where the driver has none.
+  int64_t pool_bytes(cudaMemPoolAttr a) const {
+    uint64_t v = 0;
+    if (cudaMemPoolGetAttribute(pool_, a, &v) == cudaSuccess) return int64_t(v);
+    cudaGetLastError();
+    return -1;
+  }
+  static int64_t graph_bytes(cudaGraphMemAttributeType a) {
+    uint64_t v = 0;
+    if (cudaDeviceGetGraphMemAttribute(0, a, &v) == cudaSuccess) return int64_t(v);
+    cudaGetLastError();
+    return -1;
+  }
+
   cudaStream_t stream_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;  // the default pool kernels' stream-ordered scratch comes from
   std::string describe_;
   int64_t memory_ = 0;
   mutable std::mutex mu_;
