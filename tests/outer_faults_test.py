@@ -54,7 +54,6 @@ CONFIG = os.path.join(SRC, "configs", "tiny-llama.toml")
 TOKEN = "outer-faults-test-token"
 H, STEPS, LEASE = 5, 60, 1.5
 SLOW = "20"  # --slowdown of the islands: ~60 ms a step, so a run of 60 steps lasts a few seconds
-ROW_TOKENS = 4 * 64  # tokens a step of tiny-llama.toml (batch_size x seq_len)
 failures = 0
 procs = []  # the processes of the scenario under way
 
@@ -347,20 +346,25 @@ def server_restarted(d, data):
     if not check(ok, "the islands reach version 2"):
         return
     # Kill the server while it holds the fast island's push of the open round and not the slow
-    # one's: the fast island logged step 5k+4 over three of its steps ago (so it has made step 5k+5
-    # and pushed), the slow one is at most at step 5k+3 (two steps from its push).
-    seen = {"n": 0, "t": time.time()}
+    # one's: the server logged the fast island's push to round R (its evidence, not a guess from
+    # the island's silence), not the slow one's nor R's close, and the slow island is at least two
+    # steps from its push (it pushes after step R*H).
+    def ids():
+        log = srv.text()
+        return {p.pid: m.group(1) for p in isl for m in [re.search(
+            r"island (\d+) \(\S+:%d [^)]*\) joined" % p.pid, log)] if m}
 
     def fast_waits():
-        m, s = metrics(fast.run), metrics(slow.run)
-        if len(m) != seen["n"]:
-            seen["n"], seen["t"] = len(m), time.time()
+        log, who, s = srv.text(), ids(), metrics(slow.run)
+        if len(who) != 2 or not s:
             return False
-        if not m or not s:
+        pushes = re.findall(r"island %s \([^)]*\) pushed to round (\d+)\n" % who[fast.pid], log)
+        if not pushes:
             return False
-        step_s = ROW_TOKENS / m[-1]["tokens_per_s"]  # the fast island's last step, slowdown included
-        return (m[-1]["step"] % H == H - 1 and m[-1]["step"] < STEPS
-                and s[-1]["step"] <= m[-1]["step"] - 1 and time.time() - seen["t"] > 3 * step_s + 0.05)
+        r = int(pushes[-1])
+        return (r < STEPS // H and "round %d closed" % r not in log
+                and not re.search(r"island %s \([^)]*\) pushed to round %d\n" % (who[slow.pid], r), log)
+                and s[-1]["step"] <= r * H - 2)
 
     ok = wait_for(fast_waits, 60, isl + [srv])
     if not check(ok, "the fast island waits in a round the slow one has not pushed to"):

@@ -203,6 +203,9 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     }
     if (frag.pushed.empty()) frag.first_push = now;
     frag.pushed.insert(h.island_id);
+    // one line per push of a round: what a restart finds lost (the island pushes it again)
+    log(fmt::format("island {} ({}) pushed to round {}{}", h.island_id, m->record.name,
+                    frag.version + 1, of));
   } else {  // one fragment: the whole model
     auto next = std::make_shared<TensorList>(*params_);
     TensorList momentum = momentum_, buffer = buffer_;
