@@ -100,7 +100,8 @@ TEST(Rounds, AMemberWhoseLeaseExpiredIsDroppedAndNotWaitedFor) {
   EXPECT_EQ(f.version_at(1001), 1u);  // closed without a
   EXPECT_EQ(f.rounds.members(), 1u);
   EXPECT_EQ(f.saved, 1);
-  EXPECT_EQ(f.lines[2], fmt::format("island {} (island) dropped: lease expired", a));
+  EXPECT_EQ(f.lines[2], fmt::format("island {} (island) pushed to round 1", b));
+  EXPECT_EQ(f.lines[3], fmt::format("island {} (island) dropped: lease expired", a));
   // a learns it must join again
   expect_refused(f.rounds.touch(a, f.at(1002)), RefusalKind::not_member,
                  fmt::format("island {} is not a member (its lease expired, or it never joined): "
@@ -241,7 +242,8 @@ TEST(Rounds, AMemberThatLeavesIsNotWaitedFor) {
   const uint64_t a = f.join(0, "stays"), b = f.join(0, "goes");
   ASSERT_FALSE(f.push(a, 0, model(2)));
   ASSERT_FALSE(f.rounds.leave(b, f.at(0)));
-  EXPECT_EQ(f.lines[2], fmt::format("island {} (goes) left", b));
+  EXPECT_EQ(f.lines[2], fmt::format("island {} (stays) pushed to round 1", a));
+  EXPECT_EQ(f.lines[3], fmt::format("island {} (goes) left", b));
   EXPECT_EQ(f.rounds.version(), 1u);  // the leave closed the round
   EXPECT_EQ(f.rounds.members(), 1u);
   expect_refused(f.rounds.leave(b, f.at(0)), RefusalKind::not_member);
