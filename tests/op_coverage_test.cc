@@ -44,6 +44,13 @@ const std::map<ir::Op, std::string>& exemptions() {
       {Op::all_to_all,
        "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
       {Op::shard_slice, "per-rank slice, inserted after autodiff (no VJP); reshard_test"},
+      {Op::shard_index,
+       "per-rank token ids of a vocabulary-parallel embedding or loss, inserted after autodiff (no "
+       "VJP); vocab_parallel_test and plan_parity (megatron)"},
+      {Op::softmax_stats,
+       "a vocabulary-parallel loss's per-block statistics, inserted after autodiff (no VJP); "
+       "kernels_test's CrossEntropySplitOverTheVocabulary against the f64 reference, "
+       "vocab_parallel_test and plan_parity (megatron)"},
       {Op::assign,
        "writes an optimizer result back after a reshard (no VJP); plan_parity (zero1/zero2)"},
       {Op::positions, "no input to differentiate; the GPT-2 golden tests check its use"},

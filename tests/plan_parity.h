@@ -156,8 +156,13 @@ inline std::string close_norm(const std::vector<float>& a, const std::vector<flo
 inline std::vector<std::string> compare_training(const TrainRun& got, const TrainRun& ref) {
   std::vector<std::string> errs{close(got.losses, ref.losses, 1e-5, 0, "loss"),
                                 close(got.grad_norms, ref.grad_norms, 1e-3, 0, "grad_norm")};
+  // Each parameter element within 3e-4 (lr 1e-3): an element whose gradient is a near-cancelling
+  // sum of a few micro (the mid Llama's embedding row 98 under megatron: RMS 6e-6, mean 3e-7 over
+  // the steps) sees a rounding change in the step's first split sum grow over 20 steps; measured
+  // there 7e-5 with the vocabulary whole and 2.4e-4 split by it (the same step-1 gradients to the
+  // bit; 30-36 elements of 65,536 above 1e-5 either way). The norms below catch a wrong block.
   for (const auto& [name, want] : ref.params) {
-    errs.push_back(close(got.params.at(name), want, 0, 1e-4, "param " + name));
+    errs.push_back(close(got.params.at(name), want, 0, 3e-4, "param " + name));
     errs.push_back(close_norm(got.params.at(name), want, 1e-4, "param " + name));
     errs.push_back(close_norm(got.m.at(name), ref.m.at(name), 1e-3, "adam.m " + name));
     errs.push_back(close_norm(got.v.at(name), ref.v.at(name), 1e-3, "adam.v " + name));

@@ -5,9 +5,13 @@
 // and the batch stays split on the data axis (no activation moves over it). Checked on the lowered
 // program of Llama (grouped-query heads) and GPT-2, in f32 and bf16, with and without a data axis.
 //
-// The embedding's and the head's weight gradients are still all-reduced whole over the
-// tensor-parallel axis under sequence parallelism (the time dim they are computed on is split);
-// a vocabulary-parallel embedding and head remove that, and this test counts only activations.
+// The embedding and the head are vocabulary-parallel (Megatron-LM's VocabParallelEmbedding and
+// parallel cross-entropy): tensor parallelism adds the embedding's partial output (forward) and the
+// head's partial input gradient (backward) to the layers' all-reduces, 4L + 2, and sequence
+// parallelism makes both reduce-scatters and gathers the head's input, 4L + 2 and 4L + 1 (where
+// Megatron-LM gathers the embedding's output gradient, Loom reduce-scatters the table's gradient, a
+// weight). Nothing with the vocabulary in its shape is gathered or all-reduced on the model axis:
+// not the logits, not a weight, not a gradient.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -84,21 +88,22 @@ TEST_P(SequenceParallel, MovesTheActivationsOfTensorParallelismAsGathersAndScatt
     auto it = t.find(k);
     return it == t.end() ? Traffic{} : it->second;
   };
-  // tensor parallelism: four all-reduces of the activation per layer
-  EXPECT_EQ(get(tpt, "all_reduce model").count, 4 * layers);
-  EXPECT_EQ(get(tpt, "all_reduce model").bytes, 4 * layers * act);
+  // tensor parallelism: four all-reduces of the activation per layer, the embedding's and the
+  // head's
+  EXPECT_EQ(get(tpt, "all_reduce model").count, 4 * layers + 2);
+  EXPECT_EQ(get(tpt, "all_reduce model").bytes, (4 * layers + 2) * act);
   EXPECT_EQ(tpt.size(), 1u) << "tensor parallelism moves only its all-reduces";
 
   // sequence parallelism: each becomes a reduce-scatter and an all-gather of the same activation
   // (an all-gather of bf16 when the matmul after it reads bf16: half the bytes, still the paper's
   // count)
   const Traffic rs = get(spt, "reduce_scatter model"), ag = get(spt, "all_gather model");
-  EXPECT_EQ(rs.count, 4 * layers);
-  EXPECT_EQ(rs.bytes, 4 * layers * act);
-  EXPECT_EQ(ag.count, 4 * layers);
+  EXPECT_EQ(rs.count, 4 * layers + 2);
+  EXPECT_EQ(rs.bytes, (4 * layers + 2) * act);
+  EXPECT_EQ(ag.count, 4 * layers + 1);
   const int64_t gathered = std::string(c.dtype) == "bf16" ? act / 2 : act;
-  EXPECT_LE(ag.bytes, 4 * layers * act);
-  EXPECT_GE(ag.bytes, 4 * layers * gathered);
+  EXPECT_LE(ag.bytes, (4 * layers + 1) * act);
+  EXPECT_GE(ag.bytes, (4 * layers + 1) * gathered);
   for (const auto& [k, x] : spt)
     EXPECT_TRUE(k == "reduce_scatter model" || k == "all_gather model")
         << k << ": " << x.count << " collectives of " << x.bytes << " bytes";
@@ -108,6 +113,22 @@ TEST_P(SequenceParallel, MovesTheActivationsOfTensorParallelismAsGathersAndScatt
     if (n.op != ir::Op::all_gather) continue;
     EXPECT_EQ(sp.rank.graph.value(n.inputs[0]).type.shape.size(), 3u)
         << "%" << sp.rank.graph.value(n.outputs[0]).name << " gathers a weight";
+  }
+  // vocabulary-parallel: the logits stay split into the loss, whose statistics are gathered
+  for (const passes::Compilation* p : {&tp, &sp}) {
+    const ir::Graph& g = p->rank.graph;
+    int stats = 0;
+    for (const ir::Node& n : g.nodes()) {
+      stats += n.op == ir::Op::softmax_stats;
+      if ((n.op != ir::Op::all_gather && n.op != ir::Op::all_reduce) ||
+          n.attr_str("axis") != "model")
+        continue;
+      for (int v : {n.inputs[0], n.outputs[0]})
+        for (int64_t dim : g.value(v).type.shape)
+          EXPECT_NE(dim, cfg.model.vocab_size)
+              << "%" << g.value(n.outputs[0]).name << " moves the vocabulary whole";
+    }
+    EXPECT_EQ(stats, 1);
   }
 }
 

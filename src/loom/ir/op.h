@@ -34,13 +34,14 @@
   /* ops/attention.cc */                                                                           \
   X(attention) X(attention_bwd) X(rope) X(rope_at) X(cached_attention)                             \
   /* ops/loss.cc */                                                                                \
-  X(cross_entropy)                                                                                 \
+  X(cross_entropy) X(softmax_stats)                                                                \
   /* ops/layout.cc */                                                                              \
   X(reshape) X(transpose) X(split) X(concat)                                                       \
   /* ops/optim.cc */                                                                               \
   X(adamw) X(clip_coef)                                                                            \
   /* ops/collective.cc */                                                                          \
   X(wait) X(all_gather) X(reduce_scatter) X(shard_slice) X(all_reduce) X(all_to_all) X(assign)     \
+  X(shard_index)                                                                                   \
   /* ops/moe.cc */                                                                                 \
   X(moe_router) X(moe_router_bwd) X(moe_dispatch) X(moe_combine) X(grouped_matmul)                 \
   X(moe_gate_grad)

@@ -40,6 +40,8 @@ struct Roles {
   std::vector<int> batch_inputs;                // inputs whose dim 0 is the batch (tokens, targets)
   std::vector<ParallelWeight> column_parallel;  // split by output features (q/k/v, gate/up, c_fc)
   std::vector<ParallelWeight> row_parallel;     // split by input features (o, down, c_proj)
+  // `dim` is the vocabulary: the embedding table, the output head (GPT-2's tied wte is both)
+  std::vector<ParallelWeight> vocab_parallel;
   std::vector<ParamGroup> blocks;  // every parameter in exactly one group, forward order
   std::vector<int> experts;        // expert weights (Mixture-of-Experts); empty when dense
 };

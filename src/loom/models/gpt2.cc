@@ -29,7 +29,7 @@ std::vector<ParamInfo> gpt2_params(const ModelConfig& c) {
   using P = ParamInfo::Parallel;
   const int64_t C = c.d_model, V = c.vocab_size, F = c.ffn();
   std::vector<ParamInfo> p;
-  p.push_back({"wte.weight", {V, C}, I::normal, "embed"});
+  p.push_back({"wte.weight", {V, C}, I::normal, "embed", P::vocab, 0});
   p.push_back({"wpe.weight", {c.max_seq_len, C}, I::normal, "embed"});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     std::string s = fmt::format("h.{}.", l), blk = fmt::format("layers.{}", l);

@@ -24,7 +24,7 @@ std::vector<ParamInfo> llama_params(const ModelConfig& c) {
   using P = ParamInfo::Parallel;
   const int64_t C = c.d_model, V = c.vocab_size, F = c.ffn(), HS = c.head_size();
   std::vector<ParamInfo> p;
-  p.push_back({"model.embed_tokens.weight", {V, C}, I::normal, "embed"});
+  p.push_back({"model.embed_tokens.weight", {V, C}, I::normal, "embed", P::vocab, 0});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     std::string s = fmt::format("model.layers.{}.", l), blk = fmt::format("layers.{}", l);
     p.push_back({s + "input_layernorm.weight", {C}, I::ones, blk});
@@ -57,7 +57,7 @@ std::vector<ParamInfo> llama_params(const ModelConfig& c) {
     p.push_back({s + "mlp.down_proj.weight", {C, F}, I::scaled_normal, blk, P::row, 1});
   }
   p.push_back({"model.norm.weight", {C}, I::ones, "head"});
-  if (!c.tie_embeddings) p.push_back({"lm_head.weight", {V, C}, I::normal, "head"});
+  if (!c.tie_embeddings) p.push_back({"lm_head.weight", {V, C}, I::normal, "head", P::vocab, 0});
   return p;
 }
 

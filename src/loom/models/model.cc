@@ -194,6 +194,8 @@ ModelGraph declare_params(const Architecture& arch, const ModelConfig& c) {
     if (p.parallel == ParamInfo::Parallel::column)
       m.roles.column_parallel.push_back({v, p.parallel_dim});
     if (p.parallel == ParamInfo::Parallel::row) m.roles.row_parallel.push_back({v, p.parallel_dim});
+    if (p.parallel == ParamInfo::Parallel::vocab)
+      m.roles.vocab_parallel.push_back({v, p.parallel_dim});
     if (p.expert) m.roles.experts.push_back(v);
   }
   return m;

@@ -90,14 +90,15 @@ struct ModelConfig {
 // One parameter, declared once by its architecture.
 struct ParamInfo {
   enum class Init { normal, ones, zeros, scaled_normal };
-  enum class Parallel { none, column, row };  // its place in a tensor-parallel pair (ir/roles.h)
-  std::string name;                           // Hugging Face name
+  // its place in a tensor-parallel pair, or a vocabulary-parallel weight (ir/roles.h)
+  enum class Parallel { none, column, row, vocab };
+  std::string name;  // Hugging Face name
   Shape shape;
   Init init = Init::normal;
   std::string block;  // its parameter group: "embed", "layers.0", "head" (every group but "embed"
                       // and "head" is a repeated layer: ir::ParamGroup::layer)
   Parallel parallel = Parallel::none;
-  int64_t parallel_dim = -1;  // column: the output features' dim; row: the input's
+  int64_t parallel_dim = -1;  // column: the output features' dim; row: the input's; vocab: V's
   bool expert = false;        // stacked per-expert weights (E, ...): ir::Roles::experts
   // The shape weight files hold it in (Hugging Face's; Loom's checkpoints and exports too) where
   // it differs from `shape`: the same elements in the same order, grouped otherwise (GPT-2's fused

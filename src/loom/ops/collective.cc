@@ -9,6 +9,10 @@
 //                                     split_dim shrinks n-fold, concat_dim grows n-fold (block j of
 //                                     split_dim goes to rank j; received blocks are concatenated)
 // shard_slice(x) {axis, dim, n}       keep this rank's 1/n block of dim: no communication
+// shard_index(ids) {axis, n, size}    i32 indices into a dim of `size` entries, made relative to
+//                                     this rank's 1/n block of it; -1 outside the block (and where
+//                                     ids is -1): a vocabulary-parallel embedding's or loss's
+//                                     token ids (ops/sharding_rule.h's index_into_block)
 // wait(h, x) -> y                     completes the asynchronous collective whose in-flight output
 //                                     is h and whose input was x: y is h's memory, complete. A
 //                                     collective with attribute async = 1 only starts: its output
@@ -107,6 +111,21 @@ void register_collective_ops() {
   register_op(resize_dim("all_gather", true, Trait::collective));
   register_op(resize_dim("reduce_scatter", false, Trait::collective));
   register_op(resize_dim("shard_slice", false, Trait::rank_local));
+  register_op({.name = "shard_index",
+               .num_inputs = 1,
+               .infer = [](const Types& in, const ir::Attrs& a) -> Types {
+                 expect_inputs("shard_index", in, 1);
+                 check_axis("shard_index", in, a);
+                 if (in[0].dtype != DType::i32) type_error("shard_index", in, "expects i32 ids");
+                 const int64_t n = group_size("shard_index", in, a);
+                 const int64_t size = int_attr("shard_index", a, "size");
+                 if (size < 1 || size % n)
+                   type_error("shard_index", in,
+                              fmt::format("size {} is not a positive multiple of n = {}", size, n));
+                 return {in[0]};
+               },
+               .cost = comm_cost,
+               .traits = {Trait::rank_local}});
   register_op({.name = "all_reduce",
                .num_inputs = 1,
                .infer = [](const Types& in, const ir::Attrs& a) -> Types {

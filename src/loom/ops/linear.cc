@@ -25,6 +25,16 @@ using ir::Attrs;
 using ir::TensorType;
 using Types = std::vector<TensorType>;
 
+// Lowering with the vocabulary (factor f, `local` rows on this rank) split: the ids (operand 0)
+// made relative to the rank's block of it.
+void index_ids(LowerContext& c, int f, std::vector<int>& in, Attrs& attrs, int64_t local) {
+  const std::vector<std::string>& axes = c.factor_axes(f);
+  if (axes.empty()) return;
+  for (const std::string& a : axes) local *= c.axis_size(a);
+  in[0] = index_into_block(c, in[0], axes, local);
+  attrs["masked"] = int64_t(1);
+}
+
 int64_t get_int(const Attrs& a, const char* k, int64_t d) {
   auto it = a.find(k);
   if (it == a.end()) return d;
@@ -196,29 +206,46 @@ void register_linear_ops() {
              c.bytes_written = out;
              return c;
            },
-       // embedding: rows and channels split; a token may name any row of the table, so V does not.
-       .sharding = einsum("*,Vc->*c")});
+       // embedding: rows and channels split, and the vocabulary (Megatron-LM's vocabulary-parallel
+       // embedding): each rank looks up the ids in its block of the table (shard_index makes them
+       // relative to it, -1 elsewhere: a zero row) and the result is a partial sum over the split.
+       .sharding = {.rule = [](const Types& in, const Types& out,
+                               const Attrs&) { return einsum_rule("*,vc->*c", in, out); },
+                    .prepare =
+                        [](LowerContext& c, const FactorRule& r, std::vector<int>& in,
+                           Attrs& attrs) {
+                          index_ids(c, r.operands[1][0][0], in, attrs, c.type(in[1]).shape[0]);
+                        }}});
   // embedding_bwd(ids i32[...], dy f32[..., C]) {V} -> f32[V,C]
-  register_op({.name = "embedding_bwd",
-               .num_inputs = 2,
-               .infer = [](const Types& in, const Attrs& a) -> Types {
-                 expect_inputs("embedding_bwd", in, 2);
-                 Shape expect = in[0].shape;
-                 if (!in[1].shape.empty()) expect.push_back(in[1].shape.back());
-                 if (in[0].dtype != DType::i32 || in[1].dtype != DType::f32 ||
-                     in[1].shape != expect)
-                   type_error("embedding_bwd", in, "expects ids i32[...] and dy f32[...,C]");
-                 int64_t V = get_int(a, "V", -1);
-                 if (V <= 0) type_error("embedding_bwd", in, "needs attribute V > 0");
-                 return {TensorType{DType::f32, {V, in[1].shape.back()}}};
-               },
-               .cost =
-                   [](const ir::Graph& g, const ir::Node& n) {
-                     Cost c = streaming_cost(g, n, 0);
-                     c.flops = double(numel(g.value(n.inputs[1]).type.shape));
-                     return c;
-                   },
-               .sharding = einsum("*,*c->Vc")});
+  register_op(
+      {.name = "embedding_bwd",
+       .num_inputs = 2,
+       .infer = [](const Types& in, const Attrs& a) -> Types {
+         expect_inputs("embedding_bwd", in, 2);
+         Shape expect = in[0].shape;
+         if (!in[1].shape.empty()) expect.push_back(in[1].shape.back());
+         if (in[0].dtype != DType::i32 || in[1].dtype != DType::f32 || in[1].shape != expect)
+           type_error("embedding_bwd", in, "expects ids i32[...] and dy f32[...,C]");
+         int64_t V = get_int(a, "V", -1);
+         if (V <= 0) type_error("embedding_bwd", in, "needs attribute V > 0");
+         return {TensorType{DType::f32, {V, in[1].shape.back()}}};
+       },
+       .cost =
+           [](const ir::Graph& g, const ir::Node& n) {
+             Cost c = streaming_cost(g, n, 0);
+             c.flops = double(numel(g.value(n.inputs[1]).type.shape));
+             return c;
+           },
+       // the table's rows split too: each rank sums the ids of its block of the vocabulary
+       .sharding = {.rule = [](const Types& in, const Types& out,
+                               const Attrs&) { return einsum_rule("*,*c->vc", in, out); },
+                    .localize = [](Attrs& a, const Types&, const Types&,
+                                   const Types& local_out) { a["V"] = local_out[0].shape[0]; },
+                    .prepare =
+                        [](LowerContext& c, const FactorRule& r, std::vector<int>& in,
+                           Attrs& attrs) {
+                          index_ids(c, r.results[0][0][0], in, attrs, get_int(attrs, "V", 0));
+                        }}});
 
   // Sharding rules (ops/sharding_rule.h). matmul: the rows of x @ W^T split freely, the contraction
 }

@@ -129,6 +129,15 @@ ShardingRule einsum(std::string spec, std::vector<int> linear) {
                       const ir::Attrs&) { return einsum_rule(spec, in, out, linear); }};
 }
 
+int index_into_block(LowerContext& c, int ids, const std::vector<std::string>& axes, int64_t size) {
+  for (const std::string& a : axes) {
+    const int64_t n = c.axis_size(a);
+    ids = c.emit(ir::Op::shard_index, {ids}, {{"axis", a}, {"n", n}, {"size", size}});
+    size /= n;
+  }
+  return ids;
+}
+
 FactorRule factor_rule(const ir::Graph& g, const ir::Node& n) {
   std::vector<ir::TensorType> in, out;
   for (int v : n.inputs) in.push_back(g.value(v).type);

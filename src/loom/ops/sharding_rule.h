@@ -60,10 +60,37 @@ using LocalizeFn = std::function<void(
     ir::Attrs& attrs, const std::vector<ir::TensorType>& global_in,
     const std::vector<ir::TensorType>& global_out, const std::vector<ir::TensorType>& local_out)>;
 
+// What an op's `prepare` sees while lowering one of its nodes, and what it may add to the rank
+// program before it (shard/lower.cc implements it).
+class LowerContext {
+ public:
+  virtual ~LowerContext() = default;
+  // The mesh axes factor f of the node's rule is split over, major first; empty: not split.
+  virtual const std::vector<std::string>& factor_axes(int f) const = 0;
+  virtual int64_t axis_size(const std::string& axis) const = 0;
+  virtual const ir::TensorType& type(int local) const = 0;
+  // Appends a node to the rank program (named after the node being lowered); its first result.
+  virtual int emit(ir::Op op, std::vector<int> inputs, ir::Attrs attrs) = 0;
+};
+// Lowering a node whose kernel cannot run on its split factors from the shards alone: adjusts its
+// local operands (and attributes) before it is emitted. An operand that indexes a split factor
+// (token ids into a split vocabulary) is made relative to the rank's block (shard_index); a
+// softmax over a split factor gets the other shards' statistics (cross_entropy). Runs for every
+// node of the op; does nothing where nothing it cares about is split.
+using PrepareFn = std::function<void(LowerContext& c, const FactorRule& rule,
+                                     std::vector<int>& local_inputs, ir::Attrs& attrs)>;
+
 struct ShardingRule {
   RuleFn rule;  // empty: every dim fixed
   LocalizeFn localize;
+  PrepareFn prepare;
 };
+
+// `ids` (local i32 indices into a dim of `size` entries) relative to this rank's block of that dim
+// split over `axes` (major first): one shard_index per axis; an index outside the block becomes -1
+// (a kernel reading it skips that entry: the node carries attribute masked = 1). `ids` itself
+// when `axes` is empty.
+int index_into_block(LowerContext& c, int ids, const std::vector<std::string>& axes, int64_t size);
 
 // Parses an einsum-like spec (above) against the types; LOOM_CHECKs that it fits them (a rule is
 // code, not user input).

@@ -88,7 +88,7 @@ void run_recast(Compilation& c, const Options& o) {
     *h = map(*h);
   for (int& v : m.caches) v = map(v);
   for (int& v : m.roles.batch_inputs) v = map(v);
-  for (auto* ws : {&m.roles.column_parallel, &m.roles.row_parallel})
+  for (auto* ws : {&m.roles.column_parallel, &m.roles.row_parallel, &m.roles.vocab_parallel})
     for (ir::ParallelWeight& w : *ws) w.value = map(w.value);
   for (ir::ParamGroup& grp : m.roles.blocks)
     for (int& v : grp.params) v = map(v);

@@ -125,6 +125,14 @@ const std::array<CollectiveKernel, ir::kOpCount>& collective_kernels() {
               [](Call& k) {
                 pack_block(k.src, k.dst, blocks(k.in, k.n.attr_int("dim"), k.p), k.p, k.c.rank());
               }},
+             {ir::Op::shard_index,
+              [](Call& k) {
+                const int64_t block = k.n.attr_int("size") / k.p, lo = block * k.c.rank();
+                const auto* ids = reinterpret_cast<const int32_t*>(k.src);
+                auto* out = reinterpret_cast<int32_t*>(k.dst);
+                for (int64_t i = 0, n = numel(k.in.shape); i < n; ++i)
+                  out[i] = ids[i] >= lo && ids[i] < lo + block ? int32_t(ids[i] - lo) : -1;
+              }},
              {ir::Op::all_to_all,
               [](Call& k) {
                 Blocks sent = blocks(k.in, k.n.attr_int("split_dim"), k.p);

@@ -24,10 +24,13 @@ using ir::Op;
 
 using namespace kernel_args;
 
+// ids in [0, V); -1 too where the node reads ids made relative to its block of a split vocabulary
+// (attribute masked: ops/sharding_rule.h's index_into_block).
 void check_ids(const ir::Graph& g, const ir::Node& n, int i, const int32_t* ids, int64_t count,
                int64_t V) {
+  const int32_t lo = n.attr_int("masked", 0) ? -1 : 0;
   for (int64_t j = 0; j < count; ++j)
-    if (ids[j] < 0 || ids[j] >= V)
+    if (ids[j] < lo || ids[j] >= V)
       throw Error(fmt::format("%{}: token id {} at position {} is outside the vocabulary [0, {})",
                               g.value(n.inputs[i]).name, ids[j], j, V));
 }
@@ -221,7 +224,16 @@ KernelTable make_table() {
   t.add(Op::cross_entropy, [](auto& g, auto& n, auto in, auto out) {
     int64_t V = in_t(g, n, 0).shape.back(), N = in_n(g, n, 1);
     check_ids(g, n, 1, I(in[1]), N, V);
-    k::cross_entropy(CF(in[0]), I(in[1]), F(out[0]), F(out[1]), N, V, n.attr_int("rows", N));
+    if (n.inputs.size() == 3)
+      k::cross_entropy_split(CF(in[0]), I(in[1]), CF(in[2]), in_t(g, n, 2).shape[0], F(out[0]),
+                             F(out[1]), N, V, n.attr_int("rows", N));
+    else
+      k::cross_entropy(CF(in[0]), I(in[1]), F(out[0]), F(out[1]), N, V, n.attr_int("rows", N));
+  });
+  t.add(Op::softmax_stats, [](auto& g, auto& n, auto in, auto out) {
+    int64_t V = in_t(g, n, 0).shape.back(), N = in_n(g, n, 1);
+    check_ids(g, n, 1, I(in[1]), N, V);
+    k::softmax_stats(CF(in[0]), I(in[1]), F(out[0]), N, V);
   });
   t.add(Op::grouped_matmul, [](auto& g, auto& n, auto in, auto out) {
     k::grouped_gemm(grouped_gemm_desc(g, n), in[0], in[1], out[0]);

@@ -169,6 +169,10 @@ class Lowerer {
     }
     ir::Attrs attrs = n.attrs;
     if (def.sharding.localize) def.sharding.localize(attrs, gin, gout, lout);
+    if (def.sharding.prepare) {
+      Context ctx(*this, ns, names.empty() ? g_.value(n.inputs[0]).name : names[0]);
+      def.sharding.prepare(ctx, ops::factor_rule(g_, n), ins, attrs);
+    }
     std::vector<ir::TensorType> lin;
     for (int i : ins) lin.push_back(prog_.graph.value(i).type);
     auto inferred = def.infer(lin, attrs);
@@ -201,6 +205,28 @@ class Lowerer {
                            {g_.value(v).name + ".assign"});
     }
   }
+
+  // What an op's prepare hook sees of the node being lowered (ops/sharding_rule.h).
+  class Context : public ops::LowerContext {
+   public:
+    Context(Lowerer& l, const NodeSharding& ns, std::string base)
+        : l_(l), ns_(ns), base_(std::move(base)) {}
+    const std::vector<std::string>& factor_axes(int f) const override {
+      return ns_.factor_axes[size_t(f)];
+    }
+    int64_t axis_size(const std::string& axis) const override { return l_.m_.axis_size(axis); }
+    const ir::TensorType& type(int local) const override {
+      return l_.prog_.graph.value(local).type;
+    }
+    int emit(ir::Op op, std::vector<int> inputs, ir::Attrs attrs) override {
+      return l_.emit(op, std::move(inputs), std::move(attrs), base_);
+    }
+
+   private:
+    Lowerer& l_;
+    const NodeSharding& ns_;
+    std::string base_;
+  };
 
   const ir::Graph& g_;
   const Mesh& m_;

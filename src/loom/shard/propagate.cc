@@ -153,15 +153,22 @@ class Propagator {
     for (const Cand& c : cands) {
       auto& fa = ns.factor_axes[size_t(c.factor)];
       if (!fa.empty() || r.fixed[size_t(c.factor)] || minor[size_t(c.factor)]) continue;
+      // the axes in order while they are free; a result takes the free ones that lead its split
+      // (an fsdp x megatron weight's gradient kept {[model, data]}, made where the batch has data
+      // already: split by model, then reduce-scattered over data), an operand all or none
+      std::vector<std::string> take;
       int64_t ways = 1;
-      bool free = true;
       for (const auto& a : *c.axes) {
-        free &= !used.count(a);
+        if (used.count(a)) break;
+        take.push_back(a);
         ways *= m_.axis_size(a);
       }
-      if (!free || r.size[size_t(c.factor)] % ways) continue;
-      fa = *c.axes;
-      used.insert(c.axes->begin(), c.axes->end());
+      const bool result = c.order >= 1000;
+      if (take.empty() || (!result && take.size() < c.axes->size()) ||
+          r.size[size_t(c.factor)] % ways)
+        continue;
+      fa = take;
+      used.insert(take.begin(), take.end());
       factor_prio[size_t(c.factor)] = c.prio;
     }
     // the priority a split carries on from one of priority p: p's, propagated

@@ -8,6 +8,7 @@
 // Does not do label smoothing, ignore-index or class weights.
 // Invariant: each row is computed by one thread in a fixed order, and the mean over rows is an f64
 // sum of the per-row losses in row order, so the result is bit-identical for any thread count.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -22,10 +23,12 @@ using detail::exp_f32;
 
 namespace {
 
-// One row: x (V) -> d (V) = (softmax(x) - onehot(t)) * inv_n (skipped when d is null);
-// returns logsumexp(x) - x[t]. d may equal x.
-double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float inv_n) {
-  const float xt = x[t];  // read before d (possibly x itself) is written
+struct MaxSum {
+  float m, s;  // max_v x_v, sum_v exp(x_v - m)
+};
+
+// The row's max and sum of exponentials; e_v = exp(x_v - m) stored into d unless it is null.
+MaxSum max_sumexp(const float* x, float* d, int64_t V) {
 #ifdef __AVX512F__
   // 16 lanes with a masked tail; lane partials are combined in lane order.
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -62,6 +65,14 @@ double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float i
   float s = 0;
   for (float l : lane) s += l;
 #endif
+  return {m, s};
+}
+
+// One row: x (V) -> d (V) = (softmax(x) - onehot(t)) * inv_n (skipped when d is null);
+// returns logsumexp(x) - x[t]. d may equal x.
+double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float inv_n) {
+  const float xt = x[t];  // read before d (possibly x itself) is written
+  const auto [m, s] = max_sumexp(x, d, V);
   if (d != nullptr) {
     const float k = inv_n / s;
 #pragma omp simd
@@ -86,6 +97,50 @@ void cross_entropy(const float* logits, const int32_t* targets, float* loss, flo
   detail::for_blocks(N, 1, [&](int64_t n, int64_t) {
     rl[n] = cross_entropy_row(logits + n * V, targets[n], dlogits ? dlogits + n * V : nullptr, V,
                               inv_n);
+  });
+  double total = 0;
+  for (int64_t n = 0; n < N; ++n) total += rl[n];
+  loss[0] = float(total / double(rows));
+}
+
+void softmax_stats(const float* logits, const int32_t* targets, float* stats, int64_t N,
+                   int64_t V) {
+  detail::for_blocks(N, 1, [&](int64_t n, int64_t) {
+    const float* x = logits + n * V;
+    const auto [m, s] = max_sumexp(x, nullptr, V);
+    stats[3 * n] = m;
+    stats[3 * n + 1] = s;
+    stats[3 * n + 2] = targets[n] >= 0 ? x[targets[n]] : 0.f;
+  });
+}
+
+void cross_entropy_split(const float* logits, const int32_t* targets, const float* stats, int64_t K,
+                         float* loss, float* dlogits, int64_t N, int64_t V, int64_t rows) {
+  if (rows <= 0) rows = N;
+  std::vector<double> row_loss(static_cast<size_t>(N));  // (N)
+  double* const rl = row_loss.data();
+  const float inv_n = 1.0f / float(rows);
+  detail::for_blocks(N, 1, [&](int64_t n, int64_t) {
+    // the blocks' statistics, combined in block order (the same on every rank)
+    float M = -std::numeric_limits<float>::infinity();
+    for (int64_t k = 0; k < K; ++k) M = std::max(M, stats[(k * N + n) * 3]);
+    double S = 0, xt = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const float* st = stats + (k * N + n) * 3;
+      S += double(st[1]) * std::exp(double(st[0]) - double(M));
+      xt += double(st[2]);
+    }
+    const int32_t t = targets[n];
+    rl[n] = t >= 0 ? double(M) + std::log(S) - xt : 0.0;
+    if (dlogits == nullptr) return;
+    // as cross_entropy_row: exp(x - M) scaled by inv_n / S (the same bits where this block holds
+    // the row's max and S sums as s does there)
+    const float* x = logits + n * V;
+    float* d = dlogits + n * V;
+    const float k = inv_n / float(S);
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) d[v] = exp_f32(x[v] - M) * k;
+    if (t >= 0) d[t] -= inv_n;
   });
   double total = 0;
   for (int64_t n = 0; n < N; ++n) total += rl[n];

@@ -1,7 +1,9 @@
 // Embedding lookup and its gradient.
 //
 // Forward copies table rows; backward scatters dout rows into dtable. Does not check ids in the
-// forward (the kernel is not given V); the backward checks them once before writing.
+// forward (the kernel is not given V); the backward checks them once before writing. An id of -1
+// (outside a rank's block of a vocabulary-parallel table: shard_index) is a zero row forward and
+// adds nothing backward.
 // Invariant: dtable[v,c] = 0 + dout[n0,c] + dout[n1,c] + ... over the n with ids[n] == v, in
 // increasing n, whatever the thread count: threads own disjoint column ranges and each walks every
 // id in order, so no two threads ever add into the same element and no partials are needed.
@@ -21,6 +23,7 @@ namespace {
 void scatter_add_columns(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t C,
                          int64_t c0, int64_t c1) {
   for (int64_t n = 0; n < N; ++n) {
+    if (ids[n] < 0) continue;
     float* dst = dtable + int64_t(ids[n]) * C;
     const float* src = dout + n * C;
 #pragma omp simd
@@ -34,7 +37,10 @@ void scatter_add_columns(const int32_t* ids, const float* dout, float* dtable, i
 void embedding_fwd(const int32_t* ids, const float* table, float* out, int64_t N, int64_t C) {
   for_blocks(N, detail::rows_per_block(C), [&](int64_t r0, int64_t r1) {
     for (int64_t n = r0; n < r1; ++n)
-      std::memcpy(out + n * C, table + int64_t(ids[n]) * C, size_t(C) * sizeof(float));
+      if (ids[n] < 0)
+        std::memset(out + n * C, 0, size_t(C) * sizeof(float));
+      else
+        std::memcpy(out + n * C, table + int64_t(ids[n]) * C, size_t(C) * sizeof(float));
   });
 }
 
@@ -42,7 +48,7 @@ void embedding_fwd(const int32_t* ids, const float* table, float* out, int64_t N
 void embedding_bwd(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t V,
                    int64_t C) {
   for (int64_t n = 0; n < N; ++n)
-    LOOM_CHECK(ids[n] >= 0 && ids[n] < V)
+    LOOM_CHECK(ids[n] >= -1 && ids[n] < V)
         << "embedding_bwd: ids[" << n << "] = " << ids[n] << " outside [0," << V << ")";
   for_blocks(V, detail::rows_per_block(C), [&](int64_t v0, int64_t v1) {
     std::memset(dtable + v0 * C, 0, size_t((v1 - v0) * C) * sizeof(float));

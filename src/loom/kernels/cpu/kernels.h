@@ -20,7 +20,8 @@
 namespace loom::kernels::cpu {
 
 // ---- embedding ----
-// ids (N) in [0,V), table (V,C) -> out (N,C)
+// ids (N) in [0,V), table (V,C) -> out (N,C); an id of -1 gives a zero row (and adds nothing in the
+// backward): a vocabulary-parallel rank's id outside its block
 void embedding_fwd(const int32_t* ids, const float* table, float* out, int64_t N, int64_t C);
 // dout (N,C) -> dtable (V,C): dtable is overwritten (zeros where no id hits), rows summed in id
 // order.
@@ -69,6 +70,13 @@ void gelu_bwd(const float* dy, const float* x, float* dx, int64_t n);
 // Accumulates in f32 (f64 for the sum over rows). dlogits may alias logits.
 void cross_entropy(const float* logits, const int32_t* targets, float* loss, float* dlogits,
                    int64_t N, int64_t V, int64_t rows = 0);
+// Vocabulary-parallel (ops/loss.cc): this rank's block of V columns, targets relative to it (-1
+// outside). stats (N,3) = per row max, sum of exp(x - max), x_t (0 for -1).
+void softmax_stats(const float* logits, const int32_t* targets, float* stats, int64_t N, int64_t V);
+// stats (K,N,3): every block's softmax_stats. loss = sum over rows whose target is in this block
+// of (logsumexp - x_t), / rows; dlogits = (exp(x - logsumexp) - onehot) / rows (may alias logits).
+void cross_entropy_split(const float* logits, const int32_t* targets, const float* stats, int64_t K,
+                         float* loss, float* dlogits, int64_t N, int64_t V, int64_t rows = 0);
 
 // ---- elementwise ----
 void add(const float* a, const float* b, float* y, int64_t n);  // y = a + b

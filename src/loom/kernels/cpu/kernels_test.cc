@@ -271,6 +271,71 @@ TEST(Kernels, CrossEntropy) {
   }
 }
 
+// Vocabulary-parallel: the logits' columns in K blocks, each block's softmax_stats gathered, and
+// cross_entropy_split on each block gives the whole row's loss (summed over the blocks) and its
+// dlogits (the blocks side by side), against the f64 reference; every block sees the same
+// logsumexp, and a block may alias its dlogits to its logits.
+TEST(Kernels, CrossEntropySplitOverTheVocabulary) {
+  struct Case {
+    int64_t N, V, K;
+    float scale, offset;
+  };
+  for (auto [N, V, K, scale, offset] : {Case{7, 36, 2, 1.0f, 0.0f}, Case{5, 999, 3, 10.0f, 100.0f},
+                                        Case{64, 8192, 4, 3.0f, -50.0f}}) {
+    SCOPED_TRACE(::testing::Message() << "N " << N << " V " << V << " K " << K);
+    auto logits = randn(N * V, kSeed, scale);
+    for (auto& v : logits) v += offset;
+    auto targets = rand_ids(N, int32_t(V), kSeed + 1);
+    std::vector<double> wdl(N * V), wloss(1);
+    ref::cross_entropy(to_f64(logits).data(), targets.data(), wloss.data(), wdl.data(), N, V);
+    const int64_t B = V / K;
+    std::vector<std::vector<float>> block(K, std::vector<float>(N * B));
+    std::vector<std::vector<int32_t>> local(K, std::vector<int32_t>(N));
+    std::vector<float> stats(K * N * 3);
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t n = 0; n < N; ++n) {
+        std::memcpy(&block[k][n * B], &logits[n * V + k * B], B * 4);
+        const int32_t t = targets[n] - int32_t(k * B);
+        local[k][n] = t >= 0 && t < B ? t : -1;
+      }
+      softmax_stats(block[k].data(), local[k].data(), &stats[k * N * 3], N, B);
+    }
+    Out dlogits(N * V), loss(1);
+    double total = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      float part = 0;
+      cross_entropy_split(block[k].data(), local[k].data(), stats.data(), K, &part, block[k].data(),
+                          N, B);
+      total += part;
+      for (int64_t n = 0; n < N; ++n)
+        std::memcpy(dlogits.data() + n * V + k * B, &block[k][n * B], B * 4);
+    }
+    loss.data()[0] = float(total);
+    expect_close("split loss", loss, wloss, 0, 1e-6);
+    expect_close("split dlogits", dlogits, wdl, 1e-12, 1e-5);
+  }
+}
+
+// An id of -1 (outside a vocabulary-parallel rank's block) is a zero row forward and nothing
+// backward.
+TEST(Kernels, EmbeddingSkipsMaskedIds) {
+  const int64_t V = 5, C = 3, N = 4;
+  const std::vector<int32_t> ids = {2, -1, 2, 4};
+  auto table = randn(V * C, kSeed);
+  auto dout = randn(N * C, kSeed + 1);
+  std::vector<float> out(N * C, 7.f), dtable(V * C, 7.f);
+  embedding_fwd(ids.data(), table.data(), out.data(), N, C);
+  embedding_bwd(ids.data(), dout.data(), dtable.data(), N, V, C);
+  for (int64_t c = 0; c < C; ++c) {
+    EXPECT_EQ(out[0 * C + c], table[2 * C + c]);
+    EXPECT_EQ(out[1 * C + c], 0.f);
+    EXPECT_EQ(out[3 * C + c], table[4 * C + c]);
+    EXPECT_EQ(dtable[2 * C + c], dout[0 * C + c] + dout[2 * C + c]);
+    EXPECT_EQ(dtable[4 * C + c], dout[3 * C + c]);
+    for (int64_t v : {0, 1, 3}) EXPECT_EQ(dtable[v * C + c], 0.f);
+  }
+}
+
 // ---- elementwise: one rounding each, so bit-identical to the f32 reference ----
 
 TEST(Kernels, Elementwise) {

@@ -1,6 +1,7 @@
 // Embedding lookup and its gradient as CUDA kernels (kernels/cpu/embedding.cc's twins).
 //
-// Forward copies table rows (a thread per output element). Backward needs no atomics: each thread
+// Forward copies table rows (a thread per output element); an id of -1 (a vocabulary-parallel
+// rank's id outside its block) gives a zero row. Backward needs no atomics: each thread
 // owns one column c of one slice of vocabulary rows [v0,v1), zeroes its elements of dtable, then
 // walks every id in n order and adds dout[n,c] when ids[n] falls in its slice. A warp tests 32
 // ids at once (ballot) and visits the hits in increasing n, so skipping ids is cheap. Ids are not
@@ -24,7 +25,7 @@ __global__ void embedding_fwd_kernel(const int32_t* ids, const float* table, flo
                                      int64_t C) {
   for (int64_t i = grid_start(); i < N * C; i += grid_step()) {
     const int64_t n = i / C, c = i - n * C;
-    out[i] = table[int64_t(ids[n]) * C + c];
+    out[i] = ids[n] < 0 ? 0.0f : table[int64_t(ids[n]) * C + c];  // -1: outside a vocab block
   }
 }
 

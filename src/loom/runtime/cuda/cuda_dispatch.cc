@@ -5,8 +5,9 @@
 // before they go up; a program that routes from an IR file runs on the CPU.
 //
 // Ops without a CUDA kernel, on purpose: the collectives (all_gather, reduce_scatter, shard_slice,
-// all_reduce, all_to_all), which run on communicators (collectives.h): multi-GPU runs wait for
-// NCCL behind the same nodes.
+// shard_index, all_reduce, all_to_all), which run on communicators (collectives.h): multi-GPU runs
+// wait for NCCL behind the same nodes; and what only a plan's lowering makes (softmax_stats, the
+// vocabulary-parallel cross_entropy), as plans run on the CPU.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -202,6 +203,11 @@ KernelTable make_table(k::Stream s) {
                              s);
   });
   add(Op::cross_entropy, [](auto& g, auto& n, auto in, auto out, k::Stream s) {
+    if (n.inputs.size() != 2)
+      throw Error(
+          fmt::format("%{}: the vocabulary-parallel cross_entropy (a plan's megatron) has "
+                      "no CUDA kernel: plans run on the CPU",
+                      g.value(n.outputs[0]).name));
     const int64_t V = in_t(g, n, 0).shape.back(), N = in_n(g, n, 1);
     k::cross_entropy(CF(in[0]), I(in[1]), F(out[0]), F(out[1]), N, V, n.attr_int("rows", N), s);
   });
