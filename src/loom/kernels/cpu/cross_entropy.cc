@@ -68,6 +68,20 @@ MaxSum max_sumexp(const float* x, float* d, int64_t V) {
   return {m, s};
 }
 
+// d_v = exp(x_v - m) * k over the row (d may equal x).
+void scaled_exp(const float* x, float* d, int64_t V, float m, float k) {
+#ifdef __AVX512F__
+  const __m512 mv = _mm512_set1_ps(m), kv = _mm512_set1_ps(k);
+  for (int64_t v = 0; v < V; v += 16) {
+    const __mmask16 t = detail::tail_mask(V - v);
+    const __m512 e = detail::exp_f32x16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, x + v), mv));
+    _mm512_mask_storeu_ps(d + v, t, _mm512_mul_ps(e, kv));
+  }
+#else
+  for (int64_t v = 0; v < V; ++v) d[v] = exp_f32(x[v] - m) * k;
+#endif
+}
+
 // One row: x (V) -> d (V) = (softmax(x) - onehot(t)) * inv_n (skipped when d is null);
 // returns logsumexp(x) - x[t]. d may equal x.
 double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float inv_n) {
@@ -133,13 +147,10 @@ void cross_entropy_split(const float* logits, const int32_t* targets, const floa
     const int32_t t = targets[n];
     rl[n] = t >= 0 ? double(M) + std::log(S) - xt : 0.0;
     if (dlogits == nullptr) return;
-    // as cross_entropy_row: exp(x - M) scaled by inv_n / S (the same bits where this block holds
-    // the row's max and S sums as s does there)
+    // in cross_entropy_row's form: exp(x - M) scaled by inv_n / S
     const float* x = logits + n * V;
     float* d = dlogits + n * V;
-    const float k = inv_n / float(S);
-#pragma omp simd
-    for (int64_t v = 0; v < V; ++v) d[v] = exp_f32(x[v] - M) * k;
+    scaled_exp(x, d, V, M, inv_n / float(S));
     if (t >= 0) d[t] -= inv_n;
   });
   double total = 0;
