@@ -145,6 +145,60 @@ class Propagator {
       if (a.reduces != b.reduces) return b.reduces;
       return a.order < b.order;
     });
+    // A result's split of a factor no operand carries (the vocabulary of an embedding's table
+    // gradient) goes before the operands' splits it shares axes with when gathering those operands
+    // moves fewer bytes than reducing the result they would leave partial: under megatron with
+    // sequence, the table's gradient is made split by vocabulary from the stream's gradient
+    // gathered in time (tokens x C), not from the time-split stream and then reduce-scattered
+    // (V x C), as Megatron-LM does. Never where a graph input (the batch) is split on the axes:
+    // the batch is not gathered over a data-parallel axis (fsdp keeps its reduce-scatter).
+    auto bytes = [&](int v) {
+      const ir::TensorType& t = g_.value(v).type;
+      return double(numel(t.shape)) * double(dtype_size(t.dtype));
+    };
+    auto ways = [&](const std::vector<std::string>& axes) {
+      double w = 1;
+      for (const auto& a : axes) w *= double(m_.axis_size(a));
+      return w;
+    };
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const Cand c = cands[i];
+      if (c.order < 1000) continue;
+      bool in_operand = false;
+      for (const auto& t : r.operands)
+        for (const auto& d : t)
+          for (int f : d) in_operand |= f == c.factor;
+      if (in_operand) continue;
+      const int j = c.order - 1000;
+      size_t first = i;
+      double gather = 0;
+      bool batch = false;
+      std::vector<std::string> shared;
+      for (size_t k = 0; k < i && !batch; ++k) {
+        const Cand& o = cands[k];
+        if (o.order >= 1000 || r.kind(o.factor, j) != ops::FactorKind::reduce) continue;
+        std::vector<std::string> common;
+        for (const auto& a : *o.axes)
+          if (std::find(c.axes->begin(), c.axes->end(), a) != c.axes->end()) common.push_back(a);
+        if (common.empty()) continue;
+        first = std::min(first, k);
+        const int v = n.inputs[size_t(o.order)];
+        batch = g_.value(v).kind != ir::ValueKind::node;
+        std::vector<std::string> held;
+        for (const auto& d : view[size_t(o.order)]->dims)
+          held.insert(held.end(), d.begin(), d.end());
+        gather += bytes(v) / ways(held) * ways(common);
+        shared.insert(shared.end(), common.begin(), common.end());
+      }
+      if (first == i || batch) continue;
+      std::vector<std::string> rest;
+      for (const auto& a : *c.axes)
+        if (std::find(shared.begin(), shared.end(), a) == shared.end()) rest.push_back(a);
+      if (gather < bytes(n.outputs[size_t(j)]) / ways(rest)) {
+        cands.erase(cands.begin() + std::ptrdiff_t(i));
+        cands.insert(cands.begin() + std::ptrdiff_t(first), c);
+      }
+    }
 
     NodeSharding ns;
     ns.factor_axes.assign(size_t(nf), {});
