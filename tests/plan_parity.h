@@ -220,6 +220,13 @@ inline std::vector<Case> cases() {
        R"([{kind="shard",axis="model",pattern="lm_head.weight",dim=0}])"},
       {"mid_fsdp_megatron_2x2", "{data=2,model=2}", fsdp_megatron, "mid"},
       {"mid_megatron_sequence", "{model=2}", megatron_sequence, "mid"},
+      // the vocabulary's table gradient made in its model blocks from the stream's gradient
+      // gathered in time, then reduce-scattered over data (propagate.cc's leading results)
+      {"mid_fsdp_megatron_sequence_2x2", "{data=2,model=2}",
+       std::string(R"([{kind="megatron",axis="model"},{kind="sequence",axis="model"},)"
+                   R"({kind="fsdp",axis="data"},)") +
+           data + "]",
+       "mid"},
       {"gpt2_megatron", "{model=2}", R"([{kind="megatron",axis="model"}])", "gpt2"},
       {"gpt2_fsdp", "{data=2}", std::string(R"([{kind="fsdp",axis="data"},)") + data + "]", "gpt2"},
       // Mixture-of-Experts: capacity is per sequence and sequences stay whole on a rank, so the

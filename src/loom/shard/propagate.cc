@@ -1,6 +1,7 @@
 #include "loom/shard/propagate.h"
 
 #include <algorithm>
+#include <deque>
 #include <set>
 
 #include "loom/core/error.h"
@@ -150,8 +151,9 @@ class Propagator {
     // moves fewer bytes than reducing the result they would leave partial: under megatron with
     // sequence, the table's gradient is made split by vocabulary from the stream's gradient
     // gathered in time (tokens x C), not from the time-split stream and then reduce-scattered
-    // (V x C), as Megatron-LM does. Never where a graph input (the batch) is split on the axes:
-    // the batch is not gathered over a data-parallel axis (fsdp keeps its reduce-scatter).
+    // (V x C), as Megatron-LM does. Only the result's leading axes that no graph input (the batch)
+    // is split on lead: the batch is never gathered over a data-parallel axis (fsdp keeps its
+    // reduce-scatter; fsdp x megatron x sequence leads with model and reduce-scatters over data).
     auto bytes = [&](int v) {
       const ir::TensorType& t = g_.value(v).type;
       return double(numel(t.shape)) * double(dtype_size(t.dtype));
@@ -161,6 +163,7 @@ class Propagator {
       for (const auto& a : axes) w *= double(m_.axis_size(a));
       return w;
     };
+    std::deque<std::vector<std::string>> led;  // the leading candidates' axes (stable addresses)
     for (size_t i = 0; i < cands.size(); ++i) {
       const Cand c = cands[i];
       if (c.order < 1000) continue;
@@ -170,33 +173,51 @@ class Propagator {
           for (int f : d) in_operand |= f == c.factor;
       if (in_operand) continue;
       const int j = c.order - 1000;
-      size_t first = i;
-      double gather = 0;
-      bool batch = false;
-      std::vector<std::string> shared;
-      for (size_t k = 0; k < i && !batch; ++k) {
+      // the operand splits before it that reduce into this result, and the axes the batch holds
+      std::vector<size_t> rivals;
+      std::set<std::string> batch;
+      for (size_t k = 0; k < i; ++k) {
         const Cand& o = cands[k];
         if (o.order >= 1000 || r.kind(o.factor, j) != ops::FactorKind::reduce) continue;
+        rivals.push_back(k);
+        if (g_.value(n.inputs[size_t(o.order)]).kind != ir::ValueKind::node)
+          batch.insert(o.axes->begin(), o.axes->end());
+      }
+      std::vector<std::string> lead;
+      for (const auto& a : *c.axes) {
+        if (batch.count(a)) break;
+        lead.push_back(a);
+      }
+      size_t first = i;
+      double gather = 0;
+      std::set<std::string> shared;
+      for (size_t k : rivals) {
+        const Cand& o = cands[k];
         std::vector<std::string> common;
         for (const auto& a : *o.axes)
-          if (std::find(c.axes->begin(), c.axes->end(), a) != c.axes->end()) common.push_back(a);
+          if (std::find(lead.begin(), lead.end(), a) != lead.end()) common.push_back(a);
         if (common.empty()) continue;
         first = std::min(first, k);
         const int v = n.inputs[size_t(o.order)];
-        batch = g_.value(v).kind != ir::ValueKind::node;
         std::vector<std::string> held;
         for (const auto& d : view[size_t(o.order)]->dims)
           held.insert(held.end(), d.begin(), d.end());
         gather += bytes(v) / ways(held) * ways(common);
-        shared.insert(shared.end(), common.begin(), common.end());
+        shared.insert(common.begin(), common.end());
       }
-      if (first == i || batch) continue;
-      std::vector<std::string> rest;
-      for (const auto& a : *c.axes)
-        if (std::find(shared.begin(), shared.end(), a) == shared.end()) rest.push_back(a);
-      if (gather < bytes(n.outputs[size_t(j)]) / ways(rest)) {
-        cands.erase(cands.begin() + std::ptrdiff_t(i));
-        cands.insert(cands.begin() + std::ptrdiff_t(first), c);
+      if (first == i) continue;
+      // left to the operands, the result keeps the axes before the first they take (a result
+      // is granted a prefix of its split), and is reduced over the others
+      std::vector<std::string> kept;
+      for (const auto& a : *c.axes) {
+        if (shared.count(a)) break;
+        kept.push_back(a);
+      }
+      if (gather < bytes(n.outputs[size_t(j)]) / ways(kept)) {
+        Cand l = c;
+        l.axes = &led.emplace_back(lead);
+        cands.insert(cands.begin() + std::ptrdiff_t(first), l);
+        ++i;  // c itself moved one on: it finds its factor split (or the rest of its axes taken)
       }
     }
 
