@@ -139,6 +139,29 @@ TEST_P(SequenceParallel, MovesTheActivationsOfTensorParallelismAsGathersAndScatt
   }
 }
 
+// A vocabulary the tensor-parallel axis does not divide stays whole: the logits are gathered into
+// one cross_entropy of two inputs, and no shard_index or softmax_stats is made.
+TEST(VocabularyParallel, AVocabularyTheAxisDoesNotDivideStaysWhole) {
+  for (int64_t vocab : {int64_t(257), int64_t(256)}) {
+    const train::Config cfg = train::load_config(
+        std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml",
+        {"model.vocab_size=" + std::to_string(vocab), "train.batch_size=2", "train.seq_len=16"});
+    passes::Options o = train::step_options(cfg, passes::StepKind::train, 0);
+    o.plan.mesh = shard::Mesh({{"model", 2}}, "[plan] mesh");
+    o.plan.tactics.push_back({"megatron", "model"});
+    o.ranks = 2;
+    const passes::Compilation p = passes::compile(o, passes::Stage::lowered);
+    int split = 0, ce_inputs = 0;
+    for (const ir::Node& n : p.rank.graph.nodes()) {
+      split += n.op == ir::Op::shard_index || n.op == ir::Op::softmax_stats;
+      if (n.op == ir::Op::cross_entropy) ce_inputs = int(n.inputs.size());
+    }
+    SCOPED_TRACE(vocab);
+    EXPECT_EQ(split, vocab % 2 ? 0 : 4);  // split: the embedding's, its backward's, the loss's two
+    EXPECT_EQ(ce_inputs, vocab % 2 ? 2 : 3);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Plans, SequenceParallel,
                          ::testing::Values(Case{"tiny-llama", "f32", 1, 2},
                                            Case{"tiny-llama", "bf16", 2, 2},
