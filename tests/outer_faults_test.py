@@ -166,6 +166,12 @@ def metrics(run):
     return out
 
 
+def server_line(log, proc, what):
+    """The server's line about PROC's island (its name holds the pid): `island ID (...) WHAT`;
+    group 1 is the island's id."""
+    return re.search(r"island (\d+) \(\S+:%d [^)]*\) %s" % (proc.pid, what), log)
+
+
 def last_version(run):
     v = [j["outer_version"] for j in metrics(run) if "outer_version" in j]
     return v[-1] if v else None
@@ -241,7 +247,7 @@ def island_killed(d, data):
     for i, s in enumerate(isl[:2]):
         check_finished(s, s.wait(120), "survivor %d" % i)
     log = srv.text()
-    drop = re.search(r"island (\d+) \(\S+:%d [^)]*\) dropped: lease expired" % victim.pid, log)
+    drop = server_line(log, victim, "dropped: lease expired")
     check(drop is not None, "the server drops the victim by lease expiry")
     if drop:
         later = [int(r) for r in re.findall(r"round (\d+) closed", log[drop.end():])]
@@ -306,7 +312,7 @@ def island_restarted(d, data):
         return
     victim.kill()
     log = srv.text()
-    first = re.search(r"island (\d+) \(\S+:%d [^)]*\) joined" % victim.pid, log)
+    first = server_line(log, victim, "joined")
     if not check(first is not None, "the server logged the victim's join"):
         return
     again = start_island(d, "island1", port, common, extra=["--resume", "auto"])
@@ -314,7 +320,7 @@ def island_restarted(d, data):
     check(rcs == [0, 0], "the other island and the restarted one exit 0 (rcs %s)%s" % (
         rcs, "" if rcs == [0, 0] else ": " + again.text()[-600:]))
     log = srv.text()
-    re_id = re.search(r"island (\d+) \(\S+:%d [^)]*\) rejoined" % again.pid, log)
+    re_id = server_line(log, again, "rejoined")
     check(re_id is not None and re_id.group(1) == first.group(1),
           "it rejoins as island %s (the server says: %s)" % (
               first.group(1), re_id.group(0) if re_id else one_line(log[-300:])))
@@ -349,13 +355,12 @@ def server_restarted(d, data):
     # one's: the server logged the fast island's push to round R (its evidence, not a guess from
     # the island's silence), not the slow one's nor R's close, and the slow island is at least two
     # steps from its push (it pushes after step R*H).
-    def ids():
-        log = srv.text()
-        return {p.pid: m.group(1) for p in isl for m in [re.search(
-            r"island (\d+) \(\S+:%d [^)]*\) joined" % p.pid, log)] if m}
+    def ids(log):
+        return {p.pid: m.group(1) for p in isl for m in [server_line(log, p, "joined")] if m}
 
     def fast_waits():
-        log, who, s = srv.text(), ids(), metrics(slow.run)
+        log, s = srv.text(), metrics(slow.run)
+        who = ids(log)
         if len(who) != 2 or not s:
             return False
         pushes = re.findall(r"island %s \([^)]*\) pushed to round (\d+)\n" % who[fast.pid], log)

@@ -30,7 +30,6 @@ using Types = std::vector<TensorType>;
 void index_ids(LowerContext& c, int f, std::vector<int>& in, Attrs& attrs, int64_t local) {
   const std::vector<std::string>& axes = c.factor_axes(f);
   if (axes.empty()) return;
-  for (const std::string& a : axes) local *= c.axis_size(a);
   in[0] = index_into_block(c, in[0], axes, local);
   attrs["masked"] = int64_t(1);
 }

@@ -41,9 +41,7 @@ void prepare_split_vocab(LowerContext& c, const FactorRule& rule, std::vector<in
                          ir::Attrs& attrs) {
   const std::vector<std::string>& axes = c.factor_axes(rule.operands[0].back()[0]);
   if (axes.empty()) return;
-  int64_t V = c.type(in[0]).shape.back();
-  for (const std::string& a : axes) V *= c.axis_size(a);
-  in[1] = index_into_block(c, in[1], axes, V);
+  in[1] = index_into_block(c, in[1], axes, c.type(in[0]).shape.back());
   int stats = c.emit(ir::Op::softmax_stats, {in[0], in[1]}, {{"masked", int64_t(1)}});
   for (const std::string& a : axes)
     stats = c.emit(ir::Op::all_gather, {stats},

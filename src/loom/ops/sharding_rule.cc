@@ -129,7 +129,10 @@ ShardingRule einsum(std::string spec, std::vector<int> linear) {
                       const ir::Attrs&) { return einsum_rule(spec, in, out, linear); }};
 }
 
-int index_into_block(LowerContext& c, int ids, const std::vector<std::string>& axes, int64_t size) {
+int index_into_block(LowerContext& c, int ids, const std::vector<std::string>& axes,
+                     int64_t block) {
+  int64_t size = block;
+  for (const std::string& a : axes) size *= c.axis_size(a);
   for (const std::string& a : axes) {
     const int64_t n = c.axis_size(a);
     ids = c.emit(ir::Op::shard_index, {ids}, {{"axis", a}, {"n", n}, {"size", size}});

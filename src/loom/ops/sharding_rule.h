@@ -86,11 +86,11 @@ struct ShardingRule {
   PrepareFn prepare;
 };
 
-// `ids` (local i32 indices into a dim of `size` entries) relative to this rank's block of that dim
-// split over `axes` (major first): one shard_index per axis; an index outside the block becomes -1
-// (a kernel reading it skips that entry: the node carries attribute masked = 1). `ids` itself
-// when `axes` is empty.
-int index_into_block(LowerContext& c, int ids, const std::vector<std::string>& axes, int64_t size);
+// `ids` (local i32 indices into a whole dim) relative to this rank's block of that dim, `block`
+// entries, split over `axes` (major first): one shard_index per axis; an index outside the block
+// becomes -1 (a kernel reading it skips that entry: the node carries attribute masked = 1). `ids`
+// itself when `axes` is empty.
+int index_into_block(LowerContext& c, int ids, const std::vector<std::string>& axes, int64_t block);
 
 // Parses an einsum-like spec (above) against the types; LOOM_CHECKs that it fits them (a rule is
 // code, not user input).

@@ -117,11 +117,6 @@ class Propagator {
     }
     if (!linear_ok) pass.clear();
 
-    struct Cand {
-      int prio, order, factor;
-      const std::vector<std::string>* axes;
-      bool reduces = false;  // the factor is summed over in a result (a contraction dim)
-    };
     std::vector<Cand> cands;
     auto collect = [&](const Sharding& s, const std::vector<std::vector<int>>& dims, int v,
                        int order) {
@@ -146,80 +141,8 @@ class Propagator {
       if (a.reduces != b.reduces) return b.reduces;
       return a.order < b.order;
     });
-    // A result's split of a factor no operand carries (the vocabulary of an embedding's table
-    // gradient) goes before the operands' splits it shares axes with when gathering those operands
-    // moves fewer bytes than reducing the result they would leave partial: under megatron with
-    // sequence, the table's gradient is made split by vocabulary from the stream's gradient
-    // gathered in time (tokens x C), not from the time-split stream and then reduce-scattered
-    // (V x C), as Megatron-LM does. Only the result's leading axes that no graph input (the batch)
-    // is split on lead: the batch is never gathered over a data-parallel axis (fsdp keeps its
-    // reduce-scatter; fsdp x megatron x sequence leads with model and reduce-scatters over data).
-    auto bytes = [&](int v) {
-      const ir::TensorType& t = g_.value(v).type;
-      return double(numel(t.shape)) * double(dtype_size(t.dtype));
-    };
-    auto ways = [&](const std::vector<std::string>& axes) {
-      double w = 1;
-      for (const auto& a : axes) w *= double(m_.axis_size(a));
-      return w;
-    };
-    std::deque<std::vector<std::string>> led;  // the leading candidates' axes (stable addresses)
-    for (size_t i = 0; i < cands.size(); ++i) {
-      const Cand c = cands[i];
-      if (c.order < 1000) continue;
-      bool in_operand = false;
-      for (const auto& t : r.operands)
-        for (const auto& d : t)
-          for (int f : d) in_operand |= f == c.factor;
-      if (in_operand) continue;
-      const int j = c.order - 1000;
-      // the operand splits before it that reduce into this result, and the axes the batch holds
-      std::vector<size_t> rivals;
-      std::set<std::string> batch;
-      for (size_t k = 0; k < i; ++k) {
-        const Cand& o = cands[k];
-        if (o.order >= 1000 || r.kind(o.factor, j) != ops::FactorKind::reduce) continue;
-        rivals.push_back(k);
-        if (g_.value(n.inputs[size_t(o.order)]).kind != ir::ValueKind::node)
-          batch.insert(o.axes->begin(), o.axes->end());
-      }
-      std::vector<std::string> lead;
-      for (const auto& a : *c.axes) {
-        if (batch.count(a)) break;
-        lead.push_back(a);
-      }
-      size_t first = i;
-      double gather = 0;
-      std::set<std::string> shared;
-      for (size_t k : rivals) {
-        const Cand& o = cands[k];
-        std::vector<std::string> common;
-        for (const auto& a : *o.axes)
-          if (std::find(lead.begin(), lead.end(), a) != lead.end()) common.push_back(a);
-        if (common.empty()) continue;
-        first = std::min(first, k);
-        const int v = n.inputs[size_t(o.order)];
-        std::vector<std::string> held;
-        for (const auto& d : view[size_t(o.order)]->dims)
-          held.insert(held.end(), d.begin(), d.end());
-        gather += bytes(v) / ways(held) * ways(common);
-        shared.insert(common.begin(), common.end());
-      }
-      if (first == i) continue;
-      // left to the operands, the result keeps the axes before the first they take (a result
-      // is granted a prefix of its split), and is reduced over the others
-      std::vector<std::string> kept;
-      for (const auto& a : *c.axes) {
-        if (shared.count(a)) break;
-        kept.push_back(a);
-      }
-      if (gather < bytes(n.outputs[size_t(j)]) / ways(kept)) {
-        Cand l = c;
-        l.axes = &led.emplace_back(lead);
-        cands.insert(cands.begin() + std::ptrdiff_t(first), l);
-        ++i;  // c itself moved one on: it finds its factor split (or the rest of its axes taken)
-      }
-    }
+    std::deque<std::vector<std::string>> led;  // the leading candidates' axes
+    lead_with_results(n, r, view, cands, led);
 
     NodeSharding ns;
     ns.factor_axes.assign(size_t(nf), {});
@@ -327,6 +250,87 @@ class Propagator {
     }
     p_.node[size_t(n.id)] = std::move(ns);
     return changed;
+  }
+
+  // One split a node's factor may take: from an operand (order = its index) or a result (1000 +
+  // its index), with the priority it carries.
+  struct Cand {
+    int prio, order, factor;
+    const std::vector<std::string>* axes;
+    bool reduces = false;  // the factor is summed over in a result (a contraction dim)
+  };
+
+  // A result's split of a factor no operand carries (the vocabulary of an embedding's table
+  // gradient) goes before the operands' splits it shares axes with when gathering those operands
+  // moves fewer bytes than reducing the result they would leave partial: under megatron with
+  // sequence, the table's gradient is made split by vocabulary from the stream's gradient
+  // gathered in time (tokens x C), not from the time-split stream and then reduce-scattered
+  // (V x C), as Megatron-LM does. Only the result's leading axes that no graph input (the batch)
+  // is split on lead: the batch is never gathered over a data-parallel axis (fsdp keeps its
+  // reduce-scatter; fsdp x megatron x sequence leads with model and reduce-scatters over data).
+  // `led` keeps the axes of the candidates it inserts (stable addresses).
+  void lead_with_results(const ir::Node& n, const ops::FactorRule& r,
+                         const std::vector<const Sharding*>& view, std::vector<Cand>& cands,
+                         std::deque<std::vector<std::string>>& led) const {
+    auto ways = [&](const std::vector<std::string>& axes) {
+      double w = 1;
+      for (const auto& a : axes) w *= double(m_.axis_size(a));
+      return w;
+    };
+    std::vector<bool> in_operand(size_t(r.num_factors()), false);
+    for (const auto& t : r.operands)
+      for (const auto& d : t)
+        for (int f : d) in_operand[size_t(f)] = true;
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const Cand c = cands[i];
+      if (c.order < 1000 || in_operand[size_t(c.factor)]) continue;
+      const int j = c.order - 1000;
+      // the operand splits before it that reduce into this result, and the axes the batch holds
+      std::vector<size_t> rivals;
+      std::set<std::string> batch;
+      for (size_t k = 0; k < i; ++k) {
+        const Cand& o = cands[k];
+        if (o.order >= 1000 || r.kind(o.factor, j) != ops::FactorKind::reduce) continue;
+        rivals.push_back(k);
+        if (g_.value(n.inputs[size_t(o.order)]).kind != ir::ValueKind::node)
+          batch.insert(o.axes->begin(), o.axes->end());
+      }
+      std::vector<std::string> lead;
+      for (const auto& a : *c.axes) {
+        if (batch.count(a)) break;
+        lead.push_back(a);
+      }
+      size_t first = i;
+      double gather = 0;
+      std::set<std::string> shared;
+      for (size_t k : rivals) {
+        const Cand& o = cands[k];
+        std::vector<std::string> common;
+        for (const auto& a : *o.axes)
+          if (std::find(lead.begin(), lead.end(), a) != lead.end()) common.push_back(a);
+        if (common.empty()) continue;
+        first = std::min(first, k);
+        const ir::TensorType& t = g_.value(n.inputs[size_t(o.order)]).type;
+        gather += double(numel(local_shape(t.shape, *view[size_t(o.order)], m_))) *
+                  double(dtype_size(t.dtype)) * ways(common);
+        shared.insert(common.begin(), common.end());
+      }
+      if (first == i) continue;
+      // left to the operands, the result keeps the axes before the first they take (a result
+      // is granted a prefix of its split), and is reduced over the others
+      std::vector<std::string> kept;
+      for (const auto& a : *c.axes) {
+        if (shared.count(a)) break;
+        kept.push_back(a);
+      }
+      const ir::TensorType& out = g_.value(n.outputs[size_t(j)]).type;
+      if (gather < double(numel(out.shape)) * double(dtype_size(out.dtype)) / ways(kept)) {
+        Cand l = c;
+        l.axes = &led.emplace_back(lead);
+        cands.insert(cands.begin() + std::ptrdiff_t(first), l);
+        ++i;  // c itself moved one on: it finds its factor split (or the rest of its axes taken)
+      }
+    }
   }
 
   // Whether `axes` may split a whole dim of size n of a value sharded as s.

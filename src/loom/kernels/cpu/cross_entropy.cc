@@ -96,25 +96,31 @@ double cross_entropy_row(const float* x, int32_t t, float* d, int64_t V, float i
   return double(m) + std::log(double(s)) - double(xt);
 }
 
+// The mean over `rows` (N when <= 0) of row_loss(n, 1/rows) for n < N: rows on the threads, their
+// losses summed in f64 in row order (the same bits for any thread count).
+template <class RowLoss>
+float mean_row_loss(int64_t N, int64_t rows, RowLoss row_loss) {
+  if (rows <= 0) rows = N;
+  std::vector<double> rl(static_cast<size_t>(N));  // (N)
+  const float inv_n = 1.0f / float(rows);
+  detail::for_blocks(N, 1, [&](int64_t n, int64_t) { rl[size_t(n)] = row_loss(n, inv_n); });
+  double total = 0;
+  for (double l : rl) total += l;
+  return float(total / double(rows));
+}
+
 }  // namespace
 
 // logits (N,V), targets (N) -> loss (1), dlogits (N,V) (may alias logits, may be null).
 void cross_entropy(const float* logits, const int32_t* targets, float* loss, float* dlogits,
                    int64_t N, int64_t V, int64_t rows) {
-  if (rows <= 0) rows = N;
   for (int64_t n = 0; n < N; ++n)
     LOOM_CHECK(targets[n] >= 0 && targets[n] < V)
         << "cross_entropy: targets[" << n << "] = " << targets[n] << " outside [0," << V << ")";
-  std::vector<double> row_loss(static_cast<size_t>(N));  // (N)
-  double* const rl = row_loss.data();
-  const float inv_n = 1.0f / float(rows);
-  detail::for_blocks(N, 1, [&](int64_t n, int64_t) {
-    rl[n] = cross_entropy_row(logits + n * V, targets[n], dlogits ? dlogits + n * V : nullptr, V,
-                              inv_n);
+  loss[0] = mean_row_loss(N, rows, [&](int64_t n, float inv_n) {
+    return cross_entropy_row(logits + n * V, targets[n], dlogits ? dlogits + n * V : nullptr, V,
+                             inv_n);
   });
-  double total = 0;
-  for (int64_t n = 0; n < N; ++n) total += rl[n];
-  loss[0] = float(total / double(rows));
 }
 
 void softmax_stats(const float* logits, const int32_t* targets, float* stats, int64_t N,
@@ -130,11 +136,7 @@ void softmax_stats(const float* logits, const int32_t* targets, float* stats, in
 
 void cross_entropy_split(const float* logits, const int32_t* targets, const float* stats, int64_t K,
                          float* loss, float* dlogits, int64_t N, int64_t V, int64_t rows) {
-  if (rows <= 0) rows = N;
-  std::vector<double> row_loss(static_cast<size_t>(N));  // (N)
-  double* const rl = row_loss.data();
-  const float inv_n = 1.0f / float(rows);
-  detail::for_blocks(N, 1, [&](int64_t n, int64_t) {
+  loss[0] = mean_row_loss(N, rows, [&](int64_t n, float inv_n) {
     // the blocks' statistics, combined in block order (the same on every rank)
     float M = -std::numeric_limits<float>::infinity();
     for (int64_t k = 0; k < K; ++k) M = std::max(M, stats[(k * N + n) * 3]);
@@ -145,17 +147,14 @@ void cross_entropy_split(const float* logits, const int32_t* targets, const floa
       xt += double(st[2]);
     }
     const int32_t t = targets[n];
-    rl[n] = t >= 0 ? double(M) + std::log(S) - xt : 0.0;
-    if (dlogits == nullptr) return;
-    // in cross_entropy_row's form: exp(x - M) scaled by inv_n / S
-    const float* x = logits + n * V;
-    float* d = dlogits + n * V;
-    scaled_exp(x, d, V, M, inv_n / float(S));
-    if (t >= 0) d[t] -= inv_n;
+    if (dlogits != nullptr) {
+      // in cross_entropy_row's form: exp(x - M) scaled by inv_n / S
+      float* d = dlogits + n * V;
+      scaled_exp(logits + n * V, d, V, M, inv_n / float(S));
+      if (t >= 0) d[t] -= inv_n;
+    }
+    return t >= 0 ? double(M) + std::log(S) - xt : 0.0;
   });
-  double total = 0;
-  for (int64_t n = 0; n < N; ++n) total += rl[n];
-  loss[0] = float(total / double(rows));
 }
 
 }  // namespace loom::kernels::cpu
