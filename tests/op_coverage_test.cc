@@ -44,6 +44,12 @@ const std::map<ir::Op, std::string>& exemptions() {
       {Op::all_to_all,
        "collective, inserted after autodiff (no VJP); reshard_test and plan_parity"},
       {Op::shard_slice, "per-rank slice, inserted after autodiff (no VJP); reshard_test"},
+      {Op::send,
+       "a pipeline stage's value to another stage, inserted after autodiff (no VJP); "
+       "plan_parity's PipelineParity cases and Pipeline tests, local and mpirun"},
+      {Op::recv,
+       "a value another pipeline stage sent, inserted after autodiff (no VJP); plan_parity's "
+       "PipelineParity cases and Pipeline tests, local and mpirun"},
       {Op::shard_index,
        "per-rank token ids of a vocabulary-parallel embedding or loss, inserted after autodiff (no "
        "VJP); vocab_parallel_test and plan_parity (megatron)"},
@@ -125,8 +131,9 @@ TEST(OpCoverage, ExemptionsNameRegisteredOpsWithoutCases) {
 // Declared traits agree with what the runtime does with an op.
 TEST(OpCoverage, TraitsMatchTheRuntime) {
   for (const ir::Op op : ops::all_ops()) {
-    const bool comm =
-        ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::rank_local);
+    const bool comm = ops::has_trait(op, ops::Trait::collective) ||
+                      ops::has_trait(op, ops::Trait::rank_local) ||
+                      ops::has_trait(op, ops::Trait::p2p);
     EXPECT_EQ(comm, runtime::has_collective_kernel(op)) << op;
     if (ops::has_trait(op, ops::Trait::optimizer)) {
       EXPECT_FALSE(ops::op_def(op).inplace.empty()) << op;

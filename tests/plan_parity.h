@@ -2,6 +2,9 @@
 // cases, and the one-rank and N-rank runs they compare.
 #pragma once
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -184,6 +187,31 @@ inline std::vector<std::string> compare_grads(
 inline Config single(Config c) {
   c.plan = {};
   return c;
+}
+
+// Pipeline parallelism (training only: a pipeline runs no gradients-only step), on the mid Llama
+// (3 blocks: 5 parameter groups to cut into 2 or 4 stages), each schedule, alone and beside data,
+// fsdp and megatron; train.batch_size = 4 cut into 2 or 4 micro-batches.
+inline std::vector<Case> pipeline_cases() {
+  auto pipe = [](const char* schedule, int m) {
+    return fmt::format(R"({{kind="pipeline",axis="pipe",schedule="{}",microbatches={}}})", schedule,
+                       m);
+  };
+  const char* data = R"({kind="data",axis="data"})";
+  const char* fsdp = R"({kind="fsdp",axis="data"})";
+  const char* megatron = R"({kind="megatron",axis="model"})";
+  auto list = [](const std::vector<std::string>& t) {
+    return fmt::format("[{}]", fmt::join(t, ","));
+  };
+  return {
+      {"pipeline2_gpipe", "{pipe=2}", list({pipe("gpipe", 4)}), "mid"},
+      {"pipeline2_1f1b", "{pipe=2}", list({pipe("1f1b", 4)}), "mid"},
+      {"pipeline4_gpipe", "{pipe=4}", list({pipe("gpipe", 2)}), "mid"},
+      {"pipeline4_1f1b", "{pipe=4}", list({pipe("1f1b", 4)}), "mid"},
+      {"pipeline_data_2x2", "{pipe=2,data=2}", list({pipe("1f1b", 2), data}), "mid"},
+      {"pipeline_fsdp_2x2", "{pipe=2,data=2}", list({pipe("1f1b", 2), fsdp, data}), "mid"},
+      {"pipeline_megatron_2x2", "{pipe=2,model=2}", list({pipe("1f1b", 4), megatron}), "mid"},
+  };
 }
 
 // The tactics of the issue, on the tiny Llama, a mid-size one (3 layers, d_model 128, 8 heads), and

@@ -71,7 +71,9 @@ TEST(TacticTable, NotAfterIsWhatApplyRefuses) {
           << b.name << " after " << a.name << " on one axis: not_after says "
           << (declared ? "refused" : "applies");
     }
-  EXPECT_EQ(refused, 2 + 3 * 5 + 4 + 4 + 1);  // data, the ZeRO three, megatron, expert, sequence
+  // data, the ZeRO three, megatron, expert, sequence; pipeline (after any of the seven others and
+  // itself), and each of the seven after pipeline
+  EXPECT_EQ(refused, 2 + 3 * 5 + 4 + 4 + 1 + 8 + 7);
 }
 
 }  // namespace

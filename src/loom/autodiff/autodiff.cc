@@ -8,7 +8,8 @@
 
 namespace loom::autodiff {
 
-std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& wrt) {
+std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& wrt,
+                             std::vector<int>* origin) {
   ir::Graph& g = b.graph();
   if (g.value(loss).type != ir::TensorType{DType::f32, {}})
     throw Error(fmt::format("autodiff: loss %{} must be an f32 scalar", g.value(loss).name));
@@ -25,8 +26,12 @@ std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& 
       for (int out : n.outputs) depends[out] = true;
   }
 
+  std::vector<int> from(size_t(n_nodes), -1);  // origin, as it grows
+  // the nodes appended since the last call come from forward node `o`
+  auto mark = [&](int o) { from.resize(g.nodes().size(), o); };
   std::vector<int> grad(g.values().size(), -1);
   grad[loss] = b.emit1(ir::Op::fill, {}, {{"shape", Shape{}}, {"value", 1.0}}, "grad.seed");
+  mark(g.value(loss).kind == ir::ValueKind::node ? g.value(loss).producer : -1);
   auto accumulate = [&](int v, int d) {
     if (grad[v] < 0) {
       grad[v] = d;
@@ -59,9 +64,15 @@ std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& 
                               g.value(n.outputs[0]).name));
     std::vector<int> dins = def.vjp(b, n, d);
     LOOM_CHECK(dins.size() == n.inputs.size()) << n.op << " vjp returned " << dins.size();
+    mark(i);
     for (size_t k = 0; k < dins.size(); ++k)
-      if (dins[k] >= 0 && depends[n.inputs[k]]) accumulate(n.inputs[k], dins[k]);
+      if (dins[k] >= 0 && depends[n.inputs[k]]) {
+        accumulate(n.inputs[k], dins[k]);
+        const ir::Value& v = g.value(n.inputs[k]);
+        mark(v.kind == ir::ValueKind::node ? v.producer : i);
+      }
   }
+  if (origin) *origin = from;
 
   std::map<int, int> r;
   for (int v : wrt) {

@@ -21,7 +21,13 @@ namespace loom::autodiff {
 // VJPs cast an incoming gradient to the dtype their backward kernel needs.
 // Gradients of params are named "grad.<param name>". Throws loom::Error naming a value in `wrt`
 // that does not reach the loss.
-std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& wrt);
+// `origin` (when given) is resized to the graph's nodes and, for each node gradients() appended,
+// set to the forward node it differentiates: a VJP's nodes to that node, the sum of a value's
+// gradient contributions to the value's producer (the consumer being differentiated when the value
+// is an input), the loss's seed to the loss's producer; -1 for every other node. Pipeline stages
+// place a backward node where its forward node runs (passes/pipeline_stages.cc).
+std::map<int, int> gradients(ops::Builder& b, int loss, const std::vector<int>& wrt,
+                             std::vector<int>* origin = nullptr);
 
 // AdamW's first (m) and second (v) moment: the graph's state "adam.m.P" / "adam.v.P" of param P.
 enum class Moment { m, v };

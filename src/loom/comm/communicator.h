@@ -2,7 +2,7 @@
 // of one process: local.h; processes under mpirun: mpi.h).
 //
 // What it does: the collectives a training step needs (all_reduce, all_gather, reduce_scatter,
-// broadcast, all_to_all, barrier), blocking point-to-point send/recv, and split into
+// broadcast, all_to_all, barrier), buffered point-to-point send and blocking recv, and split into
 // sub-communicators (a mesh's rows and columns). Every call is blocking and collective calls must
 // be made by every rank of the communicator, in the same order, with the same
 // count/bytes/dtype/root and the same chunk_bytes. Buffers are host memory; `in` and `out` must not
@@ -60,8 +60,11 @@ class Communicator {
   // in: size() blocks of `bytes`, block j is sent to rank j; out: size() blocks, block i came from
   // rank i.
   void all_to_all(const void* in, void* out, int64_t bytes);
-  // Blocking; tag >= 0. A message is received by the recv with the same (peer, tag) and the same
-  // `bytes`, in the order sent.
+  // tag >= 0. A message is received by the recv with the same (peer, tag) and the same `bytes`,
+  // in the order sent. send is buffered: it returns once `buf` may be reused, whether or not the
+  // peer has posted its recv (local: the message is copied into the peer's mailbox; mpi: copied
+  // and sent non-blocking, completed by later calls or when the communicator ends), so two ranks
+  // may send to each other before either receives. recv blocks until the message is there.
   void send(const void* buf, int64_t bytes, int peer, int tag);
   void recv(void* buf, int64_t bytes, int peer, int tag);
   virtual void barrier() = 0;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 #include <vector>
 
 #include "loom/comm/chunking.h"
@@ -146,6 +147,12 @@ class MpiCommunicator final : public Communicator {
     tag_ub_ = flag && ub ? *ub : 32767;  // the standard's minimum
   }
 
+  ~MpiCommunicator() override {
+    release_quietly([&] {
+      if (mpi_running()) reap_sends(true);
+    });
+  }
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
@@ -227,11 +234,18 @@ class MpiCommunicator final : public Communicator {
         });
   }
 
+  // Buffered: each piece is copied and sent non-blocking, so a send never waits for its recv
+  // (pipeline stages send in both directions in one schedule: blocking sends under MPI's
+  // rendezvous protocol would deadlock). Completed sends are dropped on later calls; the
+  // destructor waits for the rest.
   void do_send(const void* buf, int64_t bytes, int peer, int tag) override {
     check_tag_bound("send", tag);
+    reap_sends(false);
     const char* p = static_cast<const char*>(buf);
     for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
-      LOOM_MPI(MPI_Send, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm);
+      sends_.push_back({std::vector<char>(p + off, p + off + n), MPI_REQUEST_NULL});
+      Pending& s = sends_.back();
+      LOOM_MPI(MPI_Isend, s.data.data(), to_int(n), MPI_BYTE, peer, tag, comm_.comm, &s.req);
     });
   }
 
@@ -240,7 +254,19 @@ class MpiCommunicator final : public Communicator {
     char* p = static_cast<char*>(buf);
     for_each_piece(bytes, piece_units(1, chunk_bytes()), [&](int64_t off, int64_t n) {
       MPI_Status st;
-      LOOM_MPI(MPI_Recv, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm, &st);
+      if (polite_waits()) {  // complete_politely, keeping the status
+        MPI_Request req = MPI_REQUEST_NULL;
+        LOOM_MPI(MPI_Irecv, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm, &req);
+        int done = 0;
+        for (long ns = 10000; !done; ns = std::min(2 * ns, 100000L)) {
+          LOOM_MPI(MPI_Test, &req, &done, &st);
+          if (done) break;
+          const timespec ts{0, ns};
+          nanosleep(&ts, nullptr);
+        }
+      } else {
+        LOOM_MPI(MPI_Recv, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm, &st);
+      }
       int got = 0;
       LOOM_MPI(MPI_Get_count, &st, MPI_BYTE, &got);
       if (got != n)
@@ -273,8 +299,25 @@ class MpiCommunicator final : public Communicator {
       throw Error(fmt::format("{}: tag {} is over MPI_TAG_UB = {}", op, tag, tag_ub_));
   }
 
+  struct Pending {
+    std::vector<char> data;
+    MPI_Request req;
+  };
+  // Drops the buffered sends that completed (all: waits for each).
+  void reap_sends(bool all) {
+    std::erase_if(sends_, [&](Pending& s) {
+      int done = 0;
+      if (all)
+        LOOM_MPI(MPI_Wait, &s.req, MPI_STATUS_IGNORE), done = 1;
+      else
+        LOOM_MPI(MPI_Test, &s.req, &done, MPI_STATUS_IGNORE);
+      return done != 0;
+    });
+  }
+
   CommHandle comm_;
   OpHandle bf16_sum_;
+  std::list<Pending> sends_;  // buffered sends not known complete
   int rank_ = 0, size_ = 0, tag_ub_ = 0;
 };
 

@@ -41,7 +41,7 @@
   X(adamw) X(clip_coef)                                                                            \
   /* ops/collective.cc */                                                                          \
   X(wait) X(all_gather) X(reduce_scatter) X(shard_slice) X(all_reduce) X(all_to_all) X(assign)     \
-  X(shard_index)                                                                                   \
+  X(shard_index) X(send) X(recv)                                                                   \
   /* ops/moe.cc */                                                                                 \
   X(moe_router) X(moe_router_bwd) X(moe_dispatch) X(moe_combine) X(grouped_matmul)                 \
   X(moe_gate_grad)

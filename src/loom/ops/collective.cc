@@ -13,6 +13,11 @@
 //                                     this rank's 1/n block of it; -1 outside the block (and where
 //                                     ids is -1): a vocabulary-parallel embedding's or loss's
 //                                     token ids (ops/sharding_rule.h's index_into_block)
+// send(x) {axis, peer, tag} -> done  x to the rank of coordinate `peer` on the axis (a pipeline
+//                                     stage's value another stage reads); returns once x may be
+//                                     reused (the message is buffered); done is an i32[] token
+// recv() {axis, peer, tag, shape, dtype}
+//                                     the value the rank of coordinate `peer` sent with `tag`
 // wait(h, x) -> y                     completes the asynchronous collective whose in-flight output
 //                                     is h and whose input was x: y is h's memory, complete. A
 //                                     collective with attribute async = 1 only starts: its output
@@ -126,6 +131,42 @@ void register_collective_ops() {
                },
                .cost = comm_cost,
                .traits = {Trait::rank_local}});
+  register_op({.name = "send",
+               .num_inputs = 1,
+               .infer = [](const Types& in, const ir::Attrs& a) -> Types {
+                 expect_inputs("send", in, 1);
+                 check_axis("send", in, a);
+                 if (int_attr("send", a, "peer") < 0 || int_attr("send", a, "tag") < 0)
+                   type_error("send", in, "peer and tag must be >= 0");
+                 return {{DType::i32, {}}};
+               },
+               .cost = comm_cost,
+               .traits = {Trait::p2p}});
+  register_op({.name = "recv",
+               .num_inputs = 0,
+               .infer = [](const Types& in, const ir::Attrs& a) -> Types {
+                 expect_inputs("recv", in, 0);
+                 check_axis("recv", in, a);
+                 if (int_attr("recv", a, "peer") < 0 || int_attr("recv", a, "tag") < 0)
+                   type_error("recv", in, "peer and tag must be >= 0");
+                 DType t = DType::f32;
+                 auto it = a.find("dtype");
+                 if (it == a.end() || !std::holds_alternative<std::string>(it->second) ||
+                     !parse_dtype(std::get<std::string>(it->second), &t))
+                   type_error("recv", in, "needs dtype = \"f32\", \"bf16\" or \"i32\"");
+                 auto s = a.find("shape");
+                 if (s == a.end() || !std::holds_alternative<std::vector<int64_t>>(s->second))
+                   type_error("recv", in, "needs an int-list attribute 'shape'");
+                 return {{t, std::get<std::vector<int64_t>>(s->second)}};
+               },
+               .cost =
+                   [](const ir::Graph& g, const ir::Node& n) {
+                     Cost c;
+                     const auto& o = g.value(n.outputs[0]).type;
+                     c.bytes_written = double(numel(o.shape)) * double(dtype_size(o.dtype));
+                     return c;
+                   },
+               .traits = {Trait::p2p}});
   register_op({.name = "all_reduce",
                .num_inputs = 1,
                .infer = [](const Types& in, const ir::Attrs& a) -> Types {

@@ -42,6 +42,8 @@ enum class Trait : uint8_t {
   view,         // output 0 is input 0's memory relabelled (reshape, wait); nothing is written;
                 // further inputs are only kept alive
   completion,   // completes the asynchronous collective that produced input 0 (wait)
+  p2p,          // point to point between two ranks of a mesh axis (send, recv: pipeline stages;
+                // runtime/collectives.cc runs it), never made asynchronous by prefetch
 };
 
 class Traits {

@@ -20,7 +20,7 @@ Pass build_model_pass() {
               c.model.graph.add_output(c.model.logits);
               return;
             }
-            c.model = models::build_model(o.model, o.batch, o.seq_len);
+            c.model = models::build_model(o.model, micro_batch_rows(o), o.seq_len);
             for (int v : c.model.loss_outputs()) c.model.graph.add_output(v);
             if (o.kind == StepKind::infer) c.model.graph.add_output(c.model.logits);
           }};

@@ -16,7 +16,7 @@ namespace {
 
 bool acts(const ir::Node& n) {
   return ops::has_trait(n.op, ops::Trait::optimizer) ||
-         ops::has_trait(n.op, ops::Trait::collective) ||
+         ops::has_trait(n.op, ops::Trait::collective) || ops::has_trait(n.op, ops::Trait::p2p) ||
          ops::has_trait(n.op, ops::Trait::completion) || !ops::op_def(n.op).inplace.empty();
 }
 

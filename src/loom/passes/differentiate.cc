@@ -12,7 +12,13 @@ Pass differentiate_pass() {
             if (o.kind != StepKind::grads && o.kind != StepKind::train) return;
             ir::Graph& g = c.model.graph;
             ops::Builder b(g);
-            c.grads = autodiff::gradients(b, c.model.loss, g.inputs_of_kind(ir::ValueKind::param));
+            std::vector<int> origin;
+            c.grads = autodiff::gradients(b, c.model.loss, g.inputs_of_kind(ir::ValueKind::param),
+                                          &origin);
+            if (c.pipelining) {  // where each backward node runs (pipeline_stages)
+              c.pipelining->origin = std::move(origin);
+              c.pipelining->backward_nodes = int64_t(g.nodes().size());
+            }
             if (o.kind == StepKind::train) return;
             std::vector<int> outs = c.model.loss_outputs();
             if (o.kind == StepKind::grads) outs.push_back(c.model.logits);

@@ -111,6 +111,9 @@ struct Options {
   int64_t ranks = 1;               // the number of ranks the plan must fit
   std::string source = "<model>";  // for messages: the config file
   ScheduleOptions schedule;        // the scheduled stage's passes
+  // Under a pipeline tactic: the coordinate on its axis of the rank compiling, the stage whose
+  // program the rank runs (the lowered program is every stage's; pipeline_stages cuts it).
+  int64_t pipe_coord = 0;
   // Record whether each pass changed the compilation (PassRun::changed): a text of the graphs and
   // shardings before and after, so off unless asked (`loom inspect CONFIG --passes`).
   bool report_changes = false;
@@ -141,6 +144,24 @@ struct Accumulation {
   int64_t micro_nodes = 0;  // scheduled: the rank program's prefix that is one micro-batch
 };
 
+// Pipeline parallelism (a [plan] pipeline tactic): the global graph is one step of m micro-batches,
+// the model's forward built once per micro-batch over the same parameters (pipeline_micro_batches)
+// and differentiated as one graph, so each parameter's gradient is the sum of the micro-batches'
+// and its reduction over other axes happens once a step. What the passes after need to cut the
+// rank program into stages and order it by the schedule (pipeline_stages):
+struct Pipelining {
+  std::string axis, schedule;  // the tactic's
+  int64_t stages = 1, microbatches = 1;
+  // per micro-batch k: its batch inputs, in roles.batch_inputs' order (micro-batch 0's first);
+  // each holds rows [k * b, (k + 1) * b) of the step's batch
+  std::vector<std::vector<int>> inputs;
+  int64_t forward_nodes = 0;   // global nodes [0, forward_nodes) are the forward
+  int64_t backward_nodes = 0;  // [forward_nodes, backward_nodes): autodiff's; the rest after
+  std::vector<int> origin;     // global node -> the forward node it differentiates, or -1
+  std::map<int, int64_t> param_stage;       // global parameter -> its stage
+  std::vector<std::string> group_of_stage;  // per stage: its parameter groups, "layers.0-layers.3"
+};
+
 struct PassRun {
   std::string name;
   bool changed = true;  // as far as Options::report_changes measured; true when not measured
@@ -155,6 +176,7 @@ struct Compilation {
   shard::Propagation propagation;  // every value's sharding (sharded)
   shard::Program rank;             // the per-rank program (lowered)
   std::optional<Accumulation> accumulation;  // train with Options::accumulate
+  std::optional<Pipelining> pipelining;      // under a pipeline tactic
   std::vector<PassRun> passes_run;           // in order
 };
 

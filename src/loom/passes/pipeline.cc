@@ -40,11 +40,15 @@ Stage parse_stage(std::string_view name) {
 }
 
 const std::vector<Pass>& pipeline() {
-  static const std::vector<Pass> p{
-      build_model_pass(),   differentiate_pass(), recast_pass(),      add_optimizer_pass(),
-      apply_tactics_pass(), propagate_pass(),     lower_pass(),       reshard_pass(),
-      recompute_pass(),     dce_pass(),           gather_cast_pass(), reduce_cast_pass(),
-      bucket_pass(),        synthesize_pass(),    prefetch_pass(),    micro_batch_pass()};
+  static const std::vector<Pass> p{build_model_pass(),     pipeline_micro_batches_pass(),
+                                   differentiate_pass(),   recast_pass(),
+                                   add_optimizer_pass(),   apply_tactics_pass(),
+                                   propagate_pass(),       lower_pass(),
+                                   pipeline_stages_pass(), reshard_pass(),
+                                   recompute_pass(),       dce_pass(),
+                                   gather_cast_pass(),     reduce_cast_pass(),
+                                   bucket_pass(),          synthesize_pass(),
+                                   prefetch_pass(),        micro_batch_pass()};
   return p;
 }
 

@@ -34,6 +34,14 @@ void run_passes(Compilation& c, const Options& opts, const std::vector<std::stri
 
 // The passes themselves (one file each).
 Pass build_model_pass();
+// pipeline_micro_batches (stage forward, after build_model): under a pipeline tactic with m
+// micro-batches, the model built for B/m rows (build_model asks micro_batch_rows) is copied m - 1
+// times over new batch inputs and the same parameters; the loss is the micro-batches' mean, as
+// gradient accumulation's (Pipelining above).
+Pass pipeline_micro_batches_pass();
+// The rows the forward graph is built for: B, or B/m under a pipeline tactic of m micro-batches
+// (throws loom::Error naming the keys when m does not divide B, or the step kind has no pipeline).
+int64_t micro_batch_rows(const Options& o);
 Pass differentiate_pass();
 Pass recast_pass();
 Pass add_optimizer_pass();
@@ -49,5 +57,9 @@ Pass bucket_pass();
 Pass synthesize_pass();
 Pass prefetch_pass();
 Pass micro_batch_pass();
+// pipeline_stages (stage scheduled, first): the lowered program becomes this rank's stage's
+// (Options::pipe_coord): its nodes, send and recv where a value crosses stages, in the
+// schedule's order over the micro-batches (gpipe: every forward, then every backward; 1f1b).
+Pass pipeline_stages_pass();
 
 }  // namespace loom::passes

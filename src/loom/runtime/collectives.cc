@@ -133,6 +133,15 @@ const std::array<CollectiveKernel, ir::kOpCount>& collective_kernels() {
                 for (int64_t i = 0, n = numel(k.in.shape); i < n; ++i)
                   out[i] = ids[i] >= lo && ids[i] < lo + block ? int32_t(ids[i] - lo) : -1;
               }},
+             {ir::Op::send,
+              [](Call& k) {
+                k.c.send(k.src, k.in_bytes, int(k.n.attr_int("peer")), int(k.n.attr_int("tag")));
+                *reinterpret_cast<int32_t*>(k.dst) = 0;
+              }},
+             {ir::Op::recv,
+              [](Call& k) {
+                k.c.recv(k.dst, k.in_bytes, int(k.n.attr_int("peer")), int(k.n.attr_int("tag")));
+              }},
              {ir::Op::all_to_all,
               [](Call& k) {
                 Blocks sent = blocks(k.in, k.n.attr_int("split_dim"), k.p);
@@ -156,7 +165,8 @@ const std::array<CollectiveKernel, ir::kOpCount>& collective_kernels() {
 }  // namespace
 
 bool runs_on_comms(ir::Op op) {
-  return ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::rank_local);
+  return ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::rank_local) ||
+         ops::has_trait(op, ops::Trait::p2p);
 }
 
 bool has_collective_kernel(ir::Op op) { return collective_kernels()[size_t(op)] != nullptr; }
@@ -165,15 +175,16 @@ void run_collective(const ir::Graph& g, const ir::Node& n, void* const* ins, voi
                     const MeshComms& comms) {
   const CollectiveKernel kernel = collective_kernels()[size_t(n.op)];
   LOOM_CHECK(kernel) << "no collective kernel for " << n.op;
-  const ir::TensorType& in = g.value(n.inputs[0]).type;
+  // recv has no input: its output stands in (in_bytes then counts what it receives)
   const ir::TensorType& out = g.value(n.outputs[0]).type;
+  const ir::TensorType& in = n.inputs.empty() ? out : g.value(n.inputs[0]).type;
   comm::Communicator& c = comms.axis(n.attr_str("axis"));
   std::vector<char> scratch;
   Call k{n,
          in,
          out,
          c,
-         static_cast<const char*>(ins[0]),
+         n.inputs.empty() ? nullptr : static_cast<const char*>(ins[0]),
          static_cast<char*>(outs[0]),
          numel(in.shape) * int64_t(dtype_size(in.dtype)),
          c.size(),

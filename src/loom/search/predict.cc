@@ -50,6 +50,11 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   const sim::Cluster& cl = *cluster;
   const shard::Plan& plan = cfg.plan.plan;
   const int64_t ranks = plan.empty() ? 1 : plan.mesh.size();
+  if (shard::find_pipeline(plan))
+    throw Error(fmt::format("{}: the simulator does not model a pipeline's schedule (its stages' "
+                            "programs and their bubbles) yet",
+                            plan.where),
+                "loom train runs it; predict the plan without the pipeline tactic");
   train::Config c = cfg;
   // bucket = "auto" decides on the cluster the prediction is for
   if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic || c.passes.synthesize)

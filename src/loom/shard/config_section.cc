@@ -52,7 +52,10 @@ std::string tactics_help() {
       patterned += fmt::format(" `{{ kind = \"{}\", pattern, dim, axis }}`", d.name);
     else
       plain += fmt::format("{}{}", plain.empty() ? "" : ", ", d.name);
-  return fmt::format("`{{ kind, axis }}`: {};{} (docs/plans.md)", plain, patterned);
+  return fmt::format(
+      "`{{ kind, axis }}`: {};{}; pipeline also reads `schedule` (`\"gpipe\"` or `\"1f1b\"`) and "
+      "`microbatches` (default: its axis's size) (docs/plans.md)",
+      plain, patterned);
 }
 
 // One entry of tactics = [ ... ], `at` naming it.
@@ -60,6 +63,7 @@ Tactic read_tactic(const toml::node& entry, const std::string& at) {
   const toml::table* t = entry.as_table();
   if (!t) throw Error(at + ": expected a table { kind = ..., axis = ... }");
   Tactic tac;
+  std::vector<std::string> pipeline_keys;
   for (const auto& [k, node] : *t) {
     std::string key(k.str());
     const toml::node& v = node;  // a structured binding clang 14 cannot capture
@@ -76,9 +80,17 @@ Tactic read_tactic(const toml::node& entry, const std::string& at) {
     else if (key == "dim") {
       if (!v.is_integer()) throw Error(fmt::format("{}: dim must be an integer", at));
       tac.dim = *v.value<int64_t>();
+    } else if (key == "schedule") {
+      tac.schedule = str();
+      pipeline_keys.push_back(key);
+    } else if (key == "microbatches") {
+      if (!v.is_integer() || *v.value<int64_t>() < 1)
+        throw Error(fmt::format("{}: microbatches must be an integer >= 1", at));
+      tac.microbatches = *v.value<int64_t>();
+      pipeline_keys.push_back(key);
     } else {
       throw Error(fmt::format("{}: unknown key '{}'", at, key),
-                  suggest(key, {"kind", "axis", "pattern", "dim"}));
+                  suggest(key, {"kind", "axis", "pattern", "dim", "schedule", "microbatches"}));
     }
   }
   const TacticDef* def = find_tactic(tac.kind);
@@ -86,6 +98,12 @@ Tactic read_tactic(const toml::node& entry, const std::string& at) {
     throw Error(fmt::format("{}: unknown tactic kind '{}'", at, tac.kind),
                 suggest(tac.kind, tactic_kinds()));
   if (tac.axis.empty()) throw Error(at + ": missing key 'axis'");
+  if (tac.kind != "pipeline" && !pipeline_keys.empty())
+    throw Error(fmt::format("{}: a {} tactic takes no {}", at, def->name, pipeline_keys[0]),
+                "only { kind = \"pipeline\", axis, schedule, microbatches } reads it");
+  if (tac.kind == "pipeline" && tac.schedule != "gpipe" && tac.schedule != "1f1b")
+    throw Error(fmt::format("{}: schedule '{}' is not one of gpipe, 1f1b", at, tac.schedule),
+                "interleaved (virtual stages) is not built yet");
   if (def->takes_pattern && (tac.pattern.empty() || tac.dim < 0))
     throw Error(fmt::format("{}: a {} tactic needs pattern and dim", at, def->name),
                 "{ kind = \"shard\", pattern = \"lm_head.weight\", dim = 0, axis = \"model\" }");

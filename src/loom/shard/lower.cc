@@ -29,7 +29,10 @@ class Lowerer {
         keep(v.id, s, id);
         prog_.local[size_t(v.id)] = id;
       }
-    for (const ir::Node& n : g_.nodes()) lower_node(n);
+    for (const ir::Node& n : g_.nodes()) {
+      lower_node(n);
+      prog_.origin.resize(prog_.graph.nodes().size(), n.id);
+    }
     for (int v : g_.outputs()) {
       Sharding whole = p_.value[size_t(v)];
       whole.partial.clear();
@@ -37,6 +40,7 @@ class Lowerer {
       prog_.graph.add_output(id);
       prog_.outputs.push_back(id);
     }
+    prog_.origin.resize(prog_.graph.nodes().size(), -1);
     return std::move(prog_);
   }
 

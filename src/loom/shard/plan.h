@@ -29,6 +29,10 @@ struct Tactic {
   std::string axis;
   std::string pattern;  // shard only
   int64_t dim = -1;     // shard only
+  // pipeline only: the schedule (gpipe, 1f1b) and the micro-batches a step's batch is cut into
+  // (0: as many as the axis has stages)
+  std::string schedule = "1f1b";
+  int64_t microbatches = 0;
 };
 
 struct Plan {
@@ -56,6 +60,10 @@ using Annotations = std::map<int, Annotation>;  // value id -> annotation
 // name, except `shard`'s pattern, which is the user's). Graph inputs no tactic names are
 // replicated. Throws loom::Error (see above).
 Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles& roles);
+
+// The plan's pipeline tactic (tactics/pipeline.cc), or null; and its micro-batches per step.
+const Tactic* find_pipeline(const Plan& plan);
+int64_t pipeline_microbatches(const Plan& plan, const Tactic& pipeline);
 
 // The names tactics accept (tactic.h's table), for the config parser's messages.
 std::vector<std::string> tactic_kinds();

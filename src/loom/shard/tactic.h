@@ -103,5 +103,6 @@ TacticDef megatron_tactic();
 TacticDef sequence_tactic();
 TacticDef expert_tactic();
 TacticDef shard_tactic();
+TacticDef pipeline_tactic();
 
 }  // namespace loom::shard

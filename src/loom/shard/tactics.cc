@@ -91,7 +91,7 @@ void TacticContext::split_with_state(int p, size_t d) {
 const std::vector<TacticDef>& tactic_defs() {
   static const std::vector<TacticDef> t{data_tactic(),   fsdp_tactic(),     zero1_tactic(),
                                         zero2_tactic(),  megatron_tactic(), sequence_tactic(),
-                                        expert_tactic(), shard_tactic()};
+                                        expert_tactic(), shard_tactic(),    pipeline_tactic()};
   return t;
 }
 

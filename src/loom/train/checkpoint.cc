@@ -125,6 +125,7 @@ std::string save_sharded(const std::string& dir, StepRunner& runner, const nlohm
     if (!fs::create_directory(tmp, ec) || ec)
       throw Error(fmt::format("cannot create {}: {}", tmp, ec.message()));
   });
+  runner.refresh_stage_replicas();  // a pipeline: every stage's parameters, current everywhere
   const std::vector<HeldTensor> held = runner.held_tensors();
   attempt([&] { write_rank_file(tmp, held, runner.mesh(), rank); });
   attempt([&] {

@@ -22,15 +22,21 @@ passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t r
 }
 
 void check_plan(const Config& cfg) {
-  passes::compile(step_options(cfg, passes::StepKind::train, cfg.plan.plan.mesh.size()),
-                  passes::Stage::scheduled);
+  passes::Options o = step_options(cfg, passes::StepKind::train, cfg.plan.plan.mesh.size());
+  const shard::Tactic* pipe = shard::find_pipeline(cfg.plan.plan);
+  const int64_t stages = pipe ? cfg.plan.plan.mesh.axis_size(pipe->axis) : 1;
+  for (o.pipe_coord = 0; o.pipe_coord < stages; ++o.pipe_coord)
+    passes::compile(o, passes::Stage::scheduled);
 }
 
-CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_plan, int64_t ranks) {
+CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_plan, int64_t ranks,
+                          int64_t rank) {
   CompiledStep s;
   s.kind = kind;
   s.sharded = with_plan && !cfg.plan.plan.empty();
-  const passes::Options opts = step_options(cfg, kind, s.sharded ? ranks : 0);
+  passes::Options opts = step_options(cfg, kind, s.sharded ? ranks : 0);
+  if (const shard::Tactic* pipe = s.sharded ? shard::find_pipeline(cfg.plan.plan) : nullptr)
+    opts.pipe_coord = cfg.plan.plan.mesh.coord(rank, pipe->axis);
   // every run goes the whole way: one process lowers the empty plan (one rank, every value whole,
   // no collective) and its program gets the scheduled stage's passes as a rank's does
   s.c = passes::compile(opts, passes::Stage::scheduled);

@@ -23,8 +23,9 @@ namespace loom::train {
 // optimizer, and the plan when `ranks` > 0 (the number of ranks it must fit).
 passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t ranks);
 
-// Shards the training step of cfg's [plan] as every rank's StepRunner will, so a plan's errors
-// (loom::Error naming the tactic, value and axis) come before any rank starts.
+// Shards the training step of cfg's [plan] as every rank's StepRunner will (each pipeline stage's
+// program), so a plan's errors (loom::Error naming the tactic, value and axis) come before any
+// rank starts.
 void check_plan(const Config& cfg);
 
 struct CompiledStep {
@@ -49,8 +50,11 @@ struct CompiledStep {
   }
 };
 
-// Throws loom::Error for a config or plan that cannot be compiled.
-CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_plan, int64_t ranks);
+// Throws loom::Error for a config or plan that cannot be compiled. `rank`: the world rank whose
+// program it is (under a pipeline tactic the stages' programs differ; every other plan's ranks
+// share one).
+CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_plan, int64_t ranks,
+                          int64_t rank = 0);
 // The same from `trained`, cfg's training graph (passes::Stage::train: the plan has no part in it),
 // which plan search compiles once for many plans.
 CompiledStep compile_step(const Config& cfg, const passes::Compilation& trained, int64_t ranks);

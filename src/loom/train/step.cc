@@ -32,7 +32,7 @@ CompiledStep compile_fitting(const Config& cfg, StepRunner::Mode mode,
   check_step_fits(cfg, mode == StepRunner::Mode::train, std::max<int64_t>(ranks, 1),
                   host ? machine_memory_bytes() : dev.memory_bytes(),
                   host ? "this machine's" : dev.describe() + "'s");
-  return compile_step(cfg, mode, comms != nullptr, ranks);
+  return compile_step(cfg, mode, comms != nullptr, ranks, comms ? comms->world().rank() : 0);
 }
 
 }  // namespace
@@ -155,18 +155,46 @@ void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* 
     const uint64_t mine = collectives_hash(prog.graph);
     std::vector<uint64_t> all(size_t(comms.world().size()));
     comms.world().all_gather(&mine, all.data(), 8);
-    for (size_t r = 0; r < all.size(); ++r)
-      if (all[r] != all[0])
+    // a pipeline's stages run different programs: each rank is compared with the first rank of
+    // its stage
+    const shard::Tactic* pipe = shard::find_pipeline(cfg_.plan.plan);
+    const shard::Mesh& mesh = cfg_.plan.plan.mesh;
+    auto stage = [&](size_t r) { return pipe ? mesh.coord(int64_t(r), pipe->axis) : 0; };
+    for (size_t r = 0; r < all.size(); ++r) {
+      size_t first = 0;
+      while (stage(first) != stage(r)) ++first;
+      if (all[r] != all[first])
         throw Error(fmt::format(
-            "{}: rank {} compiled other collectives than rank 0 (the ranks' programs differ: "
+            "{}: rank {} compiled other collectives than rank {} (the ranks' programs differ: "
             "give every host the same config{})",
-            cfg_.path, r,
+            cfg_.path, r, first,
             cfg_.passes.bucket == passes::ScheduleOptions::Bucket::automatic
                 ? ", and the same [passes] cluster file, which bucket = \"auto\" decides from"
                 : ""));
+    }
   }
+  comms_ = &comms;
   comms.prepare(prog.graph);  // the sub-groups of synthesized reductions
   blocks_ = std::make_unique<RankBlocks>(step_.c, cfg_.plan.plan.mesh, comms);
+  {
+    const models::ModelGraph& m = step_.c.model;
+    auto add = [&](int v, int64_t row0) {
+      batch_blocks_.push_back(
+          {v, v == m.targets, row0, std::vector<int32_t>(size_t(blocks_->block_elements(v)))});
+    };
+    if (const auto& pl = step_.c.pipelining) {
+      const int64_t rows = cfg_.train.batch_size / pl->microbatches;
+      for (size_t k = 0; k < pl->inputs.size(); ++k)
+        for (size_t j = 0; j < pl->inputs[k].size(); ++j) {
+          add(pl->inputs[k][j], int64_t(k) * rows);
+          // the last micro-batch's inputs are the model's own (pipeline_micro_batches)
+          batch_blocks_.back().targets = pl->inputs.back()[j] == m.targets;
+        }
+    } else {
+      add(m.tokens, 0);
+      add(m.targets, 0);
+    }
+  }
   exec_ = std::make_unique<runtime::Executor>(prog.graph);
   exec_->set_comms(&comms);
   const int hyper = step_.c.optimizer.hyper;
@@ -183,10 +211,8 @@ void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* 
         exec_->bind(local, blocks_->share_param(v.name, *share->blocks_));
       else
         exec_->bind(local, blocks_->own_param(v.name, params_));
-    } else if (v.id == step_.c.model.tokens || v.id == step_.c.model.targets) {
-      auto& buf = v.id == step_.c.model.tokens ? tokens_block_ : targets_block_;
-      buf.resize(size_t(n));
-      exec_->bind(local, buf.data());
+    } else if (const BatchBlock* bb = batch_block(v.id)) {
+      exec_->bind(local, const_cast<int32_t*>(bb->block.data()));
     } else if (v.id == hyper) {
       exec_->bind(local, hyper_buf_);
     } else if (accum && (v.id == accum->keep || v.id == accum->scale)) {
@@ -235,7 +261,42 @@ comm::Communicator& StepRunner::world() const {
   return blocks_->world();
 }
 
+const StepRunner::BatchBlock* StepRunner::batch_block(int v) const {
+  for (const BatchBlock& b : batch_blocks_)
+    if (b.value == v) return &b;
+  return nullptr;
+}
+
+int64_t StepRunner::owner_stage(const std::string& param) const {
+  const auto& pl = step_.c.pipelining;
+  if (!pl || !blocks_) return -1;
+  return pl->param_stage.at(graph().find(param));
+}
+
+void StepRunner::from_owner(const std::string& param, float* p, int64_t n) const {
+  const int64_t owner = owner_stage(param);
+  if (owner < 0) return;
+  comms_->axis(step_.c.pipelining->axis).broadcast(p, n * 4, int(owner));
+}
+
+void StepRunner::refresh_stage_replicas() {
+  if (!step_.c.pipelining || !blocks_) return;
+  const ir::Graph& g = graph();
+  for (const auto& info : params_.infos()) {
+    const int v = g.find(info.name);
+    const bool split = blocks_->params().count(info.name) > 0;
+    from_owner(info.name, split ? blocks_->params().at(info.name) : params_.data(info.name),
+               blocks_->block_elements(v));
+    if (mode_ != Mode::train) continue;
+    for (autodiff::Moment which : autodiff::kMoments) {
+      const MomentKey k{info.name, which};
+      from_owner(info.name, moment_of_.at(k), blocks_->block_elements(moment_value_.at(k)));
+    }
+  }
+}
+
 void StepRunner::push_params() {
+  refresh_stage_replicas();
   if (blocks_) blocks_->push(params_);
   for (auto& [name, p] : param_copy_)
     dev_.download(params_.data(name), p, numel(params_.info(name).shape) * 4);
@@ -287,6 +348,7 @@ void StepRunner::read_moment(const std::string& param, autodiff::Moment which, f
     return;
   }
   auto all = blocks_->gather(moment_value_.at({param, which}), m);
+  from_owner(param, all.data(), int64_t(all.size()));  // a pipeline: the stage updating it
   std::memcpy(full, all.data(), all.size() * 4);
 }
 
@@ -336,10 +398,10 @@ float StepRunner::step(const int32_t* tokens, double lr) {
   for (int64_t i = 0; i < k; ++i) {
     const bool last = i + 1 == k;
     load_rows(tokens + i * B * (T + 1));
-    if (blocks_) {  // this rank's block of the batch
-      blocks_->take_block(step_.c.model.tokens, inputs_.data(), tokens_block_.data());
-      blocks_->take_block(step_.c.model.targets, targets_.data(), targets_block_.data());
-    }
+    if (blocks_)  // this rank's block of the batch
+      for (BatchBlock& bb : batch_blocks_)
+        blocks_->take_block(bb.value, (bb.targets ? targets_ : inputs_).data() + bb.row0 * T,
+                            bb.block.data());
     accum_buf_[0] = last ? 0.0f : 1.0f;
     accum_buf_[1] = float(1.0 / double(k));
     send_staged();

@@ -101,6 +101,10 @@ class StepRunner {
   // Frees the ParamStore's whole copies of the parameters this rank holds blocks of (push_params
   // brings them back). No-op unsharded.
   void release_params();
+  // Under a pipeline tactic only a parameter's own stage updates it and its moments; this sends
+  // every parameter's and moment's block from that stage to the others (collective), so that
+  // every rank holds them current (a checkpoint's writer, push_params). No-op without one.
+  void refresh_stage_replicas();
   void set_step_count(int64_t t) { t_ = t; }
   // Sharded runs (Mode::train): every parameter and AdamW moment as this rank holds it, named as
   // checkpoints name them (sharded_checkpoint.h), and the plan's mesh and world communicator.
@@ -126,9 +130,23 @@ class StepRunner {
   runtime::Device& dev_;
   CompiledStep step_;
   std::unique_ptr<runtime::Executor> exec_;
-  std::unique_ptr<RankBlocks> blocks_;                 // sharded runs
-  std::vector<int32_t> inputs_, targets_;              // the batch (B,T), whole
-  std::vector<int32_t> tokens_block_, targets_block_;  // sharded: this rank's block of it
+  std::unique_ptr<RankBlocks> blocks_;     // sharded runs
+  std::vector<int32_t> inputs_, targets_;  // the batch (B,T), whole
+  // Sharded: this rank's block of each batch input, filled from the step's rows starting at row0
+  // (a pipeline's micro-batch k: k * B/m; else 0).
+  struct BatchBlock {
+    int value;
+    bool targets;
+    int64_t row0;
+    std::vector<int32_t> block;
+  };
+  std::vector<BatchBlock> batch_blocks_;
+  const BatchBlock* batch_block(int v) const;
+  const runtime::MeshComms* comms_ = nullptr;  // sharded runs
+  // The stage owning a parameter under a pipeline tactic (-1 without one), and the broadcast from
+  // it over the pipeline's axis of `n` floats at p (collective over that axis).
+  int64_t owner_stage(const std::string& param) const;
+  void from_owner(const std::string& param, float* p, int64_t n) const;
   // Memory bound to the executors besides the ParamStore: moments, gradient sums; on a device
   // without host memory also the device copies of the parameters, the batch and hyper_buf_.
   std::vector<runtime::Buffer> buffers_;

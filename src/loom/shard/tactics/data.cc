@@ -9,7 +9,7 @@ TacticDef data_tactic() {
   return {.name = "data",
           .summary = "split the batch on dim 0",
           .selects = "roles.batch_inputs",
-          .not_after = {"data", "expert"},
+          .not_after = {"data", "expert", "pipeline"},
           .apply = [](TacticContext& c, const Tactic&) {
             for (int v : c.roles().batch_inputs) c.split(v, 0);
           }};

@@ -15,7 +15,7 @@ TacticDef expert_tactic() {
   return {.name = "expert",
           .summary = "MoE experts split by expert, the batch by sequence",
           .selects = "roles.experts, roles.batch_inputs",
-          .not_after = {"fsdp", "zero1", "zero2", "expert"},
+          .not_after = {"fsdp", "zero1", "zero2", "expert", "pipeline"},
           .apply = [](TacticContext& c, const Tactic&) {
             const ir::Roles& r = c.roles();
             if (r.experts.empty())

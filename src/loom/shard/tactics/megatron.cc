@@ -21,7 +21,7 @@ TacticDef megatron_tactic() {
   return {.name = "megatron",
           .summary = "tensor parallel: column-parallel weights by output, row-parallel by input",
           .selects = "roles.column_parallel, roles.row_parallel",
-          .not_after = {"fsdp", "zero1", "zero2", "megatron"},
+          .not_after = {"fsdp", "zero1", "zero2", "megatron", "pipeline"},
           .apply = [](TacticContext& c, const Tactic&) {
             const ir::Roles& r = c.roles();
             if (r.column_parallel.empty() && r.row_parallel.empty())

@@ -13,7 +13,7 @@ TacticDef sequence_tactic() {
   return {.name = "sequence",
           .summary = "the residual stream and the norms split on the time dim",
           .selects = "the inputs and outputs of Trait::norm nodes",
-          .not_after = {"sequence"},
+          .not_after = {"sequence", "pipeline"},
           .apply = [](TacticContext& c, const Tactic&) {
             const ir::Graph& g = c.graph();
             std::vector<int> stream;

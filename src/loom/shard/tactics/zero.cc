@@ -55,7 +55,7 @@ TacticDef zero_def(std::string_view name, std::string_view summary,
   return {.name = name,
           .summary = summary,
           .selects = "every parameter; its optimizer edges",
-          .not_after = {"fsdp", "zero1", "zero2", "megatron", "expert"},
+          .not_after = {"fsdp", "zero1", "zero2", "megatron", "expert", "pipeline"},
           .apply = apply};
 }
 

@@ -1,0 +1,49 @@
+// pipeline: pipeline parallelism. The model is cut into as many stages as the axis has ranks, at
+// parameter-group boundaries (roles.blocks: the embedding, each transformer block, the head),
+// balanced by the groups' matmul weights; each rank of the axis runs its stage's part of every
+// micro-batch, and the stages pass activations forward and their gradients back by send and recv
+// in the tactic's schedule (passes/pipeline_stages.cc). It splits no value: over its axis every
+// tensor is whole, and no other tactic may use the axis.
+#include <fmt/format.h>
+
+#include "loom/core/error.h"
+#include "loom/shard/tactic.h"
+
+namespace loom::shard {
+
+const Tactic* find_pipeline(const Plan& plan) {
+  for (const Tactic& t : plan.tactics)
+    if (t.kind == "pipeline") return &t;
+  return nullptr;
+}
+
+int64_t pipeline_microbatches(const Plan& plan, const Tactic& t) {
+  return t.microbatches > 0 ? t.microbatches : plan.mesh.axis_size(t.axis);
+}
+
+TacticDef pipeline_tactic() {
+  return {.name = "pipeline",
+          .summary = "cut the model into stages at parameter groups, one per rank of the axis",
+          .selects = "roles.blocks",
+          .not_after = {"data", "fsdp", "zero1", "zero2", "megatron", "sequence", "expert", "shard",
+                        "pipeline"},
+          .apply = [](TacticContext& c, const Tactic& t) {
+            for (size_t i = 0; i < c.plan().tactics.size(); ++i) {
+              const Tactic& o = c.plan().tactics[i];
+              if (&o != &t && o.axis == t.axis)
+                throw Error(
+                    fmt::format("{}: axis '{}' also carries {}[{}] ({}): a pipeline's axis holds "
+                                "its stages and nothing else",
+                                c.by(), t.axis, c.plan().where + " tactics", i, o.kind),
+                    "give the pipeline an axis of its own: mesh = { pipe = 2, data = 2 }");
+              if (&o != &t && o.kind == "pipeline")
+                throw Error(fmt::format("{}: a plan has at most one pipeline tactic", c.by()));
+            }
+            if (t.schedule != "gpipe" && t.schedule != "1f1b")
+              throw Error(
+                  fmt::format("{}: schedule '{}' is not one of gpipe, 1f1b", c.by(), t.schedule),
+                  "interleaved (virtual stages) is not built yet");
+          }};
+}
+
+}  // namespace loom::shard
