@@ -110,6 +110,40 @@ TEST(Pipeline, EachStageRunsItsPartAndEverySendIsReceived) {
   }
 }
 
+// A pipeline plan that cannot run is refused before any rank starts, naming what is wrong.
+TEST(Pipeline, BadPlansAreClearErrors) {
+  auto error = [](const std::string& model, const std::string& mesh, const std::string& tactics,
+                  std::vector<std::string> sets = {}) -> std::string {
+    try {
+      check_plan(config({"bad", mesh, tactics, model, std::move(sets)}));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const std::string pipe = R"({kind="pipeline",axis="pipe"})";
+  auto has = [](const std::string& msg, const std::string& part) {
+    return msg.find(part) != std::string::npos;
+  };
+  // 4 groups: the embedding, 2 blocks, the head
+  std::string e = error("tiny", "{pipe=8}", R"([{kind="pipeline",axis="pipe",microbatches=4}])");
+  EXPECT_TRUE(has(e, "8 stages") && has(e, "4 parameter groups")) << e;
+  e = error("tiny", "{pipe=2}", R"([{kind="pipeline",axis="pipe",microbatches=3}])");
+  EXPECT_TRUE(has(e, "microbatches = 3 does not divide [train] batch_size = 4")) << e;
+  e = error("tiny", "{pipe=2}", R"([{kind="pipeline",axis="pipe",schedule="interleaved"}])");
+  EXPECT_TRUE(has(e, "schedule 'interleaved'")) << e;
+  e = error("tiny", "{pipe=2}", R"([{kind="data",axis="pipe",microbatches=2}])");
+  EXPECT_TRUE(has(e, "a data tactic takes no microbatches")) << e;
+  e = error("tiny", "{pipe=2}", "[" + pipe + R"(,{kind="data",axis="pipe"}])");
+  EXPECT_TRUE(has(e, "axis 'pipe' also carries")) << e;
+  e = error("gpt2", "{pipe=2}", "[" + pipe + "]");  // the head reads the embedding's table
+  EXPECT_TRUE(has(e, "tied embedding")) << e;
+  e = error("tiny", "{pipe=2}", "[" + pipe + "]", {"train.grad_accum=2"});
+  EXPECT_TRUE(has(e, "grad_accum")) << e;
+  e = error("tiny", "{data=2}", R"([{kind="pipeline",axis="pipe"}])");
+  EXPECT_TRUE(has(e, "axis 'pipe' is not in the mesh")) << e;
+}
+
 // 1F1B keeps at most p - s micro-batches' activations on stage s, GPipe all m: on the first of
 // two stages with 4 micro-batches, the planned arena of 1F1B is the smaller.
 TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {

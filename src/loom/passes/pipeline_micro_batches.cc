@@ -181,19 +181,19 @@ int64_t micro_batch_rows(const Options& o) {
   const shard::Tactic* t = shard::find_pipeline(o.plan);
   if (!t) return o.batch;
   if (o.kind != StepKind::train && o.kind != StepKind::eval)
-    throw Error(fmt::format("{}: {}: a pipeline runs training and evaluation steps; this one "
+    throw Error(fmt::format("{}: a pipeline runs training and evaluation steps; this one "
                             "returns logits or gradients whole",
-                            o.source, where(o)),
+                            where(o)),
                 "run it without the [plan]");
   const int64_t mb = shard::pipeline_microbatches(o.plan, *t);
   if (o.batch % mb)
-    throw Error(fmt::format("{}: [train] batch_size = {} is not divisible by {} microbatches = {}",
-                            o.source, o.batch, where(o), mb),
-                "a batch of m rows per micro-batch each: batch_size a multiple of microbatches");
+    throw Error(fmt::format("{}: microbatches = {} does not divide [train] batch_size = {}",
+                            where(o), mb, o.batch),
+                "batch_size a multiple of microbatches (B/m rows per micro-batch)");
   if (o.accumulate)
-    throw Error(fmt::format("{}: [train] grad_accum with {}: its micro-batches are the "
-                            "accumulation",
-                            o.source, where(o)),
+    throw Error(fmt::format("{}: [train] grad_accum > 1 beside a pipeline, whose micro-batches "
+                            "are the accumulation",
+                            where(o)),
                 "raise batch_size and microbatches instead of grad_accum");
   return o.batch / mb;
 }

@@ -6,6 +6,20 @@
 
 namespace loom::train {
 
+namespace {
+
+// A pipeline's stages: its axis's size; 1 without one, or when its axis is not in the mesh (the
+// compile pipeline then says so).
+int64_t pipeline_stages(const shard::Plan& plan) {
+  const shard::Tactic* pipe = shard::find_pipeline(plan);
+  if (pipe)
+    for (const auto& [a, n] : plan.mesh.axes())
+      if (a == pipe->axis) return n;
+  return 1;
+}
+
+}  // namespace
+
 passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t ranks) {
   passes::Options o;
   o.model = cfg.model;
@@ -23,8 +37,7 @@ passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t r
 
 void check_plan(const Config& cfg) {
   passes::Options o = step_options(cfg, passes::StepKind::train, cfg.plan.plan.mesh.size());
-  const shard::Tactic* pipe = shard::find_pipeline(cfg.plan.plan);
-  const int64_t stages = pipe ? cfg.plan.plan.mesh.axis_size(pipe->axis) : 1;
+  const int64_t stages = pipeline_stages(cfg.plan.plan);
   for (o.pipe_coord = 0; o.pipe_coord < stages; ++o.pipe_coord)
     passes::compile(o, passes::Stage::scheduled);
 }
@@ -35,8 +48,8 @@ CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_pl
   s.kind = kind;
   s.sharded = with_plan && !cfg.plan.plan.empty();
   passes::Options opts = step_options(cfg, kind, s.sharded ? ranks : 0);
-  if (const shard::Tactic* pipe = s.sharded ? shard::find_pipeline(cfg.plan.plan) : nullptr)
-    opts.pipe_coord = cfg.plan.plan.mesh.coord(rank, pipe->axis);
+  if (s.sharded && pipeline_stages(cfg.plan.plan) > 1)
+    opts.pipe_coord = cfg.plan.plan.mesh.coord(rank, shard::find_pipeline(cfg.plan.plan)->axis);
   // every run goes the whole way: one process lowers the empty plan (one rank, every value whole,
   // no collective) and its program gets the scheduled stage's passes as a rank's does
   s.c = passes::compile(opts, passes::Stage::scheduled);
