@@ -3,6 +3,7 @@
 // compiled programs: its bytes per axis are the program's collectives as `loom inspect` counts
 // them, and no faster link (any bandwidth, any latency, of any level) makes a step slower. Its
 // memory is checked against the executor running the same program in sim_memory_test.cc.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -437,6 +438,38 @@ TEST(Simulate, AutoBucketsAreNeverPredictedSlowerThanBlock) {
       }
     }
   }
+}
+
+// A pipeline's stages side by side (simulate_pipeline): with more micro-batches the stages wait
+// a smaller part of the step (the bubble, (p - 1) / (m + p - 1) for equal stages), every recv is
+// matched by a send, and one stage alone (a stage's program cannot run by itself) is refused.
+TEST(Simulate, APipelinesBubbleShrinksWithMoreMicroBatches) {
+  Cluster h = shipped("h100-sxm.toml");
+  std::vector<double> bubble;
+  for (int m : {2, 4, 8}) {
+    const train::Config cfg = train::load_config(
+        std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml",
+        {"plan.mesh={pipe=2}", "train.batch_size=8", "model.n_layers=4",
+         fmt::format(R"(plan.tactics=[{{kind="pipeline",axis="pipe",microbatches={}}}])", m)});
+    const shard::Mesh& mesh = cfg.plan.plan.mesh;
+    const train::CompiledStep s0 = train::compile_step(cfg, passes::StepKind::train, true, 2, 0);
+    const train::CompiledStep s1 = train::compile_step(cfg, passes::StepKind::train, true, 2, 1);
+    const Placement pl = place(mesh, h, 2);
+    const std::vector<Prediction> p =
+        simulate_pipeline({&s0.c.rank.graph, &s1.c.rank.graph}, mesh, h, pl);
+    ASSERT_EQ(p.size(), 2u);
+    double waited = 0;
+    for (const Prediction& e : p) {
+      EXPECT_GT(e.compute_seconds, 0);
+      waited += e.exposed_comm_seconds / e.step_seconds / 2;
+    }
+    bubble.push_back(waited);
+    std::printf("pipeline 2 stages, %d micro-batches: mean wait %.3f of the step (theory %.3f)\n",
+                m, waited, 1.0 / (m + 1));
+    EXPECT_THROW(simulate(s1.c.rank.graph, mesh, h, pl), Error);
+  }
+  EXPECT_GT(bubble[0], bubble[1]);
+  EXPECT_GT(bubble[1], bubble[2]);
 }
 
 }  // namespace

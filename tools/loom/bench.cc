@@ -257,6 +257,10 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
     for (const auto& t : cfg.plan.plan.tactics) tactics.push_back(t.kind + ":" + t.axis);
     j["plan"] = {
         {"mesh", cfg.plan.plan.mesh.to_string()}, {"tactics", tactics}, {"ranks", cfg.plan.ranks}};
+    if (const shard::Tactic* pipe = shard::find_pipeline(cfg.plan.plan))
+      j["pipeline"] = {{"schedule", pipe->schedule},
+                       {"microbatches", shard::pipeline_microbatches(cfg.plan.plan, *pipe)},
+                       {"stages", cfg.plan.plan.mesh.axis_size(pipe->axis)}};
     j["passes"] = {{"bucket", passes::bucket_name(cfg.passes.bucket)},
                    {"bucket_mb", cfg.passes.bucket_mb},
                    {"reshard_after_forward", cfg.passes.reshard_after_forward},

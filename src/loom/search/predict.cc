@@ -50,11 +50,6 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   const sim::Cluster& cl = *cluster;
   const shard::Plan& plan = cfg.plan.plan;
   const int64_t ranks = plan.empty() ? 1 : plan.mesh.size();
-  if (shard::find_pipeline(plan))
-    throw Error(fmt::format("{}: the simulator does not model a pipeline's schedule (its stages' "
-                            "programs and their bubbles) yet",
-                            plan.where),
-                "loom train runs it; predict the plan without the pipeline tactic");
   train::Config c = cfg;
   // bucket = "auto" decides on the cluster the prediction is for
   if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic || c.passes.synthesize)
@@ -83,8 +78,34 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
     so.oversubscription =
         std::max(1.0, double(ranks * cl.profile->threads) / double(cl.device.cores));
   so.mpi_ranks = !plan.empty() && cfg.plan.ranks == "mpi";
-  sim::Prediction p = sim::simulate(prog, plan.mesh, cl, pl, so);
-  if (kernels) collect_kernels(prog, cl, 1.0, *kernels);
+  sim::Prediction p;
+  if (const shard::Tactic* pipe = plan.empty() ? nullptr : shard::find_pipeline(plan)) {
+    // every stage's program (the rank with its pipe coordinate and every other coordinate 0),
+    // side by side; the step ends with the last stage, memory is the fullest stage's
+    const int64_t stages = plan.mesh.axis_size(pipe->axis);
+    std::vector<train::CompiledStep> later;  // stages 1 .. p-1 (`step` is stage 0's)
+    for (int64_t s = 1; s < stages; ++s)
+      later.push_back(train::compile_step(c, passes::StepKind::train, true, ranks,
+                                          s * plan.mesh.stride(pipe->axis)));
+    std::vector<const ir::Graph*> graphs{&prog};
+    for (const train::CompiledStep& st : later) graphs.push_back(&st.c.rank.graph);
+    const std::vector<sim::Prediction> each = sim::simulate_pipeline(graphs, plan.mesh, cl, pl, so);
+    size_t last = 0;
+    for (size_t s = 0; s < each.size(); ++s)
+      if (each[s].step_seconds > each[last].step_seconds) last = s;
+    p = each[last];
+    p.flops = 0;
+    for (const sim::Prediction& e : each) {
+      p.flops += e.flops / double(each.size());  // a rank's mean
+      p.planned_bytes = std::max(p.planned_bytes, e.planned_bytes);
+      p.peak_bytes = std::max(p.peak_bytes, e.peak_bytes);
+    }
+    if (kernels)
+      for (const ir::Graph* g : graphs) collect_kernels(*g, cl, 1.0 / double(stages), *kernels);
+  } else {
+    p = sim::simulate(prog, plan.mesh, cl, pl, so);
+    if (kernels) collect_kernels(prog, cl, 1.0, *kernels);
+  }
   // gradient accumulation: the program's micro-batch prefix on `accum` - 1 micro-batches, then the
   // whole program once (the same memory)
   if (step.accum > 1) {

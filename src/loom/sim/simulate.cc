@@ -32,11 +32,76 @@ std::map<std::string, std::map<std::string, AxisTraffic>> traffic(const ir::Grap
   return moved;
 }
 
-Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& c,
-                    const Placement& p, const SimOptions& o) {
-  Prediction r;
-  bool stream = false;
-  for (const ir::Node& n : g.nodes()) stream = stream || n.attr_int("async", 0) == 1;
+namespace {
+
+// One rank's program as an event simulation that can stop at a recv whose message is not sent yet
+// (a pipeline's stages run side by side: simulate_pipeline) and go on once it is.
+class RankSim {
+ public:
+  RankSim(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& c, const Placement& p,
+          const SimOptions& o)
+      : g_(g), mesh_(mesh), c_(c), p_(p), o_(o), done_(g.values().size(), 1) {
+    for (const ir::Node& n : g.nodes()) stream_ = stream_ || n.attr_int("async", 0) == 1;
+    count_ = o.nodes < 0 ? g.nodes().size() : size_t(o.nodes);
+    LOOM_CHECK(count_ <= g.nodes().size());
+  }
+
+  size_t next() const { return i_; }
+
+  // Runs nodes until the program's end (true) or a recv whose message `sent` lacks (false).
+  // `sent`: (from stage, to stage, tag) -> the message's arrival time; `stage` is this program's.
+  bool run(Messages& sent, int64_t stage) {
+    for (; i_ < count_; ++i_) {
+      const ir::Node& n = g_.nodes()[i_];
+      if (ops::has_trait(n.op, ops::Trait::collective)) {
+        collective(n);
+        continue;
+      }
+      if (ops::has_trait(n.op, ops::Trait::completion)) {
+        wait(n.inputs[0]);
+        continue;
+      }
+      if (n.op == ir::Op::recv) {
+        auto it = sent.find({n.attr_int("peer"), stage, n.attr_int("tag")});
+        if (it == sent.end()) return false;
+        if (it->second > now_) {  // the compute stream waits for the message
+          r_.exposed_comm_seconds += it->second - now_;
+          drain_until(it->second);
+        }
+      }
+      kernel(n);
+      if (n.op == ir::Op::send) {
+        const std::string& axis = n.attr_str("axis");
+        const Level& lv = c_.levels[size_t(group_level(mesh_, c_, p_, axis))];
+        const double bytes = buffer_bytes(g_, n.inputs[0]);
+        const double t = lv.latency + (lv.bandwidth > 0 ? bytes / lv.bandwidth : 0);
+        sent[{stage, n.attr_int("peer"), n.attr_int("tag")}] = now_ + t;
+        r_.comm_seconds += t;
+        AxisTraffic& at = r_.axis_traffic[axis];
+        at.count++;
+        at.bytes += bytes;
+        r_.level_bytes[lv.name] += bytes;
+      }
+    }
+    return true;
+  }
+
+  Prediction finish() {
+    while (!queue_.empty()) {  // what is still in flight at the step's end
+      now_ += queue_.front().work;
+      finish_front();
+    }
+    r_.step_seconds = now_;
+    if (!o_.memory) return r_;
+    const runtime::MemoryPlan mp = runtime::plan_memory(g_);
+    r_.planned_bytes = mp.arena_bytes + mp.external_bytes;
+    const bool processes = o_.mpi_ranks && mesh_.size() > 1;
+    r_.peak_bytes = r_.planned_bytes + r_.scratch_bytes +
+                    int64_t(processes ? c_.device.rank_runtime_bytes : c_.device.runtime_bytes);
+    return r_;
+  }
+
+ private:
   // The communication stream: collectives in issue order, the front one in progress at `now`.
   // While it runs beside compute, both go at the rates of the front's level
   // (Level::comm_beside_compute, compute_beside_comm).
@@ -45,108 +110,150 @@ Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& 
     int value;    // its output, whose completion the compute stream may wait for
     const Level* level;
   };
-  std::deque<InFlight> queue;
-  double now = 0;
-  std::vector<char> done(g.values().size(), 1);  // per collective output: finished
-  auto finish_front = [&] {
-    done[size_t(queue.front().value)] = 1;
-    queue.pop_front();
-  };
+
+  void finish_front() {
+    done_[size_t(queue_.front().value)] = 1;
+    queue_.pop_front();
+  }
+
   // the compute stream runs `work` seconds (at full speed) of a kernel
-  auto compute = [&](double work) {
+  void compute(double work) {
     while (work > 0) {
-      if (queue.empty()) {
-        now += work;
-        r.compute_seconds += work;
+      if (queue_.empty()) {
+        now_ += work;
+        r_.compute_seconds += work;
         return;
       }
-      InFlight& f = queue.front();
+      InFlight& f = queue_.front();
       const double slow_comm = f.level->comm_beside_compute;
       const double slow_compute = f.level->compute_beside_comm;
       const double t_compute = work * slow_compute, t_comm = f.work * slow_comm;
       if (t_compute < t_comm) {
-        now += t_compute;
-        r.compute_seconds += t_compute;
+        now_ += t_compute;
+        r_.compute_seconds += t_compute;
         f.work -= t_compute / slow_comm;
         return;
       }
-      now += t_comm;
-      r.compute_seconds += t_comm;
+      now_ += t_comm;
+      r_.compute_seconds += t_comm;
       work -= t_comm / slow_compute;
       finish_front();
     }
-  };
+  }
+
   // the compute stream waits for collective output v (the stream runs alone meanwhile)
-  auto wait = [&](int v) {
-    const double from = now;
-    while (!done[size_t(v)]) {
-      now += queue.front().work;
+  void wait(int v) {
+    const double from = now_;
+    while (!done_[size_t(v)]) {
+      now_ += queue_.front().work;
       finish_front();
     }
-    r.exposed_comm_seconds += now - from;
-  };
-  std::map<std::pair<std::string, bool>, double> loads;  // (group, all_to_all) -> link load
-  const size_t count = o.nodes < 0 ? g.nodes().size() : size_t(o.nodes);
-  LOOM_CHECK(count <= g.nodes().size());
-  for (size_t i = 0; i < count; ++i) {
-    const ir::Node& n = g.nodes()[i];
-    if (ops::has_trait(n.op, ops::Trait::collective)) {
-      const std::string& axis = n.attr_str("axis");
-      const int64_t ranks = mesh.group_size(axis);
-      const int level = group_level(mesh, c, p, axis);
-      const double in = buffer_bytes(g, n.inputs[0]);
-      const bool pairs = n.op == ir::Op::all_to_all;
-      auto [at, fresh] = loads.try_emplace({axis, pairs}, 1.0);
-      if (fresh) at->second = link_load(n.op, mesh, c, level, axis);
-      const Level& lv = c.levels[size_t(level)];
-      // on the communication thread, if the program has one, at its (polite) pace
-      const double dur = collective_seconds(n.op, in, ranks, c, level, at->second) *
-                         (stream ? lv.comm_thread_slowdown : 1);
-      ++r.collectives;
-      r.comm_seconds += dur;
-      AxisTraffic& t = r.axis_traffic[axis];
-      t.count++;
-      t.bytes += moved_bytes(g, n);
-      r.level_bytes[c.levels[size_t(level)].name] += collective_wire_bytes(n.op, in, ranks);
-      r.scratch_bytes =
-          std::max(r.scratch_bytes,
-                   int64_t(collective_scratch_bytes(n.op, in, ranks, o.mpi_ranks && stream)));
-      if (!stream) {  // on the compute stream
-        now += dur;
-        r.exposed_comm_seconds += dur;
-        continue;
-      }
-      const int v = n.outputs[0];
-      done[size_t(v)] = 0;
-      queue.push_back({dur, v, &lv});
-      if (n.attr_int("async", 0) != 1) wait(v);
-      continue;
+    r_.exposed_comm_seconds += now_ - from;
+  }
+
+  // the compute stream idles until `t` (a message's arrival); the communication stream goes on
+  void drain_until(double t) {
+    while (!queue_.empty() && now_ + queue_.front().work <= t) {
+      now_ += queue_.front().work;
+      finish_front();
     }
-    if (ops::has_trait(n.op, ops::Trait::completion)) {
-      wait(n.inputs[0]);
-      continue;
+    if (!queue_.empty()) queue_.front().work -= t - now_;
+    now_ = t;
+  }
+
+  void collective(const ir::Node& n) {
+    const std::string& axis = n.attr_str("axis");
+    const int64_t ranks = mesh_.group_size(axis);
+    const int level = group_level(mesh_, c_, p_, axis);
+    const double in = buffer_bytes(g_, n.inputs[0]);
+    const bool pairs = n.op == ir::Op::all_to_all;
+    auto [at, fresh] = loads_.try_emplace({axis, pairs}, 1.0);
+    if (fresh) at->second = link_load(n.op, mesh_, c_, level, axis);
+    const Level& lv = c_.levels[size_t(level)];
+    // on the communication thread, if the program has one, at its (polite) pace
+    const double dur = collective_seconds(n.op, in, ranks, c_, level, at->second) *
+                       (stream_ ? lv.comm_thread_slowdown : 1);
+    ++r_.collectives;
+    r_.comm_seconds += dur;
+    AxisTraffic& t = r_.axis_traffic[axis];
+    t.count++;
+    t.bytes += moved_bytes(g_, n);
+    r_.level_bytes[c_.levels[size_t(level)].name] += collective_wire_bytes(n.op, in, ranks);
+    r_.scratch_bytes =
+        std::max(r_.scratch_bytes,
+                 int64_t(collective_scratch_bytes(n.op, in, ranks, o_.mpi_ranks && stream_)));
+    if (!stream_) {  // on the compute stream
+      now_ += dur;
+      r_.exposed_comm_seconds += dur;
+      return;
     }
+    const int v = n.outputs[0];
+    done_[size_t(v)] = 0;
+    queue_.push_back({dur, v, &lv});
+    if (n.attr_int("async", 0) != 1) wait(v);
+  }
+
+  void kernel(const ir::Node& n) {
     const ops::OpDef& def = ops::op_def(n.op);
-    const ops::Cost cost = def.cost ? def.cost(g, n) : ops::Cost{};
-    const double s = node_seconds(g, n, cost, c) * o.oversubscription;
-    if (o.memory)
-      r.scratch_bytes = std::max(r.scratch_bytes, int64_t(node_scratch_bytes(g, n, cost, c)));
-    r.flops += cost.flops;
-    const double before = r.compute_seconds;
+    const ops::Cost cost = def.cost ? def.cost(g_, n) : ops::Cost{};
+    const double s = node_seconds(g_, n, cost, c_) * o_.oversubscription;
+    if (o_.memory)
+      r_.scratch_bytes = std::max(r_.scratch_bytes, int64_t(node_scratch_bytes(g_, n, cost, c_)));
+    r_.flops += cost.flops;
+    const double before = r_.compute_seconds;
     compute(s);
-    r.compute_by_op[n.op] += r.compute_seconds - before;
+    r_.compute_by_op[n.op] += r_.compute_seconds - before;
   }
-  while (!queue.empty()) {  // what is still in flight at the step's end
-    now += queue.front().work;
-    finish_front();
+
+  const ir::Graph& g_;
+  const shard::Mesh& mesh_;
+  const Cluster& c_;
+  const Placement& p_;
+  const SimOptions& o_;
+  Prediction r_;
+  bool stream_ = false;
+  std::deque<InFlight> queue_;
+  double now_ = 0;
+  std::vector<char> done_;                                // per collective output: finished
+  std::map<std::pair<std::string, bool>, double> loads_;  // (group, all_to_all) -> link load
+  size_t i_ = 0, count_ = 0;
+};
+
+}  // namespace
+
+Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& c,
+                    const Placement& p, const SimOptions& o) {
+  RankSim sim(g, mesh, c, p, o);
+  Messages none;
+  if (!sim.run(none, 0))
+    throw Error("simulate: the program receives from a pipeline stage: use simulate_pipeline");
+  return sim.finish();
+}
+
+std::vector<Prediction> simulate_pipeline(const std::vector<const ir::Graph*>& stages,
+                                          const shard::Mesh& mesh, const Cluster& c,
+                                          const Placement& p, const SimOptions& o) {
+  std::vector<RankSim> sims;
+  for (const ir::Graph* g : stages) sims.emplace_back(*g, mesh, c, p, o);
+  Messages sent;
+  std::vector<bool> finished(stages.size(), false);
+  for (size_t left = stages.size(); left > 0;) {
+    bool moved = false;
+    for (size_t s = 0; s < sims.size(); ++s) {
+      if (finished[s]) continue;
+      const size_t at = sims[s].next();
+      if (sims[s].run(sent, int64_t(s))) {
+        finished[s] = true;
+        --left;
+        moved = true;
+      }
+      moved = moved || sims[s].next() != at;
+    }
+    LOOM_CHECK(moved || left == 0) << "simulate_pipeline: every unfinished stage waits for a "
+                                      "message no stage sends";
   }
-  r.step_seconds = now;
-  if (!o.memory) return r;
-  const runtime::MemoryPlan mp = runtime::plan_memory(g);
-  r.planned_bytes = mp.arena_bytes + mp.external_bytes;
-  const bool processes = o.mpi_ranks && mesh.size() > 1;
-  r.peak_bytes = r.planned_bytes + r.scratch_bytes +
-                 int64_t(processes ? c.device.rank_runtime_bytes : c.device.runtime_bytes);
+  std::vector<Prediction> r;
+  for (RankSim& s : sims) r.push_back(s.finish());
   return r;
 }
 

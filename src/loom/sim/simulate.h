@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "loom/shard/lower.h"
 #include "loom/sim/cluster.h"
@@ -68,8 +70,18 @@ struct SimOptions {
 };
 
 // Simulates one step of a rank's program `g` (compiled under `mesh`) on cluster c with the axes
-// placed by p.
+// placed by p. Throws loom::Error for a pipeline stage's program (it receives from another).
 Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& c,
                     const Placement& p, const SimOptions& o = {});
+
+// A pipeline's stages (passes/pipeline_stages.cc), one program each, side by side: each runs as
+// simulate() runs one, and a recv waits until its message arrives: the send's end on its stage
+// plus the axis level's latency and bytes / bandwidth (a point-to-point transfer, beside
+// whatever else the link carries). The bubbles are the stages' waits (exposed_comm_seconds).
+// Returns each stage's prediction; the step ends with the last.
+using Messages = std::map<std::tuple<int64_t, int64_t, int64_t>, double>;  // (from, to, tag) -> t
+std::vector<Prediction> simulate_pipeline(const std::vector<const ir::Graph*>& stages,
+                                          const shard::Mesh& mesh, const Cluster& c,
+                                          const Placement& p, const SimOptions& o = {});
 
 }  // namespace loom::sim
