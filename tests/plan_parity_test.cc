@@ -144,6 +144,19 @@ TEST(Pipeline, BadPlansAreClearErrors) {
   EXPECT_TRUE(has(e, "axis 'pipe' is not in the mesh")) << e;
 }
 
+// Under bf16 compute (weights cast before each matmul, recast for the backward: passes/recast.cc
+// renumbers the global graph, the pipeline's records with it) two stages train as one process
+// does: each step's loss within bf16's rounding of the micro-batches' sums.
+TEST(Pipeline, Bf16TrainsAsOneProcessDoes) {
+  Case c = pipeline_cases()[1];
+  c.sets.push_back("model.dtype=bf16");
+  const Config cfg = config(c);
+  const TrainRun ref = train_run(single(cfg), nullptr);
+  const TrainRun got =
+      on_ranks<TrainRun>(cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+  EXPECT_EQ(close(got.losses, ref.losses, 1e-2, 0, "loss"), "");
+}
+
 // 1F1B keeps at most p - s micro-batches' activations on stage s, GPipe all m: on the first of
 // two stages with 4 micro-batches, the planned arena of 1F1B is the smaller.
 TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {

@@ -96,6 +96,22 @@ void run_recast(Compilation& c, const Options& o) {
   std::map<int, int> grads;
   for (auto [p, d] : c.grads) grads[map(p)] = map(d);
   c.grads = std::move(grads);
+  if (c.pipelining) {  // its values and nodes, through the same maps
+    Pipelining& pl = *c.pipelining;
+    for (auto& in : pl.inputs)
+      for (int& v : in) v = map(v);
+    std::map<int, int64_t> stages;
+    for (auto [p, s] : pl.param_stage) stages[map(p)] = s;
+    pl.param_stage = std::move(stages);
+    // a copied node's new id is its first output's producer; the fresh casts have no origin
+    std::vector<int> origin(next.graph.nodes().size(), -1);
+    auto node = [&](int n) { return next.graph.value(map(g.node(n).outputs[0])).producer; };
+    for (const ir::Node& n : g.nodes())
+      if (size_t(n.id) < pl.origin.size() && pl.origin[size_t(n.id)] >= 0)
+        origin[size_t(node(n.id))] = node(pl.origin[size_t(n.id)]);
+    pl.origin = std::move(origin);
+    pl.backward_nodes = int64_t(next.graph.nodes().size());  // the casts join the backward
+  }
   m.graph = std::move(next.graph);
 }
 

@@ -11,6 +11,8 @@ RankBlocks::RankBlocks(const passes::Compilation& c, const shard::Mesh& mesh,
     : c_(c), mesh_(mesh), comms_(comms) {}
 
 int64_t RankBlocks::block_elements(int v) const {
+  LOOM_CHECK(c_.rank.local[size_t(v)] >= 0)
+      << "%" << c_.model.graph.value(v).name << " not in the rank program";
   return numel(c_.rank.graph.value(c_.rank.local[size_t(v)]).type.shape);
 }
 
