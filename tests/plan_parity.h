@@ -213,11 +213,6 @@ inline std::vector<Case> pipeline_cases() {
       {"pipeline_megatron_2x2", "{pipe=2,model=2}", list({pipe("1f1b", 4), megatron}), "mid"},
       {"pipeline_megatron_sequence_2x2", "{pipe=2,model=2}",
        list({pipe("gpipe", 2), megatron, R"({kind="sequence",axis="model"})"}), "mid"},
-      {"pipeline2_1f1b_recompute",
-       "{pipe=2}",
-       list({pipe("1f1b", 4)}),
-       "mid",
-       {"passes.recompute=full"}},
   };
 }
 

@@ -140,6 +140,8 @@ TEST(Pipeline, BadPlansAreClearErrors) {
   EXPECT_TRUE(has(e, "tied embedding")) << e;
   e = error("tiny", "{pipe=2}", "[" + pipe + "]", {"train.grad_accum=2"});
   EXPECT_TRUE(has(e, "grad_accum")) << e;
+  e = error("tiny", "{pipe=2}", "[" + pipe + "]", {"passes.recompute=full"});
+  EXPECT_TRUE(has(e, "recompute = \"full\" beside a pipeline")) << e;
   e = error("tiny", "{data=2}", R"([{kind="pipeline",axis="pipe"}])");
   EXPECT_TRUE(has(e, "axis 'pipe' is not in the mesh")) << e;
 }

@@ -43,11 +43,14 @@
 // computes the loss (the program's loss output, followed back through its collectives). A planned
 // run's rank program is rewritten; so is one process's, the one-rank program lowering makes of the
 // empty plan.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
 
+#include "loom/core/error.h"
 #include "loom/ops/op.h"
 #include "loom/passes/pipeline.h"
 #include "loom/passes/rewrite.h"
@@ -85,6 +88,11 @@ std::vector<int> forward_groups(const Compilation& c, int boundary) {
 void run_recompute(Compilation& c, const Options& o) {
   using R = ScheduleOptions::Recompute;
   if (o.schedule.recompute == R::none) return;
+  if (c.pipelining)  // a stage interleaves micro-batches' forwards and backwards: no one boundary
+    throw Error(fmt::format("{}: [passes] recompute = \"{}\" beside a pipeline tactic is not "
+                            "built yet",
+                            o.source, recompute_name(o.schedule.recompute)),
+                "recompute = \"none\"; 1f1b already keeps only p - s micro-batches' activations");
   const int boundary = loss_node(c);
   if (boundary < 0) return;
   static const std::set<ir::Op> cheap{ir::Op::rmsnorm, ir::Op::layernorm, ir::Op::swiglu,
