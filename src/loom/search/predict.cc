@@ -54,9 +54,16 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   // bucket = "auto" decides on the cluster the prediction is for
   if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic || c.passes.synthesize)
     c.passes.cluster = cluster;
-  train::CompiledStep step = trained ? train::compile_step(c, *trained, plan.empty() ? 0 : ranks)
-                                     : train::compile_step(c, passes::StepKind::train,
-                                                           !plan.empty(), plan.empty() ? 0 : ranks);
+  const shard::Tactic* pipe = plan.empty() ? nullptr : shard::find_pipeline(plan);
+  // a pipeline: every stage's program (stage 0's is `step`), compiled once to the lowered stage
+  std::vector<train::CompiledStep> stages =
+      pipe ? train::compile_stages(c, passes::StepKind::train, ranks)
+           : std::vector<train::CompiledStep>{};
+  train::CompiledStep step = pipe ? std::move(stages[0])
+                             : trained
+                                 ? train::compile_step(c, *trained, plan.empty() ? 0 : ranks)
+                                 : train::compile_step(c, passes::StepKind::train, !plan.empty(),
+                                                       plan.empty() ? 0 : ranks);
   // one process runs its one-rank program too
   const ir::Graph& prog = step.c.rank.graph;
   const int64_t n = devices > 0 ? devices : (cl.devices > 0 ? cl.devices : ranks);
@@ -79,16 +86,10 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
         std::max(1.0, double(ranks * cl.profile->threads) / double(cl.device.cores));
   so.mpi_ranks = !plan.empty() && cfg.plan.ranks == "mpi";
   sim::Prediction p;
-  if (const shard::Tactic* pipe = plan.empty() ? nullptr : shard::find_pipeline(plan)) {
-    // every stage's program (the rank with its pipe coordinate and every other coordinate 0),
-    // side by side; the step ends with the last stage, memory is the fullest stage's
-    const int64_t stages = plan.mesh.axis_size(pipe->axis);
-    std::vector<train::CompiledStep> later;  // stages 1 .. p-1 (`step` is stage 0's)
-    for (int64_t s = 1; s < stages; ++s)
-      later.push_back(train::compile_step(c, passes::StepKind::train, true, ranks,
-                                          s * plan.mesh.stride(pipe->axis)));
+  if (pipe) {
+    // the stages side by side; the step ends with the last stage, memory is the fullest stage's
     std::vector<const ir::Graph*> graphs{&prog};
-    for (const train::CompiledStep& st : later) graphs.push_back(&st.c.rank.graph);
+    for (size_t s = 1; s < stages.size(); ++s) graphs.push_back(&stages[s].c.rank.graph);
     const std::vector<sim::Prediction> each = sim::simulate_pipeline(graphs, plan.mesh, cl, pl, so);
     size_t last = 0;
     for (size_t s = 0; s < each.size(); ++s)
@@ -101,7 +102,8 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
       p.peak_bytes = std::max(p.peak_bytes, e.peak_bytes);
     }
     if (kernels)
-      for (const ir::Graph* g : graphs) collect_kernels(*g, cl, 1.0 / double(stages), *kernels);
+      for (const ir::Graph* g : graphs)
+        collect_kernels(*g, cl, 1.0 / double(graphs.size()), *kernels);
   } else {
     p = sim::simulate(prog, plan.mesh, cl, pl, so);
     if (kernels) collect_kernels(prog, cl, 1.0, *kernels);

@@ -57,6 +57,21 @@ CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_pl
   return s;
 }
 
+std::vector<CompiledStep> compile_stages(const Config& cfg, passes::StepKind kind, int64_t ranks) {
+  passes::Options opts = step_options(cfg, kind, ranks);
+  const passes::Compilation lowered = passes::compile(opts, passes::Stage::lowered);
+  std::vector<CompiledStep> stages;
+  for (opts.pipe_coord = 0; opts.pipe_coord < pipeline_stages(cfg.plan.plan); ++opts.pipe_coord) {
+    CompiledStep s;
+    s.kind = kind;
+    s.sharded = true;
+    s.c = lowered;
+    passes::compile_on(s.c, opts, passes::Stage::lowered, passes::Stage::scheduled);
+    stages.push_back(std::move(s));
+  }
+  return stages;
+}
+
 CompiledStep compile_step(const Config& cfg, const passes::Compilation& trained, int64_t ranks) {
   CompiledStep s;
   s.kind = passes::StepKind::train;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "loom/passes/pipeline.h"
 #include "loom/train/config.h"
@@ -55,6 +56,10 @@ struct CompiledStep {
 // share one).
 CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_plan, int64_t ranks,
                           int64_t rank = 0);
+// Under a pipeline tactic: every stage's program (the rank at that pipe coordinate, every other
+// coordinate 0), the global graph compiled and lowered once and cut per stage (what loom plan
+// simulates side by side).
+std::vector<CompiledStep> compile_stages(const Config& cfg, passes::StepKind kind, int64_t ranks);
 // The same from `trained`, cfg's training graph (passes::Stage::train: the plan has no part in it),
 // which plan search compiles once for many plans.
 CompiledStep compile_step(const Config& cfg, const passes::Compilation& trained, int64_t ranks);
