@@ -69,8 +69,12 @@ std::function<int()> add_inspect(CLI::App& app) {
     if (stage >= passes::Stage::sharded && (o->rank < 0 || o->rank >= plan.mesh.size()))
       throw Error(fmt::format("--rank {}: the mesh {} has ranks 0..{}", o->rank,
                               plan.mesh.to_string(), plan.mesh.size() - 1));
-    const passes::Compilation c =
-        passes::compile(train::step_options(cfg, passes::StepKind::train, plan.mesh.size()), stage);
+    passes::Options opts = train::step_options(cfg, passes::StepKind::train, plan.mesh.size());
+    // a pipeline's stages run different programs: the rank's own
+    if (const shard::Tactic* pipe = shard::find_pipeline(plan))
+      for (const auto& [axis, n] : plan.mesh.axes())
+        if (axis == pipe->axis) opts.pipe_coord = plan.mesh.coord(o->rank, axis);
+    const passes::Compilation c = passes::compile(opts, stage);
     if (stage <= passes::Stage::train) {
       fmt::print("{}", ir::print(c.model.graph));
       return 0;
@@ -87,6 +91,10 @@ std::function<int()> add_inspect(CLI::App& app) {
       coords += fmt::format("{}{} = {}", coords.empty() ? "" : ", ", axis,
                             plan.mesh.coord(o->rank, axis));
     fmt::print("# rank {} of {}: {{{}}}\n", o->rank, plan.mesh.size(), coords);
+    if (c.pipelining && stage == passes::Stage::scheduled)
+      fmt::print("# pipeline stage {} of {}: {} ({} micro-batches, {})\n", opts.pipe_coord,
+                 c.pipelining->stages, c.pipelining->group_of_stage[size_t(opts.pipe_coord)],
+                 c.pipelining->microbatches, c.pipelining->schedule);
     // what one step moves: per axis and collective, the count and the bytes of the whole buffer
     // (all_gather: what arrives; reduce_scatter, all_reduce, all_to_all: what goes in)
     const ir::Graph& pg = c.rank.graph;
