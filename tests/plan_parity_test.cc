@@ -159,6 +159,29 @@ TEST(Pipeline, Bf16TrainsAsOneProcessDoes) {
   EXPECT_EQ(close(got.losses, ref.losses, 1e-2, 0, "loss"), "");
 }
 
+// A moment read by itself (a whole checkpoint reads them one by one) is its stage's, whichever rank
+// asks: only the stage owning a parameter updates it, the other stages' copies stay as they began.
+TEST(Pipeline, AMomentIsReadFromItsStage) {
+  const Config cfg = config(pipeline_cases()[1]);
+  auto moments = [](const Config& c, const runtime::MeshComms* mc) {
+    ParamStore p(c.model);
+    p.init_random(11);
+    StepRunner r(c, p, StepRunner::Mode::train, mc);
+    for (int64_t s = 1; s <= 3; ++s) r.step(batch(c, s).data(), lr_at(s));
+    std::map<std::string, std::vector<float>> m;
+    for (const auto& info : p.infos()) {
+      m[info.name].resize(size_t(numel(info.shape)));
+      r.read_moment(info.name, autodiff::Moment::v, m[info.name].data());
+    }
+    return m;
+  };
+  const auto ref = moments(single(cfg), nullptr);
+  const auto got = on_ranks<std::map<std::string, std::vector<float>>>(
+      cfg, [&](const runtime::MeshComms& mc) { return moments(cfg, &mc); });
+  for (const auto& [name, want] : ref)
+    EXPECT_EQ(close_norm(got.at(name), want, 1e-3, "adam.v " + name), "");
+}
+
 // 1F1B keeps at most p - s micro-batches' activations on stage s, GPipe all m: on the first of
 // two stages with 4 micro-batches, the planned arena of 1F1B is the smaller.
 TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {

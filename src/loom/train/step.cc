@@ -211,8 +211,8 @@ void StepRunner::bind_rank_program(const runtime::MeshComms& comms, StepRunner* 
         exec_->bind(local, blocks_->share_param(v.name, *share->blocks_));
       else
         exec_->bind(local, blocks_->own_param(v.name, params_));
-    } else if (const BatchBlock* bb = batch_block(v.id)) {
-      exec_->bind(local, const_cast<int32_t*>(bb->block.data()));
+    } else if (BatchBlock* bb = batch_block(v.id)) {
+      exec_->bind(local, bb->block.data());
     } else if (v.id == hyper) {
       exec_->bind(local, hyper_buf_);
     } else if (accum && (v.id == accum->keep || v.id == accum->scale)) {
@@ -261,8 +261,8 @@ comm::Communicator& StepRunner::world() const {
   return blocks_->world();
 }
 
-const StepRunner::BatchBlock* StepRunner::batch_block(int v) const {
-  for (const BatchBlock& b : batch_blocks_)
+StepRunner::BatchBlock* StepRunner::batch_block(int v) {
+  for (BatchBlock& b : batch_blocks_)
     if (b.value == v) return &b;
   return nullptr;
 }
@@ -342,13 +342,16 @@ float* StepRunner::moment_ptr(const std::string& param, autodiff::Moment which) 
 }
 
 void StepRunner::read_moment(const std::string& param, autodiff::Moment which, float* full) {
-  const float* m = moment_ptr(param, which);
+  float* m = moment_ptr(param, which);
   if (!blocks_) {
     dev_.download(full, m, numel(graph().value(graph().find(param)).type.shape) * 4);
     return;
   }
-  auto all = blocks_->gather(moment_value_.at({param, which}), m);
-  from_owner(param, all.data(), int64_t(all.size()));  // a pipeline: the stage updating it
+  // a pipeline: every stage's block from the stage updating it first (the gather below takes
+  // whichever rank's block it meets last)
+  const int v = moment_value_.at({param, which});
+  from_owner(param, m, blocks_->block_elements(v));
+  auto all = blocks_->gather(v, m);
   std::memcpy(full, all.data(), all.size() * 4);
 }
 

@@ -141,7 +141,7 @@ class StepRunner {
     std::vector<int32_t> block;
   };
   std::vector<BatchBlock> batch_blocks_;
-  const BatchBlock* batch_block(int v) const;
+  BatchBlock* batch_block(int v);
   const runtime::MeshComms* comms_ = nullptr;  // sharded runs
   // The stage owning a parameter under a pipeline tactic (-1 without one), and the broadcast from
   // it over the pipeline's axis of `n` floats at p (collective over that axis).
