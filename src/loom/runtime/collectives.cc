@@ -85,7 +85,7 @@ struct Call {
 };
 using CollectiveKernel = void (*)(Call&);
 
-// The kernel of each op with trait collective or rank_local (ops/collective.cc).
+// The kernel of each op with trait collective, rank_local or p2p (ops/collective.cc).
 const std::array<CollectiveKernel, ir::kOpCount>& collective_kernels() {
   static const std::array<CollectiveKernel, ir::kOpCount> t = [] {
     std::array<CollectiveKernel, ir::kOpCount> k{};
