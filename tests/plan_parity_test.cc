@@ -406,7 +406,12 @@ TEST(ShardedCheckpoint, ResumesUnderAnyPlan) {
                                         [&](const runtime::MeshComms& mc) { return run(&mc); });
   };
   EXPECT_EQ(resumed(saver), want) << "the same plan: bit for bit";
-  for (const Config& other : {config(case_named("fsdp_megatron_2x2")), single(saver)}) {
+  // pipeline 2 x megatron 2: each rank reads every parameter's block (its stage's and the others',
+  // which it holds too)
+  const Case pipeline_megatron{"pipeline_megatron", "{pipe=2,model=2}",
+                               R"([{kind="pipeline",axis="pipe"},{kind="megatron",axis="model"}])"};
+  for (const Config& other :
+       {config(case_named("fsdp_megatron_2x2")), config(pipeline_megatron), single(saver)}) {
     SCOPED_TRACE(other.plan.plan.empty() ? "one process" : other.plan.plan.mesh.to_string());
     EXPECT_EQ(close(resumed(other), want, 1e-5, 0, "loss"), "");
   }
