@@ -22,9 +22,8 @@
 // has k; a value made without the batch, none) and a phase (forward, backward, the rest: clipping
 // and AdamW). The stage emits its items in the schedule's order,
 //   gpipe   F0 F1 ... F(m-1) B0 B1 ... B(m-1)
-//   1f1b    F0 ... F(w-1), then F(w+i) B(i) for each i, then the last w backwards, w = min(p-1-s,
-//   m)
-//           forwards in flight on stage s of p (PipeDream-Flush / Megatron-LM's 1F1B)
+//   1f1b    w = min(p-1-s, m) warm-up forwards F0 .. F(w-1) on stage s of p, then F(w+i) B(i)
+//           for each i, then the last w backwards (PipeDream-Flush, Megatron-LM's 1F1B)
 // then everything else in program order. An item's nodes go in program order; a node without a
 // micro-batch (a weight's gather or cast) goes right before its first reader, and a received value
 // right before its first reader. The memory plan then sees the schedule's live activations: 1F1B
