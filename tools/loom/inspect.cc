@@ -71,9 +71,8 @@ std::function<int()> add_inspect(CLI::App& app) {
                               plan.mesh.to_string(), plan.mesh.size() - 1));
     passes::Options opts = train::step_options(cfg, passes::StepKind::train, plan.mesh.size());
     // a pipeline's stages run different programs: the rank's own
-    if (const shard::Tactic* pipe = shard::find_pipeline(plan))
-      for (const auto& [axis, n] : plan.mesh.axes())
-        if (axis == pipe->axis) opts.pipe_coord = plan.mesh.coord(o->rank, axis);
+    if (const shard::Tactic* pipe = shard::find_pipeline(plan); pipe && plan.mesh.has(pipe->axis))
+      opts.pipe_coord = plan.mesh.coord(o->rank, pipe->axis);
     const passes::Compilation c = passes::compile(opts, stage);
     if (stage <= passes::Stage::train) {
       fmt::print("{}", ir::print(c.model.graph));

@@ -57,6 +57,13 @@ void check_axis(std::string_view op, const Types& in, const ir::Attrs& a) {
     type_error(op, in, "needs a string attribute 'axis' naming a mesh axis");
 }
 
+// send and recv: the axis, the peer's coordinate on it and the message's tag
+void check_peer(std::string_view op, const Types& in, const ir::Attrs& a) {
+  check_axis(op, in, a);
+  if (int_attr(op, a, "peer") < 0 || int_attr(op, a, "tag") < 0)
+    type_error(op, in, "peer and tag must be >= 0");
+}
+
 int64_t dim_attr(std::string_view op, const Types& in, const ir::Attrs& a, const char* key) {
   int64_t d = int_attr(op, a, key);
   if (d < 0 || d >= int64_t(in[0].shape.size()))
@@ -135,9 +142,7 @@ void register_collective_ops() {
                .num_inputs = 1,
                .infer = [](const Types& in, const ir::Attrs& a) -> Types {
                  expect_inputs("send", in, 1);
-                 check_axis("send", in, a);
-                 if (int_attr("send", a, "peer") < 0 || int_attr("send", a, "tag") < 0)
-                   type_error("send", in, "peer and tag must be >= 0");
+                 check_peer("send", in, a);
                  return {{DType::i32, {}}};
                },
                .cost = comm_cost,
@@ -146,9 +151,7 @@ void register_collective_ops() {
                .num_inputs = 0,
                .infer = [](const Types& in, const ir::Attrs& a) -> Types {
                  expect_inputs("recv", in, 0);
-                 check_axis("recv", in, a);
-                 if (int_attr("recv", a, "peer") < 0 || int_attr("recv", a, "tag") < 0)
-                   type_error("recv", in, "peer and tag must be >= 0");
+                 check_peer("recv", in, a);
                  DType t = DType::f32;
                  auto it = a.find("dtype");
                  if (it == a.end() || !std::holds_alternative<std::string>(it->second) ||

@@ -101,9 +101,7 @@ void assign_stages(Compilation& c, const Options& o, Pipelining& pl) {
 void run_pipeline_micro_batches(Compilation& c, const Options& o) {
   const shard::Tactic* t = shard::find_pipeline(o.plan);
   if (!t) return;
-  bool known = false;
-  for (const auto& [a, n] : o.plan.mesh.axes()) known = known || a == t->axis;
-  if (!known)
+  if (!o.plan.mesh.has(t->axis))
     throw Error(fmt::format("{}: axis '{}' is not in the mesh {}", where(o), t->axis,
                             o.plan.mesh.to_string()));
   Pipelining pl;

@@ -12,10 +12,7 @@ namespace {
 // compile pipeline then says so).
 int64_t pipeline_stages(const shard::Plan& plan) {
   const shard::Tactic* pipe = shard::find_pipeline(plan);
-  if (pipe)
-    for (const auto& [a, n] : plan.mesh.axes())
-      if (a == pipe->axis) return n;
-  return 1;
+  return pipe && plan.mesh.has(pipe->axis) ? plan.mesh.axis_size(pipe->axis) : 1;
 }
 
 }  // namespace
@@ -36,10 +33,7 @@ passes::Options step_options(const Config& cfg, passes::StepKind kind, int64_t r
 }
 
 void check_plan(const Config& cfg) {
-  passes::Options o = step_options(cfg, passes::StepKind::train, cfg.plan.plan.mesh.size());
-  const int64_t stages = pipeline_stages(cfg.plan.plan);
-  for (o.pipe_coord = 0; o.pipe_coord < stages; ++o.pipe_coord)
-    passes::compile(o, passes::Stage::scheduled);
+  compile_stages(cfg, passes::StepKind::train, cfg.plan.plan.mesh.size());
 }
 
 CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_plan, int64_t ranks,

@@ -58,7 +58,7 @@ CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_pl
                           int64_t rank = 0);
 // Under a pipeline tactic: every stage's program (the rank at that pipe coordinate, every other
 // coordinate 0), the global graph compiled and lowered once and cut per stage (what loom plan
-// simulates side by side).
+// simulates side by side, and check_plan checks); without one, the one program every rank runs.
 std::vector<CompiledStep> compile_stages(const Config& cfg, passes::StepKind kind, int64_t ranks);
 // The same from `trained`, cfg's training graph (passes::Stage::train: the plan has no part in it),
 // which plan search compiles once for many plans.

@@ -19,10 +19,10 @@ const Tactic* find_pipeline(const Plan& plan) {
 
 int64_t pipeline_microbatches(const Plan& plan, const Tactic& t) {
   if (t.microbatches > 0) return t.microbatches;
-  for (const auto& [a, n] : plan.mesh.axes())
-    if (a == t.axis) return n;
-  throw Error(fmt::format("{}: the pipeline's axis '{}' is not in the mesh {}", plan.where, t.axis,
-                          plan.mesh.to_string()));
+  if (!plan.mesh.has(t.axis))
+    throw Error(fmt::format("{}: the pipeline's axis '{}' is not in the mesh {}", plan.where,
+                            t.axis, plan.mesh.to_string()));
+  return plan.mesh.axis_size(t.axis);
 }
 
 TacticDef pipeline_tactic() {
