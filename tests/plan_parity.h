@@ -190,8 +190,9 @@ inline Config single(Config c) {
 }
 
 // Pipeline parallelism (training only: a pipeline runs no gradients-only step), on the mid Llama
-// (3 blocks: 5 parameter groups to cut into 2 or 4 stages), each schedule, alone and beside data,
-// fsdp and megatron; train.batch_size = 4 cut into 2 or 4 micro-batches.
+// (3 blocks: 5 parameter groups to cut into 2 or 4 stages; 6 blocks for 4 stages of 2 chunks),
+// each schedule, alone and beside data, fsdp and megatron, and pipeline x fsdp x megatron on
+// 2 x 2 x 2; train.batch_size = 4 cut into 2 or 4 micro-batches.
 inline std::vector<Case> pipeline_cases() {
   auto pipe = [](const char* schedule, int m) {
     return fmt::format(R"({{kind="pipeline",axis="pipe",schedule="{}",microbatches={}}})", schedule,
@@ -200,6 +201,10 @@ inline std::vector<Case> pipeline_cases() {
   const char* data = R"({kind="data",axis="data"})";
   const char* fsdp = R"({kind="fsdp",axis="data"})";
   const char* megatron = R"({kind="megatron",axis="model"})";
+  const std::string interleaved2 =
+      R"({kind="pipeline",axis="pipe",schedule="interleaved",microbatches=4})";
+  const std::string interleaved2_m2 =
+      R"({kind="pipeline",axis="pipe",schedule="interleaved",microbatches=2})";
   auto list = [](const std::vector<std::string>& t) {
     return fmt::format("[{}]", fmt::join(t, ","));
   };
@@ -213,6 +218,11 @@ inline std::vector<Case> pipeline_cases() {
       {"pipeline_megatron_2x2", "{pipe=2,model=2}", list({pipe("1f1b", 4), megatron}), "mid"},
       {"pipeline_megatron_sequence_2x2", "{pipe=2,model=2}",
        list({pipe("gpipe", 2), megatron, R"({kind="sequence",axis="model"})"}), "mid"},
+      {"pipeline2_interleaved", "{pipe=2}", list({interleaved2}), "mid"},
+      {"pipeline4_interleaved", "{pipe=4}", list({interleaved2}), "mid", {"model.n_layers=6"}},
+      {"pipeline_interleaved_data_2x2", "{pipe=2,data=2}", list({interleaved2_m2, data}), "mid"},
+      {"pipeline_fsdp_megatron_2x2x2", "{pipe=2,data=2,model=2}",
+       list({pipe("1f1b", 2), megatron, fsdp, data}), "mid"},
   };
 }
 

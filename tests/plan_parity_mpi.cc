@@ -5,6 +5,7 @@
 //
 //   mpirun -np 2 plan_parity_mpi      (data, fsdp, zero1, zero2, megatron, megatron+sequence, ...)
 //   mpirun -np 4 plan_parity_mpi      (data4, fsdp x megatron on 2x2, tiny and mid)
+//   mpirun -np 8 plan_parity_mpi      (pipeline x fsdp x megatron on 2x2x2)
 // The pipeline cases (plan_parity.h's pipeline_cases) run among them, training only.
 #include <cstdio>
 

@@ -81,7 +81,8 @@ TEST(Pipeline, EachStageRunsItsPartAndEverySendIsReceived) {
     const int64_t p = 4;
     const int64_t m =
         shard::pipeline_microbatches(cfg.plan.plan, *shard::find_pipeline(cfg.plan.plan));
-    std::map<std::string, int> updated;  // parameter -> the stages that update it
+    std::map<std::string, int> updated;       // parameter -> the stages that update it
+    std::map<std::string, int64_t> stage_of;  // parameter -> a stage that updates it
     // (from, to, tag) -> the bytes sent, and received
     std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> sent, received;
     for (int64_t s = 0; s < p; ++s) {
@@ -91,7 +92,10 @@ TEST(Pipeline, EachStageRunsItsPartAndEverySendIsReceived) {
       for (const ir::Node& n : g.nodes()) {
         embeddings += n.op == ir::Op::embedding;
         losses += n.op == ir::Op::cross_entropy;
-        if (n.op == ir::Op::adamw) ++updated[g.value(n.inputs[0]).name];
+        if (n.op == ir::Op::adamw) {
+          ++updated[g.value(n.inputs[0]).name];
+          stage_of[g.value(n.inputs[0]).name] = s;
+        }
         if (n.op == ir::Op::send)
           sent[{s, n.attr_int("peer"), n.attr_int("tag")}] =
               runtime::value_bytes(g.value(n.inputs[0]));
@@ -105,6 +109,16 @@ TEST(Pipeline, EachStageRunsItsPartAndEverySendIsReceived) {
     ParamStore params(cfg.model);
     EXPECT_EQ(updated.size(), params.infos().size());
     for (const auto& [name, n] : updated) EXPECT_EQ(n, 1) << name;
+    // interleaved, 8 groups in 8 chunks: stage s holds chunks s and s + 4, the embedding and
+    // layers.3 on stage 0, ..., layers.2 and the head on stage 3
+    if (pc.name == "pipeline4_interleaved") {
+      for (const auto& [name, s] : stage_of) {
+        if (name.rfind("model.layers.", 0) == 0)
+          EXPECT_EQ(s, (std::stoi(name.substr(13)) + 1) % 4) << name;
+        else
+          EXPECT_EQ(s, name == "model.embed_tokens.weight" ? 0 : 3) << name;
+      }
+    }
     EXPECT_EQ(sent, received);
     EXPECT_GT(sent.size(), 0u);
   }
@@ -130,8 +144,17 @@ TEST(Pipeline, BadPlansAreClearErrors) {
   EXPECT_TRUE(has(e, "8 stages") && has(e, "4 parameter groups")) << e;
   e = error("tiny", "{pipe=2}", R"([{kind="pipeline",axis="pipe",microbatches=3}])");
   EXPECT_TRUE(has(e, "microbatches = 3 does not divide [train] batch_size = 4")) << e;
-  e = error("tiny", "{pipe=2}", R"([{kind="pipeline",axis="pipe",schedule="interleaved"}])");
-  EXPECT_TRUE(has(e, "schedule 'interleaved'")) << e;
+  e = error("tiny", "{pipe=2}", R"([{kind="pipeline",axis="pipe",schedule="zigzag"}])");
+  EXPECT_TRUE(has(e, "schedule 'zigzag' is not one of gpipe, 1f1b, interleaved")) << e;
+  e = error("tiny", "{pipe=2}", R"([{kind="pipeline",axis="pipe",virtual_stages=2}])");
+  EXPECT_TRUE(has(e, "virtual_stages = 2 under schedule '1f1b'")) << e;
+  e = error("tiny", "{pipe=2}",
+            R"([{kind="pipeline",axis="pipe",schedule="interleaved",microbatches=1}])");
+  EXPECT_TRUE(has(e, "microbatches = 1 is not a multiple of 2")) << e;
+  e = error("tiny", "{pipe=2}",
+            R"([{kind="pipeline",axis="pipe",schedule="interleaved",virtual_stages=4}])");
+  EXPECT_TRUE(has(e, "2 stages (axis 'pipe') of 4 chunks each") && has(e, "4 parameter groups"))
+      << e;
   e = error("tiny", "{pipe=2}", R"([{kind="data",axis="pipe",microbatches=2}])");
   EXPECT_TRUE(has(e, "a data tactic takes no microbatches")) << e;
   e = error("tiny", "{pipe=2}", "[" + pipe + R"(,{kind="data",axis="pipe"}])");
@@ -140,8 +163,6 @@ TEST(Pipeline, BadPlansAreClearErrors) {
   EXPECT_TRUE(has(e, "tied embedding")) << e;
   e = error("tiny", "{pipe=2}", "[" + pipe + "]", {"train.grad_accum=2"});
   EXPECT_TRUE(has(e, "grad_accum")) << e;
-  e = error("tiny", "{pipe=2}", "[" + pipe + "]", {"passes.recompute=full"});
-  EXPECT_TRUE(has(e, "recompute = \"full\" beside a pipeline")) << e;
   e = error("tiny", "{data=2}", R"([{kind="pipeline",axis="pipe"}])");
   EXPECT_TRUE(has(e, "axis 'pipe' is not in the mesh")) << e;
 }
@@ -197,6 +218,50 @@ TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
   std::printf("stage 0 of 2, 4 micro-batches: arena gpipe %lld bytes, 1f1b %lld\n", (long long)a,
               (long long)b);
   EXPECT_LT(b, a);
+}
+
+// Beside a pipeline, recompute runs before the stages are cut (a node made again runs in its
+// backward reader's item): with each schedule, and beside fsdp (whose gathers reshard makes
+// again), every loss, gradient norm, parameter and moment bit is recompute = "none"'s in f32; the
+// first stage makes nodes again and plans a smaller arena under full (fewer activations live).
+TEST(Pipeline, RecomputeChangesNoBitInF32) {
+  for (const char* name :
+       {"pipeline2_gpipe", "pipeline4_1f1b", "pipeline4_interleaved", "pipeline_fsdp_2x2"})
+    for (const char* policy : {"selective", "full"}) {
+      SCOPED_TRACE(std::string(name) + ", recompute = " + policy);
+      Case kept;
+      for (const Case& c : pipeline_cases())
+        if (c.name == name) kept = c;
+      ASSERT_EQ(kept.name, name);
+      Case again = kept;
+      again.sets.push_back(std::string("passes.recompute=") + policy);
+      const Config a = config(kept), b = config(again);
+      auto run = [](const Config& cfg) {
+        return on_ranks<TrainRun>(
+            cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+      };
+      const TrainRun x = run(a), y = run(b);
+      EXPECT_EQ(x.recomputed, 0);
+      EXPECT_GT(y.recomputed, 0) << "recompute made nothing again on stage 0";
+      EXPECT_EQ(x.losses, y.losses);
+      EXPECT_EQ(x.grad_norms, y.grad_norms);
+      for (const auto& [param, v] : x.params) {
+        EXPECT_EQ(v, y.params.at(param)) << param;
+        EXPECT_EQ(x.m.at(param), y.m.at(param)) << param << ": moment m";
+        EXPECT_EQ(x.v.at(param), y.v.at(param)) << param << ": moment v";
+      }
+      if (std::string(policy) != "full") continue;
+      const int64_t ranks = a.plan.plan.mesh.size();
+      auto arena = [&](const Config& cfg) {
+        return runtime::plan_memory(
+                   compile_step(cfg, passes::StepKind::train, true, ranks, 0).c.rank.graph)
+            .arena_bytes;
+      };
+      const int64_t before = arena(a), after = arena(b);
+      std::printf("%s, stage 0: arena %lld bytes, %lld with recompute = full\n", name,
+                  (long long)before, (long long)after);
+      EXPECT_LT(after, before);
+    }
 }
 
 // [passes] recompute = "selective", "selective_op" and "full" make the same ops again on the same

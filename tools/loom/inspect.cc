@@ -92,7 +92,7 @@ std::function<int()> add_inspect(CLI::App& app) {
     fmt::print("# rank {} of {}: {{{}}}\n", o->rank, plan.mesh.size(), coords);
     if (c.pipelining && stage == passes::Stage::scheduled)
       fmt::print("# pipeline stage {} of {}: {} ({} micro-batches, {})\n", opts.pipe_coord,
-                 c.pipelining->stages, c.pipelining->group_of_stage[size_t(opts.pipe_coord)],
+                 c.pipelining->stages, c.pipelining->groups_of_stage(opts.pipe_coord),
                  c.pipelining->microbatches, c.pipelining->schedule);
     // what one step moves: per axis and collective, the count and the bytes of the whole buffer
     // (all_gather: what arrives; reduce_scatter, all_reduce, all_to_all: what goes in)

@@ -151,15 +151,23 @@ struct Accumulation {
 // rank program into stages and order it by the schedule (pipeline_stages):
 struct Pipelining {
   std::string axis, schedule;  // the tactic's
-  int64_t stages = 1, microbatches = 1;
+  // ranks on the axis (p), micro-batches per step (m), model chunks per rank (v: 1, or more
+  // under the interleaved schedule); chunk c of the p * v runs on rank c % p
+  int64_t stages = 1, microbatches = 1, virtual_stages = 1;
   // per micro-batch k: its batch inputs, in roles.batch_inputs' order (micro-batch 0's first);
   // each holds rows [k * b, (k + 1) * b) of the step's batch
   std::vector<std::vector<int>> inputs;
   int64_t forward_nodes = 0;   // global nodes [0, forward_nodes) are the forward
   int64_t backward_nodes = 0;  // [forward_nodes, backward_nodes): autodiff's; the rest after
   std::vector<int> origin;     // global node -> the forward node it differentiates, or -1
-  std::map<int, int64_t> param_stage;       // global parameter -> its stage
-  std::vector<std::string> group_of_stage;  // per stage: its parameter groups, "layers.0-layers.3"
+  std::map<int, int64_t> param_chunk;       // global parameter -> its model chunk
+  std::vector<std::string> group_of_chunk;  // per chunk: its parameter groups, "layers.0-layers.3"
+
+  int64_t chunks() const { return stages * virtual_stages; }
+  int64_t stage_of_chunk(int64_t chunk) const { return chunk < 0 ? -1 : chunk % stages; }
+  int64_t param_stage(int param) const { return stage_of_chunk(param_chunk.at(param)); }
+  // rank s's chunks' groups: "layers.0-layers.1, layers.4-layers.5"
+  std::string groups_of_stage(int64_t s) const;
 };
 
 struct PassRun {

@@ -44,8 +44,8 @@ const std::vector<Pass>& pipeline() {
                                    differentiate_pass(),   recast_pass(),
                                    add_optimizer_pass(),   apply_tactics_pass(),
                                    propagate_pass(),       lower_pass(),
-                                   pipeline_stages_pass(), reshard_pass(),
-                                   recompute_pass(),       dce_pass(),
+                                   reshard_pass(),         recompute_pass(),
+                                   pipeline_stages_pass(), dce_pass(),
                                    gather_cast_pass(),     reduce_cast_pass(),
                                    bucket_pass(),          synthesize_pass(),
                                    prefetch_pass(),        micro_batch_pass()};

@@ -11,9 +11,11 @@
 // counts their sum: the same loss as the whole batch (B rows) in one graph, as gradient
 // accumulation's.
 //
-// Stages: the parameter groups (roles.blocks, in forward order: the embedding, each block, the
-// head) are cut into `stages` contiguous runs, minimising the largest run's cost, where a group
-// costs the elements of its matmul weights (an embedding table is a lookup and costs nothing).
+// Chunks: the parameter groups (roles.blocks, in forward order: the embedding, each block, the
+// head) are cut into p * v contiguous runs (p stages of v chunks each), minimising the largest
+// run's cost, where a group costs the elements of its matmul weights (an embedding table is a
+// lookup and costs nothing). Chunk c runs on stage c % p (interleaved: Megatron-LM's virtual
+// pipeline stages).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -79,22 +81,26 @@ std::vector<size_t> balanced_cuts(const std::vector<int64_t>& cost, size_t k) {
   return starts;
 }
 
-void assign_stages(Compilation& c, const Options& o, Pipelining& pl) {
+void assign_chunks(Compilation& c, const Options& o, Pipelining& pl) {
   const auto& groups = c.model.roles.blocks;
-  if (int64_t(groups.size()) < pl.stages)
-    throw Error(fmt::format("{}: {} stages (axis '{}') but the model has {} parameter groups "
-                            "(the embedding, {} blocks, the head) to cut at",
-                            where(o), pl.stages, pl.axis, groups.size(), groups.size() - 2),
-                "fewer stages, or more layers");
+  if (int64_t(groups.size()) < pl.chunks())
+    throw Error(
+        fmt::format(
+            "{}: {} stages (axis '{}'){} but the model has {} parameter groups "
+            "(the embedding, {} blocks, the head) to cut at",
+            where(o), pl.stages, pl.axis,
+            pl.virtual_stages > 1 ? fmt::format(" of {} chunks each", pl.virtual_stages) : "",
+            groups.size(), groups.size() - 2),
+        "fewer stages or virtual stages, or more layers");
   std::vector<int64_t> cost;
   for (const ir::ParamGroup& grp : groups) cost.push_back(group_cost(c.model.graph, grp));
-  const std::vector<size_t> starts = balanced_cuts(cost, size_t(pl.stages));
+  const std::vector<size_t> starts = balanced_cuts(cost, size_t(pl.chunks()));
   for (size_t s = 0; s < starts.size(); ++s) {
     const size_t end = s + 1 < starts.size() ? starts[s + 1] : groups.size();
-    pl.group_of_stage.push_back(groups[starts[s]].name +
+    pl.group_of_chunk.push_back(groups[starts[s]].name +
                                 (end - starts[s] > 1 ? "-" + groups[end - 1].name : ""));
     for (size_t i = starts[s]; i < end; ++i)
-      for (int p : groups[i].params) pl.param_stage[p] = int64_t(s);
+      for (int p : groups[i].params) pl.param_chunk[p] = int64_t(s);
   }
 }
 
@@ -109,7 +115,14 @@ void run_pipeline_micro_batches(Compilation& c, const Options& o) {
   pl.schedule = t->schedule;
   pl.stages = o.plan.mesh.axis_size(t->axis);
   pl.microbatches = shard::pipeline_microbatches(o.plan, *t);
-  assign_stages(c, o, pl);
+  pl.virtual_stages = shard::pipeline_virtual_stages(*t);
+  if (pl.virtual_stages > 1 && pl.microbatches % pl.stages)
+    throw Error(fmt::format("{}: the interleaved schedule runs micro-batches in groups of the "
+                            "stages, and microbatches = {} is not a multiple of {} (axis '{}')",
+                            where(o), pl.microbatches, pl.stages, pl.axis),
+                fmt::format("microbatches = {}",
+                            pl.stages * std::max<int64_t>(1, pl.microbatches / pl.stages)));
+  assign_chunks(c, o, pl);
 
   ir::Graph& g = c.model.graph;
   models::ModelGraph& m = c.model;
@@ -174,6 +187,13 @@ void run_pipeline_micro_batches(Compilation& c, const Options& o) {
 }
 
 }  // namespace
+
+std::string Pipelining::groups_of_stage(int64_t s) const {
+  std::string r;
+  for (int64_t c = s; c < chunks(); c += stages)
+    r += (r.empty() ? "" : ", ") + group_of_chunk[size_t(c)];
+  return r;
+}
 
 int64_t micro_batch_rows(const Options& o) {
   const shard::Tactic* t = shard::find_pipeline(o.plan);

@@ -1,16 +1,18 @@
-// pipeline_stages (stage scheduled, first): the lowered program, every stage's work for every
-// micro-batch (pipeline_micro_batches), becomes the program of this rank's stage
-// (Options::pipe_coord) in the schedule's order.
+// pipeline_stages (stage scheduled, after reshard and recompute): the lowered program, every
+// chunk's work for every micro-batch (pipeline_micro_batches), becomes the program of this rank's
+// stage (Options::pipe_coord) in the schedule's order. Stage s of p runs the model chunks s, s + p,
+// ... (one chunk per stage but under the interleaved schedule).
 //
-// Where a node runs:
-//   - a node that reads a parameter, on the parameter's stage (Pipelining::param_stage): the
+// Where a node runs (its chunk):
+//   - a node that reads a parameter, in the parameter's chunk (Pipelining::param_chunk): the
 //     forward's matmuls, their VJPs, AdamW and its write-backs;
 //   - a backward node (autodiff's), where the forward node it differentiates runs;
-//   - any other node, on the latest stage among its operands' producers; a node made from graph
+//   - any other node, in the latest chunk among its operands' producers; a node made from graph
 //     inputs alone (positions, token ids' blocks) runs on every stage that reads it.
-// A lowered node runs where the global node it lowers runs (Program::origin); the outputs' final
-// reductions where their operands are. A forward node whose parameter's stage is earlier than its
-// operands' (a weight two stages read: GPT-2's tied embedding) is refused.
+// A lowered node runs where the global node it lowers runs (Program::origin: a node recompute
+// made again counts as its backward reader's); the outputs' final reductions, and a gather
+// reshard made for one reader, where their operands are. A forward node whose parameter's chunk is
+// earlier than its operands' (a weight two chunks read: GPT-2's tied embedding) is refused.
 //
 // A value one stage makes and another reads goes by `send` right after it is made and is
 // received (`recv`) where the reader first needs it; the step's outputs (loss, gradient norm) are
@@ -20,10 +22,16 @@
 //
 // Order: each node has a micro-batch (the latest of its operands'; a batch input of micro-batch k
 // has k; a value made without the batch, none) and a phase (forward, backward, the rest: clipping
-// and AdamW). The stage emits its items in the schedule's order,
-//   gpipe   F0 F1 ... F(m-1) B0 B1 ... B(m-1)
-//   1f1b    w = min(p-1-s, m) warm-up forwards F0 .. F(w-1) on stage s of p, then F(w+i) B(i)
-//           for each i, then the last w backwards (PipeDream-Flush, Megatron-LM's 1F1B)
+// and AdamW). The stage emits its items, (phase, micro-batch, chunk), in the schedule's order,
+//   gpipe        F0 F1 ... F(m-1) B0 B1 ... B(m-1)
+//   1f1b         w = min(p-1-s, m) warm-up forwards F0 .. F(w-1) on stage s of p, then F(w+i)
+//                B(i) for each i, then the last w backwards (PipeDream-Flush, Megatron-LM's 1F1B)
+//   interleaved  the m v forwards of stage s's v chunks: micro-batches in groups of p, each group
+//                through the chunks in order (the k-th forward: micro-batch (k / pv) p + k % p,
+//                the stage's chunk (k % pv) / p), the backwards the same with the chunks
+//                reversed; w = min(2 (p-1-s) + (v-1) p, m v) warm-up forwards, then one forward
+//                and one backward, then the last w backwards (Megatron-LM's interleaved 1F1B,
+//                Narayanan et al. 2021); m a multiple of p
 // then everything else in program order. An item's nodes go in program order; a node without a
 // micro-batch (a weight's gather or cast) goes right before its first reader, and a received value
 // right before its first reader. The memory plan then sees the schedule's live activations: 1F1B
@@ -31,7 +39,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
@@ -44,32 +54,32 @@ namespace {
 
 enum class Phase { forward, backward, rest };
 
-struct Item {
-  Phase phase;
-  int64_t mb;
-};
+using Item = std::tuple<Phase, int64_t, int64_t>;  // phase, micro-batch, chunk
 
 std::vector<Item> schedule(const Pipelining& pl, int64_t s, bool backward) {
-  const int64_t m = pl.microbatches, p = pl.stages;
+  const int64_t m = pl.microbatches, p = pl.stages, v = pl.virtual_stages, total = m * v;
+  // the stage's k-th forward or backward (v = 1: micro-batch k, chunk s)
+  auto item = [&](Phase phase, int64_t k) {
+    int64_t local = (k % (p * v)) / p;
+    if (phase == Phase::backward) local = v - 1 - local;
+    return Item{phase, (k / (p * v)) * p + k % p, local * p + s};
+  };
+  const int64_t warm = !backward || pl.schedule == "gpipe" ? total
+                       : v == 1                            ? std::min(p - 1 - s, m)
+                                : std::min(2 * (p - 1 - s) + (v - 1) * p, total);
   std::vector<Item> items;
-  if (!backward || pl.schedule == "gpipe") {
-    for (int64_t k = 0; k < m; ++k) items.push_back({Phase::forward, k});
-    if (backward)
-      for (int64_t k = 0; k < m; ++k) items.push_back({Phase::backward, k});
-    return items;
+  for (int64_t k = 0; k < warm; ++k) items.push_back(item(Phase::forward, k));
+  if (!backward) return items;
+  for (int64_t i = 0; i + warm < total; ++i) {
+    items.push_back(item(Phase::forward, warm + i));
+    items.push_back(item(Phase::backward, i));
   }
-  const int64_t warm = std::min(p - 1 - s, m);
-  for (int64_t k = 0; k < warm; ++k) items.push_back({Phase::forward, k});
-  for (int64_t i = 0; i + warm < m; ++i) {
-    items.push_back({Phase::forward, warm + i});
-    items.push_back({Phase::backward, i});
-  }
-  for (int64_t k = m - warm; k < m; ++k) items.push_back({Phase::backward, k});
+  for (int64_t k = total - warm; k < total; ++k) items.push_back(item(Phase::backward, k));
   return items;
 }
 
-// Each global node's stage (the rules above).
-std::vector<int64_t> global_stages(const Compilation& c, const Options& o) {
+// Each global node's chunk (the rules above).
+std::vector<int64_t> global_chunks(const Compilation& c, const Options& o) {
   const Pipelining& pl = *c.pipelining;
   const ir::Graph& g = c.model.graph;
   std::vector<int64_t> node(g.nodes().size(), -1), value(g.values().size(), -1);
@@ -78,13 +88,13 @@ std::vector<int64_t> global_stages(const Compilation& c, const Options& o) {
     int64_t from_params = -1, from_operands = -1;
     int param = -1;
     for (int in : n.inputs) {
-      auto it = pl.param_stage.find(in);
-      if (it == pl.param_stage.end()) {
+      auto it = pl.param_chunk.find(in);
+      if (it == pl.param_chunk.end()) {
         from_operands = std::max(from_operands, value[size_t(in)]);
         continue;
       }
       if (from_params >= 0 && it->second != from_params)
-        throw Error(fmt::format("{}: pipeline: %{} reads %{} (stage {}) and %{} (stage {})",
+        throw Error(fmt::format("{}: pipeline: %{} reads %{} (chunk {}) and %{} (chunk {})",
                                 o.source, g.value(n.outputs[0]).name, g.value(param).name,
                                 from_params, g.value(in).name, it->second));
       from_params = it->second, param = in;
@@ -93,8 +103,8 @@ std::vector<int64_t> global_stages(const Compilation& c, const Options& o) {
     if (from_params >= 0) {
       if (n.id < pl.forward_nodes && from_operands > from_params)
         throw Error(
-            fmt::format("{}: pipeline: %{} reads the weight %{} of stage {} with an operand made "
-                        "on stage {}: a weight two stages read (a tied embedding and head) is not "
+            fmt::format("{}: pipeline: %{} reads the weight %{} of chunk {} with an operand made "
+                        "in chunk {}: a weight two chunks read (a tied embedding and head) is not "
                         "supported by the pipeline tactic yet",
                         o.source, g.value(n.outputs[0]).name, g.value(param).name, from_params,
                         from_operands),
@@ -116,19 +126,20 @@ class StageCutter {
       : c_(c), pl_(*c.pipelining), s_(o.pipe_coord), old_(c.rank), g_(old_.graph) {}
 
   void run(const Options& o) {
-    classify(global_stages(c_, o));
+    classify(global_chunks(c_, o));
     number_messages();
     Rewriter rw(old_);
     rw_ = &rw;
     emitted_.assign(g_.nodes().size(), false);
     bool backward = false;
-    for (size_t i = 0; i < g_.nodes().size(); ++i)
+    std::map<Item, std::vector<int>> nodes;  // this stage's nodes per item, in program order
+    for (const ir::Node& n : g_.nodes()) {
+      const size_t i = size_t(n.id);
       backward = backward || phase_[i] == Phase::backward;
+      if (stage_[i] == s_) nodes[{phase_[i], mb_[i], chunk_[i]}].push_back(n.id);
+    }
     for (const Item& it : schedule(pl_, s_, backward))
-      for (const ir::Node& n : g_.nodes())
-        if (stage_[size_t(n.id)] == s_ && phase_[size_t(n.id)] == it.phase &&
-            mb_[size_t(n.id)] == it.mb)
-          emit(n.id);
+      for (int n : nodes[it]) emit(n);
     for (const ir::Node& n : g_.nodes())
       if (stage_[size_t(n.id)] == s_) emit(n.id);
     for (int v : old_.outputs) ensure(v);
@@ -139,12 +150,14 @@ class StageCutter {
   }
 
  private:
-  // Each rank node's stage, phase and micro-batch.
+  // Each rank node's chunk, stage, phase and micro-batch.
   void classify(const std::vector<int64_t>& global) {
     const size_t n = g_.nodes().size();
+    chunk_.assign(n, -1);
     stage_.assign(n, -1);
     mb_.assign(n, -1);
     phase_.assign(n, Phase::rest);
+    vchunk_.assign(g_.values().size(), -1);
     vstage_.assign(g_.values().size(), -1);
     std::vector<int64_t> vmb(g_.values().size(), -1);
     for (size_t k = 0; k < pl_.inputs.size(); ++k)
@@ -154,21 +167,23 @@ class StageCutter {
     for (const ir::Node& node : g_.nodes()) {
       const size_t i = size_t(node.id);
       const int gn = i < old_.origin.size() ? old_.origin[i] : -1;
-      int64_t st = -1, mb = -1;
+      int64_t ch = -1, mb = -1;
       for (int in : node.inputs) {
-        st = std::max(st, vstage_[size_t(in)]);
+        ch = std::max(ch, vchunk_[size_t(in)]);
         mb = std::max(mb, vmb[size_t(in)]);
       }
       if (gn >= 0) {
-        st = global[size_t(gn)];
+        ch = global[size_t(gn)];
         phase_[i] = gn < pl_.forward_nodes ? Phase::forward
                     : gn < backward_end    ? Phase::backward
                                            : Phase::rest;
       }
-      stage_[i] = st;
+      chunk_[i] = ch;
+      stage_[i] = pl_.stage_of_chunk(ch);
       mb_[i] = mb;
       for (int out : node.outputs) {
-        vstage_[size_t(out)] = st;
+        vchunk_[size_t(out)] = ch;
+        vstage_[size_t(out)] = stage_[i];
         vmb[size_t(out)] = mb;
       }
     }
@@ -232,7 +247,7 @@ class StageCutter {
   shard::Program old_;  // a copy: its `local` forgets what the stage lacks before finish()
   const ir::Graph& g_;
   Rewriter* rw_ = nullptr;
-  std::vector<int64_t> stage_, mb_, vstage_;
+  std::vector<int64_t> chunk_, stage_, mb_, vchunk_, vstage_;
   std::vector<Phase> phase_;
   std::vector<bool> emitted_;
   std::vector<std::set<int64_t>> readers_;

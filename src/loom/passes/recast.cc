@@ -100,9 +100,9 @@ void run_recast(Compilation& c, const Options& o) {
     Pipelining& pl = *c.pipelining;
     for (auto& in : pl.inputs)
       for (int& v : in) v = map(v);
-    std::map<int, int64_t> stages;
-    for (auto [p, s] : pl.param_stage) stages[map(p)] = s;
-    pl.param_stage = std::move(stages);
+    std::map<int, int64_t> chunks;
+    for (auto [p, s] : pl.param_chunk) chunks[map(p)] = s;
+    pl.param_chunk = std::move(chunks);
     // a copied node's new id is its first output's producer; the fresh casts have no origin
     std::vector<int> origin(next.graph.nodes().size(), -1);
     auto node = [&](int n) { return next.graph.value(map(g.node(n).outputs[0])).producer; };

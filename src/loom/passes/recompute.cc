@@ -43,6 +43,12 @@
 // computes the loss (the program's loss output, followed back through its collectives). A planned
 // run's rank program is rewritten; so is one process's, the one-rank program lowering makes of the
 // empty plan.
+//
+// Under a pipeline the pass runs before pipeline_stages, on every stage's program for every
+// micro-batch (the micro-batches' forwards all come before the loss, their mean). A node made
+// again counts as made by its first backward reader's global node (Program::origin), so
+// pipeline_stages runs it in that reader's item: the backward of the same micro-batch and chunk,
+// on the reader's stage.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -88,11 +94,6 @@ std::vector<int> forward_groups(const Compilation& c, int boundary) {
 void run_recompute(Compilation& c, const Options& o) {
   using R = ScheduleOptions::Recompute;
   if (o.schedule.recompute == R::none) return;
-  if (c.pipelining)  // a stage interleaves micro-batches' forwards and backwards: no one boundary
-    throw Error(fmt::format("{}: [passes] recompute = \"{}\" beside a pipeline tactic is not "
-                            "built yet",
-                            o.source, recompute_name(o.schedule.recompute)),
-                "recompute = \"none\"; 1f1b already keeps only p - s micro-batches' activations");
   const int boundary = loss_node(c);
   if (boundary < 0) return;
   static const std::set<ir::Op> cheap{ir::Op::rmsnorm, ir::Op::layernorm, ir::Op::swiglu,
@@ -145,17 +146,20 @@ void run_recompute(Compilation& c, const Options& o) {
   Rewriter rw(c.rank);
   std::map<int, int> again;  // old forward value -> its recomputed new value
   // The recomputed nodes by (op, new inputs): a backward node that computes the same (the
-  // backward's own all-gather of a parameter a full recompute gathered again) reads theirs.
+  // backward's own all-gather of a parameter a full recompute gathered again) reads theirs, the
+  // latest made (under a pipeline each micro-batch's backward makes its own gathers again, and
+  // reading an earlier micro-batch's would keep that copy alive between the two).
   std::map<std::pair<ir::Op, std::vector<int>>, std::vector<const ir::Node*>> made;
   auto same_as_made = [&](const ir::Node& n, const std::vector<int>& ins) -> const ir::Node* {
     auto it = made.find({n.op, ins});
     if (it == made.end()) return nullptr;
-    for (const ir::Node* m : it->second)
-      if (m->attrs == n.attrs && m->outputs.size() == n.outputs.size()) return m;
+    for (auto m = it->second.rbegin(); m != it->second.rend(); ++m)
+      if ((*m)->attrs == n.attrs && (*m)->outputs.size() == n.outputs.size()) return *m;
     return nullptr;
   };
   // The new value a backward node reads for old value v: v's recomputed copy where it can be made
-  // again, else v itself.
+  // again, else v itself. `reader`: the backward node (old id) it is made for.
+  int reader = -1;
   std::function<int(int)> backward_read = [&](int v) -> int {
     if (!again_able(v)) return rw.map(v);
     if (auto it = again.find(v); it != again.end()) return it->second;
@@ -163,12 +167,14 @@ void run_recompute(Compilation& c, const Options& o) {
     std::vector<int> ins;
     for (int u : p.inputs) ins.push_back(backward_read(u));
     const std::vector<int> outs = rw.copy_with(p, ins, ".recompute");
+    rw.set_origin(rw.graph().value(outs[0]).producer, rw.origin_of(reader));
     for (size_t i = 0; i < outs.size(); ++i) again[p.outputs[i]] = outs[i];
     made[{p.op, ins}].push_back(&p);
     return again.at(v);
   };
   for (const ir::Node& n : g.nodes()) {
     std::vector<int> ins;
+    reader = n.id;
     for (int v : n.inputs) ins.push_back(reads_again[size_t(n.id)] ? backward_read(v) : rw.map(v));
     if (const ir::Node* m = n.id > boundary ? same_as_made(n, ins) : nullptr) {
       for (size_t i = 0; i < n.outputs.size(); ++i) rw.alias(n.outputs[i], again.at(m->outputs[i]));

@@ -38,7 +38,18 @@ std::vector<int> Rewriter::copy_with(const ir::Node& n, const std::vector<int>& 
     types.push_back(old_.graph.value(v).type);
     names.push_back(old_.graph.value(v).name + suffix);
   }
-  return next_.graph.add_node(n.op, inputs, n.attrs, types, names);
+  const auto outs = next_.graph.add_node(n.op, inputs, n.attrs, types, names);
+  set_origin(int(next_.graph.nodes().size()) - 1, origin_of(n.id));
+  return outs;
+}
+
+void Rewriter::set_origin(int node, int origin) {
+  if (next_.origin.size() <= size_t(node)) next_.origin.resize(size_t(node) + 1, -1);
+  next_.origin[size_t(node)] = origin;
+}
+
+int Rewriter::origin_of(int old_node) const {
+  return size_t(old_node) < old_.origin.size() ? old_.origin[size_t(old_node)] : -1;
 }
 
 void Rewriter::alias(int old_value, int new_value) {
@@ -60,6 +71,7 @@ shard::Program Rewriter::finish() {
   next_.outputs.clear();
   for (int v : old_.outputs) next_.outputs.push_back(remap(v));
   next_.graph.set_outputs(next_.outputs);
+  next_.origin.resize(next_.graph.nodes().size(), -1);
   return std::move(next_);
 }
 

@@ -11,6 +11,9 @@
 // Invariant: an old value is mapped once (copied, or aliased to a new value of its exact type);
 // finish() fails (LOOM_CHECK, a pass bug) when an old value that an output or `local` names was
 // never mapped. The verifier runs on the result like after every pass (pipeline.h).
+//
+// Program::origin goes through: a copied node keeps its old node's global node; a node the pass
+// makes otherwise has none (-1) unless the pass sets one (set_origin).
 #pragma once
 
 #include <map>
@@ -45,6 +48,10 @@ class Rewriter {
                              const std::string& suffix = "");
   // The old value is computed by new_value from now on.
   void alias(int old_value, int new_value);
+  // The global node new node `node` counts as made by (Program::origin).
+  void set_origin(int node, int origin);
+  // Old node n's global node, or -1.
+  int origin_of(int old_node) const;
   // The new program; `old` is left as it was.
   shard::Program finish();
 

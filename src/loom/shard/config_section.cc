@@ -53,8 +53,9 @@ std::string tactics_help() {
     else
       plain += fmt::format("{}{}", plain.empty() ? "" : ", ", d.name);
   return fmt::format(
-      "`{{ kind, axis }}`: {};{}; pipeline also reads `schedule` (`\"gpipe\"` or `\"1f1b\"`) and "
-      "`microbatches` (default: its axis's size) (docs/plans.md)",
+      "`{{ kind, axis }}`: {};{}; pipeline also reads `schedule` (`\"gpipe\"`, `\"1f1b\"` or "
+      "`\"interleaved\"`), `microbatches` (default: its axis's size) and `virtual_stages` "
+      "(interleaved: model chunks per stage, default 2) (docs/plans.md)",
       plain, patterned);
 }
 
@@ -88,9 +89,15 @@ Tactic read_tactic(const toml::node& entry, const std::string& at) {
         throw Error(fmt::format("{}: microbatches must be an integer >= 1", at));
       tac.microbatches = *v.value<int64_t>();
       pipeline_keys.push_back(key);
+    } else if (key == "virtual_stages") {
+      if (!v.is_integer() || *v.value<int64_t>() < 1)
+        throw Error(fmt::format("{}: virtual_stages must be an integer >= 1", at));
+      tac.virtual_stages = *v.value<int64_t>();
+      pipeline_keys.push_back(key);
     } else {
       throw Error(fmt::format("{}: unknown key '{}'", at, key),
-                  suggest(key, {"kind", "axis", "pattern", "dim", "schedule", "microbatches"}));
+                  suggest(key, {"kind", "axis", "pattern", "dim", "schedule", "microbatches",
+                                "virtual_stages"}));
     }
   }
   const TacticDef* def = find_tactic(tac.kind);
@@ -100,10 +107,9 @@ Tactic read_tactic(const toml::node& entry, const std::string& at) {
   if (tac.axis.empty()) throw Error(at + ": missing key 'axis'");
   if (tac.kind != "pipeline" && !pipeline_keys.empty())
     throw Error(fmt::format("{}: a {} tactic takes no {}", at, def->name, pipeline_keys[0]),
-                "only { kind = \"pipeline\", axis, schedule, microbatches } reads it");
-  if (tac.kind == "pipeline" && tac.schedule != "gpipe" && tac.schedule != "1f1b")
-    throw Error(fmt::format("{}: schedule '{}' is not one of gpipe, 1f1b", at, tac.schedule),
-                "interleaved (virtual stages) is not built yet");
+                "only { kind = \"pipeline\", axis, schedule, microbatches, virtual_stages } "
+                "reads it");
+  if (tac.kind == "pipeline") check_pipeline_keys(tac, at);
   if (def->takes_pattern && (tac.pattern.empty() || tac.dim < 0))
     throw Error(fmt::format("{}: a {} tactic needs pattern and dim", at, def->name),
                 "{ kind = \"shard\", pattern = \"lm_head.weight\", dim = 0, axis = \"model\" }");

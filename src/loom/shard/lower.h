@@ -35,8 +35,9 @@ struct Program {
   ir::Graph graph{"rank"};
   std::vector<int> local;    // global value id -> local id of the value as kept (-1: none)
   std::vector<int> outputs;  // local ids of the global graph's outputs, partial sums reduced
-  // As lowered (the scheduled stage's rewrites drop it): per local node, the global node whose
-  // lowering made it (its operands' reshards included), -1 for the outputs' final reductions.
+  // Per local node, the global node whose lowering made it (its operands' reshards included), -1
+  // for the outputs' final reductions; the scheduled stage's rewrites keep it for the nodes they
+  // copy (passes/rewrite.h), and recompute gives a node made again its backward reader's.
   std::vector<int> origin;
 };
 

@@ -29,10 +29,12 @@ struct Tactic {
   std::string axis;
   std::string pattern;  // shard only
   int64_t dim = -1;     // shard only
-  // pipeline only: the schedule (gpipe, 1f1b) and the micro-batches a step's batch is cut into
-  // (0: as many as the axis has stages)
+  // pipeline only: the schedule (gpipe, 1f1b, interleaved), the micro-batches a step's batch is
+  // cut into (0: as many as the axis has stages) and, interleaved, the model chunks each stage
+  // holds (0: 2)
   std::string schedule = "1f1b";
   int64_t microbatches = 0;
+  int64_t virtual_stages = 0;
 };
 
 struct Plan {
@@ -64,6 +66,11 @@ Annotations apply_tactics(const ir::Graph& g, const Plan& plan, const ir::Roles&
 // The plan's pipeline tactic (tactics/pipeline.cc), or null; and its micro-batches per step.
 const Tactic* find_pipeline(const Plan& plan);
 int64_t pipeline_microbatches(const Plan& plan, const Tactic& pipeline);
+// The model chunks each stage holds: 1 under gpipe and 1f1b; virtual_stages (default 2) under
+// interleaved.
+int64_t pipeline_virtual_stages(const Tactic& pipeline);
+// A pipeline tactic's own keys (its schedule, virtual_stages) agree, or a clear error naming `at`.
+void check_pipeline_keys(const Tactic& pipeline, const std::string& at);
 
 // The names tactics accept (tactic.h's table), for the config parser's messages.
 std::vector<std::string> tactic_kinds();

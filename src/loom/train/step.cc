@@ -270,7 +270,7 @@ StepRunner::BatchBlock* StepRunner::batch_block(int v) {
 int64_t StepRunner::owner_stage(const std::string& param) const {
   const auto& pl = step_.c.pipelining;
   if (!pl || !blocks_) return -1;
-  return pl->param_stage.at(graph().find(param));
+  return pl->param_stage(graph().find(param));
 }
 
 void StepRunner::from_owner(const std::string& param, float* p, int64_t n) const {

@@ -1,7 +1,8 @@
-// pipeline: pipeline parallelism. The model is cut into as many stages as the axis has ranks, at
-// parameter-group boundaries (roles.blocks: the embedding, each transformer block, the head),
-// balanced by the groups' matmul weights; each rank of the axis runs its stage's part of every
-// micro-batch, and the stages pass activations forward and their gradients back by send and recv
+// pipeline: pipeline parallelism. The model is cut into p * v chunks (p the axis's ranks, v the
+// virtual stages: 1, or more under the interleaved schedule) at parameter-group boundaries
+// (roles.blocks: the embedding, each transformer block, the head), balanced by the groups' matmul
+// weights; rank s of the axis holds chunks s, s + p, s + 2p, ..., runs their part of every
+// micro-batch, and the ranks pass activations forward and their gradients back by send and recv
 // in the tactic's schedule (passes/pipeline_stages.cc). It splits no value: over its axis every
 // tensor is whole, and no other tactic may use the axis.
 #include <fmt/format.h>
@@ -25,6 +26,25 @@ int64_t pipeline_microbatches(const Plan& plan, const Tactic& t) {
   return plan.mesh.axis_size(t.axis);
 }
 
+int64_t pipeline_virtual_stages(const Tactic& t) {
+  if (t.schedule != "interleaved") return 1;
+  return t.virtual_stages > 0 ? t.virtual_stages : 2;
+}
+
+void check_pipeline_keys(const Tactic& t, const std::string& at) {
+  if (t.schedule != "gpipe" && t.schedule != "1f1b" && t.schedule != "interleaved")
+    throw Error(
+        fmt::format("{}: schedule '{}' is not one of gpipe, 1f1b, interleaved", at, t.schedule));
+  if (t.schedule != "interleaved" && t.virtual_stages > 1)
+    throw Error(fmt::format("{}: virtual_stages = {} under schedule '{}', which runs one model "
+                            "chunk per stage",
+                            at, t.virtual_stages, t.schedule),
+                "schedule = \"interleaved\" to give each stage several chunks");
+  if (t.schedule == "interleaved" && t.virtual_stages == 1)
+    throw Error(fmt::format("{}: the interleaved schedule with virtual_stages = 1 is 1f1b", at),
+                "virtual_stages >= 2, or schedule = \"1f1b\"");
+}
+
 TacticDef pipeline_tactic() {
   return {.name = "pipeline",
           .summary = "cut the model into stages at parameter groups, one per rank of the axis",
@@ -43,10 +63,7 @@ TacticDef pipeline_tactic() {
               if (&o != &t && o.kind == "pipeline")
                 throw Error(fmt::format("{}: a plan has at most one pipeline tactic", c.by()));
             }
-            if (t.schedule != "gpipe" && t.schedule != "1f1b")
-              throw Error(
-                  fmt::format("{}: schedule '{}' is not one of gpipe, 1f1b", c.by(), t.schedule),
-                  "interleaved (virtual stages) is not built yet");
+            check_pipeline_keys(t, c.by());
           }};
 }
 
