@@ -2,11 +2,12 @@
 # The pipeline tactic's bubble against its schedule's theory, and its speed and memory beside data
 # parallelism on the same ranks, model and global batch:
 #   bench/pipeline_bench.sh [CONFIG] [ROUNDS]
-# 2 ranks x 1 thread under mpirun: `pipeline` over 2 stages with gpipe and 1f1b at 2, 4 and 8
-# micro-batches, and `data` on 2 ranks (the peer), alternated ROUNDS times so all see the same
-# machine load. A stage's measured bubble is the part of its step spent waiting in recv (its
-# exposed communication: a pipeline has no other collective), averaged over the stages; the theory
-# is (p - 1) / (m + p - 1) for both schedules (1F1B's gain is memory: per_rank planned_peak_bytes).
+# 2 ranks x 1 thread under mpirun: `pipeline` over 2 stages with gpipe, 1f1b and interleaved (2
+# chunks per stage) at 2, 4 and 8 micro-batches, and `data` on 2 ranks (the peer), alternated
+# ROUNDS times so all see the same machine load. A stage's measured bubble is the part of its step
+# spent waiting in recv (its exposed communication: a pipeline has no other collective), averaged
+# over the stages; the theory is (p - 1) / (v m + p - 1), v = 1 for gpipe and 1f1b (1F1B's gain is
+# memory: per_rank planned_peak_bytes).
 # Every line is JSON; the last is the summary: per configuration the median step time, tokens/s,
 # measured bubble and theory, and each rank's planned peak.
 set -euo pipefail
@@ -22,7 +23,7 @@ trap 'rm -f "$log"' EXIT
 for ((r = 0; r < rounds; r++)); do
   "${mpirun[@]}" -np 2 "$loom" bench "$config" --steps 6 --warmup 1 \
     --set 'plan.mesh={data=2}' --set 'plan.tactics=[{kind="data",axis="data"}]' | tee -a "$log"
-  for schedule in gpipe 1f1b; do
+  for schedule in gpipe 1f1b interleaved; do
     for m in 2 4 8; do
       "${mpirun[@]}" -np 2 "$loom" bench "$config" --steps 6 --warmup 1 \
         --set 'plan.mesh={pipe=2}' \
@@ -55,7 +56,9 @@ for key, rs in runs.items():
         pl = r0["pipeline"]
         row["schedule"], row["microbatches"] = pl["schedule"], pl["microbatches"]
         p, m = pl["stages"], pl["microbatches"]
-        row["bubble_theory"] = (p - 1) / (m + p - 1)
+        v = pl.get("virtual_stages", 1)
+        row["virtual_stages"] = v
+        row["bubble_theory"] = (p - 1) / (v * m + p - 1)
     out.append(row)
 print(json.dumps({"summary": out}))
 EOF

@@ -223,6 +223,14 @@ inline std::vector<Case> pipeline_cases() {
       {"pipeline_interleaved_data_2x2", "{pipe=2,data=2}", list({interleaved2_m2, data}), "mid"},
       {"pipeline_fsdp_megatron_2x2x2", "{pipe=2,data=2,model=2}",
        list({pipe("1f1b", 2), megatron, fsdp, data}), "mid"},
+      // bucket = "auto" merges a stage's gradients across its chunks: its list scheduling keeps
+      // the sends and recvs in order (a recv moved before a send deadlocked the stages)
+      {"pipeline_interleaved_data_auto_2x2",
+       "{pipe=2,data=2}",
+       list({interleaved2_m2, data}),
+       "mid",
+       {"passes.bucket=\"auto\"",
+        std::string("passes.cluster=\"") + LOOM_SOURCE_DIR + "/clusters/h100-sxm.toml\""}},
   };
 }
 

@@ -509,5 +509,33 @@ TEST(Simulate, InterleavingShrinksTheBubble) {
   }
 }
 
+// Every interleaved schedule the tactic accepts runs to its end: on 2, 3 and 4 stages of 2 and 3
+// chunks, with as many micro-batches as stages and twice as many, the stages' programs simulated
+// side by side finish (simulate_pipeline stops with an error where every unfinished stage waits
+// for a message no stage sends), and every stage computes.
+TEST(Simulate, EveryInterleavedScheduleEnds) {
+  Cluster h = shipped("h100-sxm.toml");
+  for (int p : {2, 3, 4})
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p}) {
+        SCOPED_TRACE(fmt::format("{} stages, {} chunks each, {} micro-batches", p, v, m));
+        const train::Config cfg = train::load_config(
+            std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml",
+            {fmt::format("plan.mesh={{pipe={}}}", p), fmt::format("train.batch_size={}", m),
+             fmt::format("model.n_layers={}", p * v - 2 > 0 ? p * v - 2 : 1),
+             fmt::format(R"(plan.tactics=[{{kind="pipeline",axis="pipe",schedule="interleaved",)"
+                         R"(microbatches={},virtual_stages={}}}])",
+                         m, v)});
+        const shard::Mesh& mesh = cfg.plan.plan.mesh;
+        const std::vector<train::CompiledStep> st =
+            train::compile_stages(cfg, passes::StepKind::train, p);
+        std::vector<const ir::Graph*> gs;
+        for (const auto& s : st) gs.push_back(&s.c.rank.graph);
+        std::vector<Prediction> r;
+        ASSERT_NO_THROW(r = simulate_pipeline(gs, mesh, h, place(mesh, h, p)));
+        for (const Prediction& e : r) EXPECT_GT(e.compute_seconds, 0);
+      }
+}
+
 }  // namespace
 }  // namespace loom::sim

@@ -260,6 +260,7 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
     if (const shard::Tactic* pipe = shard::find_pipeline(cfg.plan.plan))
       j["pipeline"] = {{"schedule", pipe->schedule},
                        {"microbatches", shard::pipeline_microbatches(cfg.plan.plan, *pipe)},
+                       {"virtual_stages", shard::pipeline_virtual_stages(*pipe)},
                        {"stages", cfg.plan.plan.mesh.axis_size(pipe->axis)}};
     j["passes"] = {{"bucket", passes::bucket_name(cfg.passes.bucket)},
                    {"bucket_mb", cfg.passes.bucket_mb},

@@ -196,6 +196,8 @@ shard::Program merged(const Compilation& c, std::vector<Bucket> buckets) {
   }
   // List scheduling in program order: an item (a node, or a bucket at its anchor) is emitted once
   // its inputs exist; what cannot be yet waits, in order, and is retried after each emission.
+  // Point-to-point ops (a pipeline stage's send and recv) keep their order: a recv that needs no
+  // input must not pass a send waiting for a bucket, whose message the peer may need first.
   Rewriter rw(c.rank);
   auto ready = [&](int item) {
     auto it = bucket_of.find(item);
@@ -225,13 +227,19 @@ shard::Program merged(const Compilation& c, std::vector<Bucket> buckets) {
     waiting.push_back(n.id);
     for (bool progress = true; progress;) {
       progress = false;
-      for (size_t i = 0; i < waiting.size(); ++i)
+      bool p2p_waits = false;  // an earlier send or recv is still waiting
+      for (size_t i = 0; i < waiting.size(); ++i) {
+        const bool p2p =
+            !bucket_of.count(waiting[i]) && ops::has_trait(g.node(waiting[i]).op, ops::Trait::p2p);
+        if (p2p && p2p_waits) continue;
         if (ready(waiting[i])) {
           emit(waiting[i]);
           waiting.erase(waiting.begin() + long(i));
           progress = true;
           break;
         }
+        p2p_waits = p2p_waits || p2p;
+      }
     }
   }
   LOOM_CHECK(waiting.empty()) << "bucket: " << waiting.size() << " nodes never became ready";
@@ -278,8 +286,10 @@ shard::Program choose(const Compilation& c, const Options& o, const std::vector<
     t.rank = merged(c, candidates[i]);
     const shard::Program unscheduled = t.rank;
     prefetch_pass().run(t, o);
+    // a pipeline stage's messages count as there when it asks: its merges compared alone
     const double s =
-        sim::simulate(t.rank.graph, o.plan.mesh, cl, pl, {.memory = false}).step_seconds;
+        sim::simulate(t.rank.graph, o.plan.mesh, cl, pl, {.memory = false, .messages_ready = true})
+            .step_seconds;
     if (i == 0 || s < best_s) best = unscheduled, best_s = s;
   }
   return best;

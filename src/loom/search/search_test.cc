@@ -36,19 +36,29 @@ TEST(Space, OffersEachRoleOnceOneTensorParallelAxisAndADivisibleBatch) {
     for (const auto& d : all) {
       const Candidate c = s.candidate(d);
       EXPECT_TRUE(keys.insert(c.key()).second) << "twice: " << c.key();
-      int64_t size = 1, batch_ways = 1, tp = 0;
+      int64_t size = 1, batch_ways = 1, tp = 0, stages = 0;
       std::set<int> seen;
       for (size_t a = 0; a < c.mesh.size(); ++a) {
         size *= c.mesh[a].second;
         const Role& r = roles()[size_t(c.roles[a])];
         EXPECT_TRUE(seen.insert(c.roles[a]).second) << c.key();
-        if (r.splits_batch) batch_ways *= c.mesh[a].second;
+        if (r.name == "pipeline")
+          stages = c.mesh[a].second;
+        else if (r.splits_batch)
+          batch_ways *= c.mesh[a].second;
         tp += r.order == 0;
         EXPECT_NE(r.name, "expert") << "a dense model offers no expert axis: " << c.key();
       }
       EXPECT_EQ(size, 4) << c.key();
       EXPECT_LE(tp, 1) << c.key();
       EXPECT_EQ(batch % batch_ways, 0) << c.key();
+      // a pipeline's micro-batches: a multiple of its stages, each split over the data axes
+      EXPECT_EQ(c.microbatches > 0, stages > 0) << c.key();
+      if (stages > 0) {
+        EXPECT_EQ(c.microbatches % stages, 0) << c.key();
+        EXPECT_EQ(batch % (c.microbatches * batch_ways), 0) << c.key();
+        EXPECT_TRUE(c.schedule == "1f1b" || c.schedule == "interleaved") << c.key();
+      }
     }
     // batch 2 on 4 devices: no plan splits the batch four ways
     if (batch == 2)
@@ -57,6 +67,42 @@ TEST(Space, OffersEachRoleOnceOneTensorParallelAxisAndADivisibleBatch) {
         EXPECT_FALSE(c.mesh.size() == 1 && roles()[size_t(c.roles[0])].splits_batch) << c.key();
       }
   }
+}
+
+// A pipeline is offered where it can run: not beside a tied embedding (GPT-2's head reads the
+// first stage's table), not beside grad_accum (its micro-batches are the accumulation), and not
+// over more stages than parameter groups (the tiny Llama has 4).
+TEST(Space, OffersAPipelineOnlyWhereItCanRun) {
+  auto pipelines = [](const train::Config& cfg, int64_t devices) {
+    Evaluator ev(cfg, h100(), devices);
+    Space s(ev.config(), ev.trained().model.graph, ev.trained().model.roles, {.devices = devices});
+    int n = 0;
+    for (const auto& d : s.enumerate()) n += s.candidate(d).microbatches > 0;
+    return n;
+  };
+  EXPECT_GT(pipelines(tiny(8), 4), 0);
+  EXPECT_EQ(pipelines(train::load_config(kSrc + "/configs/tiny-gpt2.toml",
+                                         {"train.batch_size=8", "train.seq_len=32"}),
+                      4),
+            0);
+  EXPECT_EQ(pipelines(train::load_config(
+                          kSrc + "/configs/tiny-llama.toml",
+                          {"train.batch_size=8", "train.seq_len=32", "train.grad_accum=2"}),
+                      4),
+            0);
+  // 8 devices: pipe = 2 or 4 beside other axes, never 8 stages of the tiny Llama's 4 groups
+  Evaluator ev(tiny(8), h100(), 8);
+  Space s(ev.config(), ev.trained().model.graph, ev.trained().model.roles, {.devices = 8});
+  int pipes = 0;
+  for (const auto& d : s.enumerate()) {
+    const Candidate c = s.candidate(d);
+    for (size_t a = 0; a < c.mesh.size(); ++a)
+      if (roles()[size_t(c.roles[a])].name == "pipeline") {
+        ++pipes;
+        EXPECT_LT(c.mesh[a].second, 8) << c.key();
+      }
+  }
+  EXPECT_GT(pipes, 0);
 }
 
 TEST(Space, OneDeviceIsTheEmptyPlanUnderEachRecompute) {
@@ -111,7 +157,7 @@ TEST(Candidate, TomlLoadsBackAsTheSamePlan) {
   const auto dir = std::filesystem::temp_directory_path() / "loom_search_test";
   std::filesystem::create_directories(dir);
   const std::string base = read_file(kSrc + "/configs/tiny-llama.toml");
-  int checked = 0;
+  int checked = 0, pipelines = 0;
   for (const auto& d : s.enumerate()) {
     const Candidate c = s.candidate(d);
     const std::string path = (dir / "c.toml").string();
@@ -122,8 +168,14 @@ TEST(Candidate, TomlLoadsBackAsTheSamePlan) {
     EXPECT_EQ(back.plan.plan.mesh.to_string(), want.plan.plan.mesh.to_string()) << c.key();
     ASSERT_EQ(back.plan.plan.tactics.size(), want.plan.plan.tactics.size()) << c.key();
     for (size_t i = 0; i < want.plan.plan.tactics.size(); ++i) {
-      EXPECT_EQ(back.plan.plan.tactics[i].kind, want.plan.plan.tactics[i].kind);
-      EXPECT_EQ(back.plan.plan.tactics[i].axis, want.plan.plan.tactics[i].axis);
+      const shard::Tactic &b = back.plan.plan.tactics[i], &w = want.plan.plan.tactics[i];
+      EXPECT_EQ(b.kind, w.kind);
+      EXPECT_EQ(b.axis, w.axis);
+      if (w.kind != "pipeline") continue;
+      ++pipelines;
+      EXPECT_EQ(b.schedule, w.schedule) << c.key();
+      EXPECT_EQ(b.microbatches, w.microbatches) << c.key();
+      EXPECT_EQ(shard::pipeline_virtual_stages(b), shard::pipeline_virtual_stages(w)) << c.key();
     }
     EXPECT_EQ(back.passes.recompute, c.recompute) << c.key();
     if (!c.mesh.empty()) {
@@ -133,6 +185,7 @@ TEST(Candidate, TomlLoadsBackAsTheSamePlan) {
     ++checked;
   }
   EXPECT_GT(checked, 20);
+  EXPECT_GT(pipelines, 0) << "the space offers no pipeline";
   std::filesystem::remove_all(dir);
 }
 

@@ -33,6 +33,36 @@ void factorizations(int64_t n, int max_axes, std::vector<int64_t>& cur,
 }
 
 bool is_tensor_parallel(const Role& r) { return r.order == 0; }
+bool is_pipeline(const Role& r) { return r.order == -1; }
+
+// Whether a parameter is both an embedding's table and a matmul's weight (through casts): a tied
+// embedding and head (GPT-2, tie_embeddings), which the first and last stages would both read.
+bool tied_embedding(const ir::Graph& g) {
+  std::vector<int> root(g.values().size(), -1);
+  std::vector<int> use(g.values().size(), 0);  // per parameter: 1 embedding, 2 matmul
+  for (const ir::Value& v : g.values())
+    if (v.kind == ir::ValueKind::param) root[size_t(v.id)] = v.id;
+  for (const ir::Node& n : g.nodes()) {
+    if (n.op == ir::Op::cast && root[size_t(n.inputs[0])] >= 0)
+      root[size_t(n.outputs[0])] = root[size_t(n.inputs[0])];
+    const int bit = n.op == ir::Op::embedding ? 1 : n.op == ir::Op::matmul ? 2 : 0;
+    for (int in : n.inputs)
+      if (bit && root[size_t(in)] >= 0) use[size_t(root[size_t(in)])] |= bit;
+  }
+  return std::find(use.begin(), use.end(), 3) != use.end();
+}
+
+// The pipeline decision's options: (schedule, micro-batches as a multiple of the stages).
+struct PipeOption {
+  std::string_view schedule;
+  int64_t times;
+};
+const std::vector<PipeOption>& pipe_options() {
+  static const std::vector<PipeOption> o{{"1f1b", 1},        {"1f1b", 2},
+                                         {"1f1b", 4},        {"interleaved", 1},
+                                         {"interleaved", 2}, {"interleaved", 4}};
+  return o;
+}
 
 }  // namespace
 
@@ -45,6 +75,7 @@ const std::vector<Role>& roles() {
       {"megatron", "model", {"megatron"}, 0, false},
       {"megatron+sequence", "model", {"megatron", "sequence"}, 0, false},
       {"expert", "expert", {"expert"}, 1, true},
+      {"pipeline", "pipe", {"pipeline"}, -1, true},
   };
   return r;
 }
@@ -54,11 +85,16 @@ shard::Plan Candidate::plan() const {
   p.where = "[plan] (search)";
   if (mesh.empty()) return p;
   p.mesh = shard::Mesh(mesh, "[plan] mesh");
-  for (int order = 0; order <= 2; ++order)
+  for (int order = -1; order <= 2; ++order)
     for (size_t a = 0; a < mesh.size(); ++a) {
       const Role& r = search::roles()[size_t(roles[a])];
       if (r.order != order) continue;
-      for (std::string_view t : r.tactics) p.tactics.push_back({std::string(t), mesh[a].first});
+      for (std::string_view t : r.tactics) {
+        shard::Tactic tac{std::string(t), mesh[a].first};
+        if (is_pipeline(r) && microbatches > 0)
+          tac.schedule = schedule, tac.microbatches = microbatches;
+        p.tactics.push_back(tac);
+      }
     }
   return p;
 }
@@ -76,9 +112,11 @@ std::string Candidate::key() const {
   for (size_t a = 0; a < mesh.size(); ++a)
     k += fmt::format("{}{}={}:{}", a ? "," : "", mesh[a].first, mesh[a].second,
                      search::roles()[size_t(roles[a])].name);
-  return k + fmt::format("}} recompute={} bucket={} reshard_after_forward={}{}",
-                         passes::recompute_name(recompute), passes::bucket_name(bucket),
-                         reshard_after_forward, synthesize ? " synthesize" : "");
+  return k + fmt::format(
+                 "}} recompute={} bucket={} reshard_after_forward={}{}{}",
+                 passes::recompute_name(recompute), passes::bucket_name(bucket),
+                 reshard_after_forward, synthesize ? " synthesize" : "",
+                 microbatches > 0 ? fmt::format(" pipeline={}x{}", schedule, microbatches) : "");
 }
 
 std::string Candidate::toml(const std::string& cluster) const {
@@ -89,9 +127,13 @@ std::string Candidate::toml(const std::string& cluster) const {
     for (size_t a = 0; a < mesh.size(); ++a)
       t += fmt::format("{}{} = {}", a ? ", " : "", mesh[a].first, mesh[a].second);
     t += " }\ntactics = [";
-    for (size_t i = 0; i < p.tactics.size(); ++i)
-      t += fmt::format("{}\n  {{ kind = \"{}\", axis = \"{}\" }}", i ? "," : "", p.tactics[i].kind,
-                       p.tactics[i].axis);
+    for (size_t i = 0; i < p.tactics.size(); ++i) {
+      const shard::Tactic& tac = p.tactics[i];
+      t += fmt::format("{}\n  {{ kind = \"{}\", axis = \"{}\"", i ? "," : "", tac.kind, tac.axis);
+      if (tac.kind == "pipeline")
+        t += fmt::format(", schedule = \"{}\", microbatches = {}", tac.schedule, tac.microbatches);
+      t += " }";
+    }
     t += "\n]\n\n";
   }
   t += fmt::format("[passes]\nrecompute = \"{}\"\n", passes::recompute_name(recompute));
@@ -115,6 +157,7 @@ Space::Space(const train::Config& cfg, const ir::Graph& graph, const ir::Roles& 
     throw Error("plan search: no recompute or bucket setting to choose from");
   std::vector<int64_t> cur;
   factorizations(o_.devices, o_.max_axes, cur, meshes_);
+  tied_ = tied_embedding(graph_);
 }
 
 bool Space::role_ok(const std::vector<int>& prefix, int axis, int role) const {
@@ -128,6 +171,11 @@ bool Space::role_ok(const std::vector<int>& prefix, int axis, int role) const {
     if (e.splits_batch) batch_ways *= sizes[size_t(a)];
   }
   if (is_tensor_parallel(r) && roles_.column_parallel.empty() && roles_.row_parallel.empty())
+    return false;
+  // a pipeline: at least a parameter group a stage, no weight two stages read, and its
+  // micro-batches are the step's accumulation (passes/pipeline_micro_batches.cc)
+  if (is_pipeline(r) &&
+      (int64_t(roles_.blocks.size()) < sizes[size_t(axis)] || tied_ || cfg_.train.grad_accum > 1))
     return false;
   if (r.name == "expert" && roles_.experts.empty()) return false;
   if (cfg_.train.batch_size % batch_ways) return false;
@@ -153,7 +201,7 @@ bool Space::role_ok(const std::vector<int>& prefix, int axis, int role) const {
 
 bool Space::complete(const std::vector<int>& prefix) const {
   if (prefix.empty()) return false;
-  return prefix.size() == meshes_[size_t(prefix[0])].size() + 5;
+  return prefix.size() == meshes_[size_t(prefix[0])].size() + 6;
 }
 
 std::vector<int> Space::options(const std::vector<int>& prefix) const {
@@ -179,6 +227,27 @@ std::vector<int> Space::options(const std::vector<int>& prefix) const {
   } else if (level == axes + 4) {
     out.push_back(0);  // synthesized reductions: only where ranks communicate over levels
     if (o_.synthesize && axes > 0) out.push_back(1);
+  } else if (level == axes + 5) {  // a pipeline's schedule and micro-batches
+    const std::vector<int64_t>& sizes = meshes_[size_t(prefix[0])];
+    int64_t stages = 0, batch_ways = 1;
+    for (size_t a = 0; a < axes; ++a) {
+      const Role& r = roles()[size_t(prefix[1 + a])];
+      if (is_pipeline(r))
+        stages = sizes[a];
+      else if (r.splits_batch)
+        batch_ways *= sizes[a];
+    }
+    if (stages == 0) {
+      out.push_back(0);
+      return out;
+    }
+    for (size_t i = 0; i < pipe_options().size(); ++i) {
+      const PipeOption& po = pipe_options()[i];
+      const int64_t m = stages * po.times;
+      if (cfg_.train.batch_size % (m * batch_ways)) continue;
+      if (po.schedule == "interleaved" && int64_t(roles_.blocks.size()) < 2 * stages) continue;
+      out.push_back(int(i));
+    }
   }
   return out;
 }
@@ -195,6 +264,12 @@ Candidate Space::candidate(const std::vector<int>& d) const {
   c.bucket = o_.bucket[size_t(d[sizes.size() + 2])];
   c.reshard_after_forward = d[sizes.size() + 3] == 0;
   c.synthesize = d[sizes.size() + 4] == 1;
+  for (size_t a = 0; a < sizes.size(); ++a)
+    if (is_pipeline(roles()[size_t(c.roles[a])])) {
+      const PipeOption& po = pipe_options()[size_t(d[sizes.size() + 5])];
+      c.schedule = std::string(po.schedule);
+      c.microbatches = sizes[a] * po.times;
+    }
   return c;
 }
 

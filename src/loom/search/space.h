@@ -5,19 +5,23 @@
 // synthesized reductions when ranks communicate and the cluster has several levels).
 //
 // A role is a small list of tactics on one axis: `data`, `zero1`/`zero2`/`fsdp` (each with `data`
-// beside it, which splits the batch), `megatron`, `megatron+sequence`, `expert`. A plan's tactic
-// list is canonical: tensor-parallel roles first (their weights' splits win where they meet the
-// stream's, docs/design.md), then expert, then the data-parallel roles, axes in mesh order; so the
-// orders of one set of roles are not enumerated twice. The mesh axis is named after its role
-// (`data`, `fsdp`, `zero1`, `zero2`, `model`, `expert`).
+// beside it, which splits the batch), `megatron`, `megatron+sequence`, `expert`, `pipeline`. A
+// plan's tactic list is canonical: the pipeline first (no tactic may precede it), then
+// tensor-parallel roles (their weights' splits win where they meet the stream's,
+// docs/design.md), then expert, then the data-parallel roles, axes in mesh order; so the orders of
+// one set of roles are not enumerated twice. The mesh axis is named after its role (`data`,
+// `fsdp`, `zero1`, `zero2`, `model`, `expert`, `pipe`). A pipeline's schedule and micro-batches
+// are one more decision (Candidate::schedule): 1f1b or interleaved (2 chunks a stage) with p, 2p
+// or 4p micro-batches on p stages, where the batch divides.
 //
 // Pruning, before any simulation: a role at most once (two axes of one role are one axis of their
 // product, which the mesh decision already offers) and one tensor-parallel axis; roles the model
-// has nothing for (megatron without column/row-parallel weights, expert without experts); the
-// batch divisible by its data-parallel axes; and the compiler's own check: the tactics so far
-// applied to the training graph (shard::apply_tactics) must accept the axis (a value split over
-// an axis twice, a dim the axis does not divide). Pass settings that cannot matter are one option:
-// bucketing on one device, reshard-after-forward without fsdp.
+// has nothing for (megatron without column/row-parallel weights, expert without experts, a
+// pipeline of more stages than parameter groups, or beside a tied embedding or grad_accum); the
+// batch divisible by its data-parallel axes (and a pipeline's micro-batches); and the compiler's
+// own check: the tactics so far applied to the training graph (shard::apply_tactics) must accept
+// the axis (a value split over an axis twice, a dim the axis does not divide). Pass settings that
+// cannot matter are one option: bucketing on one device, reshard-after-forward without fsdp.
 //
 // The micro-batch size is not a decision yet: every candidate keeps the config's [train]
 // grad_accum (which any plan runs: passes/micro_batch.cc).
@@ -40,7 +44,7 @@ struct Role {
   std::string_view name;                  // "fsdp", "megatron+sequence"
   std::string_view axis;                  // the axis it is named on: "fsdp", "model"
   std::vector<std::string_view> tactics;  // on that axis, in plan order
-  int order = 0;                          // tensor-parallel 0, expert 1, data-parallel 2
+  int order = 0;  // pipeline -1, tensor-parallel 0, expert 1, data-parallel 2
   bool splits_batch = false;
 };
 const std::vector<Role>& roles();
@@ -53,6 +57,9 @@ struct Candidate {
   passes::ScheduleOptions::Bucket bucket = passes::ScheduleOptions::Bucket::block;
   bool reshard_after_forward = true;
   bool synthesize = false;  // P²'s hierarchical reductions (passes/synthesize.cc)
+  // with a pipeline axis: its schedule ("1f1b", "interleaved") and micro-batches per step
+  std::string schedule;
+  int64_t microbatches = 0;
 
   shard::Plan plan() const;              // the mesh and the canonical tactic list
   void apply(train::Config& cfg) const;  // cfg's [plan] and [passes] set to this candidate
@@ -98,6 +105,7 @@ class Space {
   SpaceOptions o_;
   std::vector<std::vector<int64_t>> meshes_;      // ordered factorizations of the device count
   mutable std::map<std::string, bool> accepted_;  // the compiler's check, per tactic prefix
+  bool tied_ = false;  // an embedding table is also a matmul's weight: no pipeline
 };
 
 }  // namespace loom::search

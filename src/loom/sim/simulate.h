@@ -67,10 +67,14 @@ struct SimOptions {
   // the program's first `nodes` nodes only (-1: all): a micro-batch before a step's last under
   // gradient accumulation (passes/micro_batch.cc)
   int64_t nodes = -1;
+  // simulate(): a pipeline stage's recv finds its message there when it asks (the stage alone,
+  // without its peers' timing: bucket = "auto" comparing one stage's merges); false: an error
+  bool messages_ready = false;
 };
 
 // Simulates one step of a rank's program `g` (compiled under `mesh`) on cluster c with the axes
-// placed by p. Throws loom::Error for a pipeline stage's program (it receives from another).
+// placed by p. Throws loom::Error for a pipeline stage's program (it receives from another)
+// unless o.messages_ready.
 Prediction simulate(const ir::Graph& g, const shard::Mesh& mesh, const Cluster& c,
                     const Placement& p, const SimOptions& o = {});
 
