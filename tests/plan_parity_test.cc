@@ -225,8 +225,8 @@ TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
 // again), every loss, gradient norm, parameter and moment bit is recompute = "none"'s in f32; the
 // first stage makes nodes again and plans a smaller arena under full (fewer activations live).
 TEST(Pipeline, RecomputeChangesNoBitInF32) {
-  for (const char* name :
-       {"pipeline2_gpipe", "pipeline4_1f1b", "pipeline4_interleaved", "pipeline_fsdp_2x2"})
+  for (const char* name : {"pipeline2_gpipe", "pipeline4_1f1b", "pipeline4_interleaved",
+                           "pipeline_fsdp_2x2", "pipeline_megatron_sequence_2x2"})
     for (const char* policy : {"selective", "full"}) {
       SCOPED_TRACE(std::string(name) + ", recompute = " + policy);
       Case kept;
@@ -269,7 +269,8 @@ TEST(Pipeline, RecomputeChangesNoBitInF32) {
 // recompute = "none" has none), and in f32 the same plan's losses, gradient norms, parameters and
 // both AdamW moments are bit for bit those of recompute = "none".
 TEST(Recompute, ChangesNoBitInF32) {
-  for (const char* name : {"fsdp", "gpt2_fsdp", "mid_fsdp_megatron_2x2"})
+  for (const char* name :
+       {"fsdp", "gpt2_fsdp", "mid_fsdp_megatron_2x2", "mid_fsdp_megatron_sequence_2x2"})
     for (const char* policy : {"selective", "selective_op", "full"}) {
       SCOPED_TRACE(std::string(name) + ", recompute = " + policy);
       Case kept;

@@ -10,21 +10,22 @@
 //              the cheap ones: norms (rmsnorm, layernorm: outputs and statistics), activations
 //              (swiglu, gelu), rope and casts.
 //   selective_op  torchtitan's per-op policy (selective_ac_option = "op", which its published
-//              Llama 3.1 runs use): inside a layer as full, except that attention's outputs and
-//              every odd matmul's (the 1st, 3rd, ... of the layer in forward order) are kept, so
-//              a Llama block keeps the q, v, gate and down projections' outputs and makes the k,
-//              o and up projections again, with everything between; outside the layers as
-//              selective.
+//              Llama 3.1 runs use): inside a layer as full, except that attention's outputs,
+//              every odd matmul's (the 1st, 3rd, ... of the layer in forward order) and the
+//              reduce-scatters' and all-reduces' are kept (torchtitan's save list), so a Llama
+//              block keeps the q, v, gate and down projections' outputs and makes the k, o and
+//              up projections again, with everything between, sequence parallelism's
+//              all-gathers included; outside the layers as selective.
 //   full       keeps only each layer's inputs (roles.blocks' layers: the residual stream entering
 //              a transformer block, and any other value made outside it that it reads) and makes
-//              the rest of the layer again, matmuls and attention included, when its backward
-//              starts; outside the layers (the embedding, the head) as selective. The outputs of
-//              collectives are kept, not made again, which would cost communication (Megatron's
-//              all-reduces, sequence parallelism's all-gathers); except a parameter's all-gather
-//              under reshard_after_forward = true, which the backward makes again anyway: the
-//              recompute gathers it, and the backward's own all-gather, the same node on the same
-//              input, becomes a read of that one (a backward node equal to a recomputed one is
-//              never computed twice).
+//              the rest of the layer again, matmuls, attention and the layer's collectives
+//              included (Megatron-LM's full recompute communicates again: a kept all-gather of
+//              sequence parallelism's would hold the whole sequence, t times its shard), when its
+//              backward starts; outside the layers (the embedding, the head) as selective. A
+//              parameter's all-gather is made again only under reshard_after_forward = true,
+//              which the backward makes again anyway: the recompute gathers it, and the
+//              backward's own all-gather, the same node on the same input, becomes a read of that
+//              one (a backward node equal to a recomputed one is never computed twice).
 //
 // A forward value belongs to the last parameter group (in forward order) that it depends on: a
 // parameter to its group, a node's output to the latest group among its inputs, a value made from
@@ -129,10 +130,13 @@ void run_recompute(Compilation& c, const Options& o) {
     const ir::Op op = g.node(val.producer).op;
     if (!whole_layers || !in_layer(v)) return cheap.count(op) > 0;
     if (layer_input[size_t(v)]) return false;
-    // a parameter's all-gather, which the backward makes again anyway under reshard_after_forward
-    if (ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::completion))
-      return o.schedule.reshard_after_forward &&
-             g.value(ops::before_collectives(g, v)).kind == ir::ValueKind::param;
+    if (ops::has_trait(op, ops::Trait::collective) || ops::has_trait(op, ops::Trait::completion)) {
+      // a parameter's all-gather, which the backward makes again anyway under
+      // reshard_after_forward
+      if (g.value(ops::before_collectives(g, v)).kind == ir::ValueKind::param)
+        return o.schedule.reshard_after_forward;
+      return full || op == ir::Op::all_gather;  // selective_op: torchtitan saves the reductions
+    }
     if (alternate && (op == ir::Op::attention || op == ir::Op::matmul))
       return bool(again_matmul[size_t(v)]);
     return true;

@@ -46,6 +46,9 @@ class Propagator {
     }
     rules_.reserve(g.nodes().size());
     for (const ir::Node& n : g.nodes()) rules_.push_back(ops::factor_rule(g, n));
+    readers_.resize(g.values().size());
+    for (const ir::Node& n : g.nodes())
+      for (int in : n.inputs) readers_[size_t(in)].push_back(n.id);
   }
 
   Propagation run() {
@@ -128,7 +131,7 @@ class Propagator {
     for (size_t i = 0; i < n.inputs.size(); ++i)
       collect(*view[i], r.operands[i], n.inputs[i], int(i));
     for (size_t j = 0; j < n.outputs.size(); ++j)
-      collect(p_.value[size_t(n.outputs[j])], r.results[j], n.outputs[j], 1000 + int(j));
+      collect(result_wish(n.outputs[j]), r.results[j], n.outputs[j], 1000 + int(j));
     // operands before results: a result's sharding (a tactic's choice of how to keep it, or a
     // consumer's wish) only fills factors its operands leave free; it is met by a reshard
     // otherwise. Among equals, a split that passes to the result before one that leaves it a
@@ -252,6 +255,28 @@ class Propagator {
     return changed;
   }
 
+  // What a result asks of the node that makes it: its own sharding; or, where it has no split
+  // and is a term of a sum of a value a tactic keeps split (read by one add, whose result is, or
+  // is again such a term of, that value), the sum's: a gradient summed over a pipeline's
+  // micro-batches asks each micro-batch's term for the gradient's split, as the whole batch's
+  // gradient asks the op that makes it (the vocabulary-split embedding gradient of each
+  // micro-batch, not a whole-table partial sum reduced after the sum). Whether the node can make
+  // it so is still its operands' and lead_with_results' call.
+  const Sharding& result_wish(int v) const {
+    const Sharding& own = p_.value[size_t(v)];
+    if (p_.explicit_[size_t(v)]) return own;
+    for (const auto& d : own.dims)
+      if (!d.empty()) return own;
+    for (int u = v;;) {
+      const auto& readers = readers_[size_t(u)];
+      if (readers.size() != 1) return own;
+      const ir::Node& sum = g_.node(readers[0]);
+      if (sum.op != ir::Op::add || sum.outputs.size() != 1) return own;
+      u = sum.outputs[0];
+      if (p_.explicit_[size_t(u)]) return p_.value[size_t(u)];
+    }
+  }
+
   // One split a node's factor may take: from an operand (order = its index) or a result (1000 +
   // its index), with the priority it carries.
   struct Cand {
@@ -347,8 +372,9 @@ class Propagator {
   const Mesh& m_;
   const Annotations& ann_;
   std::vector<ops::FactorRule> rules_;
-  std::vector<bool> open_;              // per value: an open annotation (plan.h)
-  std::vector<std::vector<int>> prio_;  // per value, per dim: the priority its split carries
+  std::vector<bool> open_;                 // per value: an open annotation (plan.h)
+  std::vector<std::vector<int>> readers_;  // per value: the nodes that read it
+  std::vector<std::vector<int>> prio_;     // per value, per dim: the priority its split carries
   Propagation p_;
 };
 
