@@ -201,10 +201,6 @@ inline std::vector<Case> pipeline_cases() {
   const char* data = R"({kind="data",axis="data"})";
   const char* fsdp = R"({kind="fsdp",axis="data"})";
   const char* megatron = R"({kind="megatron",axis="model"})";
-  const std::string interleaved2 =
-      R"({kind="pipeline",axis="pipe",schedule="interleaved",microbatches=4})";
-  const std::string interleaved2_m2 =
-      R"({kind="pipeline",axis="pipe",schedule="interleaved",microbatches=2})";
   auto list = [](const std::vector<std::string>& t) {
     return fmt::format("[{}]", fmt::join(t, ","));
   };
@@ -218,16 +214,21 @@ inline std::vector<Case> pipeline_cases() {
       {"pipeline_megatron_2x2", "{pipe=2,model=2}", list({pipe("1f1b", 4), megatron}), "mid"},
       {"pipeline_megatron_sequence_2x2", "{pipe=2,model=2}",
        list({pipe("gpipe", 2), megatron, R"({kind="sequence",axis="model"})"}), "mid"},
-      {"pipeline2_interleaved", "{pipe=2}", list({interleaved2}), "mid"},
-      {"pipeline4_interleaved", "{pipe=4}", list({interleaved2}), "mid", {"model.n_layers=6"}},
-      {"pipeline_interleaved_data_2x2", "{pipe=2,data=2}", list({interleaved2_m2, data}), "mid"},
+      {"pipeline2_interleaved", "{pipe=2}", list({pipe("interleaved", 4)}), "mid"},
+      {"pipeline4_interleaved",
+       "{pipe=4}",
+       list({pipe("interleaved", 4)}),
+       "mid",
+       {"model.n_layers=6"}},
+      {"pipeline_interleaved_data_2x2", "{pipe=2,data=2}", list({pipe("interleaved", 2), data}),
+       "mid"},
       {"pipeline_fsdp_megatron_2x2x2", "{pipe=2,data=2,model=2}",
        list({pipe("1f1b", 2), megatron, fsdp, data}), "mid"},
       // bucket = "auto" merges a stage's gradients across its chunks: its list scheduling keeps
       // the sends and recvs in order (a recv moved before a send deadlocked the stages)
       {"pipeline_interleaved_data_auto_2x2",
        "{pipe=2,data=2}",
-       list({interleaved2_m2, data}),
+       list({pipe("interleaved", 2), data}),
        "mid",
        {"passes.bucket=\"auto\"",
         std::string("passes.cluster=\"") + LOOM_SOURCE_DIR + "/clusters/h100-sxm.toml\""}},

@@ -34,6 +34,22 @@ T on_ranks(const Config& cfg, const std::function<T(const runtime::MeshComms&)>&
   return result;
 }
 
+// cfg trained on its plan's ranks (threads): rank 0's run.
+TrainRun trained_on_ranks(const Config& cfg) {
+  return on_ranks<TrainRun>(cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+}
+
+// Every loss, gradient norm, parameter and AdamW moment of y is x's, bit for bit.
+void expect_same_bits(const TrainRun& x, const TrainRun& y) {
+  EXPECT_EQ(x.losses, y.losses);
+  EXPECT_EQ(x.grad_norms, y.grad_norms);
+  for (const auto& [param, v] : x.params) {
+    EXPECT_EQ(v, y.params.at(param)) << param;
+    EXPECT_EQ(x.m.at(param), y.m.at(param)) << param << ": moment m";
+    EXPECT_EQ(x.v.at(param), y.v.at(param)) << param << ": moment v";
+  }
+}
+
 // The train step of cfg as a rank of its plan's mesh compiles it.
 CompiledStep compiled(const Config& cfg) {
   return compile_step(cfg, passes::StepKind::train, true, cfg.plan.plan.mesh.size());
@@ -44,8 +60,7 @@ class PlanParity : public ::testing::TestWithParam<Case> {};
 TEST_P(PlanParity, TrainingMatchesOneRank) {
   Config cfg = config(GetParam());
   TrainRun ref = train_run(single(cfg), nullptr);
-  TrainRun got =
-      on_ranks<TrainRun>(cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+  TrainRun got = trained_on_ranks(cfg);
   for (const auto& e : compare_training(got, ref)) ADD_FAILURE() << e;
 }
 
@@ -62,8 +77,7 @@ class PipelineParity : public ::testing::TestWithParam<Case> {};
 TEST_P(PipelineParity, TrainingMatchesOneRank) {
   Config cfg = config(GetParam());
   TrainRun ref = train_run(single(cfg), nullptr);
-  TrainRun got =
-      on_ranks<TrainRun>(cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+  TrainRun got = trained_on_ranks(cfg);
   for (const auto& e : compare_training(got, ref)) ADD_FAILURE() << e;
 }
 
@@ -175,8 +189,7 @@ TEST(Pipeline, Bf16TrainsAsOneProcessDoes) {
   c.sets.push_back("model.dtype=bf16");
   const Config cfg = config(c);
   const TrainRun ref = train_run(single(cfg), nullptr);
-  const TrainRun got =
-      on_ranks<TrainRun>(cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
+  const TrainRun got = trained_on_ranks(cfg);
   EXPECT_EQ(close(got.losses, ref.losses, 1e-2, 0, "loss"), "");
 }
 
@@ -236,20 +249,10 @@ TEST(Pipeline, RecomputeChangesNoBitInF32) {
       Case again = kept;
       again.sets.push_back(std::string("passes.recompute=") + policy);
       const Config a = config(kept), b = config(again);
-      auto run = [](const Config& cfg) {
-        return on_ranks<TrainRun>(
-            cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
-      };
-      const TrainRun x = run(a), y = run(b);
+      const TrainRun x = trained_on_ranks(a), y = trained_on_ranks(b);
       EXPECT_EQ(x.recomputed, 0);
       EXPECT_GT(y.recomputed, 0) << "recompute made nothing again on stage 0";
-      EXPECT_EQ(x.losses, y.losses);
-      EXPECT_EQ(x.grad_norms, y.grad_norms);
-      for (const auto& [param, v] : x.params) {
-        EXPECT_EQ(v, y.params.at(param)) << param;
-        EXPECT_EQ(x.m.at(param), y.m.at(param)) << param << ": moment m";
-        EXPECT_EQ(x.v.at(param), y.v.at(param)) << param << ": moment v";
-      }
+      expect_same_bits(x, y);
       if (std::string(policy) != "full") continue;
       const int64_t ranks = a.plan.plan.mesh.size();
       auto arena = [&](const Config& cfg) {
@@ -280,21 +283,11 @@ TEST(Recompute, ChangesNoBitInF32) {
       again.sets.push_back(std::string("passes.recompute=") + policy);
       const Config a = config(kept), b = config(again);
       ASSERT_EQ(a.model.dtype, DType::f32);
-      auto run = [](const Config& cfg) {
-        return on_ranks<TrainRun>(
-            cfg, [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
-      };
-      const TrainRun x = run(a), y = run(b);
+      const TrainRun x = trained_on_ranks(a), y = trained_on_ranks(b);
       EXPECT_EQ(x.recomputed, 0) << name;
       EXPECT_GT(y.recomputed, 0) << name << ": recompute made nothing again";
       EXPECT_LT(y.saved_bytes, x.saved_bytes) << name << ": recompute saved no activation bytes";
-      EXPECT_EQ(x.losses, y.losses) << name;
-      EXPECT_EQ(x.grad_norms, y.grad_norms) << name;
-      for (const auto& [param, v] : x.params) {
-        EXPECT_EQ(v, y.params.at(param)) << name << " " << param;
-        EXPECT_EQ(x.m.at(param), y.m.at(param)) << name << " " << param << ": moment m";
-        EXPECT_EQ(x.v.at(param), y.v.at(param)) << name << " " << param << ": moment v";
-      }
+      expect_same_bits(x, y);
     }
 }
 
@@ -336,13 +329,7 @@ TEST(Recompute, OneProcessChangesNoBitInF32) {
         EXPECT_LT(saved, kept_bytes);
         EXPECT_EQ(x.recomputed, 0);
         EXPECT_GT(y.recomputed, 0) << "recompute made nothing again";
-        EXPECT_EQ(x.losses, y.losses);
-        EXPECT_EQ(x.grad_norms, y.grad_norms);
-        for (const auto& [param, v] : x.params) {
-          EXPECT_EQ(v, y.params.at(param)) << param;
-          EXPECT_EQ(x.m.at(param), y.m.at(param)) << param << ": moment m";
-          EXPECT_EQ(x.v.at(param), y.v.at(param)) << param << ": moment v";
-        }
+        expect_same_bits(x, y);
       }
     }
 }
@@ -364,8 +351,7 @@ TEST(GradAccum, UnderAPlanMatchesTheFullBatch) {
     full.train.grad_accum = 1;
     ASSERT_EQ(batch(full, 1), batch(micro, 1));
     const TrainRun ref = train_run(full, nullptr);
-    const TrainRun got = on_ranks<TrainRun>(
-        micro, [&](const runtime::MeshComms& mc) { return train_run(micro, &mc); });
+    const TrainRun got = trained_on_ranks(micro);
     for (const auto& e : compare_training(got, ref)) ADD_FAILURE() << e;
   }
 }
@@ -531,11 +517,7 @@ std::pair<Config, Config> bf16_with_and_without(const char* name, const std::str
 
 // Both trained on their ranks: every loss, gradient norm and parameter bit the same.
 void expect_same_bits(const Config& a, const Config& b) {
-  auto run = [](const Config& cfg) {
-    return on_ranks<TrainRun>(cfg,
-                              [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
-  };
-  const TrainRun x = run(a), y = run(b);
+  const TrainRun x = trained_on_ranks(a), y = trained_on_ranks(b);
   EXPECT_EQ(x.losses, y.losses);
   EXPECT_EQ(x.grad_norms, y.grad_norms);
   for (const auto& [param, v] : x.params) EXPECT_EQ(v, y.params.at(param)) << param;
@@ -638,11 +620,7 @@ TEST(ReduceCast, HalvesTheGradientReductionsInBf16) {
     EXPECT_LT(y["data f32"], 64) << "a gradient reduced in f32 under reduce_dtype = bf16";
     EXPECT_EQ(y["data bf16"], (x["data f32"] - y["data f32"]) / 2);
     EXPECT_EQ(y["other"], x["other"]);
-    auto run = [](const Config& cfg) {
-      return on_ranks<TrainRun>(cfg,
-                                [&](const runtime::MeshComms& mc) { return train_run(cfg, &mc); });
-    };
-    const TrainRun a = run(f32), b = run(bf16);
+    const TrainRun a = trained_on_ranks(f32), b = trained_on_ranks(bf16);
     EXPECT_EQ(close(b.losses, a.losses, 1e-2, 0, "loss"), "");
     EXPECT_NE(a.losses, b.losses) << "the bf16 reductions changed nothing";
     for (const auto& [param, v] : a.params)

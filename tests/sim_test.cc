@@ -24,6 +24,16 @@ const fs::path kClusters = fs::path(LOOM_SOURCE_DIR) / "clusters";
 
 Cluster shipped(const std::string& name) { return load_cluster((kClusters / name).string()); }
 
+// cfg's pipeline stages compiled (train::compile_stages) and simulated side by side on h.
+std::vector<Prediction> simulate_stages(const train::Config& cfg, const Cluster& h) {
+  const shard::Mesh& mesh = cfg.plan.plan.mesh;
+  const std::vector<train::CompiledStep> st =
+      train::compile_stages(cfg, passes::StepKind::train, mesh.size());
+  std::vector<const ir::Graph*> gs;
+  for (const auto& s : st) gs.push_back(&s.c.rank.graph);
+  return simulate_pipeline(gs, mesh, h, place(mesh, h, mesh.size()));
+}
+
 TEST(Cluster, ShippedFilesParse) {
   int n = 0;
   for (const auto& e : fs::directory_iterator(kClusters)) {
@@ -486,12 +496,7 @@ TEST(Simulate, InterleavingShrinksTheBubble) {
          fmt::format(R"(plan.tactics=[{{kind="pipeline",axis="pipe",schedule="{}",)"
                      R"(microbatches={}}}])",
                      schedule, m)});
-    const shard::Mesh& mesh = cfg.plan.plan.mesh;
-    const std::vector<train::CompiledStep> st =
-        train::compile_stages(cfg, passes::StepKind::train, 4);
-    std::vector<const ir::Graph*> gs;
-    for (const auto& s : st) gs.push_back(&s.c.rank.graph);
-    const std::vector<Prediction> p = simulate_pipeline(gs, mesh, h, place(mesh, h, 4));
+    const std::vector<Prediction> p = simulate_stages(cfg, h);
     double waited = 0, step = 0;
     for (const Prediction& e : p) {
       waited += e.exposed_comm_seconds / e.step_seconds / 4;
@@ -526,13 +531,8 @@ TEST(Simulate, EveryInterleavedScheduleEnds) {
              fmt::format(R"(plan.tactics=[{{kind="pipeline",axis="pipe",schedule="interleaved",)"
                          R"(microbatches={},virtual_stages={}}}])",
                          m, v)});
-        const shard::Mesh& mesh = cfg.plan.plan.mesh;
-        const std::vector<train::CompiledStep> st =
-            train::compile_stages(cfg, passes::StepKind::train, p);
-        std::vector<const ir::Graph*> gs;
-        for (const auto& s : st) gs.push_back(&s.c.rank.graph);
         std::vector<Prediction> r;
-        ASSERT_NO_THROW(r = simulate_pipeline(gs, mesh, h, place(mesh, h, p)));
+        ASSERT_NO_THROW(r = simulate_stages(cfg, h));
         for (const Prediction& e : r) EXPECT_GT(e.compute_seconds, 0);
       }
 }

@@ -96,6 +96,9 @@ std::vector<Op> all_ops();
 // another kind (or a graph input) made it. E.g. a data-parallel rank's all-reduced loss -> the
 // rank's own loss.
 int before_collectives(const ir::Graph& g, int value);
+// Per value of g: the parameter it is, or that a chain of casts made it from (a bf16 weight's
+// copy); -1 for any other value.
+std::vector<int> param_roots(const ir::Graph& g);
 
 // Registration, called once from the registry (explicit, so static linking never drops an op).
 // `def.name` must be an op of ir/op.h's list not registered before.

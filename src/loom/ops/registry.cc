@@ -67,6 +67,15 @@ int before_collectives(const ir::Graph& g, int value) {
   }
 }
 
+std::vector<int> param_roots(const ir::Graph& g) {
+  std::vector<int> root(g.values().size(), -1);
+  for (const ir::Value& v : g.values())
+    if (v.kind == ir::ValueKind::param) root[size_t(v.id)] = v.id;
+  for (const ir::Node& n : g.nodes())
+    if (n.op == Op::cast) root[size_t(n.outputs[0])] = root[size_t(n.inputs[0])];
+  return root;
+}
+
 std::vector<Op> all_ops() {
   std::vector<Op> r;
   for (int i = 0; i < ir::kOpCount; ++i) r.push_back(Op(i));

@@ -23,6 +23,7 @@
 
 #include "loom/core/error.h"
 #include "loom/ops/builder.h"
+#include "loom/ops/op.h"
 #include "loom/passes/pipeline.h"
 
 namespace loom::passes {
@@ -39,16 +40,11 @@ std::string where(const Options& o) {
 // The elements of a group's weights that a matmul reads (through casts): its compute.
 int64_t group_cost(const ir::Graph& g, const ir::ParamGroup& group) {
   std::vector<bool> matmul_weight(g.values().size(), false);
-  std::vector<int> root(g.values().size(), -1);  // a value made from one parameter by casts
-  for (const ir::Value& v : g.values())
-    if (v.kind == ir::ValueKind::param) root[size_t(v.id)] = v.id;
-  for (const ir::Node& n : g.nodes()) {
-    if (n.op == ir::Op::cast && root[size_t(n.inputs[0])] >= 0)
-      root[size_t(n.outputs[0])] = root[size_t(n.inputs[0])];
+  const std::vector<int> root = ops::param_roots(g);
+  for (const ir::Node& n : g.nodes())
     if (n.op == ir::Op::matmul || n.op == ir::Op::grouped_matmul)
       for (int in : n.inputs)
         if (root[size_t(in)] >= 0) matmul_weight[size_t(root[size_t(in)])] = true;
-  }
   int64_t cost = 0;
   for (int p : group.params)
     if (matmul_weight[size_t(p)]) cost += numel(g.value(p).type.shape);

@@ -136,12 +136,12 @@ class StageCutter {
     for (const ir::Node& n : g_.nodes()) {
       const size_t i = size_t(n.id);
       backward = backward || phase_[i] == Phase::backward;
-      if (stage_[i] == s_) nodes[{phase_[i], mb_[i], chunk_[i]}].push_back(n.id);
+      if (stage(n.id) == s_) nodes[{phase_[i], mb_[i], chunk_[i]}].push_back(n.id);
     }
     for (const Item& it : schedule(pl_, s_, backward))
       for (int n : nodes[it]) emit(n);
     for (const ir::Node& n : g_.nodes())
-      if (stage_[size_t(n.id)] == s_) emit(n.id);
+      if (stage(n.id) == s_) emit(n.id);
     for (int v : old_.outputs) ensure(v);
     // the global values this stage never makes or receives are not in its program
     for (int& v : old_.local)
@@ -150,15 +150,20 @@ class StageCutter {
   }
 
  private:
-  // Each rank node's chunk, stage, phase and micro-batch.
+  // A rank node's stage; the chunk and stage of the node that makes a value (-1: an input).
+  int64_t stage(int node) const { return pl_.stage_of_chunk(chunk_[size_t(node)]); }
+  int64_t vchunk(int v) const {
+    const ir::Value& val = g_.value(v);
+    return val.kind == ir::ValueKind::node ? chunk_[size_t(val.producer)] : -1;
+  }
+  int64_t vstage(int v) const { return pl_.stage_of_chunk(vchunk(v)); }
+
+  // Each rank node's chunk, phase and micro-batch.
   void classify(const std::vector<int64_t>& global) {
     const size_t n = g_.nodes().size();
     chunk_.assign(n, -1);
-    stage_.assign(n, -1);
     mb_.assign(n, -1);
     phase_.assign(n, Phase::rest);
-    vchunk_.assign(g_.values().size(), -1);
-    vstage_.assign(g_.values().size(), -1);
     std::vector<int64_t> vmb(g_.values().size(), -1);
     for (size_t k = 0; k < pl_.inputs.size(); ++k)
       for (int v : pl_.inputs[k])
@@ -169,7 +174,7 @@ class StageCutter {
       const int gn = i < old_.origin.size() ? old_.origin[i] : -1;
       int64_t ch = -1, mb = -1;
       for (int in : node.inputs) {
-        ch = std::max(ch, vchunk_[size_t(in)]);
+        ch = std::max(ch, vchunk(in));
         mb = std::max(mb, vmb[size_t(in)]);
       }
       if (gn >= 0) {
@@ -179,13 +184,8 @@ class StageCutter {
                                            : Phase::rest;
       }
       chunk_[i] = ch;
-      stage_[i] = pl_.stage_of_chunk(ch);
       mb_[i] = mb;
-      for (int out : node.outputs) {
-        vchunk_[size_t(out)] = ch;
-        vstage_[size_t(out)] = stage_[i];
-        vmb[size_t(out)] = mb;
-      }
+      for (int out : node.outputs) vmb[size_t(out)] = mb;
     }
   }
 
@@ -194,22 +194,21 @@ class StageCutter {
     readers_.assign(g_.values().size(), {});
     for (const ir::Node& n : g_.nodes())
       for (int in : n.inputs)
-        if (vstage_[size_t(in)] >= 0 && stage_[size_t(n.id)] >= 0 &&
-            stage_[size_t(n.id)] != vstage_[size_t(in)])
-          readers_[size_t(in)].insert(stage_[size_t(n.id)]);
+        if (vstage(in) >= 0 && stage(n.id) >= 0 && stage(n.id) != vstage(in))
+          readers_[size_t(in)].insert(stage(n.id));
     for (int v : old_.outputs)
       for (int64_t t = 0; t < pl_.stages; ++t)
-        if (vstage_[size_t(v)] >= 0 && t != vstage_[size_t(v)]) readers_[size_t(v)].insert(t);
+        if (vstage(v) >= 0 && t != vstage(v)) readers_[size_t(v)].insert(t);
     std::map<std::pair<int64_t, int64_t>, int64_t> next;
     for (size_t v = 0; v < readers_.size(); ++v)
-      for (int64_t t : readers_[v]) tag_[{int(v), t}] = next[{vstage_[v], t}]++;
+      for (int64_t t : readers_[v]) tag_[{int(v), t}] = next[{vstage(int(v)), t}]++;
   }
 
   void ensure(int v) {
     if (rw_->map(v) >= 0) return;
     const ir::Value& val = g_.value(v);
     LOOM_CHECK(val.kind == ir::ValueKind::node) << "input %" << val.name << " not mapped";
-    const int64_t from = vstage_[size_t(v)];
+    const int64_t from = vstage(v);
     if (from < 0 || from == s_) {
       emit(val.producer);
       return;
@@ -247,7 +246,7 @@ class StageCutter {
   shard::Program old_;  // a copy: its `local` forgets what the stage lacks before finish()
   const ir::Graph& g_;
   Rewriter* rw_ = nullptr;
-  std::vector<int64_t> chunk_, stage_, mb_, vchunk_, vstage_;
+  std::vector<int64_t> chunk_, mb_;  // per rank node
   std::vector<Phase> phase_;
   std::vector<bool> emitted_;
   std::vector<std::set<int64_t>> readers_;

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "loom/core/error.h"
+#include "loom/ops/op.h"
 #include "loom/shard/plan.h"
 
 namespace loom::search {
@@ -38,13 +39,9 @@ bool is_pipeline(const Role& r) { return r.order == -1; }
 // Whether a parameter is both an embedding's table and a matmul's weight (through casts): a tied
 // embedding and head (GPT-2, tie_embeddings), which the first and last stages would both read.
 bool tied_embedding(const ir::Graph& g) {
-  std::vector<int> root(g.values().size(), -1);
+  const std::vector<int> root = ops::param_roots(g);
   std::vector<int> use(g.values().size(), 0);  // per parameter: 1 embedding, 2 matmul
-  for (const ir::Value& v : g.values())
-    if (v.kind == ir::ValueKind::param) root[size_t(v.id)] = v.id;
   for (const ir::Node& n : g.nodes()) {
-    if (n.op == ir::Op::cast && root[size_t(n.inputs[0])] >= 0)
-      root[size_t(n.outputs[0])] = root[size_t(n.inputs[0])];
     const int bit = n.op == ir::Op::embedding ? 1 : n.op == ir::Op::matmul ? 2 : 0;
     for (int in : n.inputs)
       if (bit && root[size_t(in)] >= 0) use[size_t(root[size_t(in)])] |= bit;

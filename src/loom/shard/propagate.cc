@@ -46,9 +46,18 @@ class Propagator {
     }
     rules_.reserve(g.nodes().size());
     for (const ir::Node& n : g.nodes()) rules_.push_back(ops::factor_rule(g, n));
-    readers_.resize(g.values().size());
+    // each value that is a term of a sum a tactic keeps split: that sum (result_wish)
+    std::vector<int> readers(g.values().size(), 0);
     for (const ir::Node& n : g.nodes())
-      for (int in : n.inputs) readers_[size_t(in)].push_back(n.id);
+      for (int in : n.inputs) ++readers[size_t(in)];
+    sum_of_.assign(g.values().size(), -1);
+    for (auto n = g.nodes().rbegin(); n != g.nodes().rend(); ++n) {
+      if (n->op != ir::Op::add || n->outputs.size() != 1) continue;
+      const int out = n->outputs[0];
+      for (int in : n->inputs)
+        if (readers[size_t(in)] == 1)
+          sum_of_[size_t(in)] = p_.explicit_[size_t(out)] ? out : sum_of_[size_t(out)];
+    }
   }
 
   Propagation run() {
@@ -264,17 +273,10 @@ class Propagator {
   // it so is still its operands' and lead_with_results' call.
   const Sharding& result_wish(int v) const {
     const Sharding& own = p_.value[size_t(v)];
-    if (p_.explicit_[size_t(v)]) return own;
+    if (p_.explicit_[size_t(v)] || sum_of_[size_t(v)] < 0) return own;
     for (const auto& d : own.dims)
       if (!d.empty()) return own;
-    for (int u = v;;) {
-      const auto& readers = readers_[size_t(u)];
-      if (readers.size() != 1) return own;
-      const ir::Node& sum = g_.node(readers[0]);
-      if (sum.op != ir::Op::add || sum.outputs.size() != 1) return own;
-      u = sum.outputs[0];
-      if (p_.explicit_[size_t(u)]) return p_.value[size_t(u)];
-    }
+    return p_.value[size_t(sum_of_[size_t(v)])];
   }
 
   // One split a node's factor may take: from an operand (order = its index) or a result (1000 +
@@ -372,9 +374,9 @@ class Propagator {
   const Mesh& m_;
   const Annotations& ann_;
   std::vector<ops::FactorRule> rules_;
-  std::vector<bool> open_;                 // per value: an open annotation (plan.h)
-  std::vector<std::vector<int>> readers_;  // per value: the nodes that read it
-  std::vector<std::vector<int>> prio_;     // per value, per dim: the priority its split carries
+  std::vector<bool> open_;              // per value: an open annotation (plan.h)
+  std::vector<int> sum_of_;             // per value: the kept sum it is a term of, or -1
+  std::vector<std::vector<int>> prio_;  // per value, per dim: the priority its split carries
   Propagation p_;
 };
 
