@@ -10,6 +10,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/ir/text.h"
 #include "loom/runtime/memory_plan.h"
 #include "loom/sim/cost.h"
 #include "loom/sim/simulate.h"
@@ -421,6 +422,58 @@ TEST(Simulate, OverlapOnACpuHostSlowsBothStreams) {
     EXPECT_GT(oc.step_seconds, base.step_seconds);
     EXPECT_LE(oc.step_seconds, slow.step_seconds * (1 + 1e-12));
   }
+}
+
+// Each mesh axis has its own communication stream (runtime/executor.h): collectives of two axes
+// on two levels run side by side, two of one axis one after the other, two axes of one level
+// share it; what the compute stream waited for is told by collective and axis.
+TEST(Simulate, CollectivesOfTwoAxesRunSideBySide) {
+  const Cluster c = shipped("h100-sxm.toml");
+  const shard::Mesh mesh({{"a", 2}, {"b", 8}});  // a across nodes (InfiniBand), b on NVLink
+  const Placement pl = place(mesh, c, 16);
+  auto program = [](const std::string& x_axis, int xn, const std::string& y_axis, int yn) {
+    return ir::parse(fmt::format(R"(graph two {{
+  param %x : f32[4194304]
+  param %y : f32[4194304]
+  %x.inflight : f32[{}] = all_gather(%x) {{async = 1, axis = "{}", dim = 0, n = {}}}
+  %y.inflight : f32[{}] = all_gather(%y) {{async = 1, axis = "{}", dim = 0, n = {}}}
+  %x.all : f32[{}] = wait(%x.inflight, %x)
+  %y.all : f32[{}] = wait(%y.inflight, %y)
+}})",
+                                 4194304 * xn, x_axis, xn, 4194304 * yn, y_axis, yn, 4194304 * xn,
+                                 4194304 * yn));
+  };
+  const Prediction ab = simulate(program("a", 2, "b", 8), mesh, c, pl);
+  const Prediction aa = simulate(program("a", 2, "a", 2), mesh, c, pl);
+  const Prediction bb = simulate(program("b", 8, "b", 8), mesh, c, pl);
+  const double ta = aa.comm_seconds / 2, tb = bb.comm_seconds / 2;
+  ASSERT_GT(ta, 0);
+  ASSERT_GT(tb, 0);
+  EXPECT_NEAR(ab.comm_seconds, ta + tb, 1e-9 * ta);
+  EXPECT_NEAR(ab.step_seconds, std::max(ta, tb), 1e-9 * ta);  // side by side
+  EXPECT_NEAR(aa.step_seconds, 2 * ta, 1e-9 * ta);            // one after the other
+  EXPECT_NEAR(bb.step_seconds, 2 * tb, 1e-9 * tb);
+  for (const Prediction* p : {&ab, &aa, &bb}) {
+    double sum = 0;
+    for (const auto& [what, s] : p->exposed_by) sum += s;
+    EXPECT_NEAR(sum, p->exposed_comm_seconds, 1e-12);
+    EXPECT_NEAR(p->exposed_comm_seconds, p->step_seconds, 1e-12);  // nothing but waiting
+  }
+  EXPECT_NEAR(aa.exposed_by.at("all_gather a"), 2 * ta, 1e-9 * ta);
+  EXPECT_EQ(aa.exposed_by.size(), 1u);
+  // the wait for x (slower, over InfiniBand) holds the whole step; y was done by then
+  ASSERT_GT(ta, tb);
+  EXPECT_NEAR(ab.exposed_by.at("all_gather a"), ta, 1e-9 * ta);
+  EXPECT_EQ(ab.exposed_by.count("all_gather b"), 0u);
+  // two axes on one level (both across nodes) share its links: no faster than one after the other
+  const shard::Mesh wide({{"a", 2}, {"c", 2}, {"b", 8}});
+  const Placement pw = place(wide, c, 32);
+  const Prediction ac = simulate(program("a", 2, "c", 2), wide, c, pw);
+  const Prediction a2 = simulate(program("a", 2, "a", 2), wide, c, pw);
+  EXPECT_NEAR(ac.step_seconds, a2.step_seconds, 1e-9 * a2.step_seconds);
+  // a sub-group of an axis (a hierarchical reduction's piece) runs on its axis's stream
+  EXPECT_EQ(shard::Mesh::stream_of("a[1:2]"), "a");
+  EXPECT_EQ(shard::Mesh::stream_of("x[1:4]+y"), "x+y");
 }
 
 TEST(Simulate, AutoBucketsAreNeverPredictedSlowerThanBlock) {

@@ -155,6 +155,27 @@ void print_predictions(const std::vector<nlohmann::json>& rows) {
       if (all > 0 && t >= 0.02 * all)
         line += fmt::format("{}{} {:.0f}%", line.empty() ? "" : ", ", op, 100 * t / all);
     if (!line.empty()) fmt::print("{:<16} compute: {}\n", "", line);
+    // what the compute stream waited for: the collectives (op, axis) and recvs above 2% of the wait
+    std::vector<std::pair<double, std::string>> waits;
+    for (const auto& [what, t] : r["exposed_ms_by"].items())
+      waits.push_back({t.get<double>(), what});
+    std::sort(waits.rbegin(), waits.rend());
+    const double waited = r["exposed_comm_ms"].get<double>();
+    line.clear();
+    for (const auto& [t, what] : waits)
+      if (waited > 0 && t >= 0.02 * waited)
+        line += fmt::format("{}{} {:.0f} ms", line.empty() ? "" : ", ", what, t);
+    if (!line.empty()) fmt::print("{:<16} exposed: {}\n", "", line);
+    if (r.contains("stages")) {  // a pipeline: each stage's compute, and the one it waits most in
+      const auto& st = r["stages"];
+      size_t lo = 0, hi = 0;
+      for (size_t s = 0; s < st.size(); ++s) {
+        if (st[s]["compute_ms"].get<double>() < st[lo]["compute_ms"].get<double>()) lo = s;
+        if (st[s]["compute_ms"].get<double>() > st[hi]["compute_ms"].get<double>()) hi = s;
+      }
+      fmt::print("{:<16} stages: compute {:.0f} ms (stage {}) to {:.0f} ms (stage {})\n", "",
+                 st[lo]["compute_ms"].get<double>(), lo, st[hi]["compute_ms"].get<double>(), hi);
+    }
   }
 }
 

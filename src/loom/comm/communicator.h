@@ -73,6 +73,10 @@ class Communicator {
   // call returns nullptr on that rank. The new communicator starts with this one's chunk_bytes().
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   virtual std::string backend() const = 0;  // "local" | "mpi"
+  // Whether two threads may each run a call at once on two different communicators of this world
+  // (a rank's communication streams, one per mesh axis: runtime/executor.h). The local backend
+  // always may; MPI where it provides MPI_THREAD_MULTIPLE.
+  virtual bool concurrent_groups() const { return true; }
 
   // The largest piece one collective moves at a time, in bytes (per rank block for reduce_scatter
   // and all_to_all). Must be equal on every rank of the communicator.

@@ -156,6 +156,11 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  bool concurrent_groups() const override {
+    int provided = 0;
+    LOOM_MPI(MPI_Query_thread, &provided);
+    return provided >= MPI_THREAD_MULTIPLE;
+  }
 
  protected:
   void do_all_reduce(void* buf, int64_t count, DType dt) override {
@@ -340,11 +345,13 @@ MpiSession::MpiSession() {
     // collectives keep the fixed rules (dynamic rules with no algorithm forced fall back to them).
     setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", 0);
     setenv("OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm", "3", 0);
-    LOOM_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    // MULTIPLE: a rank's collectives on different mesh axes run at once, each on its axis's
+    // communication thread (runtime/executor.h); SERIALIZED suffices for one thread at a time
+    LOOM_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     owns_ = true;
   }
-  // SERIALIZED: a rank's collectives run on its communication thread while it computes
-  // (runtime/comm_stream.h), never two MPI calls at once
+  // at least SERIALIZED: a rank's collectives run on a communication thread while it computes
+  // (runtime/comm_stream.h); below MULTIPLE one thread runs every axis's (concurrent_groups)
   if (provided < MPI_THREAD_SERIALIZED) {
     if (owns_) LOOM_MPI(MPI_Finalize);
     throw Error(

@@ -7,6 +7,10 @@
 // are compared bit for bit; random f32/bf16 sums are checked to be the same bits on every rank.
 #include <cstdio>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "loom/comm/comm_checks.h"
 #include "loom/comm/mpi.h"
@@ -67,6 +71,43 @@ void check_mpi_errors_are_thrown(Communicator& c) {
   c.barrier();
 }
 
+// A rank's communication streams, one per mesh axis, run collectives on two communicators at once
+// (runtime/executor.h): MPI_THREAD_MULTIPLE (MpiSession asks for it), and two threads each
+// summing on their own communicator, interleaved, get exact sums.
+void check_two_groups_at_once(Communicator& world) {
+  if (!world.concurrent_groups())
+    throw Error("mpi_check: MPI does not provide MPI_THREAD_MULTIPLE",
+                "a rank's axes then share one communication thread; use an MPI built with it");
+  std::unique_ptr<Communicator> all = world.split(0, world.rank());
+  std::unique_ptr<Communicator> pairs = world.split(world.rank() / 2, world.rank());
+  std::string failed;
+  std::mutex mu;
+  auto sums = [&](Communicator& c, int scale) {
+    try {
+      set_polite_waits(true);
+      const int m = c.size();
+      for (int i = 0; i < 50; ++i) {
+        std::vector<int32_t> v(257, (c.rank() + 1) * scale + i);
+        c.all_reduce(v.data(), int64_t(v.size()), DType::i32);
+        const int32_t want = scale * m * (m + 1) / 2 + i * m;
+        for (int32_t x : v)
+          if (x != want)
+            throw Error(fmt::format("sum {} over {} ranks is {}, want {}", i, m, x, want));
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> l(mu);
+      failed += e.what();
+    }
+  };
+  std::thread a([&] { sums(*all, 1); });
+  std::thread b([&] { sums(*pairs, 1000); });
+  a.join();
+  b.join();
+  if (!failed.empty())
+    throw Error(fmt::format("two communicators at once, rank {}: {}", world.rank(), failed));
+  world.barrier();
+}
+
 void run(Communicator& world) {
   if (world.size() < 2)
     throw Error(fmt::format("mpi_check: {} rank", world.size()),
@@ -92,6 +133,7 @@ void run(Communicator& world) {
   world.set_gather_chunk_bytes(kMaxChunkBytes);
   checks::check_chunking(world, exact);
   check_random_sums_agree(world);
+  check_two_groups_at_once(world);
   check_mpi_errors_are_thrown(world);
   world.barrier();
 }

@@ -33,7 +33,7 @@ const config::Section<ScheduleOptions>& passes_section() {
           bool_key("prefetch", &O::prefetch,
                    "collectives on a communication thread, started early"),
           int_key("max_in_flight", &O::max_in_flight, at_least(1),
-                  "prefetched collectives at once"),
+                  "prefetched collectives at once per mesh axis"),
           bool_key("synthesize", &O::synthesize,
                    "P2: all-reduces as the fastest hierarchical program on `cluster`"),
       },

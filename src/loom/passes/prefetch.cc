@@ -14,8 +14,14 @@
 //     under bf16 a block gathers a bf16 bucket and an f32 one): a run starts when the first wait
 //     of the run before it is emitted, so while block k computes, block k+1's parameters arrive
 //     (FSDP's prefetch of the next module; in the backward, the next re-gather). And at most
-//     max_in_flight collectives are in flight: a start beyond that first emits the oldest one's
-//     wait.
+//     max_in_flight collectives of one axis are in flight (each axis has its own communication
+//     stream, runtime/executor.h): a start beyond that first emits its axis's oldest one's wait,
+//     except where that is a start of the same run of the chain: the run's next start then waits
+//     for room (a run of more gathers than max_in_flight never blocks the compute thread on its
+//     own first gathers before the block they serve computes). A tensor-parallel gather thus never
+//     waits for the gradient reduce-scatters of the data axis ahead of it. The first starts come
+//     before the program's first node: a pipeline stage's is the recv it idles in until its peer
+//     sends, while its gathers run.
 // Worked example (fsdp, two blocks, bucketed): start(gather l0), start(gather l1) at the top;
 // wait(l0) before l0's first matmul; l0 computes while l1's gather runs; wait(l1) before l1's ...;
 // in the backward, the reduce-scatter of l1's gradients starts as soon as they exist and runs
@@ -35,6 +41,7 @@
 #include "loom/ops/op.h"
 #include "loom/passes/pipeline.h"
 #include "loom/passes/rewrite.h"
+#include "loom/shard/sharding.h"
 
 namespace loom::passes {
 
@@ -55,6 +62,9 @@ struct Item {
 
 bool is_collective(const ir::Node& n) { return ops::has_trait(n.op, ops::Trait::collective); }
 
+// the communication stream a collective runs on (shard::Mesh::stream_of)
+std::string stream(const ir::Node& n) { return shard::Mesh::stream_of(n.attr_str("axis")); }
+
 class Scheduler {
  public:
   Scheduler(const shard::Program& prog, int64_t max_in_flight, std::vector<int> param_group)
@@ -63,6 +73,7 @@ class Scheduler {
   shard::Program run() {
     build_items();
     classify();
+    try_starts();  // before the first node: a pipeline stage's is a recv, waiting for its peer
     for (size_t i = 0; i < items_.size(); ++i) {
       if (items_[i].lazy || items_[i].eager) continue;
       emit(int(i));
@@ -78,8 +89,9 @@ class Scheduler {
   Rewriter rw_;
   int64_t max_;
   std::vector<Item> items_;
-  std::map<int, int> inflight_value_;   // started old collective node -> its in-flight new value
-  std::deque<int> inflight_;            // started, not waited (their start items)
+  std::map<int, int> inflight_value_;  // started old collective node -> its in-flight new value
+  // per axis (each its own communication stream): started, not waited (their start items)
+  std::map<std::string, std::deque<int>> inflight_;
   std::vector<int> starts_;             // start items, in order
   std::vector<std::vector<int>> runs_;  // the chain: its runs in order, each its start items
   size_t next_run_ = 0;                 // the runs before it are all started
@@ -181,6 +193,16 @@ class Scheduler {
     return true;
   }
 
+  // Whether chain start s may be emitted now: its axis has fewer than max_in_flight collectives in
+  // flight, or the oldest (whose wait it would force) is not of s's own run: a run never waits
+  // for its own first gathers before the compute they serve.
+  bool room(int s) const {
+    auto it = inflight_.find(stream(g_.node(items_[size_t(s)].node)));
+    if (it == inflight_.end() || int64_t(it->second.size()) < max_) return true;
+    const auto& run = runs_[next_run_];
+    return std::find(run.begin(), run.end(), it->second.front()) == run.end();
+  }
+
   // Whether run r of the chain may start: the first, or one whose previous run has a wait emitted.
   bool run_may_start(size_t r) const {
     if (r == 0) return true;
@@ -198,10 +220,11 @@ class Scheduler {
       while (next_run_ < runs_.size() &&
              std::all_of(runs_[next_run_].begin(), runs_[next_run_].end(), started))
         ++next_run_;
+      // a start of the chain waits for room on its axis rather than forcing a wait of its run
       if (next_run_ < runs_.size() && run_may_start(next_run_))
         for (int s : runs_[next_run_]) {
           if (started(s)) continue;
-          if (ready(s)) emit(s), progress = true;
+          if (ready(s) && room(s)) emit(s), progress = true;
           break;
         }
       for (int s : starts_) {  // every other start, as soon as it can
@@ -223,17 +246,18 @@ class Scheduler {
     if (it.kind == Kind::node) {
       rw_.copy(n);
     } else if (it.kind == Kind::start) {
-      while (int64_t(inflight_.size()) >= max_) emit(inflight_.front() + 1);  // its wait
+      std::deque<int>& axis = inflight_[stream(n)];
+      while (int64_t(axis.size()) >= max_) emit(axis.front() + 1);  // its wait
       ir::Attrs a = n.attrs;
       a["async"] = int64_t(1);
       inflight_value_[n.id] =
           b.emit1(n.op, {rw_.map(n.inputs[0])}, a, g_.value(n.outputs[0]).name + ".inflight");
-      inflight_.push_back(item);
+      inflight_[stream(n)].push_back(item);
     } else {
       const int out = b.emit1(ir::Op::wait, {inflight_value_.at(n.id), rw_.map(n.inputs[0])}, {},
                               g_.value(n.outputs[0]).name);
       rw_.alias(n.outputs[0], out);
-      std::erase(inflight_, item - 1);
+      std::erase(inflight_[stream(n)], item - 1);
     }
     it.done = true;
   }

@@ -11,6 +11,7 @@
 #include "loom/runtime/collectives.h"
 #include "loom/runtime/comm_stream.h"
 #include "loom/runtime/trace.h"
+#include "loom/shard/sharding.h"
 
 namespace loom::runtime {
 
@@ -25,17 +26,20 @@ Executor::Executor(const ir::Graph& g, Device& device)
     async = async || n.attr_int("async", 0) == 1;
   }
   if (async) {
-    stream_ = std::make_unique<CommStream>();
-    ticket_.assign(g.values().size(), 0);
+    async_ = true;
+    ticket_.assign(g.values().size(), {nullptr, 0});
   }
   if (plan_.arena_bytes > 0) arena_ = static_cast<char*>(device.allocate(plan_.arena_bytes));
 }
 
 Executor::~Executor() {
-  if (stream_ && !stream_->idle()) {
+  bool idle = true;
+  for (auto& [axis, s] : streams_) idle = idle && s->idle();
+  if (!idle) {
     // a collective is still blocked on a failed peer (an error is unwinding this rank): it may
-    // still write into the arena, so both are left to the ending process (comm_stream.h)
-    (void)stream_.release();
+    // still write into the arena, so the streams and it are left to the ending process
+    // (comm_stream.h)
+    for (auto& [axis, s] : streams_) (void)s.release();
     return;
   }
   if (arena_) device_.release(arena_);
@@ -73,9 +77,21 @@ void traced(Trace* trace, const ir::Graph& g, const ir::Node& n, F&& run) {
 
 }  // namespace
 
-double Executor::wait_for(int64_t ticket) {
+CommStream& Executor::stream_for(const ir::Node& n) {
+  auto a = n.attrs.find("axis");
+  const std::string axis = comms_->world().concurrent_groups() && a != n.attrs.end() &&
+                                   std::holds_alternative<std::string>(a->second)
+                               ? shard::Mesh::stream_of(std::get<std::string>(a->second))
+                               : std::string();
+  std::unique_ptr<CommStream>& s = streams_[axis];
+  if (!s) s = std::make_unique<CommStream>();
+  return *s;
+}
+
+double Executor::wait_for(std::pair<CommStream*, int64_t> ticket) {
   const double t0 = Trace::now_us();
-  stream_->wait(ticket);
+  LOOM_CHECK(ticket.first) << "executor: a wait for a collective that was not started";
+  ticket.first->wait(ticket.second);
   const double us = Trace::now_us() - t0;
   comm_stats_.exposed_seconds += us * 1e-6;
   return us;
@@ -92,7 +108,7 @@ void Executor::launch(const ir::Node& n, void* const* ins, void* const* outs) {
                     "without its ranks)",
                     g_.value(n.outputs[0]).name, n.op));
   ++comm_stats_.collectives;
-  if (!stream_) {  // on this thread: all of it exposed
+  if (!async_) {  // on this thread: all of it exposed
     const double t0 = Trace::now_us();
     traced(trace_, g_, n, [&] { run_collective(g_, n, ins, outs, *comms_); });
     comm_stats_.exposed_seconds += (Trace::now_us() - t0) * 1e-6;
@@ -103,10 +119,11 @@ void Executor::launch(const ir::Node& n, void* const* ins, void* const* outs) {
   const MeshComms* comms = comms_;
   Trace* trace = trace_;
   std::vector<void*> in(ins, ins + n.inputs.size()), out(outs, outs + n.outputs.size());
-  const int64_t t =
-      stream_->submit([g, &n, comms, trace, in = std::move(in), out = std::move(out)] {
+  CommStream& stream = stream_for(n);
+  const std::pair<CommStream*, int64_t> t = {
+      &stream, stream.submit([g, &n, comms, trace, in = std::move(in), out = std::move(out)] {
         traced(trace, *g, n, [&] { run_collective(*g, n, in.data(), out.data(), *comms); });
-      });
+      })};
   if (n.attr_int("async", 0) == 1) {
     ticket_[size_t(n.outputs[0])] = t;
     return;
@@ -127,8 +144,7 @@ void Executor::run(size_t nodes) {
       throw Error(fmt::format("executor: graph input %{} ({}) is not bound", v.name,
                               ir::kind_name(v.kind)));
   std::unique_ptr<Recording>& recording = recordings_[nodes];
-  if (!recording && recordable_ && runs_[nodes] > 0 && !profile_ && !trace_ && !comms_ &&
-      !stream_) {
+  if (!recording && recordable_ && runs_[nodes] > 0 && !profile_ && !trace_ && !comms_ && !async_) {
     recording = device_.record([this, nodes] { run_nodes(nodes); });
     recordable_ = recording != nullptr;
   }
@@ -159,7 +175,7 @@ void Executor::run_nodes(size_t count) {
     outs.clear();
     for (int v : n.inputs) ins.push_back(data(v));
     for (int v : n.outputs) outs.push_back(data(v));
-    const bool completes = stream_ && completes_[size_t(n.id)];
+    const bool completes = async_ && completes_[size_t(n.id)];
     if (!trace_) {
       if (completes) wait_for(ticket_[size_t(n.inputs[0])]);
       launch(n, ins.data(), outs.data());
@@ -186,7 +202,7 @@ void Executor::run_nodes(size_t count) {
                    std::string(ir::op_name(n.op)), TraceEvent::compute, t0, us,
                    output_bytes(g_, n)});
   }
-  if (stream_) stream_->drain();
+  for (auto& [axis, s] : streams_) s->drain();
   if (!stamped) return;
   const std::vector<double> t = stamps_->seconds();
   for (size_t i = 0; i < count && i + 1 < t.size(); ++i) {

@@ -3,11 +3,18 @@
 // External values (params, states, inputs) are bound by the caller and must stay valid while the
 // executor runs.
 //
-// A per-rank program's collectives (shard/lower.h) run on the communicators given by set_comms(),
-// in program order: on the calling thread, or, when the program has asynchronous collectives
-// (passes/prefetch.cc: a collective with async = 1 and its wait), every collective on the
-// executor's CommStream (comm_stream.h), the compute thread blocking only at waits (and at once
-// after a synchronous one). run() returns with nothing in flight.
+// A per-rank program's collectives (shard/lower.h) run on the communicators given by set_comms():
+// on the calling thread, in program order, or, when the program has asynchronous collectives
+// (passes/prefetch.cc: a collective with async = 1 and its wait), every collective on a
+// CommStream (comm_stream.h), one per mesh axis (shard::Mesh::stream_of its `axis` attribute: a
+// hierarchical reduction's sub-groups run on their axis's), the compute thread blocking only at
+// waits (and at once after a synchronous one). Each stream runs its collectives in program order,
+// so every communicator sees the same order on every rank;
+// collectives of two axes run side by side (a tensor-parallel gather on NVLink beside FSDP's
+// reduce-scatter on the network, as NCCL's communicators run on their own streams). Where the
+// communicators cannot run two groups at once (MPI below MPI_THREAD_MULTIPLE:
+// Communicator::concurrent_groups) one stream runs every axis's. run() returns with nothing in
+// flight.
 //
 // On a device that records (a GPU), the second run() records the program as one graph and every
 // later run replays it (the first runs it node by node: its libraries choose their algorithms
@@ -111,9 +118,10 @@ class Executor {
   std::unique_ptr<Stamps> stamps_;      // a profiled run's, made on its first
   std::vector<const Kernel*> kernels_;  // per node, looked up once; null for a collective
   const MeshComms* comms_ = nullptr;
-  std::unique_ptr<CommStream> stream_;  // when the program has an asynchronous collective
-  std::vector<int64_t> ticket_;         // per in-flight value: its collective's stream ticket
-  std::vector<bool> completes_;         // per node: a wait (ops::Trait::completion)
+  bool async_ = false;  // the program has an asynchronous collective: all of them on streams
+  std::map<std::string, std::unique_ptr<CommStream>> streams_;  // per axis ("": all, see above)
+  std::vector<std::pair<CommStream*, int64_t>> ticket_;  // per in-flight value: stream, ticket
+  std::vector<bool> completes_;  // per node: a wait (ops::Trait::completion)
   Trace* trace_ = nullptr;
   CommStats comm_stats_;
   // The program (or a prefix of it: keyed by its node count) recorded on the device, replayed;
@@ -123,9 +131,10 @@ class Executor {
   bool recordable_ = true;  // false once the device declined to record it
   bool replayed_ = false;
   void run_nodes(size_t count);
+  CommStream& stream_for(const ir::Node& n);
   void launch(const ir::Node& n, void* const* ins, void* const* outs);
   // Blocks on the stream; returns the microseconds waited, which count as exposed.
-  double wait_for(int64_t ticket);
+  double wait_for(std::pair<CommStream*, int64_t> ticket);
 };
 
 }  // namespace loom::runtime

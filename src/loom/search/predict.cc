@@ -86,6 +86,7 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
         std::max(1.0, double(ranks * cl.profile->threads) / double(cl.device.cores));
   so.mpi_ranks = !plan.empty() && cfg.plan.ranks == "mpi";
   sim::Prediction p;
+  nlohmann::json stage_rows;  // a pipeline's stages, each its own program's prediction
   if (pipe) {
     // the stages side by side; the step ends with the last stage, memory is the fullest stage's
     std::vector<const ir::Graph*> graphs{&prog};
@@ -95,6 +96,12 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
     for (size_t s = 0; s < each.size(); ++s)
       if (each[s].step_seconds > each[last].step_seconds) last = s;
     p = each[last];
+    nlohmann::json st = nlohmann::json::array();
+    for (const sim::Prediction& e : each)
+      st.push_back({{"step_ms", e.step_seconds * 1e3},
+                    {"compute_ms", e.compute_seconds * 1e3},
+                    {"exposed_comm_ms", e.exposed_comm_seconds * 1e3}});
+    stage_rows = st;
     p.flops = 0;
     for (const sim::Prediction& e : each) {
       p.flops += e.flops / double(each.size());  // a rank's mean
@@ -121,6 +128,7 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
     p.compute_seconds += m.compute_seconds * runs;
     p.comm_seconds += m.comm_seconds * runs;
     p.exposed_comm_seconds += m.exposed_comm_seconds * runs;
+    for (const auto& [what, t] : m.exposed_by) p.exposed_by[what] += t * runs;
     p.flops += m.flops * runs;
     p.collectives += int64_t(double(m.collectives) * runs);
     for (const auto& [op, t] : m.compute_by_op) p.compute_by_op[op] += t * runs;
@@ -157,6 +165,10 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   for (const auto& [op, t] : by_op) bo[std::string(ir::op_name(op))] = t * 1e3;
   j["compute_ms_by_op"] = bo;
   j["exposed_comm_ms"] = p.exposed_comm_seconds * 1e3;
+  nlohmann::json eb = nlohmann::json::object();
+  for (const auto& [what, t] : p.exposed_by) eb[what] = t * 1e3;
+  j["exposed_ms_by"] = eb;
+  if (!stage_rows.is_null()) j["stages"] = stage_rows;
   j["collectives_per_step"] = p.collectives;
   j["planned_bytes"] = planned;
   j["peak_bytes"] = peak_bytes;

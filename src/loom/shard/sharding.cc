@@ -94,6 +94,17 @@ std::vector<Mesh::GroupPart> Mesh::parse_group(std::string_view group) const {
   return parts;
 }
 
+std::string Mesh::stream_of(std::string_view group) {
+  std::string s;
+  bool digit = false;  // inside "[...]"
+  for (char ch : group) {
+    if (ch == '[') digit = true;
+    if (!digit) s += ch;
+    if (ch == ']') digit = false;
+  }
+  return s;
+}
+
 int64_t Mesh::group_size(std::string_view group) const {
   if (has(group)) return axis_size(group);  // a whole axis: every collective of a plain plan
   int64_t n = 1;

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
 #include "loom/runtime/memory_plan.h"
+#include "loom/shard/sharding.h"
 #include "loom/sim/cost.h"
 
 namespace loom::sim {
@@ -65,7 +67,7 @@ class RankSim {
         auto it = sent.find({n.attr_int("peer"), stage, n.attr_int("tag")});
         if (it == sent.end() && !o_.messages_ready) return false;
         if (it != sent.end() && it->second > now_) {  // the compute stream waits for the message
-          r_.exposed_comm_seconds += it->second - now_;
+          expose(n, it->second - now_);
           drain_until(it->second);
         }
       }
@@ -87,10 +89,7 @@ class RankSim {
   }
 
   Prediction finish() {
-    while (!queue_.empty()) {  // what is still in flight at the step's end
-      now_ += queue_.front().work;
-      finish_front();
-    }
+    idle_until(std::numeric_limits<double>::infinity(), -1);  // what is in flight at the end
     r_.step_seconds = now_;
     if (!o_.memory) return r_;
     const runtime::MemoryPlan mp = runtime::plan_memory(g_);
@@ -102,64 +101,120 @@ class RankSim {
   }
 
  private:
-  // The communication stream: collectives in issue order, the front one in progress at `now`.
-  // While it runs beside compute, both go at the rates of the front's level
-  // (Level::comm_beside_compute, compute_beside_comm).
+  // The communication streams: one per axis (the runtime's, runtime/executor.h), each its
+  // collectives in issue order, the front one in progress at `now`. While they run beside compute,
+  // each front goes at its level's rate beside compute and the compute stream at the slowest of
+  // the fronts' levels' (Level::comm_beside_compute, compute_beside_comm). Streams of two axes on
+  // different levels (NVLink, the network) run side by side at full speed; k fronts on one level
+  // share it, each at 1/k of its rate (docs/simulator.md).
   struct InFlight {
     double work;  // seconds left at full speed
     int value;    // its output, whose completion the compute stream may wait for
     const Level* level;
   };
 
-  void finish_front() {
-    done_[size_t(queue_.front().value)] = 1;
-    queue_.pop_front();
+  bool busy() const {
+    for (const auto& [axis, q] : streams_)
+      if (!q.empty()) return true;
+    return false;
+  }
+
+  // every stream's front goes on for `dt` seconds of wall time, at its rate beside compute
+  // (`beside`) or alone; a front done (within rounding) finishes and the next one starts
+  void advance(double dt, bool beside) {
+    const std::map<const Level*, int> sharing = fronts_per_level();
+    for (auto& [axis, q] : streams_) {
+      if (q.empty()) continue;
+      InFlight& f = q.front();
+      f.work -= dt / pace(f, beside, sharing);
+      if (f.work <= 1e-15) {
+        done_[size_t(f.value)] = 1;
+        q.pop_front();
+      }
+    }
+  }
+
+  // how many streams' fronts are in flight on each level: they share its links
+  std::map<const Level*, int> fronts_per_level() const {
+    std::map<const Level*, int> n;
+    for (const auto& [axis, q] : streams_)
+      if (!q.empty()) ++n[q.front().level];
+    return n;
+  }
+
+  // wall seconds per second of a front's work: its level's pace beside compute, times the fronts
+  // sharing its level (each gets an equal part of the links)
+  static double pace(const InFlight& f, bool beside, const std::map<const Level*, int>& sharing) {
+    return (beside ? f.level->comm_beside_compute : 1.0) * double(sharing.at(f.level));
+  }
+
+  // wall seconds until the first front ends (infinity: none in flight)
+  double next_end(bool beside) const {
+    const std::map<const Level*, int> sharing = fronts_per_level();
+    double t = std::numeric_limits<double>::infinity();
+    for (const auto& [axis, q] : streams_)
+      if (!q.empty())
+        t = std::min(t, std::max(0.0, q.front().work) * pace(q.front(), beside, sharing));
+    return t;
   }
 
   // the compute stream runs `work` seconds (at full speed) of a kernel
   void compute(double work) {
     while (work > 0) {
-      if (queue_.empty()) {
+      if (!busy()) {
         now_ += work;
         r_.compute_seconds += work;
         return;
       }
-      InFlight& f = queue_.front();
-      const double slow_comm = f.level->comm_beside_compute;
-      const double slow_compute = f.level->compute_beside_comm;
-      const double t_compute = work * slow_compute, t_comm = f.work * slow_comm;
+      double slow_compute = 1;
+      for (const auto& [axis, q] : streams_)
+        if (!q.empty()) slow_compute = std::max(slow_compute, q.front().level->compute_beside_comm);
+      const double t_compute = work * slow_compute, t_comm = next_end(true);
       if (t_compute < t_comm) {
         now_ += t_compute;
         r_.compute_seconds += t_compute;
-        f.work -= t_compute / slow_comm;
+        advance(t_compute, true);
         return;
       }
       now_ += t_comm;
       r_.compute_seconds += t_comm;
       work -= t_comm / slow_compute;
-      finish_front();
+      advance(t_comm, true);
     }
   }
 
-  // the compute stream waits for collective output v (the stream runs alone meanwhile)
+  // the compute stream idles until time `t` or until collective output v is done (v >= 0),
+  // whichever comes first; the streams run alone meanwhile
+  void idle_until(double t, int v) {
+    while (now_ < t && (v < 0 || !done_[size_t(v)])) {
+      const double dt = std::min(t - now_, next_end(false));
+      if (dt == std::numeric_limits<double>::infinity()) {
+        LOOM_CHECK(v < 0) << "simulate: a wait for a collective no stream runs";
+        return;
+      }
+      now_ += dt;
+      advance(dt, false);
+    }
+  }
+
+  // the compute stream waits for collective output v (the streams run alone meanwhile)
   void wait(int v) {
     const double from = now_;
-    while (!done_[size_t(v)]) {
-      now_ += queue_.front().work;
-      finish_front();
-    }
-    r_.exposed_comm_seconds += now_ - from;
+    idle_until(std::numeric_limits<double>::infinity(), v);
+    const ir::Value& val = g_.values()[size_t(v)];
+    LOOM_CHECK(val.producer >= 0);
+    expose(g_.nodes()[size_t(val.producer)], now_ - from);
   }
 
-  // the compute stream idles until `t` (a message's arrival); the communication stream goes on
-  void drain_until(double t) {
-    while (!queue_.empty() && now_ + queue_.front().work <= t) {
-      now_ += queue_.front().work;
-      finish_front();
-    }
-    if (!queue_.empty()) queue_.front().work -= t - now_;
-    now_ = t;
+  // the compute stream waited `s` seconds for node n (a collective or a recv)
+  void expose(const ir::Node& n, double s) {
+    if (s <= 0) return;
+    r_.exposed_comm_seconds += s;
+    r_.exposed_by[fmt::format("{} {}", ir::op_name(n.op), n.attr_str("axis"))] += s;
   }
+
+  // the compute stream idles until `t` (a message's arrival); the streams go on
+  void drain_until(double t) { idle_until(t, -1); }
 
   void collective(const ir::Node& n) {
     const std::string& axis = n.attr_str("axis");
@@ -184,12 +239,12 @@ class RankSim {
                  int64_t(collective_scratch_bytes(n.op, in, ranks, o_.mpi_ranks && stream_)));
     if (!stream_) {  // on the compute stream
       now_ += dur;
-      r_.exposed_comm_seconds += dur;
+      expose(n, dur);
       return;
     }
     const int v = n.outputs[0];
     done_[size_t(v)] = 0;
-    queue_.push_back({dur, v, &lv});
+    streams_[shard::Mesh::stream_of(axis)].push_back({dur, v, &lv});
     if (n.attr_int("async", 0) != 1) wait(v);
   }
 
@@ -212,7 +267,7 @@ class RankSim {
   const SimOptions& o_;
   Prediction r_;
   bool stream_ = false;
-  std::deque<InFlight> queue_;
+  std::map<std::string, std::deque<InFlight>> streams_;  // axis -> its stream's collectives
   double now_ = 0;
   std::vector<char> done_;                                // per collective output: finished
   std::map<std::pair<std::string, bool>, double> loads_;  // (group, all_to_all) -> link load

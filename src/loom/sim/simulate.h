@@ -42,9 +42,12 @@ std::map<std::string, std::map<std::string, AxisTraffic>> traffic(const ir::Grap
 
 struct Prediction {
   double step_seconds = 0;
-  double compute_seconds = 0;              // the compute stream's busy time
-  double comm_seconds = 0;                 // collectives' summed durations
-  double exposed_comm_seconds = 0;         // the compute stream waiting for them
+  double compute_seconds = 0;       // the compute stream's busy time
+  double comm_seconds = 0;          // collectives' summed durations
+  double exposed_comm_seconds = 0;  // the compute stream waiting for them
+  // exposed_comm_seconds by what the compute stream waited for: "<op> <axis>" (a collective's kind
+  // and axis: "all_gather model"; "recv pipe" is a pipeline stage waiting for its peer)
+  std::map<std::string, double> exposed_by;
   double flops = 0;                        // executed per rank (ops::Cost, recomputation included)
   std::map<ir::Op, double> compute_by_op;  // the compute stream's seconds per op
   int64_t collectives = 0;
