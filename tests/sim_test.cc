@@ -424,9 +424,10 @@ TEST(Simulate, OverlapOnACpuHostSlowsBothStreams) {
   }
 }
 
-// Each mesh axis has its own communication stream (runtime/executor.h): collectives of two axes
-// on two levels run side by side, two of one axis one after the other, two axes of one level
-// share it; what the compute stream waited for is told by collective and axis.
+// A rank has two communication streams (runtime/executor.h), its host's and the network's:
+// collectives of an axis within a node and of one across nodes run side by side, two of one axis
+// one after the other, and so do two axes across nodes; what the compute stream waited for is
+// told by collective and axis.
 TEST(Simulate, CollectivesOfTwoAxesRunSideBySide) {
   const Cluster c = shipped("h100-sxm.toml");
   const shard::Mesh mesh({{"a", 2}, {"b", 8}});  // a across nodes (InfiniBand), b on NVLink
@@ -465,15 +466,15 @@ TEST(Simulate, CollectivesOfTwoAxesRunSideBySide) {
   ASSERT_GT(ta, tb);
   EXPECT_NEAR(ab.exposed_by.at("all_gather a"), ta, 1e-9 * ta);
   EXPECT_EQ(ab.exposed_by.count("all_gather b"), 0u);
-  // two axes on one level (both across nodes) share its links: no faster than one after the other
+  // two axes across nodes take turns on the network's stream
   const shard::Mesh wide({{"a", 2}, {"c", 2}, {"b", 8}});
   const Placement pw = place(wide, c, 32);
   const Prediction ac = simulate(program("a", 2, "c", 2), wide, c, pw);
   const Prediction a2 = simulate(program("a", 2, "a", 2), wide, c, pw);
   EXPECT_NEAR(ac.step_seconds, a2.step_seconds, 1e-9 * a2.step_seconds);
-  // a sub-group of an axis (a hierarchical reduction's piece) runs on its axis's stream
-  EXPECT_EQ(shard::Mesh::stream_of("a[1:2]"), "a");
-  EXPECT_EQ(shard::Mesh::stream_of("x[1:4]+y"), "x+y");
+  // a sub-group of an axis (a hierarchical reduction's piece) counts as its axis in prefetch
+  EXPECT_EQ(shard::Mesh::axes_of("a[1:2]"), "a");
+  EXPECT_EQ(shard::Mesh::axes_of("x[1:4]+y"), "x+y");
 }
 
 TEST(Simulate, AutoBucketsAreNeverPredictedSlowerThanBlock) {

@@ -74,9 +74,13 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   virtual std::string backend() const = 0;  // "local" | "mpi"
   // Whether two threads may each run a call at once on two different communicators of this world
-  // (a rank's communication streams, one per mesh axis: runtime/executor.h). The local backend
-  // always may; MPI where it provides MPI_THREAD_MULTIPLE.
+  // (a rank's communication streams, its host's and the network's: runtime/executor.h). The local
+  // backend always may; MPI where it provides MPI_THREAD_MULTIPLE.
   virtual bool concurrent_groups() const { return true; }
+  // Whether this communicator's ranks are on more than one host, so that its calls cross the
+  // network; the same on every rank. Never for the local backend (threads of one process); MPI
+  // asks MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) when the communicator is made.
+  virtual bool spans_hosts() const { return false; }
 
   // The largest piece one collective moves at a time, in bytes (per rank block for reduce_scatter
   // and all_to_all). Must be equal on every rank of the communicator.

@@ -145,6 +145,15 @@ class MpiCommunicator final : public Communicator {
     int flag = 0;
     LOOM_MPI(MPI_Comm_get_attr, comm_.comm, MPI_TAG_UB, &ub, &flag);
     tag_ub_ = flag && ub ? *ub : 32767;  // the standard's minimum
+    // collective, as making the communicator is: do all its ranks share this rank's memory?
+    MPI_Comm shared = MPI_COMM_NULL;
+    LOOM_MPI(MPI_Comm_split_type, comm_.comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared);
+    int here = 0;
+    LOOM_MPI(MPI_Comm_size, shared, &here);
+    LOOM_MPI(MPI_Comm_free, &shared);
+    int one_host = here == size_;
+    LOOM_MPI(MPI_Allreduce, MPI_IN_PLACE, &one_host, 1, MPI_INT, MPI_LAND, comm_.comm);
+    spans_hosts_ = !one_host;
   }
 
   ~MpiCommunicator() override {
@@ -156,6 +165,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  bool spans_hosts() const override { return spans_hosts_; }
   bool concurrent_groups() const override {
     int provided = 0;
     LOOM_MPI(MPI_Query_thread, &provided);
@@ -324,6 +334,7 @@ class MpiCommunicator final : public Communicator {
   OpHandle bf16_sum_;
   std::list<Pending> sends_;  // buffered sends not known complete
   int rank_ = 0, size_ = 0, tag_ub_ = 0;
+  bool spans_hosts_ = false;
 };
 
 }  // namespace
@@ -345,7 +356,7 @@ MpiSession::MpiSession() {
     // collectives keep the fixed rules (dynamic rules with no algorithm forced fall back to them).
     setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", 0);
     setenv("OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm", "3", 0);
-    // MULTIPLE: a rank's collectives on different mesh axes run at once, each on its axis's
+    // MULTIPLE: a rank's collectives within its host and across hosts run at once, each on its
     // communication thread (runtime/executor.h); SERIALIZED suffices for one thread at a time
     LOOM_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     owns_ = true;

@@ -1,9 +1,9 @@
 // The MPI backend: one rank per process, started by mpirun (Open MPI on the dev machines).
 //
-// What it does: MpiSession initializes MPI (asking for MPI_THREAD_MULTIPLE: a rank's communication
-// threads, one per mesh axis, runtime/executor.h, each run their axis's collectives while the rank
-// computes; it needs MPI_THREAD_SERIALIZED at least, and then one thread runs them all) and
-// finalizes it; mpi_world() returns a Communicator
+// What it does: MpiSession initializes MPI (asking for MPI_THREAD_MULTIPLE: a rank's two
+// communication threads, its host's and the network's, runtime/executor.h, run collectives while
+// the rank computes; it needs MPI_THREAD_SERIALIZED at least, and then one thread runs them all)
+// and finalizes it; mpi_world() returns a Communicator
 // over a duplicate of MPI_COMM_WORLD. Collectives map one-to-one onto MPI_Allreduce, MPI_Allgather,
 // MPI_Reduce_scatter_block, MPI_Bcast, MPI_Alltoall, MPI_Send/MPI_Recv, MPI_Barrier and
 // MPI_Comm_split, one call per piece of at most chunk_bytes. f32 and i32 sums use MPI_SUM; bf16

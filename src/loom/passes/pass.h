@@ -74,8 +74,8 @@ enum class StepKind { eval, infer, grads, train, decode };
 //              bytes on the wire (FSDP2's MixedPrecisionPolicy(reduce_dtype);
 //              passes/reduce_cast.cc)
 //   prefetch   collectives start early and are waited for late, on each rank's communication
-//              threads, one per mesh axis (passes/prefetch.cc); at most max_in_flight at a time
-//              per axis
+//              threads, the host's and the network's (passes/prefetch.cc); at most max_in_flight
+//              at a time per mesh axis
 struct ScheduleOptions {
   enum class Bucket { none, block, automatic };  // "none", "block", "auto"
   Bucket bucket = Bucket::block;

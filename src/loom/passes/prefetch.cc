@@ -14,8 +14,8 @@
 //     under bf16 a block gathers a bf16 bucket and an f32 one): a run starts when the first wait
 //     of the run before it is emitted, so while block k computes, block k+1's parameters arrive
 //     (FSDP's prefetch of the next module; in the backward, the next re-gather). And at most
-//     max_in_flight collectives of one axis are in flight (each axis has its own communication
-//     stream, runtime/executor.h): a start beyond that first emits its axis's oldest one's wait,
+//     max_in_flight collectives of one mesh axis are in flight (a hierarchical reduction's
+//     pieces count as their axis's): a start beyond that first emits its axis's oldest one's wait,
 //     except where that is a start of the same run of the chain: the run's next start then waits
 //     for room (a run of more gathers than max_in_flight never blocks the compute thread on its
 //     own first gathers before the block they serve computes). A tensor-parallel gather thus never
@@ -62,8 +62,8 @@ struct Item {
 
 bool is_collective(const ir::Node& n) { return ops::has_trait(n.op, ops::Trait::collective); }
 
-// the communication stream a collective runs on (shard::Mesh::stream_of)
-std::string stream(const ir::Node& n) { return shard::Mesh::stream_of(n.attr_str("axis")); }
+// the axis whose in-flight collectives a collective counts among (shard::Mesh::axes_of)
+std::string axis_of(const ir::Node& n) { return shard::Mesh::axes_of(n.attr_str("axis")); }
 
 class Scheduler {
  public:
@@ -90,7 +90,7 @@ class Scheduler {
   int64_t max_;
   std::vector<Item> items_;
   std::map<int, int> inflight_value_;  // started old collective node -> its in-flight new value
-  // per axis (each its own communication stream): started, not waited (their start items)
+  // per mesh axis (shard::Mesh::axes_of): started, not waited (their start items)
   std::map<std::string, std::deque<int>> inflight_;
   std::vector<int> starts_;             // start items, in order
   std::vector<std::vector<int>> runs_;  // the chain: its runs in order, each its start items
@@ -197,7 +197,7 @@ class Scheduler {
   // flight, or the oldest (whose wait it would force) is not of s's own run: a run never waits
   // for its own first gathers before the compute they serve.
   bool room(int s) const {
-    auto it = inflight_.find(stream(g_.node(items_[size_t(s)].node)));
+    auto it = inflight_.find(axis_of(g_.node(items_[size_t(s)].node)));
     if (it == inflight_.end() || int64_t(it->second.size()) < max_) return true;
     const auto& run = runs_[next_run_];
     return std::find(run.begin(), run.end(), it->second.front()) == run.end();
@@ -246,18 +246,18 @@ class Scheduler {
     if (it.kind == Kind::node) {
       rw_.copy(n);
     } else if (it.kind == Kind::start) {
-      std::deque<int>& axis = inflight_[stream(n)];
+      std::deque<int>& axis = inflight_[axis_of(n)];
       while (int64_t(axis.size()) >= max_) emit(axis.front() + 1);  // its wait
       ir::Attrs a = n.attrs;
       a["async"] = int64_t(1);
       inflight_value_[n.id] =
           b.emit1(n.op, {rw_.map(n.inputs[0])}, a, g_.value(n.outputs[0]).name + ".inflight");
-      inflight_[stream(n)].push_back(item);
+      inflight_[axis_of(n)].push_back(item);
     } else {
       const int out = b.emit1(ir::Op::wait, {inflight_value_.at(n.id), rw_.map(n.inputs[0])}, {},
                               g_.value(n.outputs[0]).name);
       rw_.alias(n.outputs[0], out);
-      std::erase(inflight_[stream(n)], item - 1);
+      std::erase(inflight_[axis_of(n)], item - 1);
     }
     it.done = true;
   }

@@ -11,7 +11,6 @@
 #include "loom/runtime/collectives.h"
 #include "loom/runtime/comm_stream.h"
 #include "loom/runtime/trace.h"
-#include "loom/shard/sharding.h"
 
 namespace loom::runtime {
 
@@ -79,11 +78,11 @@ void traced(Trace* trace, const ir::Graph& g, const ir::Node& n, F&& run) {
 
 CommStream& Executor::stream_for(const ir::Node& n) {
   auto a = n.attrs.find("axis");
-  const std::string axis = comms_->world().concurrent_groups() && a != n.attrs.end() &&
-                                   std::holds_alternative<std::string>(a->second)
-                               ? shard::Mesh::stream_of(std::get<std::string>(a->second))
-                               : std::string();
-  std::unique_ptr<CommStream>& s = streams_[axis];
+  bool network = false;
+  if (comms_->world().concurrent_groups() && a != n.attrs.end() &&
+      std::holds_alternative<std::string>(a->second))
+    network = comms_->axis(std::get<std::string>(a->second)).spans_hosts();
+  std::unique_ptr<CommStream>& s = streams_[network];
   if (!s) s = std::make_unique<CommStream>();
   return *s;
 }

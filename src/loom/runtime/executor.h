@@ -6,15 +6,16 @@
 // A per-rank program's collectives (shard/lower.h) run on the communicators given by set_comms():
 // on the calling thread, in program order, or, when the program has asynchronous collectives
 // (passes/prefetch.cc: a collective with async = 1 and its wait), every collective on a
-// CommStream (comm_stream.h), one per mesh axis (shard::Mesh::stream_of its `axis` attribute: a
-// hierarchical reduction's sub-groups run on their axis's), the compute thread blocking only at
-// waits (and at once after a synchronous one). Each stream runs its collectives in program order,
-// so every communicator sees the same order on every rank;
-// collectives of two axes run side by side (a tensor-parallel gather on NVLink beside FSDP's
-// reduce-scatter on the network, as NCCL's communicators run on their own streams). Where the
-// communicators cannot run two groups at once (MPI below MPI_THREAD_MULTIPLE:
-// Communicator::concurrent_groups) one stream runs every axis's. run() returns with nothing in
-// flight.
+// CommStream (comm_stream.h): the host's for a group within one host, the network's for one that
+// spans hosts (Communicator::spans_hosts), the compute thread blocking only at waits (and at once
+// after a synchronous one). Each stream runs its collectives in program order, so every
+// communicator sees the same order on every rank; the two streams run side by side (a
+// tensor-parallel gather on NVLink beside FSDP's reduce-scatter over the network, as NCCL's
+// communicators run on their own streams), while collectives that share the host's links, or the
+// network's, take turns, as they would share the links' bandwidth anyway (on a CPU host, two
+// threads over shared memory only take cores from compute). Where the communicators cannot run
+// two groups at once (MPI below MPI_THREAD_MULTIPLE: Communicator::concurrent_groups) one stream
+// runs all. run() returns with nothing in flight.
 //
 // On a device that records (a GPU), the second run() records the program as one graph and every
 // later run replays it (the first runs it node by node: its libraries choose their algorithms
@@ -119,7 +120,7 @@ class Executor {
   std::vector<const Kernel*> kernels_;  // per node, looked up once; null for a collective
   const MeshComms* comms_ = nullptr;
   bool async_ = false;  // the program has an asynchronous collective: all of them on streams
-  std::map<std::string, std::unique_ptr<CommStream>> streams_;  // per axis ("": all, see above)
+  std::map<bool, std::unique_ptr<CommStream>> streams_;  // the host's (false), the network's
   std::vector<std::pair<CommStream*, int64_t>> ticket_;  // per in-flight value: stream, ticket
   std::vector<bool> completes_;  // per node: a wait (ops::Trait::completion)
   Trace* trace_ = nullptr;

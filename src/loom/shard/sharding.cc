@@ -94,7 +94,7 @@ std::vector<Mesh::GroupPart> Mesh::parse_group(std::string_view group) const {
   return parts;
 }
 
-std::string Mesh::stream_of(std::string_view group) {
+std::string Mesh::axes_of(std::string_view group) {
   std::string s;
   bool digit = false;  // inside "[...]"
   for (char ch : group) {

@@ -57,10 +57,10 @@ class Mesh {
   // Throws loom::Error for an unknown axis or a digit the axis's size does not hold.
   std::vector<GroupPart> parse_group(std::string_view group) const;
   int64_t group_size(std::string_view group) const;
-  // The communication stream a collective over `group` runs on (runtime/executor.h: one per
-  // stream): the group's axes joined by '+', digits dropped, so that a hierarchical reduction's
-  // pieces ("data[1:2]", "data[2:2]") run in order on their axis's stream.
-  static std::string stream_of(std::string_view group);
+  // The axes of `group` joined by '+', digits dropped: a hierarchical reduction's pieces
+  // ("data[1:2]", "data[2:2]") are their axis's ("data"; passes/prefetch.cc counts collectives
+  // in flight per axis).
+  static std::string axes_of(std::string_view group);
   // The rank's place in its group, and a number shared by the group's members only.
   int64_t group_coord(int64_t rank, std::string_view group) const;
   int64_t group_color(int64_t rank, std::string_view group) const;

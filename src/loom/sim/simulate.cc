@@ -7,7 +7,6 @@
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
 #include "loom/runtime/memory_plan.h"
-#include "loom/shard/sharding.h"
 #include "loom/sim/cost.h"
 
 namespace loom::sim {
@@ -101,12 +100,12 @@ class RankSim {
   }
 
  private:
-  // The communication streams: one per axis (the runtime's, runtime/executor.h), each its
-  // collectives in issue order, the front one in progress at `now`. While they run beside compute,
-  // each front goes at its level's rate beside compute and the compute stream at the slowest of
-  // the fronts' levels' (Level::comm_beside_compute, compute_beside_comm). Streams of two axes on
-  // different levels (NVLink, the network) run side by side at full speed; k fronts on one level
-  // share it, each at 1/k of its rate (docs/simulator.md).
+  // The communication streams, as the executor's (runtime/executor.h): the host's, for groups on
+  // the cluster's first level (within a node), and the network's, for groups that reach beyond
+  // it; each its collectives in issue order, the front one in progress at `now`, the two side by
+  // side. While they run beside compute, each front goes at its level's rate beside compute and
+  // the compute stream at the slowest of the fronts' levels' (Level::comm_beside_compute,
+  // compute_beside_comm).
   struct InFlight {
     double work;  // seconds left at full speed
     int value;    // its output, whose completion the compute stream may wait for
@@ -114,7 +113,7 @@ class RankSim {
   };
 
   bool busy() const {
-    for (const auto& [axis, q] : streams_)
+    for (const auto& [network, q] : streams_)
       if (!q.empty()) return true;
     return false;
   }
@@ -122,11 +121,10 @@ class RankSim {
   // every stream's front goes on for `dt` seconds of wall time, at its rate beside compute
   // (`beside`) or alone; a front done (within rounding) finishes and the next one starts
   void advance(double dt, bool beside) {
-    const std::map<const Level*, int> sharing = fronts_per_level();
-    for (auto& [axis, q] : streams_) {
+    for (auto& [network, q] : streams_) {
       if (q.empty()) continue;
       InFlight& f = q.front();
-      f.work -= dt / pace(f, beside, sharing);
+      f.work -= dt / pace(f, beside);
       if (f.work <= 1e-15) {
         done_[size_t(f.value)] = 1;
         q.pop_front();
@@ -134,27 +132,16 @@ class RankSim {
     }
   }
 
-  // how many streams' fronts are in flight on each level: they share its links
-  std::map<const Level*, int> fronts_per_level() const {
-    std::map<const Level*, int> n;
-    for (const auto& [axis, q] : streams_)
-      if (!q.empty()) ++n[q.front().level];
-    return n;
-  }
-
-  // wall seconds per second of a front's work: its level's pace beside compute, times the fronts
-  // sharing its level (each gets an equal part of the links)
-  static double pace(const InFlight& f, bool beside, const std::map<const Level*, int>& sharing) {
-    return (beside ? f.level->comm_beside_compute : 1.0) * double(sharing.at(f.level));
+  // wall seconds per second of a front's work: its level's pace beside compute, or alone
+  static double pace(const InFlight& f, bool beside) {
+    return beside ? f.level->comm_beside_compute : 1.0;
   }
 
   // wall seconds until the first front ends (infinity: none in flight)
   double next_end(bool beside) const {
-    const std::map<const Level*, int> sharing = fronts_per_level();
     double t = std::numeric_limits<double>::infinity();
-    for (const auto& [axis, q] : streams_)
-      if (!q.empty())
-        t = std::min(t, std::max(0.0, q.front().work) * pace(q.front(), beside, sharing));
+    for (const auto& [network, q] : streams_)
+      if (!q.empty()) t = std::min(t, std::max(0.0, q.front().work) * pace(q.front(), beside));
     return t;
   }
 
@@ -167,7 +154,7 @@ class RankSim {
         return;
       }
       double slow_compute = 1;
-      for (const auto& [axis, q] : streams_)
+      for (const auto& [network, q] : streams_)
         if (!q.empty()) slow_compute = std::max(slow_compute, q.front().level->compute_beside_comm);
       const double t_compute = work * slow_compute, t_comm = next_end(true);
       if (t_compute < t_comm) {
@@ -244,7 +231,7 @@ class RankSim {
     }
     const int v = n.outputs[0];
     done_[size_t(v)] = 0;
-    streams_[shard::Mesh::stream_of(axis)].push_back({dur, v, &lv});
+    streams_[level > 0].push_back({dur, v, &lv});
     if (n.attr_int("async", 0) != 1) wait(v);
   }
 
@@ -267,7 +254,7 @@ class RankSim {
   const SimOptions& o_;
   Prediction r_;
   bool stream_ = false;
-  std::map<std::string, std::deque<InFlight>> streams_;  // axis -> its stream's collectives
+  std::map<bool, std::deque<InFlight>> streams_;  // the host's (false), the network's (true)
   double now_ = 0;
   std::vector<char> done_;                                // per collective output: finished
   std::map<std::pair<std::string, bool>, double> loads_;  // (group, all_to_all) -> link load
