@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # loom train with an fsdp plan on two "hosts": two network namespaces joined by a Linux bridge, the
 # ranks launched by mpirun through an rsh agent, MPI traffic forced onto TCP across the bridge. The
-# losses must equal the one-process run's at every step (f32, within 1e-5 relative).
+# losses must equal the one-process run's at every step (f32, within 1e-5 relative). Then four
+# ranks, two a host: megatron within each host and fsdp across, the same losses.
 #
 #   root namespace      lbr<PID> (bridge, no address)
 #                        |                 |
@@ -188,7 +189,8 @@ MIN_BYTES=$((1 << 20))
   die "only $a_to_b bytes A->B and $b_to_a bytes B->A crossed the bridge (expected >= $MIN_BYTES" \
       "each way): the ranks did not talk over TCP between the namespaces"
 
-worst=$(python3 - "$TMP/single/metrics.jsonl" "$TMP/two_host/metrics.jsonl" "$STEPS" <<'EOF'
+compare() {  # compare RUN_DIR: its losses against the one-process run's; prints the worst
+python3 - "$TMP/single/metrics.jsonl" "$1/metrics.jsonl" "$STEPS" <<'EOF'
 import json, sys
 
 def load(path):
@@ -216,8 +218,34 @@ for a, b in zip(got, want):
                  % (a["step"], va, vb))
 print("%.2g" % worst)
 EOF
-) || die "the two-host metrics do not match the one-process run"
+}
+worst=$(compare "$TMP/two_host") || die "the two-host metrics do not match the one-process run"
 
 echo "ok   two_host: fsdp over {data=2}, rank 0 in $NS_A, rank 1 in $NS_B: $STEPS steps," \
      "worst relative loss difference $worst; over bridge $BR: $a_to_b bytes A->B," \
      "$b_to_a bytes B->A (launch alone: $launch_bytes bytes both ways)"
+
+# --- two ranks a host: megatron within each host, fsdp across (runtime/executor.h: each rank's
+# host thread runs the model axis's collectives while its network thread runs the data axis's) ---
+printf '%s slots=2\n%s slots=2\n' "$IP_A" "$IP_B" >"$TMP/hostfile4"
+MPIRUN4=("${MPIRUN[@]}")
+for i in "${!MPIRUN4[@]}"; do
+  [[ ${MPIRUN4[i]} == 2 && ${MPIRUN4[i - 1]} == -np ]] && MPIRUN4[i]=4
+  [[ ${MPIRUN4[i]} == "$TMP/hostfile" ]] && MPIRUN4[i]=$TMP/hostfile4
+done
+read -r rx0 tx0 < <(bridge_bytes)
+rc=0
+bounded ${FOUR_TIMEOUT:-300} "$TMP/four.log" \
+  "${MPIRUN4[@]}" "$LOOM" "${TRAIN[@]}" --run-dir "$TMP/four" \
+  --set 'plan.mesh={data=2,model=2}' \
+  --set 'plan.tactics=[{kind="megatron",axis="model"},{kind="fsdp",axis="data"},{kind="data",axis="data"}]' ||
+  rc=$?
+((rc != 124)) || die "the four-rank run timed out after 300 s: $(tail -c 3000 "$TMP/four.log")"
+((rc == 0)) || die "the four-rank run exited $rc: $(tail -c 3000 "$TMP/four.log")"
+read -r rx1 tx1 < <(bridge_bytes)
+((rx1 - rx0 >= MIN_BYTES && tx1 - tx0 >= MIN_BYTES)) ||
+  die "the four-rank run moved only $((rx1 - rx0)) and $((tx1 - tx0)) bytes over the bridge"
+worst4=$(compare "$TMP/four") || die "the four-rank metrics do not match the one-process run"
+echo "ok   two_host: megatron over {model=2} within each host, fsdp over {data=2} across: $STEPS" \
+     "steps, worst relative loss difference $worst4; over the bridge $((rx1 - rx0)) bytes A->B," \
+     "$((tx1 - tx0)) bytes B->A"

@@ -79,7 +79,7 @@ class Communicator {
   virtual bool concurrent_groups() const { return true; }
   // Whether this communicator's ranks are on more than one host, so that its calls cross the
   // network; the same on every rank. Never for the local backend (threads of one process); MPI
-  // asks MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) when the communicator is made.
+  // compares its ranks' processor names when the communicator is made.
   virtual bool spans_hosts() const { return false; }
 
   // The largest piece one collective moves at a time, in bytes (per rank block for reduce_scatter

@@ -145,15 +145,19 @@ class MpiCommunicator final : public Communicator {
     int flag = 0;
     LOOM_MPI(MPI_Comm_get_attr, comm_.comm, MPI_TAG_UB, &ub, &flag);
     tag_ub_ = flag && ub ? *ub : 32767;  // the standard's minimum
-    // collective, as making the communicator is: do all its ranks share this rank's memory?
-    MPI_Comm shared = MPI_COMM_NULL;
-    LOOM_MPI(MPI_Comm_split_type, comm_.comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared);
-    int here = 0;
-    LOOM_MPI(MPI_Comm_size, shared, &here);
-    LOOM_MPI(MPI_Comm_free, &shared);
-    int one_host = here == size_;
-    LOOM_MPI(MPI_Allreduce, MPI_IN_PLACE, &one_host, 1, MPI_INT, MPI_LAND, comm_.comm);
-    spans_hosts_ = !one_host;
+    // collective, as making the communicator is: are all its ranks on this rank's host (its
+    // processor name; MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) hung Open MPI 4.1 over TCP
+    // between network namespaces, two ranks a namespace)?
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    LOOM_MPI(MPI_Get_processor_name, name, &len);
+    std::vector<char> names(size_t(size_) * MPI_MAX_PROCESSOR_NAME);
+    LOOM_MPI(MPI_Allgather, name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
+             MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_.comm);
+    for (int r = 0; r < size_; ++r)
+      spans_hosts_ =
+          spans_hosts_ || std::strncmp(name, names.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME,
+                                       MPI_MAX_PROCESSOR_NAME) != 0;
   }
 
   ~MpiCommunicator() override {
