@@ -5,10 +5,7 @@
 //
 // MPI promises no summation order, so the inputs are small integers (exact sums in any order) and
 // are compared bit for bit; random f32/bf16 sums are checked to be the same bits on every rank.
-#include <mpi.h>
-
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -76,22 +73,8 @@ void check_mpi_errors_are_thrown(Communicator& c) {
 
 // A rank's two communication streams, its host's and the network's, run collectives on two
 // communicators at once (runtime/executor.h): MPI_THREAD_MULTIPLE (MpiSession asks for it), and
-// two threads each summing on their own communicator, interleaved, get exact sums. Which stream a
-// communicator's calls take: spans_hosts, the same as the ranks' processor names tell.
+// two threads each summing on their own communicator, interleaved, get exact sums.
 void check_two_groups_at_once(Communicator& world) {
-  char name[MPI_MAX_PROCESSOR_NAME] = {};
-  int len = 0;
-  MPI_Get_processor_name(name, &len);
-  std::vector<char> names(size_t(world.size()) * MPI_MAX_PROCESSOR_NAME);
-  world.all_gather(name, names.data(), MPI_MAX_PROCESSOR_NAME);
-  bool several = false;
-  for (int r = 1; r < world.size(); ++r)
-    several = several || std::strncmp(names.data(), names.data() + r * MPI_MAX_PROCESSOR_NAME,
-                                      MPI_MAX_PROCESSOR_NAME) != 0;
-  if (world.spans_hosts() != several)
-    throw Error(
-        fmt::format("mpi_check: spans_hosts() is {} where the ranks' processor names are {}",
-                    world.spans_hosts(), several ? "several" : "one"));
   if (!world.concurrent_groups())
     throw Error("mpi_check: MPI does not provide MPI_THREAD_MULTIPLE",
                 "a rank's axes then share one communication thread; use an MPI built with it");
