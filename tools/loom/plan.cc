@@ -128,6 +128,20 @@ void explain_reductions(train::Config cfg, const sim::Cluster& cl) {
   }
 }
 
+// "name value, ..." for the entries of `by` (name -> ms) at or above 2% of `total`, largest
+// first, each value as `show` writes its ms
+std::string largest_shares(const nlohmann::json& by, double total,
+                           const std::function<std::string(double)>& show) {
+  std::vector<std::pair<double, std::string>> all;
+  for (const auto& [name, t] : by.items()) all.push_back({t.get<double>(), name});
+  std::sort(all.rbegin(), all.rend());
+  std::string line;
+  for (const auto& [t, name] : all)
+    if (total > 0 && t >= 0.02 * total)
+      line += fmt::format("{}{} {}", line.empty() ? "" : ", ", name, show(t));
+  return line;
+}
+
 void print_predictions(const std::vector<nlohmann::json>& rows) {
   fmt::print("{:<16} {:>12} {:>10} {:>14} {:>6} {:>6} {:>10} {:>10} {:>5} {:>12}\n", "plan", "mesh",
              "step ms", "tok/s/device", "MFU", "HFU", "exposed", "peak", "fits", "kWh/Mtok");
@@ -145,27 +159,15 @@ void print_predictions(const std::vector<nlohmann::json>& rows) {
     for (const auto& [l, b] : r["bytes_per_level"].items())
       lv += fmt::format("{}{} {}", lv.empty() ? "" : ", ", l, fmt_bytes(b.get<double>()));
     if (!lv.empty()) fmt::print("{:<16} sent per device per step: {}\n", "", lv);
-    // where the compute stream's time goes: the ops above 2% of it, largest first
-    std::vector<std::pair<double, std::string>> ops;
-    for (const auto& [op, t] : r["compute_ms_by_op"].items()) ops.push_back({t.get<double>(), op});
-    std::sort(ops.rbegin(), ops.rend());
-    const double all = r["compute_ms"].get<double>();
-    std::string line;
-    for (const auto& [t, op] : ops)
-      if (all > 0 && t >= 0.02 * all)
-        line += fmt::format("{}{} {:.0f}%", line.empty() ? "" : ", ", op, 100 * t / all);
-    if (!line.empty()) fmt::print("{:<16} compute: {}\n", "", line);
-    // what the compute stream waited for: the collectives (op, axis) and recvs above 2% of the wait
-    std::vector<std::pair<double, std::string>> waits;
-    for (const auto& [what, t] : r["exposed_ms_by"].items())
-      waits.push_back({t.get<double>(), what});
-    std::sort(waits.rbegin(), waits.rend());
-    const double waited = r["exposed_comm_ms"].get<double>();
-    line.clear();
-    for (const auto& [t, what] : waits)
-      if (waited > 0 && t >= 0.02 * waited)
-        line += fmt::format("{}{} {:.0f} ms", line.empty() ? "" : ", ", what, t);
-    if (!line.empty()) fmt::print("{:<16} exposed: {}\n", "", line);
+    // where the compute stream's time goes (ops), and what it waited for (collectives by op and
+    // axis, a stage's recvs): each entry above 2% of its total, largest first
+    const std::string ops = largest_shares(
+        r["compute_ms_by_op"], r["compute_ms"].get<double>(),
+        [&](double t) { return fmt::format("{:.0f}%", 100 * t / r["compute_ms"].get<double>()); });
+    if (!ops.empty()) fmt::print("{:<16} compute: {}\n", "", ops);
+    const std::string waits = largest_shares(r["exposed_ms_by"], r["exposed_comm_ms"].get<double>(),
+                                             [](double t) { return fmt::format("{:.0f} ms", t); });
+    if (!waits.empty()) fmt::print("{:<16} exposed: {}\n", "", waits);
     if (r.contains("stages")) {  // a pipeline: each stage's compute, and the one it waits most in
       const auto& st = r["stages"];
       size_t lo = 0, hi = 0;
