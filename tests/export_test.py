@@ -229,6 +229,12 @@ with tempfile.TemporaryDirectory() as d:
     expect_error([LOOM, "export", moe_gpt2, "--hf", os.path.join(d, "x")],
                  "export of a GPT-2 with MoE layers", "no Hugging Face equivalent", "MoE layers")
     check(not os.path.exists(os.path.join(d, "x")), "  ... and no output directory was created")
+    # a dense NormFormer Llama: LlamaForCausalLM would load it without its norms
+    normformer = os.path.join(d, "run-normformer")
+    run_ok(train_args(os.path.join(SRC, "configs", "tiny-normformer.toml"), normformer, data, 2))
+    expect_error([LOOM, "export", normformer, "--hf", os.path.join(d, "x")],
+                 "export of a dense NormFormer Llama", "no Hugging Face equivalent", "normformer")
+    check(not os.path.exists(os.path.join(d, "x")), "  ... and no output directory was created")
     # an earlier model's file the export would not replace: refused before anything is written
     stale = os.path.join(d, "stale")
     os.makedirs(stale)

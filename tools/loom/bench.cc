@@ -301,8 +301,8 @@ std::function<int()> add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOpts>();
   CLI::App* s = app.add_subcommand("bench", "time training steps on synthetic tokens (JSON)");
   s->add_option("config", o->config, "config TOML")->required();
-  s->add_option("--steps", o->steps, "timed steps")->check(CLI::PositiveNumber);
-  s->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  s->add_option("--steps", o->steps, "timed steps")->check(whole_number(1, 1 << 20));
+  s->add_option("--warmup", o->warmup, "untimed steps first")->check(whole_number(0, 1 << 20));
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   s->add_flag("--profile", o->profile, "also print time per op (JSON, to stderr)");
   s->add_option("--kernels-out", o->kernels_out,

@@ -49,10 +49,10 @@ std::function<int()> add_calibrate(CLI::App& app) {
                 "with --import or --level: the cluster file the profile or level is added to");
   s->add_option("--compute-speed", o->import.compute_speed,
                 "with --import: the base device's compute speed over the measured one's")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_number(1e-6, 1e6));
   s->add_option("--memory-speed", o->import.memory_speed,
                 "with --import: the base device's memory speed over the measured one's")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_number(1e-6, 1e6));
   s->add_option("--level", o->level.name,
                 "measure this network level with ranks of an MPI job (--launcher) and put it in "
                 "--base's levels");
@@ -62,10 +62,10 @@ std::function<int()> add_calibrate(CLI::App& app) {
   s->add_option("--level-size", o->level.size,
                 "with --level: the devices one group of it joins (default: the replaced level's, "
                 "else 0: any number)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, 1 << 24));
   s->add_option("--shared-by", o->level.shared_by,
                 "with --level: the devices that share one of its links (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1 << 24));
   s->add_option("--level-worker", o->level_worker,
                 "internal: run as a rank of --level's job, writing its result here")
       ->group("");

@@ -5,10 +5,27 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <string>
 
+#include "loom/config/schema.h"
+
 namespace loom::cli {
+
+// An integer flag's check: a whole number in [lo, hi], its bounds written as the config's are
+// ("[1, 2^20]"; CLI11's PositiveNumber printed 1.8e308 in 300 digits), the value as given.
+inline CLI::Validator whole_number(int64_t lo, int64_t hi) {
+  const std::string range = config::range_text(config::closed(double(lo), double(hi)));
+  return CLI::Validator(
+      [lo, hi, range](std::string& in) -> std::string {
+        int64_t v = 0;
+        if (!CLI::detail::lexical_cast(in, v) || v < lo || v > hi)
+          return fmt::format("must be a whole number in {}, got {}", range, in);
+        return "";
+      },
+      "INT in " + range);
+}
 
 // A floating-point flag's check: a finite number in [lo, hi] (CLI11's Range and NonNegativeNumber
 // let "nan" through and print their bounds in full), and for a value the kernels use as f32

@@ -47,7 +47,7 @@ std::function<int()> add_data(CLI::App& app) {
       ->excludes(vs);
   p->add_option("--val-every", o->val_every, "hold out every n-th file (sorted) for validation")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1 << 20));
   return [o]() {
     const bool pretrained = !o->tokenizer.empty();
     if (!pretrained && o->vocab_size == 0)

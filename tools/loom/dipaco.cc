@@ -66,18 +66,18 @@ std::function<int()> add_dipaco(CLI::App& app) {
   r->add_option("--out", o->out, "the router directory to write")->required();
   r->add_option("--doc-tokens", o->doc_tokens, "tokens per document")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t(2), int64_t(1) << 24));
+      ->check(whole_number(2, 1 << 24));
   r->add_option("--prefix", o->prefix, "a document's first tokens the features read")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(whole_number(1, 4096));
   r->add_option("--holdout-every", o->holdout_every,
                 "hold out every N-th training document (the in-distribution test documents; 0: "
                 "none)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(whole_number(0, 1 << 20));
   r->add_option("--iters", o->iters, "k-means iterations at most")
       ->capture_default_str()
-      ->check(CLI::Range(1, 10000));
+      ->check(whole_number(1, 10000));
   r->add_option("--seed", o->seed, "k-means++ seed")->capture_default_str();
   r->add_option("--set", o->sets, "override a config key: section.key=value");
   CLI::App* e = d->add_subcommand("eval", "score the routed paths on held-out documents");

@@ -20,7 +20,7 @@ std::function<int()> add_islands(CLI::App& app) {
   CLI::App* s = app.add_subcommand(
       "islands", "run an outer server and N training islands on this machine (DiLoCo, async)");
   s->add_option("config", o->run.config, "config TOML with an [outer] section")->required();
-  s->add_option("--islands", o->run.islands, "number of islands")->check(CLI::Range(1, 256));
+  s->add_option("--islands", o->run.islands, "number of islands")->check(whole_number(1, 256));
   s->add_option("--run-dir", o->run.run_dir, "default runs/<config>-islands");
   s->add_option("--slow", o->slow,
                 "I=F: island I takes F times as long per step (loom train --slowdown)");

@@ -187,7 +187,7 @@ std::function<int()> add_plan(CLI::App& app) {
   s->add_option("config", o->config, "config TOML")->required();
   s->add_option("--cluster", o->cluster, "cluster file (default clusters/local.toml)");
   s->add_option("--devices", o->devices, "devices (default: the cluster's, else the mesh's)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1 << 24));
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   s->add_option("--compare", o->compare, "a TOML file of [[plan]] tables to predict side by side");
   s->add_flag("--json", o->json, "one JSON line per plan");

@@ -27,14 +27,14 @@ void add_search_options(CLI::App& s, PlanOpts& o) {
   s.add_option("--budget", o.search.budget_s, "--search: seconds to search (default 60)")
       ->check(finite_number(1e-9, 1e9));
   s.add_option("--evals", o.search.evaluations, "--search: at most this many plans evaluated")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, INT32_MAX));
   s.add_flag("--exhaustive", o.search.exhaustive,
              "--search: evaluate every plan of the space (the baseline) instead of MCTS");
   s.add_option("--seed", o.search.seed, "--search: the tree search's random seed (default 0)");
   s.add_option("--top", o.search.top, "--search: how many plans to print (default 5)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1 << 20));
   s.add_option("--max-axes", o.search.max_axes, "--search: mesh axes at most (default 3)")
-      ->check(CLI::Range(1, 4));
+      ->check(whole_number(1, 4));
   s.add_option("--log", o.search.log,
                "--search: write every evaluated plan as a JSON line, in the order evaluated");
 }

@@ -81,7 +81,7 @@ std::function<int()> add_sample(CLI::App& app) {
                 "checkpoint directory or .safetensors (default: the run's newest checkpoint)");
   s->add_option("--context", o->context,
                 "tokens of context the model sees (default: [model] max_seq_len, at most 512)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1 << 24));
   s->add_option("--device", o->device, "cpu or cuda (default: the run's [train] device)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   s->add_option("--path", o->path,

@@ -33,9 +33,13 @@ std::function<int()> add_step(CLI::App& app) {
     if (!tf.contains("tokens"))
       throw Error(fmt::format("tokens {}: no tensor named 'tokens'", o->tokens));
     const TensorView& tv = tf.get("tokens");
-    if (tv.dtype != DType::i32 || tv.shape.size() != 2 || tv.shape[1] < 2)
-      throw Error(fmt::format("tokens {}: 'tokens' is {}{}, expected i32 [B, T+1] with T >= 1",
-                              o->tokens, dtype_name(tv.dtype), shape_str(tv.shape)));
+    // B in [train] batch_size's range: no rows would make the loss a mean of nothing (NaN)
+    if (tv.dtype != DType::i32 || tv.shape.size() != 2 || tv.shape[1] < 2 || tv.shape[0] < 1 ||
+        tv.shape[0] > (int64_t(1) << 20))
+      throw Error(
+          fmt::format("tokens {}: 'tokens' is {}{}, expected i32 [B, T+1] with T >= 1 "
+                      "and 1 <= B <= 2^20",
+                      o->tokens, dtype_name(tv.dtype), shape_str(tv.shape)));
     cfg.train.batch_size = tv.shape[0];
     cfg.train.seq_len = tv.shape[1] - 1;
     if (cfg.train.seq_len > cfg.model.max_seq_len)

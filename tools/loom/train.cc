@@ -93,7 +93,7 @@ std::function<int()> add_train(CLI::App& app) {
                 "write the first --trace-steps steps as a Chrome trace (per rank: compute and comm "
                 "lanes)");
   s->add_option("--trace-steps", o->trace_steps, "steps --trace records (default 3)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1 << 20));
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
     if (!o->trace.empty())

@@ -27,7 +27,11 @@ std::string range_text(const Range& r) {
 }
 
 std::string out_of_range_text(const Range& r, double v) {
-  return fmt::format("must be {}{}, got {}", std::isinf(r.hi) ? "" : "in ", range_text(r), v);
+  return out_of_range_text(r, fmt::format("{}", v));
+}
+
+std::string out_of_range_text(const Range& r, const std::string& got) {
+  return fmt::format("must be {}{}, got {}", std::isinf(r.hi) ? "" : "in ", range_text(r), got);
 }
 
 std::string float_out_of_range(const Range& range, double v, Used used) {

@@ -18,6 +18,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,7 @@ inline Range any_value() { return {}; }
 std::string range_text(const Range& r);
 // "must be in [1, 2^20], got 0"
 std::string out_of_range_text(const Range& r, double v);
+std::string out_of_range_text(const Range& r, const std::string& got);  // the value as written
 // The integer in `n`, if it holds one (toml++ would convert a float node, and a huge one is
 // undefined behaviour: this asks first).
 std::optional<int64_t> integer_in(const toml::node& n);
@@ -95,7 +97,11 @@ template <class S, class T>
 std::function<std::string(S&)> range_check(T S::*field, Range range) {
   return [field, range](S& s) -> std::string {
     const double v = double(s.*field);
-    return range.contains(v) ? "" : out_of_range_text(range, v);
+    if (range.contains(v)) return "";
+    // an integer as written (as a double, 2^62 would read 4.611686018427388e+18)
+    if constexpr (std::is_integral_v<T>)
+      return out_of_range_text(range, fmt::format("{}", s.*field));
+    return out_of_range_text(range, v);
   };
 }
 }  // namespace detail

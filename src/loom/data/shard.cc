@@ -75,6 +75,9 @@ Shard Shard::open(const std::string& path) {
   if (::fstat(fd, &st) != 0)
     throw Error(fmt::format("token shard {}: cannot stat: {}", path, std::strerror(errno)));
   const uint64_t bytes = uint64_t(st.st_size);
+  s.bytes_ = int64_t(st.st_size);
+  s.mtime_s_ = int64_t(st.st_mtim.tv_sec);
+  s.mtime_ns_ = int64_t(st.st_mtim.tv_nsec);
   const std::string hint = "prepare it again with loom data prepare";
   if (bytes < sizeof(Header))
     throw Error(fmt::format("token shard {}: {} bytes is shorter than the {}-byte header "
@@ -125,9 +128,26 @@ Shard Shard::open(const std::string& path) {
   return s;
 }
 
+void Shard::check_unchanged() const {
+  struct stat st {};
+  if (::fstat(fd_.get(), &st) != 0)
+    throw Error(fmt::format("token shard {}: cannot stat: {}", path_, std::strerror(errno)));
+  if (int64_t(st.st_size) != bytes_)
+    throw Error(fmt::format("token shard {}: {} bytes, {} when it was opened (the file was "
+                            "truncated or extended while open)",
+                            path_, int64_t(st.st_size), bytes_),
+                kChangedHint);
+  if (int64_t(st.st_mtim.tv_sec) != mtime_s_ || int64_t(st.st_mtim.tv_nsec) != mtime_ns_)
+    throw Error(fmt::format("token shard {}: written to since it was opened (its modification "
+                            "time moved)",
+                            path_),
+                kChangedHint);
+}
+
 void Shard::read(int64_t start, int64_t n, int32_t* out) const {
   LOOM_CHECK(fd_.get() >= 0 && start >= 0 && n >= 0 && start + n <= count_)
       << "token shard " << path_ << ": tokens [" << start << ", " << start + n << ") of " << count_;
+  check_unchanged();
   const int64_t width = dtype_ == ShardDType::u16 ? 2 : 4;
   const uint64_t offset = sizeof(Header) + uint64_t(start) * uint64_t(width);
   if (dtype_ == ShardDType::i32) {

@@ -17,7 +17,9 @@
 // memory mapping: a file truncated under a mapping kills the process with SIGBUS, and one
 // rewritten in place changes tokens already checked); every read is checked again, so a shard
 // that changes on disk while training is an error naming it, never a crash or a token outside
-// the vocabulary. Not here: compression, or shards split across files.
+// the vocabulary; and the file's size and modification time are compared at every read with what
+// they were when it was opened, so one rewritten in place with tokens the vocabulary holds is an
+// error too (an fstat a read). Not here: compression, or shards split across files.
 #pragma once
 
 #include <cstdint>
@@ -50,8 +52,9 @@ class Shard {
   int64_t size() const { return count_; }
   int64_t vocab_size() const { return vocab_; }
   ShardDType dtype() const { return dtype_; }
-  // Tokens [start, start + n) into out. Throws loom::Error naming the shard when the file no
-  // longer holds them (truncated since open) or holds a token outside the vocabulary (rewritten).
+  // Tokens [start, start + n) into out. Throws loom::Error naming the shard when the file changed
+  // since it was opened (its size or modification time), no longer holds them (truncated), or
+  // holds a token outside the vocabulary (rewritten).
   void read(int64_t start, int64_t n, int32_t* out) const;
   int32_t operator[](int64_t i) const {
     int32_t t;
@@ -65,6 +68,9 @@ class Shard {
   Fd fd_{-1};
   int64_t count_ = 0, vocab_ = 0;
   ShardDType dtype_ = ShardDType::u16;
+  // the file as opened: its size and modification time (seconds, nanoseconds)
+  int64_t bytes_ = 0, mtime_s_ = 0, mtime_ns_ = 0;
+  void check_unchanged() const;
 };
 
 }  // namespace loom::data

@@ -124,6 +124,11 @@ int build_llama(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) 
 // transformers' LlamaConfig. What is left out takes HF's default, which matches Loom (no attention
 // or MLP biases).
 nlohmann::ordered_json llama_hf_config(const ModelConfig& m) {
+  // a dense NormFormer would load into LlamaForCausalLM without its norms (unexpected keys,
+  // dropped): another model than the one trained
+  if (m.normformer && !m.moe.enabled())
+    throw Error("this model has no Hugging Face equivalent: Llama with [model] normformer = true",
+                "transformers' LlamaForCausalLM has no NormFormer norms");
   nlohmann::ordered_json j = {{"architectures", {"LlamaForCausalLM"}},
                               {"model_type", "llama"},
                               {"vocab_size", m.vocab_size},

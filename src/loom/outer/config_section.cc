@@ -66,14 +66,14 @@ const config::Section<OuterConfig>& outer_section() {
     for (const Key<dipaco::PathsConfig>& k : dipaco::path_keys())
       s.keys.push_back(lift<O>(k, &O::dipaco));
     const std::vector<Key<O>> rest = {
-        int_key("delay", &O::delay, at_least(0),
+        int_key("delay", &O::delay, closed(0, 65536),
                 "async Delayed Nesterov period (0: the islands that are members at each push)"),
         float_key("grace", &O::grace, closed(0, 10),
                   "async: after a push, the longest an island waits for the rest of its Delayed "
                   "Nesterov period before it pulls, as a fraction of its round's time (0: never "
                   "waits)",
                   config::Used::f64),
-        int_key("islands", &O::islands, at_least(0),
+        int_key("islands", &O::islands, closed(0, 65536),
                 "islands expected (the first round waits for them; async step budget)"),
         // durations become clock ticks (nanoseconds in int64: at most 292 years); a day is plenty
         float_key("lease_s", &O::lease_s, {0, 86400, true, false},

@@ -158,7 +158,8 @@ void Island::heartbeat_loop() {
 }
 
 std::optional<proto::AwaitReply::State> Island::await(uint32_t f, uint64_t base_version,
-                                                      uint32_t wait_ms, const std::string& what) {
+                                                      uint32_t wait_ms, const std::string& what,
+                                                      std::string* awaited) {
   proto::AwaitReply a;
   grpc::Status s = client_->await(id_, f, base_version, wait_ms, &a);
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
@@ -169,6 +170,7 @@ std::optional<proto::AwaitReply::State> Island::await(uint32_t f, uint64_t base_
     throw Error(fmt::format("outer server {}: waiting for {}: {}", client_->server(), what,
                             s.error_message()));
   done_ = a.done();
+  if (awaited) *awaited = a.awaited();
   return a.state();
 }
 
@@ -258,9 +260,20 @@ void Island::land(InFlight& fl, double mix, bool counted) {
     }
   }
   if (fl.stands && cfg_.mode == OuterMode::sync) {
+    // a round that keeps this island waiting says, now and then, for whom (a member that holds
+    // its lease but never pushes, islands expected that never come)
+    const auto since = Clock::now();
+    double told_s = 0;
     for (;;) {
-      const auto st = await(f, fl.base_version, 1000, round);
+      std::string awaited;
+      const auto st = await(f, fl.base_version, 1000, round, &awaited);
       if (!st || *st == proto::AwaitReply::CLOSED) break;
+      const double waited_s = std::chrono::duration<double>(Clock::now() - since).count();
+      if (*st == proto::AwaitReply::PENDING && waited_s >= std::max(10.0, 3 * told_s)) {
+        fmt::print(stderr, "island {}: {} has waited {:.0f} s for {}\n", id_.load(), round,
+                   waited_s, awaited.empty() ? "the server" : awaited);
+        told_s = waited_s;
+      }
       if (*st == proto::AwaitReply::RESEND) {
         fmt::print(stderr,
                    "island {}: the server holds no push of ours for {} (it restarted?): pushing "

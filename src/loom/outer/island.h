@@ -109,9 +109,10 @@ class Island {
   void land(InFlight& fl, double mix, bool counted);
   // One Await for fragment f's version past base_version, at most wait_ms: its state (and done_),
   // or none when the server had dropped this island (it has joined again and pulled). Other
-  // failures throw naming `what` ("round 3").
+  // failures throw naming `what` ("round 3"). `awaited`: whom the server says the round waits for.
   std::optional<proto::AwaitReply::State> await(uint32_t f, uint64_t base_version, uint32_t wait_ms,
-                                                const std::string& what);
+                                                const std::string& what,
+                                                std::string* awaited = nullptr);
   void heartbeat_loop();
 
   OuterConfig cfg_;

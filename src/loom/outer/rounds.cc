@@ -1,6 +1,7 @@
 #include "loom/outer/rounds.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -117,7 +118,8 @@ std::optional<Refusal> Rounds::join(const std::string& name, const TensorList& m
   std::vector<uint64_t> joined;
   for (const Fragment& f : frags_)
     joined.push_back(f.pushed.empty() || f.version == 0 ? f.version : f.version + 1);
-  Member& m = members_[id] = {{name.substr(0, 200), std::move(joined), 0, path}, now + lease()};
+  Member& m =
+      members_[id] = {{name.substr(0, kMaxNameBytes), std::move(joined), 0, path}, now + lease()};
   // saved with the next round: a member lost in a restart simply joins again
   log(fmt::format("island {} ({}) {} at version {}{}", id, m.record.name,
                   again ? "rejoined (the same island, restarted)" : "joined", version(),
@@ -274,6 +276,29 @@ RoundState Rounds::round_state(uint64_t id, uint32_t fragment, uint64_t base_ver
   if (cfg_.mode == OuterMode::async) return RoundState::pending;
   if (!f.pushed.count(id)) return RoundState::resend;
   return RoundState::pending;
+}
+
+std::string Rounds::awaited(uint32_t fragment, Time now) const {
+  const Fragment& frag = frags_[fragment];
+  if (cfg_.mode != OuterMode::sync || frag.pushed.empty()) return "";  // no round is open
+  std::vector<std::string> missing;
+  for (const auto& [id, m] : members_)
+    if (m.record.joined[fragment] <= frag.version && !frag.pushed.count(id))
+      missing.push_back(fmt::format("island {} ({})", id, m.record.name));
+  std::string out = fmt::format("{}", fmt::join(missing, ", "));
+  if (frag.version == 0 && !frag.pushed.empty() && int64_t(frag.pushed.size()) < cfg_.min_islands) {
+    const double left =
+        std::chrono::duration<double>(
+            frag.first_push + std::chrono::milliseconds(int64_t(cfg_.start_grace_s * 1000)) - now)
+            .count();
+    if (left > 0)
+      out += fmt::format(
+          "{}{} more of the {} islands expected ([outer] islands; the first round "
+          "closes without them in {:.1f} s)",
+          out.empty() ? "" : "; and ", cfg_.min_islands - int64_t(frag.pushed.size()),
+          cfg_.min_islands, left);
+  }
+  return out;
 }
 
 std::shared_ptr<const std::vector<proto::TensorChunk>> Rounds::update(uint32_t f,

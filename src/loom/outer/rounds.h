@@ -153,6 +153,9 @@ class Rounds {
   // ---- what the calls see ----
 
   RoundState round_state(uint64_t id, uint32_t fragment, uint64_t base_version) const;
+  // Sync: whom fragment f's open round waits for, in words ("island 3 (b), island 4 (c)", or the
+  // start barrier's count and how long it has left); empty when it waits for no one.
+  std::string awaited(uint32_t fragment, Time now) const;
   uint64_t version() const;  // summed over the fragments
   uint64_t version(uint32_t fragment) const { return frags_[fragment].version; }
   bool done() const;

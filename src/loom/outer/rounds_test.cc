@@ -237,6 +237,28 @@ TEST(Rounds, TheFirstRoundWaitsForMinIslandsOrItsGrace) {
   }
 }
 
+// An island kept waiting is told for whom: the members that hold no push of the round, and the
+// start barrier's missing islands with the time it has left.
+TEST(Rounds, AnOpenRoundSaysWhomItAwaits) {
+  Fixture f({.lease_s = 100, .min_islands = 3, .start_grace_s = 0.4});
+  const uint64_t a = f.join(0, "fast"), b = f.join(0, "stuck");
+  EXPECT_EQ(f.rounds.awaited(0, f.at(0)), "");  // nobody pushed: no round is open
+  ASSERT_FALSE(f.push(a, 0, model(2), 100));
+  EXPECT_EQ(f.rounds.awaited(0, f.at(200)),
+            fmt::format("island {} (stuck); and 2 more of the 3 islands expected ([outer] "
+                        "islands; the first round closes without them in 0.3 s)",
+                        b));
+  EXPECT_EQ(f.version_at(600), 0u);  // the barrier is over, b still holds its lease
+  EXPECT_EQ(f.rounds.awaited(0, f.at(600)), fmt::format("island {} (stuck)", b));
+  ASSERT_FALSE(f.push(b, 0, model(3), 700));
+  EXPECT_EQ(f.rounds.version(), 1u);
+  EXPECT_EQ(f.rounds.awaited(0, f.at(700)), "");
+  Fixture async({.mode = OuterMode::async});
+  const uint64_t c = async.join();
+  ASSERT_FALSE(async.push(c, 0, model(2)));
+  EXPECT_EQ(async.rounds.awaited(0, async.at(0)), "");  // async waits for nobody
+}
+
 TEST(Rounds, AMemberThatLeavesIsNotWaitedFor) {
   Fixture f;
   const uint64_t a = f.join(0, "stays"), b = f.join(0, "goes");

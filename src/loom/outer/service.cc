@@ -274,6 +274,8 @@ Status OuterService::await(const proto::AwaitRequest& req, proto::AwaitReply* re
   rep->set_version(rounds_.version(f));
   rep->set_done(rounds_.done());
   rep->set_state(await_state(rounds_.round_state(req.island_id(), f, req.base_version())));
+  if (rep->state() == proto::AwaitReply::PENDING)
+    rep->set_awaited(rounds_.awaited(f, Clock::now()));
   return Status::OK;
 }
 

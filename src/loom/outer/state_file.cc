@@ -106,11 +106,14 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
         throw Error(fmt::format("{}: member {}'s path {} is not one a server could have", path,
                                 m.at("id").dump(), on),
                     "the file is damaged: restore it, or use another --state-dir");
-      s.members[m.at("id").get<uint64_t>()] = {m.at("name").get<std::string>(),
-                                               joined.is_array()
-                                                   ? joined.get<std::vector<uint64_t>>()
-                                                   : std::vector<uint64_t>{joined.get<uint64_t>()},
-                                               m.at("sec_per_step").get<double>(), uint32_t(on)};
+      const uint64_t id = m.at("id").get<uint64_t>();
+      if (s.members.count(id))
+        throw Error(fmt::format("{}: member {} is listed twice", path, id),
+                    "the file is damaged: restore it, or use another --state-dir");
+      s.members[id] = {m.at("name").get<std::string>(),
+                       joined.is_array() ? joined.get<std::vector<uint64_t>>()
+                                         : std::vector<uint64_t>{joined.get<uint64_t>()},
+                       m.at("sec_per_step").get<double>(), uint32_t(on)};
     }
     if (j.contains("keys"))  // written since islands have keys
       s.keys = j.at("keys").get<std::map<std::string, uint64_t>>();
@@ -130,7 +133,9 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
       field("fragment_versions", v <= kMax && sum <= kMax);
     }
     field("version", s.version == sum);
-    field("async_count", s.async_count >= 0 && uint64_t(s.async_count) <= kMax);
+    // a sync server never counts async pushes
+    field("async_count", s.async_count >= 0 && uint64_t(s.async_count) <= kMax &&
+                             (mode == OuterMode::async || s.async_count == 0));
     field("total_steps", s.total_steps >= 0 && uint64_t(s.total_steps) <= kMax);
     uint64_t top = 0;
     for (const auto& [id, m] : s.members) {
@@ -138,8 +143,8 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
       bool joined_ok = m.joined.size() == s.fragment_versions.size();
       for (size_t f = 0; joined_ok && f < m.joined.size(); ++f)
         joined_ok = m.joined[f] <= s.fragment_versions[f] + 1;
-      field("members",
-            id >= 1 && joined_ok && std::isfinite(m.sec_per_step) && m.sec_per_step >= 0);
+      field("members", id >= 1 && joined_ok && std::isfinite(m.sec_per_step) &&
+                           m.sec_per_step >= 0 && m.name.size() <= kMaxNameBytes);
     }
     field("next_id", s.next_id >= 1 && s.next_id <= kMax && s.next_id > top);
     for (const auto& [key, id] : s.keys)

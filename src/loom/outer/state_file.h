@@ -44,6 +44,8 @@ struct MemberRecord {
 // keys without end): bytes per key, and keys.
 constexpr size_t kMaxKeyBytes = 1024;
 constexpr size_t kMaxKeys = 65536;
+// ... and on a member's name (a join's longer name is cut to it).
+constexpr size_t kMaxNameBytes = 200;
 
 // Everything in the state file but the tensors.
 struct StateMeta {

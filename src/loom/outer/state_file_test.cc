@@ -46,7 +46,7 @@ StateMeta sample_meta(OuterMode mode) {
   StateMeta m;
   m.mode = mode;
   m.version = 12;
-  m.async_count = 7;
+  m.async_count = mode == OuterMode::async ? 7 : 0;
   m.total_steps = 600;
   m.next_id = 4;
   m.members[1] = {"host-a", {0}, 0.25};
@@ -67,7 +67,7 @@ TEST(StateFile, AStateWrittenIsReadBackWhole) {
     OuterState s = read_state(path, mode, spec);
     EXPECT_EQ(s.meta.mode, mode);
     EXPECT_EQ(s.meta.version, 12u);
-    EXPECT_EQ(s.meta.async_count, 7);
+    EXPECT_EQ(s.meta.async_count, meta.async_count);
     EXPECT_EQ(s.meta.total_steps, 600);
     EXPECT_EQ(s.meta.next_id, 4u);
     ASSERT_EQ(s.meta.members.size(), 2u);
@@ -183,6 +183,28 @@ TEST(StateFile, AStateThisServerCouldNotHaveWrittenIsRefused) {
   EXPECT_NE(e.find("\"members\""), std::string::npos) << e;
   e = with([](StateMeta& m) { m.keys["host:/runs/z"] = 4; });  // an id never given
   EXPECT_NE(e.find("\"keys\""), std::string::npos) << e;
+  e = with([](StateMeta& m) { m.members[1].name = std::string(kMaxNameBytes + 1, 'x'); });
+  EXPECT_NE(e.find("\"members\""), std::string::npos) << e;
+  e = with([](StateMeta& m) { m.async_count = 2; });  // an async server's field, in a sync state
+  EXPECT_NE(e.find("\"async_count\""), std::string::npos) << e;
+  {  // a member listed twice (write_state's map cannot hold it: the JSON is edited)
+    StateMeta m = sample_meta(OuterMode::sync);
+    m.members[2] = {"host-a", {0}, 0.25};
+    write_state(path, m, p, p, p);
+    auto f = SafetensorsFile::open(path);
+    std::string meta = f.metadata().at("loom_outer");
+    const size_t at = meta.find("\"id\":2");
+    ASSERT_NE(at, std::string::npos) << meta;
+    meta.replace(at, 6, "\"id\":1");
+    std::vector<TensorToWrite> ts;
+    for (const auto& n : f.names()) {
+      const TensorView& v = f.get(n);
+      ts.push_back({n, v.dtype, v.shape, v.data});
+    }
+    write_safetensors(path + ".edited", ts, {{"loom_outer", meta}});
+    e = error_of([&] { read_state(path + ".edited", OuterMode::sync, p); });
+    EXPECT_NE(e.find("member 1 is listed twice"), std::string::npos) << e;
+  }
 
   TensorList bad = p;
   bad[1].data[2] = std::numeric_limits<float>::infinity();

@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "loom/config/schema.h"
@@ -127,6 +128,13 @@ void check_across(const Config& c, const Written& w) {
     w.fail("[train] min_lr",
            fmt::format("must be at most [optim] lr = {} (the schedule decays to it), got {}",
                        c.optim.lr, c.train.min_lr));
+  // the async server's step budget, islands x steps, is a count its state keeps below 2^53
+  if (c.outer.mode == outer::OuterMode::async &&
+      double(c.outer.islands) * double(c.train.steps) > std::ldexp(1.0, 53))
+    w.fail("[outer] islands",
+           fmt::format("times [train] steps = {} is the async step budget, which must be at most "
+                       "2^53, got {}",
+                       c.train.steps, c.outer.islands));
 }
 
 // The resolved config as TOML, saved in run directories. Full float precision (0.9 prints as
