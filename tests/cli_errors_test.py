@@ -8,6 +8,7 @@ Uses only the standard library (it writes its own small safetensors files).
 """
 import json
 import os
+import stat
 import struct
 import subprocess
 import sys
@@ -124,6 +125,19 @@ with tempfile.TemporaryDirectory() as d:
     out = os.path.join(d, "out.safetensors")
     step = ["step", "--config", good, "--tokens", toks, "--out", out]
     run("step works", step + ["--weights", w], expect_ok=True, must_contain=["loss"])
+    # an output that is an input, or a FIFO (the rename would replace it): refused, both untouched
+    w_bytes = open(w, "rb").read()
+    run("step: --out is --weights", ["step", "--config", good, "--tokens", toks, "--weights", w,
+                                     "--out", w],
+        must_contain=["--out " + w + " is the file --weights reads", "destroy"])
+    run("step: --out is a FIFO", ["step", "--config", good, "--tokens", toks, "--weights", w,
+                                  "--out", fifo],
+        must_contain=["--out " + fifo + ": not a regular file (a FIFO)"])
+    run("bench: --kernels-out is a FIFO", bench + [good, "--kernels-out", fifo],
+        must_contain=["--kernels-out " + fifo + ": not a regular file (a FIFO)"])
+    ok = open(w, "rb").read() == w_bytes and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    print("%-4s %-34s" % ("ok" if ok else "FAIL", "  ... the weights and the FIFO untouched"))
+    failures += 0 if ok else 1
     # non-finite weights: refused naming the tensor and index (training on them says only "nan")
     for bad_value, word in [(float("nan"), "nan"), (float("inf"), "inf")]:
         t = {}
@@ -267,6 +281,18 @@ with tempfile.TemporaryDirectory() as d:
     run("sample: with the run's tokenizer", ["sample", os.path.join(d, "run_t"), "--prompt", "the",
                                              "--max-tokens", "5"],
         expect_ok=True, must_contain=["the"])
+    run_metrics = os.path.join(d, "run_t", "metrics.jsonl")
+    run("report: --out is the run's metrics", ["report", os.path.join(d, "run_t"), "--out",
+                                               run_metrics],
+        must_contain=["--out " + run_metrics + " is the file run_dir reads"])
+    hf_blocked = os.path.join(d, "hf_blocked")
+    os.makedirs(os.path.join(hf_blocked, "config.json"))
+    run("export: config.json is a directory", ["export", os.path.join(d, "run_t"), "--hf",
+                                               hf_blocked],
+        must_contain=["config.json: not a regular file (a directory)"])
+    ok = os.listdir(hf_blocked) == ["config.json"]
+    print("%-4s %-34s" % ("ok" if ok else "FAIL", "  ... and nothing written"))
+    failures += 0 if ok else 1
     train_bin = os.path.join(tokdir, "train.bin")
     blob = open(train_bin, "rb").read()
     # a shard truncated under a running loom train: an error naming it, not SIGBUS

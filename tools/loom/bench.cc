@@ -312,8 +312,8 @@ std::function<int()> add_bench(CLI::App& app) {
                 "write the timed steps as a Chrome trace (per rank: compute and comm lanes)");
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
-    if (!o->trace.empty()) check_output_dir("--trace", o->trace);
-    if (!o->kernels_out.empty()) check_output_dir("--kernels-out", o->kernels_out);
+    if (!o->trace.empty()) check_output("--trace", o->trace);
+    if (!o->kernels_out.empty()) check_output("--kernels-out", o->kernels_out);
     return run_ranks(cfg,
                      [&](const runtime::MeshComms* comms) { return bench_rank(*o, cfg, comms); });
   };

@@ -148,6 +148,10 @@ std::function<int()> add_export(CLI::App& app) {
       throw Error(fmt::format("--hf {}: cannot create the directory ({})", o->hf,
                               ec ? ec.message() : "a file is in the way"),
                   "choose a writable output directory");
+    // before anything is written: no target is a directory or device (nothing half-written),
+    // nor the weights this export reads
+    for (const std::string& w : writes)
+      check_output("--hf", o->hf + "/" + w, {{"run_dir", weights}});
     const std::string model_out = o->hf + "/model.safetensors";
     // every parameter under its Hugging Face name; a stacked expert weight as one tensor per
     // expert (Mixtral's layout)

@@ -197,6 +197,8 @@ std::function<int()> add_plan(CLI::App& app) {
               "print each reduction's synthesized programs (P2) and their predicted times");
   add_search_options(*s, *o);
   return [o]() {
+    if (!o->kernels.empty())  // before the prediction: its result is not lost at the end
+      check_output("--kernels", o->kernels, {{"config", o->config}, {"--cluster", o->cluster}});
     if (o->search.on) {
       if (!o->compare.empty() || !o->kernels.empty())
         throw Error("loom plan: --search takes neither --compare nor --kernels",

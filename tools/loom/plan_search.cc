@@ -40,6 +40,8 @@ void add_search_options(CLI::App& s, PlanOpts& o) {
 }
 
 int run_plan_search(const PlanOpts& o) {
+  if (!o.search.log.empty())
+    check_output("--log", o.search.log, {{"config", o.config}, {"--cluster", o.cluster}});
   const auto cl = std::make_shared<const sim::Cluster>(sim::load_cluster(o.cluster));
   const train::Config cfg = train::load_config(o.config, o.sets);
   const int64_t devices = o.devices > 0 ? o.devices : (cl->devices > 0 ? cl->devices : 1);

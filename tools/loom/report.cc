@@ -67,6 +67,7 @@ std::function<int()> add_report(CLI::App& app) {
         if (!fs::exists(metrics, ec))
           throw Error(fmt::format("{}: does not exist", metrics),
                       "each argument must be the --run-dir of a loom train run");
+        check_output("--out", o->out, {{"run_dir", metrics}});
         runs.push_back(read_rows(metrics));
         if (runs.back().empty()) throw Error(fmt::format("{}: no complete step logged", metrics));
         names.push_back(run_label(run));
@@ -96,6 +97,7 @@ std::function<int()> add_report(CLI::App& app) {
     const bool has_config = fs::exists(config_path, ec);
     if (has_config) config = read_file(config_path);
     const std::string out = o->out.empty() ? (fs::path(run) / "report.html").string() : o->out;
+    check_output("--out", out, {{"run_dir", metrics}, {"run_dir", config_path}});
     write_file_atomic(out, report::render(run, rows, has_config ? &config : nullptr));
     fmt::print("{}\n", out);
     return 0;

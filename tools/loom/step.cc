@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/core/safetensors.h"
 
 namespace loom::cli {
@@ -28,6 +29,8 @@ std::function<int()> add_step(CLI::App& app) {
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   s->add_flag("--logits", o->logits, "also write the logits, f32 [B, T, vocab_size]");
   return [o]() {
+    check_output("--out", o->out,
+                 {{"--weights", o->weights}, {"--tokens", o->tokens}, {"--config", o->config}});
     train::Config cfg = train::load_config(o->config, o->sets, train::ConfigUse::model_only);
     SafetensorsFile tf = SafetensorsFile::open(o->tokens);
     if (!tf.contains("tokens"))

@@ -97,7 +97,7 @@ std::function<int()> add_train(CLI::App& app) {
   return [o]() {
     train::Config cfg = train::load_config(o->config, o->sets);
     if (!o->trace.empty())
-      check_output_dir("--trace", o->trace);  // before training: not lost at its end
+      check_output("--trace", o->trace);  // before training: not lost at its end
     train::RunOptions opts{.run_dir = o->run_dir,
                            .resume = !o->resume.empty(),
                            .slowdown = o->slowdown,

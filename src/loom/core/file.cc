@@ -55,7 +55,22 @@ std::string os_error_hint(int err, const std::string& path) {
               os_error_hint(err, path));
 }
 
-void check_output_dir(std::string_view flag, const std::string& path) {
+const char* file_kind(mode_t mode) {
+  return S_ISDIR(mode)                    ? "a directory"
+         : S_ISFIFO(mode)                 ? "a FIFO"
+         : S_ISSOCK(mode)                 ? "a socket"
+         : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
+                                          : "not a file";
+}
+
+namespace {
+constexpr const char* kWholeFileHint =
+    "loom writes a file whole (a temporary renamed over it), which would replace it: give the path "
+    "of a regular file";
+}  // namespace
+
+void check_output(std::string_view flag, const std::string& path,
+                  std::initializer_list<NamedPath> inputs) {
   const std::string parent = std::filesystem::path(path).parent_path().string();
   const std::string dir = parent.empty() ? std::string(".") : parent;
   std::error_code ec;
@@ -63,6 +78,18 @@ void check_output_dir(std::string_view flag, const std::string& path) {
     throw Error(
         fmt::format("{} {}: the directory '{}' does not exist or is not writable", flag, path, dir),
         "create it first, or give another path");
+  struct stat out {};
+  if (::stat(path.c_str(), &out) != 0) return;  // a new file
+  if (!S_ISREG(out.st_mode))
+    throw Error(fmt::format("{} {}: not a regular file ({})", flag, path, file_kind(out.st_mode)),
+                kWholeFileHint);
+  for (const NamedPath& in : inputs) {
+    struct stat st {};
+    if (::stat(in.path.c_str(), &st) == 0 && st.st_dev == out.st_dev && st.st_ino == out.st_ino)
+      throw Error(fmt::format("{} {} is the file {} reads ({}): writing it would destroy it", flag,
+                              path, in.flag, in.path),
+                  "give another path");
+  }
 }
 
 bool path_exists(const std::string& path) {
@@ -143,14 +170,9 @@ Fd open_regular(const std::string& path) {
   Fd fd = open_checked(path, O_RDONLY | O_NONBLOCK, 0, "read");
   struct stat st {};
   check_sys(::fstat(fd.get(), &st), "stat", path);
-  if (!S_ISREG(st.st_mode)) {
-    const char* kind = S_ISDIR(st.st_mode)                          ? "a directory"
-                       : S_ISFIFO(st.st_mode)                       ? "a FIFO"
-                       : S_ISSOCK(st.st_mode)                       ? "a socket"
-                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                                                                    : "not a file";
-    throw Error(fmt::format("cannot read '{}': not a regular file ({})", path, kind));
-  }
+  if (!S_ISREG(st.st_mode))
+    throw Error(
+        fmt::format("cannot read '{}': not a regular file ({})", path, file_kind(st.st_mode)));
   const int flags = check_sys(::fcntl(fd.get(), F_GETFL), "fcntl", path);
   check_sys(::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK), "fcntl", path);
   return fd;
@@ -242,6 +264,10 @@ void fsync_directory(const std::string& dir) {
 }
 
 void write_file_atomic(const std::string& path, std::span<const Bytes> parts) {
+  if (struct stat st{}; ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw Error(
+        fmt::format("cannot write '{}': not a regular file ({})", path, file_kind(st.st_mode)),
+        kWholeFileHint);
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   try {
     Fd fd = open_checked(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, "create");

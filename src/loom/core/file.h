@@ -3,6 +3,8 @@
 //
 // write_file_atomic: PATH.tmp.<pid> is written in full and fsynced, renamed over PATH, and PATH's
 // directory is fsynced. On failure the temporary file is removed and PATH keeps its old content.
+// A PATH that exists and is not a regular file (a device, FIFO, socket or directory) is refused
+// before anything is written: the rename would replace it (as root, /dev/null itself).
 // Every message reads "cannot <op> '<path>': <strerror> (<ENAME>)" with a hint (full disk, missing
 // directory, permissions, ...).
 //
@@ -13,6 +15,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <initializer_list>
 #include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
@@ -43,8 +46,18 @@ void make_directories(const std::string& path);
 // std::filesystem::remove_all, a failure thrown as "cannot remove '<path>': ...".
 void remove_tree(const std::string& path);
 // Before the work whose result `flag` writes to `path`: throws "<flag> <path>: the directory ...
-// does not exist or is not writable" unless path's directory is one this process can write in.
-void check_output_dir(std::string_view flag, const std::string& path);
+// does not exist or is not writable" unless path's directory is one this process can write in;
+// "<flag> <path>: not a regular file (a device)" when it exists as something write_file_atomic
+// would replace; and "<flag> <path> is <input flag>'s file" when it is the same file (device and
+// inode) as one of the command's `inputs` (flag, path), which writing it would destroy.
+struct NamedPath {
+  std::string_view flag;
+  std::string path;
+};
+void check_output(std::string_view flag, const std::string& path,
+                  std::initializer_list<NamedPath> inputs = {});
+// "a directory", "a FIFO", "a socket", "a device" or "not a file": what a stat's mode names.
+const char* file_kind(mode_t mode);
 
 // ---- checked POSIX calls ----
 

@@ -3,6 +3,7 @@
 #include "loom/core/file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -38,6 +39,34 @@ TEST(FileHelpers, AnswerOrNameThePathAndTheOsError) {
   EXPECT_TRUE(fs::is_directory(dir / "a" / "b"));
   remove_tree((dir / "a").string());
   EXPECT_FALSE(fs::exists(dir / "a"));
+  fs::remove_all(dir);
+}
+
+// A file written whole never replaces what is not a regular file (the rename would: a FIFO, a
+// directory; as root a device), and an output that is one of the command's inputs is refused.
+TEST(FileHelpers, AWholeFileNeverReplacesAFifoADirectoryOrAnInput) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("loom_file_test2_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "a_dir");
+  const std::string fifo = (dir / "fifo").string(), plain = (dir / "plain").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string& p : {fifo, (dir / "a_dir").string()}) {
+    std::string e = error_of([&] { write_file_atomic(p, "text"); });
+    EXPECT_NE(e.find("not a regular file"), std::string::npos) << e;
+    e = error_of([&] { check_output("--out", p); });
+    EXPECT_NE(e.find("--out " + p + ": not a regular file"), std::string::npos) << e;
+  }
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_TRUE(fs::is_directory(dir / "a_dir"));
+  write_file_atomic(plain, "weights");
+  check_output("--out", plain, {{"--weights", (dir / "other").string()}});  // a new file: fine
+  fs::create_symlink("plain", dir / "link");
+  const std::string e = error_of([&] {
+    check_output("--out", plain, {{"--weights", (dir / "link").string()}});
+  });
+  EXPECT_NE(e.find("is the file --weights reads"), std::string::npos) << e;
+  EXPECT_EQ(read_file(plain), "weights");
+  check_output("--out", (dir / "new").string());
   fs::remove_all(dir);
 }
 
