@@ -88,7 +88,8 @@ TEST(Checkpoint, KeepsTheNewestAndIgnoresTempDirectories) {
 
 // A resume that passed over a damaged newer checkpoint (step 9 here) trains on from an older one:
 // the sweep neither counts the later step (keep = 1 would otherwise keep only it and delete every
-// good checkpoint, the one just written included) nor deletes it.
+// good checkpoint, the one just written included) nor deletes it; and one the run reaches again
+// (step 3 here) is kept beside the new one as step_00000003.damaged, not replaced.
 TEST(Checkpoint, TheSweepNeverCountsALaterDamagedCheckpoint) {
   Config cfg = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml");
   const std::string dir = temp_dir("sweep");
@@ -96,6 +97,8 @@ TEST(Checkpoint, TheSweepNeverCountsALaterDamagedCheckpoint) {
   p.init_random(1);
   StepRunner r(cfg, p, StepRunner::Mode::train);
   fs::create_directories(dir + "/step_00000009");  // damaged: no files a load would accept
+  fs::create_directories(dir + "/step_00000003");
+  std::ofstream(dir + "/step_00000003/model.safetensors") << "damaged";
   std::string last;
   for (int s = 1; s <= 3; ++s) {
     r.step(batch(cfg, s).data());
@@ -106,6 +109,10 @@ TEST(Checkpoint, TheSweepNeverCountsALaterDamagedCheckpoint) {
   EXPECT_EQ(all[0], last) << "the checkpoint just written stays";
   EXPECT_EQ(fs::path(all[0]).filename(), "step_00000003");
   EXPECT_EQ(fs::path(all[1]).filename(), "step_00000009") << "the later one is not deleted";
+  std::ifstream kept(dir + "/step_00000003.damaged/model.safetensors");
+  std::string text;
+  kept >> text;
+  EXPECT_EQ(text, "damaged") << "the damaged step 3 is kept aside";
   fs::remove_all(dir);
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +67,19 @@ std::string state_text(const nlohmann::json& state, int64_t step, const std::str
   st["config_crc32"] = crc32_hex(config_text);
   st["crc32"] = crc32_hex(st.dump());  // of the rest, as dump() writes it (keys sorted)
   return st.dump(2) + "\n";
+}
+
+// A checkpoint of the step about to be saved is one a resume passed over as damaged (resuming takes
+// the newest that loads): it is kept, renamed STEP.damaged (.damaged.2, ...: no checkpoint name),
+// never replaced, so that it can still be inspected or restored.
+void set_aside(const std::string& final_path) {
+  if (!path_exists(final_path)) return;
+  std::string aside = final_path + ".damaged";
+  for (int i = 2; path_exists(aside); ++i) aside = fmt::format("{}.damaged.{}", final_path, i);
+  if (::rename(final_path.c_str(), aside.c_str()) != 0)
+    throw_os("set aside the damaged checkpoint", final_path, errno);
+  fmt::print(stderr, "checkpoint {}: kept as {} (a resume passed over it as damaged)\n", final_path,
+             aside);
 }
 
 // Sweep: of the checkpoints up to `step`, those older than the newest `keep` (the one just written
@@ -133,7 +147,7 @@ std::string save_sharded(const std::string& dir, StepRunner& runner, const nlohm
     write_file_atomic(tmp + "/" + kShardedIndex, sharded_index(held, runner.mesh()).dump(1) + "\n");
     write_file_atomic(tmp + "/state.json", state_text(state, step, config_text));
     write_file_atomic(tmp + "/config.toml", config_text);
-    if (path_exists(final_path)) remove_tree(final_path);  // re-saving the same step
+    set_aside(final_path);
     fs::rename(tmp, final_path);
     fsync_directory(dir);
   });
@@ -180,7 +194,7 @@ std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunn
     write_safetensors(tmp + "/optimizer.safetensors", opt);
     write_file_atomic(tmp + "/state.json", state_text(state, step, config_text));
     write_file_atomic(tmp + "/config.toml", config_text);  // each write fsyncs tmp as well
-    if (path_exists(final_path)) remove_tree(final_path);  // re-saving the same step
+    set_aside(final_path);
     fs::rename(tmp, final_path);
     fsync_directory(dir);
   } catch (const fs::filesystem_error& e) {
