@@ -388,6 +388,15 @@ with tempfile.TemporaryDirectory() as d:
     for flag, val in [("--steps", "0"), ("--steps", "99999999999999999999999"), ("--warmup", "-1")]:
         run("bench: %s %s" % (flag, val[:12]), ["bench", good, flag, val],
             must_contain=[flag + ": must be a whole number in [", "got " + val], rc=105)
+    run("sample: --seed past int64", ["sample", os.path.join(d, "run_t"), "--seed",
+                                      "18446744073709551616"],
+        must_contain=["--seed: must be a whole number in [0, 2^63-1]"], rc=105)
+    run("sample: --context past max_seq_len", ["sample", os.path.join(d, "run_t"), "--context",
+                                                "100000"],
+        must_contain=["--context 100000: more than the model's max_seq_len"])
+    run("sample: --path of a run without paths", ["sample", os.path.join(d, "run_t"), "--path",
+                                                  "1"],
+        must_contain=["is not a DiPaCo run"])
     run("outer: islands x steps past 2^53", bench + [good, "--set", "outer.mode=async", "--set",
                                                      "outer.islands=65536", "--set",
                                                      "train.steps=1099511627776"],

@@ -135,13 +135,19 @@ TEST(Cluster, BadFilesNameTheFileAndKey) {
       {with("peak_flops = { bf16 = 1e15 }", "peak_flops = { fp8 = 1e15 }"),
        "[device.peak_flops] fp8: unknown key"},
       {with("idle_watts = 90", "idle_watts = 900"),
-       "[device] peak_watts: must be finite and >= 900"},
+       "[device] peak_watts: must be a finite number in [900, 1000000], got 700"},
       {with("name = \"t\"", "name = "), "bad.toml: not valid TOML"},
       {std::string(kGood) +
            "[profile]\nthreads = 1\nmatmul = [[0, 1, 1, 0, 8, 8, \"f32\", 1e-5]]\n",
        "bad.toml: [profile.matmul]: expected an integer in 1.."},
       {std::string(kGood) + "[profile]\nthreads = 1\nmatmul = [[0, 1, 1, 8, 8, 8, \"f32\", 0]]\n",
-       "bad.toml: [profile.matmul]: expected a finite number >= 1e-12"},
+       "bad.toml: [profile.matmul]: expected a finite number in [1e-12, 1000000]"},
+      // values a machine cannot have: each key has its bound (1e300 s of kernel overhead printed
+      // a step of 300 digits; an f32 peak of 0 ran f32 at the bf16 peak)
+      {with("peak_flops = { bf16 = 1e15 }", "peak_flops = { bf16 = 1e15, f32 = 0 }"),
+       "[device.peak_flops] f32: must be a finite number in [1000000, 1e+18], got 0"},
+      {std::string(kGood) + "[efficiency]\nmatmul = 3\n",
+       "[efficiency] matmul: must be a finite number in [0.001, 1], got 3"},
   };
   for (const Case& c : cases) {
     const std::string got = error_of(c.text);

@@ -39,9 +39,11 @@ std::function<int()> add_calibrate(CLI::App& app) {
   s->add_option("--out", o->out, "the cluster file to write (default clusters/local.toml)");
   s->add_flag("--quick", o->measure.quick, "a short sweep (a smoke test, not for predictions)");
   s->add_option("--idle-watts", o->measure.idle_watts,
-                "a device's idle power (default: an estimate)");
+                "a device's idle power (default: an estimate)")
+      ->check(finite_number(0, 1e6));
   s->add_option("--peak-watts", o->measure.peak_watts,
-                "a device's peak power (default: an estimate)");
+                "a device's peak power (default: an estimate)")
+      ->check(finite_number(0, 1e6));
   s->add_option("--import", o->import.timed,
                 "kernels timed elsewhere (bench/gpu/torch_kernels.py, loom bench --kernels-out; "
                 "several files: one profile): measure nothing, make them --base's [profile]");

@@ -4,23 +4,31 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
-
-#include "loom/config/schema.h"
 
 namespace loom::cli {
 
 // An integer flag's check: a whole number in [lo, hi], its bounds written as the config's are
 // ("[1, 2^20]"; CLI11's PositiveNumber printed 1.8e308 in 300 digits), the value as given.
 inline CLI::Validator whole_number(int64_t lo, int64_t hi) {
-  const std::string range = config::range_text(config::closed(double(lo), double(hi)));
+  auto bound = [](int64_t x) {  // 2^20, 2^63-1 (a double would round it to 2^63)
+    for (int k = 16; x > 0 && k < 64; ++k) {
+      const uint64_t p = uint64_t(1) << k;
+      if (uint64_t(x) == p) return fmt::format("2^{}", k);
+      if (uint64_t(x) == p - 1) return fmt::format("2^{}-1", k);
+    }
+    return fmt::format("{}", x);
+  };
+  const std::string range = fmt::format("[{}, {}]", bound(lo), bound(hi));
   return CLI::Validator(
       [lo, hi, range](std::string& in) -> std::string {
-        int64_t v = 0;
-        if (!CLI::detail::lexical_cast(in, v) || v < lo || v > hi)
+        int64_t v = 0;  // from_chars: past int64 is an error (strtoll would saturate)
+        const auto [end, ec] = std::from_chars(in.data(), in.data() + in.size(), v);
+        if (ec != std::errc() || end != in.data() + in.size() || v < lo || v > hi)
           return fmt::format("must be a whole number in {}, got {}", range, in);
         return "";
       },

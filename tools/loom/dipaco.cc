@@ -78,7 +78,9 @@ std::function<int()> add_dipaco(CLI::App& app) {
   r->add_option("--iters", o->iters, "k-means iterations at most")
       ->capture_default_str()
       ->check(whole_number(1, 10000));
-  r->add_option("--seed", o->seed, "k-means++ seed")->capture_default_str();
+  r->add_option("--seed", o->seed, "k-means++ seed")
+      ->capture_default_str()
+      ->check(whole_number(0, INT64_MAX));
   r->add_option("--set", o->sets, "override a config key: section.key=value");
   CLI::App* e = d->add_subcommand("eval", "score the routed paths on held-out documents");
   e->add_option("run", o->run, "a DiPaCo loom islands run directory")->required();

@@ -38,7 +38,8 @@ std::function<int()> add_inspect(CLI::App& app) {
   s->add_option("--stage", o->stage, "forward | train | sharded | lowered | scheduled");
   s->add_flag("--passes", o->passes,
               "list the compile pipeline's passes; with a config, whether each changed its step");
-  s->add_option("--rank", o->rank, "the rank to show (--stage lowered or scheduled)");
+  s->add_option("--rank", o->rank, "the rank to show (--stage lowered or scheduled)")
+      ->check(whole_number(0, (1 << 24) - 1));
   s->add_option("--set", o->sets, "override a config key: section.key=value");
   return [o]() {
     if (o->passes && !o->config.empty()) {

@@ -30,7 +30,8 @@ void add_search_options(CLI::App& s, PlanOpts& o) {
       ->check(whole_number(1, INT32_MAX));
   s.add_flag("--exhaustive", o.search.exhaustive,
              "--search: evaluate every plan of the space (the baseline) instead of MCTS");
-  s.add_option("--seed", o.search.seed, "--search: the tree search's random seed (default 0)");
+  s.add_option("--seed", o.search.seed, "--search: the tree search's random seed (default 0)")
+      ->check(whole_number(0, INT64_MAX));
   s.add_option("--top", o.search.top, "--search: how many plans to print (default 5)")
       ->check(whole_number(1, 1 << 20));
   s.add_option("--max-axes", o.search.max_axes, "--search: mesh axes at most (default 3)")

@@ -25,7 +25,6 @@ namespace loom::cli {
 namespace {
 
 // CLI11's NonNegativeNumber prints its bound (1.8e308 in full) and lets "nan" through.
-const CLI::Validator kNonNegative = finite_number(0, INFINITY);
 
 void put(std::string_view bytes) {
   if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size())
@@ -67,16 +66,16 @@ std::function<int()> add_sample(CLI::App& app) {
       "tokenizer_config.json)");
   s->add_option("--max-tokens", o->max_tokens, "tokens to generate (bytes for byte-level runs)")
       ->capture_default_str()
-      ->check(kNonNegative);
+      ->check(whole_number(0, 1 << 24));
   s->add_option("--temperature", o->temperature, "softmax temperature; 0 = greedy")
       ->capture_default_str()
       ->check(finite_number(0, INFINITY, true));
   s->add_option("--top-k", o->top_k, "sample among the k likeliest tokens; 0 = all")
       ->capture_default_str()
-      ->check(kNonNegative);
+      ->check(whole_number(0, INT32_MAX));
   s->add_option("--seed", o->seed, "random seed (same seed, same text)")
       ->capture_default_str()
-      ->check(kNonNegative);
+      ->check(whole_number(0, INT64_MAX));
   s->add_option("--checkpoint", o->checkpoint,
                 "checkpoint directory or .safetensors (default: the run's newest checkpoint)");
   s->add_option("--context", o->context,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/dipaco/router.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/params.h"
@@ -11,6 +12,11 @@ namespace loom::dipaco {
 
 PathChoice choose_path(const std::string& run, const std::string& spec,
                        const EncodePrompt& encode) {
+  if (!path_exists(run + "/path_0"))
+    throw Error(fmt::format("--path {}: {} is not a DiPaCo run (it holds no path_0: loom islands "
+                            "with [outer] modules writes one directory per path)",
+                            spec, run),
+                "leave --path out to sample from a run of one model");
   const train::Config pc = train::load_run_config(run + "/path_0");
   if (pc.outer.dipaco.router.empty())
     throw Error(

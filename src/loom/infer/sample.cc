@@ -140,8 +140,11 @@ SampleStats sample(const Model& m, const SampleOptions& o,
   };
   const auto t_start = Clock::now();
   const data::Tokenizer& tok = m.tok;
-  const int64_t T = o.context ? std::min(o.context, m.cfg.model.max_seq_len)
-                              : std::min<int64_t>(m.cfg.model.max_seq_len, 512);
+  if (o.context > m.cfg.model.max_seq_len)
+    throw Error(fmt::format("--context {}: more than the model's max_seq_len {}", o.context,
+                            m.cfg.model.max_seq_len),
+                "RoPE and learned positions hold no position past it: leave --context out");
+  const int64_t T = o.context ? o.context : std::min<int64_t>(m.cfg.model.max_seq_len, 512);
   train::ParamStore params(m.cfg.model);
   params.load(m.weights);
   runtime::DeviceKind device = m.cfg.train.device;

@@ -33,26 +33,30 @@ class Reader {
     throw Error(
         fmt::format("{}: {}{}: {}", source_, where_.empty() ? "" : "[" + where_ + "] ", key, why));
   }
+  bool has(const std::string& key) const { return t_.get(key) != nullptr; }
   const toml::node* get(const std::string& key, bool required) {
     const toml::node* n = t_.get(key);
     if (!n && required) fail(key, "missing");
     return n;
   }
-  double number(const std::string& key, bool required, double fallback = 0, double min = 0) {
+  // A number in [min, max]: each key's max is what a machine can have (a value past it, 1e300 s
+  // of kernel overhead, made predictions of 300 digits)
+  double number(const std::string& key, bool required, double fallback, double min, double max) {
     const toml::node* n = get(key, required);
     if (!n) return fallback;
     if (!n->is_number()) fail(key, "expected a number");
     const double v = *n->value<double>();
-    if (!std::isfinite(v) || !(v >= min))
-      fail(key, fmt::format("must be finite and >= {}, got {}", min, v));
+    if (!std::isfinite(v) || !(v >= min) || !(v <= max))
+      fail(key, fmt::format("must be a finite number in [{}, {}], got {}", min, max, v));
     return v;
   }
-  int64_t integer(const std::string& key, bool required, int64_t fallback = 0, int64_t min = 0) {
+  int64_t integer(const std::string& key, bool required, int64_t fallback, int64_t min,
+                  int64_t max) {
     const toml::node* n = get(key, required);
     if (!n) return fallback;
     if (!n->is_integer()) fail(key, "expected an integer");
     const int64_t v = *n->value<int64_t>();
-    if (v < min) fail(key, fmt::format("must be >= {}, got {}", min, v));
+    if (v < min || v > max) fail(key, fmt::format("must be in [{}, {}], got {}", min, max, v));
     return v;
   }
   std::string string(const std::string& key, bool required, const std::string& fallback = "") {
@@ -102,11 +106,13 @@ std::vector<const toml::node*> row(const toml::node& n, size_t count, const std:
   return r;
 }
 
-// A number of a [profile] row, finite and >= `min`.
+// A number of a [profile] row, finite and in [min, max] (sizes and seconds a machine can have).
 double num_at(const toml::node* n, const std::string& source, const std::string& where,
-              double min = 0) {
-  if (!n->is_number() || !std::isfinite(*n->value<double>()) || !(*n->value<double>() >= min))
-    throw Error(fmt::format("{}: [{}]: expected a finite number >= {}", source, where, min));
+              double min = 0, double max = 1e18) {
+  if (!n->is_number() || !std::isfinite(*n->value<double>()) || !(*n->value<double>() >= min) ||
+      !(*n->value<double>() <= max))
+    throw Error(
+        fmt::format("{}: [{}]: expected a finite number in [{}, {}]", source, where, min, max));
   return *n->value<double>();
 }
 // An integer of a [profile] row in [min, max].
@@ -129,7 +135,7 @@ ir::Op profile_op(std::string_view key, const std::string& source, const std::st
 Profile read_profile(const toml::table& t, const std::string& source) {
   Profile p;
   Reader r(t, "profile", source, {"threads", "matmul", "ops", "comm"});
-  p.threads = r.integer("threads", true, 1, 1);
+  p.threads = r.integer("threads", true, 1, 1, 1 << 20);
   if (const toml::array* mm = r.array("matmul", false))
     for (const auto& e : *mm) {
       const std::string w = "profile.matmul";
@@ -143,7 +149,7 @@ Profile read_profile(const toml::table& t, const std::string& source) {
       s.n = int_at(f[4], source, w, 1, big);
       s.k = int_at(f[5], source, w, 1, big);
       s.dtype = dtype_at(*f[6], source, w);
-      s.seconds = num_at(f[7], source, w, 1e-12);
+      s.seconds = num_at(f[7], source, w, 1e-12, 1e6);
       p.matmul.push_back(s);
     }
   if (const toml::table* ops = r.table("ops", false))
@@ -154,7 +160,7 @@ Profile read_profile(const toml::table& t, const std::string& source) {
       for (const auto& e : *v.as_array()) {
         auto f = row(e, 4, source, w, 5);
         list.push_back({dtype_at(*f[0], source, w), num_at(f[1], source, w),
-                        num_at(f[2], source, w), num_at(f[3], source, w, 1e-12),
+                        num_at(f[2], source, w), num_at(f[3], source, w, 1e-12, 1e6),
                         f.size() > 4 ? num_at(f[4], source, w) : 0.0});
       }
     }
@@ -166,7 +172,7 @@ Profile read_profile(const toml::table& t, const std::string& source) {
       for (const auto& e : *v.as_array()) {
         auto f = row(e, 3, source, w);
         list.push_back({int_at(f[0], source, w, 2, int64_t(1) << 30), num_at(f[1], source, w),
-                        num_at(f[2], source, w, 1e-12)});
+                        num_at(f[2], source, w, 1e-12, 1e6)});
       }
     }
   return p;
@@ -189,10 +195,12 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
              {"name", "devices_per_node", "devices", "pue", "carbon_intensity", "device", "level",
               "efficiency", "profile"});
   c.name = top.string("name", true);
-  c.devices_per_node = top.integer("devices_per_node", true, 1, 1);
-  c.devices = top.integer("devices", false, 0, 0);
-  c.pue = top.number("pue", false, 1.0, 1.0);
-  c.carbon_intensity = top.number("carbon_intensity", false, 0);
+  constexpr int64_t kDevices = int64_t(1) << 24;   // a mesh's limit ([plan] mesh)
+  constexpr double kBytes = 0x1p60, kRate = 1e18;  // bytes; flop/s and bytes/s
+  c.devices_per_node = top.integer("devices_per_node", true, 1, 1, kDevices);
+  c.devices = top.integer("devices", false, 0, 0, kDevices);
+  c.pue = top.number("pue", false, 1.0, 1.0, 10);
+  c.carbon_intensity = top.number("carbon_intensity", false, 0, 0, 1e4);
 
   {
     const toml::table* dt = top.table("device", true);
@@ -205,18 +213,19 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
     for (const char* t : {"f32", "bf16"}) {
       DType dt2;
       parse_dtype(t, &dt2);
-      const double v = pr.number(t, false, 0);
-      if (v > 0) c.device.peak_flops[dt2] = v;
+      // absent: the other dtype's peak (a 0 is not "absent": it would run at the other's)
+      if (pr.has(t)) c.device.peak_flops[dt2] = pr.number(t, false, 0, 1e6, kRate);
     }
-    if (c.device.peak_flops.empty()) d.fail("peak_flops", "needs f32 or bf16 > 0");
-    c.device.memory_bytes = d.number("memory_bytes", true, 0, 1);
-    c.device.memory_bandwidth = d.number("memory_bandwidth", true, 0, 1);
-    c.device.idle_watts = d.number("idle_watts", true);
-    c.device.peak_watts = d.number("peak_watts", true, 0, c.device.idle_watts);
-    c.device.runtime_bytes = d.number("runtime_bytes", false, 0);
-    c.device.rank_runtime_bytes = d.number("rank_runtime_bytes", false, c.device.runtime_bytes);
-    c.device.kernel_overhead = d.number("kernel_overhead", false, 0);
-    c.device.cores = d.integer("cores", false, 0, 0);
+    if (c.device.peak_flops.empty()) d.fail("peak_flops", "needs f32 or bf16");
+    c.device.memory_bytes = d.number("memory_bytes", true, 0, 1, kBytes);
+    c.device.memory_bandwidth = d.number("memory_bandwidth", true, 0, 1, kRate);
+    c.device.idle_watts = d.number("idle_watts", true, 0, 0, 1e6);
+    c.device.peak_watts = d.number("peak_watts", true, 0, c.device.idle_watts, 1e6);
+    c.device.runtime_bytes = d.number("runtime_bytes", false, 0, 0, kBytes);
+    c.device.rank_runtime_bytes =
+        d.number("rank_runtime_bytes", false, c.device.runtime_bytes, 0, kBytes);
+    c.device.kernel_overhead = d.number("kernel_overhead", false, 0, 0, 1);
+    c.device.cores = d.integer("cores", false, 0, 1, 1 << 20);  // absent: 0, not known
   }
   {
     const toml::array* ls = top.array("level", true);
@@ -229,14 +238,14 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
                 "comm_beside_compute", "compute_beside_comm", "comm_thread_slowdown"});
       Level lv;
       lv.name = l.string("name", true);
-      lv.size = l.integer("size", true, 0, 0);
-      lv.bandwidth = l.number("bandwidth", true, 0, 1);
-      lv.all_reduce_bandwidth = l.number("all_reduce_bandwidth", false, 0, 1);
-      lv.latency = l.number("latency", true);
-      lv.shared_by = l.integer("shared_by", false, 1, 1);
-      lv.comm_beside_compute = l.number("comm_beside_compute", false, 1, 1);
-      lv.compute_beside_comm = l.number("compute_beside_comm", false, 1, 1);
-      lv.comm_thread_slowdown = l.number("comm_thread_slowdown", false, 1, 1);
+      lv.size = l.integer("size", true, 0, 0, kDevices);
+      lv.bandwidth = l.number("bandwidth", true, 0, 1, kRate);
+      lv.all_reduce_bandwidth = l.number("all_reduce_bandwidth", false, 0, 1, kRate);
+      lv.latency = l.number("latency", true, 0, 0, 10);
+      lv.shared_by = l.integer("shared_by", false, 1, 1, kDevices);
+      lv.comm_beside_compute = l.number("comm_beside_compute", false, 1, 1, 1e3);
+      lv.compute_beside_comm = l.number("compute_beside_comm", false, 1, 1, 1e3);
+      lv.comm_thread_slowdown = l.number("comm_thread_slowdown", false, 1, 1, 1e3);
       const int64_t inner = c.levels.empty() ? 0 : c.levels.back().size;
       if (lv.shared_by > 1 && inner > 0 && inner % lv.shared_by)
         l.fail("shared_by", fmt::format("must divide the inner level's size {} (the devices that "
@@ -256,11 +265,12 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
   }
   if (const toml::table* et = top.table("efficiency", false)) {
     Reader e(*et, "efficiency", source, {"matmul", "matmul_half_flops", "attention", "memory"});
-    c.efficiency.matmul = e.number("matmul", false, c.efficiency.matmul, 1e-3);
+    // shares of the peaks: at most 1
+    c.efficiency.matmul = e.number("matmul", false, c.efficiency.matmul, 1e-3, 1);
     c.efficiency.matmul_half_flops =
-        e.number("matmul_half_flops", false, c.efficiency.matmul_half_flops);
-    c.efficiency.attention = e.number("attention", false, c.efficiency.attention, 1e-3);
-    c.efficiency.memory = e.number("memory", false, c.efficiency.memory, 1e-3);
+        e.number("matmul_half_flops", false, c.efficiency.matmul_half_flops, 0, 1e18);
+    c.efficiency.attention = e.number("attention", false, c.efficiency.attention, 1e-3, 1);
+    c.efficiency.memory = e.number("memory", false, c.efficiency.memory, 1e-3, 1);
   }
   if (const toml::table* pt = top.table("profile", false)) c.profile = read_profile(*pt, source);
   return c;

@@ -128,6 +128,19 @@ void check_across(const Config& c, const Written& w) {
     w.fail("[train] min_lr",
            fmt::format("must be at most [optim] lr = {} (the schedule decays to it), got {}",
                        c.optim.lr, c.train.min_lr));
+  // a step's widest activation, rows x width elements, at most 2^44: with at most 1024 layers its
+  // byte counts stay inside int64 (2^20 rows of 2^24 tokens of a 64-wide model wrapped loom plan's
+  // peak memory to a negative number)
+  const long double rows = (long double)c.train.batch_size * (long double)c.train.seq_len;
+  const long double width = std::max<long double>(
+      {(long double)c.model.d_model, (long double)c.model.vocab_size,
+       (long double)c.model.ffn() * (c.model.moe.enabled() ? c.model.moe.top_k : 1)});
+  if (rows * width > std::ldexp(1.0L, 44))
+    w.fail("[train] batch_size",
+           fmt::format("times [train] seq_len = {} is {:.3g} tokens a step, whose widest "
+                       "activation ({:.3g} wide: d_model, vocab_size or the MLP) would hold more "
+                       "than Loom's limit of 2^44 elements",
+                       c.train.seq_len, double(rows), double(width)));
   // the async server's step budget, islands x steps, is a count its state keeps below 2^53
   if (c.outer.mode == outer::OuterMode::async &&
       double(c.outer.islands) * double(c.train.steps) > std::ldexp(1.0, 53))
