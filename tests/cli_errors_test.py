@@ -281,6 +281,15 @@ with tempfile.TemporaryDirectory() as d:
     run("sample: with the run's tokenizer", ["sample", os.path.join(d, "run_t"), "--prompt", "the",
                                              "--max-tokens", "5"],
         expect_ok=True, must_contain=["the"])
+    run("sample: --seed past int64", ["sample", os.path.join(d, "run_t"), "--seed",
+                                      "18446744073709551616"],
+        must_contain=["--seed: must be a whole number in [0, 2^63-1]"], rc=105)
+    run("sample: --context past max_seq_len", ["sample", os.path.join(d, "run_t"), "--context",
+                                                "100000"],
+        must_contain=["--context 100000: more than the model's max_seq_len"])
+    run("sample: --path of a run without paths", ["sample", os.path.join(d, "run_t"), "--path",
+                                                  "1"],
+        must_contain=["is not a DiPaCo run"])
     run_metrics = os.path.join(d, "run_t", "metrics.jsonl")
     run("report: --out is the run's metrics", ["report", os.path.join(d, "run_t"), "--out",
                                                run_metrics],
@@ -388,15 +397,6 @@ with tempfile.TemporaryDirectory() as d:
     for flag, val in [("--steps", "0"), ("--steps", "99999999999999999999999"), ("--warmup", "-1")]:
         run("bench: %s %s" % (flag, val[:12]), ["bench", good, flag, val],
             must_contain=[flag + ": must be a whole number in [", "got " + val], rc=105)
-    run("sample: --seed past int64", ["sample", os.path.join(d, "run_t"), "--seed",
-                                      "18446744073709551616"],
-        must_contain=["--seed: must be a whole number in [0, 2^63-1]"], rc=105)
-    run("sample: --context past max_seq_len", ["sample", os.path.join(d, "run_t"), "--context",
-                                                "100000"],
-        must_contain=["--context 100000: more than the model's max_seq_len"])
-    run("sample: --path of a run without paths", ["sample", os.path.join(d, "run_t"), "--path",
-                                                  "1"],
-        must_contain=["is not a DiPaCo run"])
     run("outer: islands x steps past 2^53", bench + [good, "--set", "outer.mode=async", "--set",
                                                      "outer.islands=65536", "--set",
                                                      "train.steps=1099511627776"],
