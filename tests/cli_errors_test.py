@@ -33,11 +33,11 @@ def write_st(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def run(name, args, expect_ok=False, must_contain=(), rc=1):
+def run(name, args, expect_ok=False, must_contain=(), rc=1, timeout=120):
     """rc: the exit status expected of a failure (1: loom's errors; CLI11's parse errors have
-    their own, all above 100)."""
+    their own, all above 100). timeout: past it, a hang (subprocess raises)."""
     global failures
-    p = subprocess.run([LOOM] + args, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([LOOM] + args, capture_output=True, text=True, timeout=timeout)
     msg = (p.stderr + p.stdout).strip()
     ok = (p.returncode == 0) if expect_ok else (p.returncode == rc)
     for s in must_contain:
@@ -407,6 +407,20 @@ with tempfile.TemporaryDirectory() as d:
                                 "--slow", "5=3"], must_contain=["--slow 5=3", "0 <= I < 2"])
     run("islands: no data", ["islands", good, "--islands", "2", "--run-dir", os.path.join(d, "isl2")],
         must_contain=["[data] path is not set"])
+    run("islands: --islands against outer.islands",
+        ["islands", good, "--islands", "2", "--run-dir", os.path.join(d, "isl3"), "--set",
+         "outer.islands=5", "--set", "data.path=" + text_file],
+        must_contain=["--islands 2: [outer] islands = 5"])
+    # an island that fails at once (its run dir's lock file is a symbolic link) ends the run at
+    # once: the other island is stopped, not left waiting out the first round's 60 s start barrier
+    # (the timeout is a hang check, a minute short of it)
+    os.makedirs(os.path.join(d, "isl4", "island_1"))
+    os.symlink("nowhere", os.path.join(d, "isl4", "island_1", ".lock"))
+    run("islands: one fails, all stop", ["islands", good, "--islands", "2", "--run-dir",
+                                         os.path.join(d, "isl4"), "--set", "data.path=" + text_file,
+                                         "--set", "train.steps=6", "--set", "outer.inner_steps=3"],
+        must_contain=["island 1 (exit 1)", "is a symbolic link", "1 of 2 islands failed"],
+        timeout=50)
     if os.path.exists(os.path.join(d, "isl")):
         print("FAIL a refused loom islands left %s behind" % os.path.join(d, "isl"))
         failures += 1

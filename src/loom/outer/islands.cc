@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -94,6 +96,14 @@ IslandsResult run_islands(const IslandsOptions& o) {
     throw Error(fmt::format("--islands {}: expected 1..256", o.islands));
   LOOM_CHECK(!o.loom_binary.empty()) << "run_islands needs the loom executable";
   auto sets = o.sets;
+  // [outer] islands is --islands here: a file or --set that says otherwise is refused, not
+  // overridden without a word
+  if (const int64_t said = train::load_config(o.config, sets).outer.islands;
+      said != 0 && said != o.islands)
+    throw Error(
+        fmt::format("--islands {}: [outer] islands = {} ({} or --set)", o.islands, said, o.config),
+        "loom islands sets [outer] islands to --islands: drop one of them, or make them "
+        "agree");
   sets.push_back(fmt::format("outer.islands={}", o.islands));
   train::Config cfg = train::load_config(o.config, sets);  // fail here, not in N children
   const char* mode = outer_mode_name(cfg.outer.mode);
@@ -115,6 +125,11 @@ IslandsResult run_islands(const IslandsOptions& o) {
     if (routed != P)
       throw Error(
           fmt::format("router {} routes to {} paths, [outer] modules make {}", router, routed, P));
+    for (int64_t p = 0; p < P; ++p)  // what island p trains on: here, not in its child
+      if (!path_exists(fmt::format("{}/path_{}/meta.json", router, p)))
+        throw Error(
+            fmt::format("router {}: path_{}/ holds no prepared data (meta.json)", router, p),
+            "write the router again with loom dipaco route");
     if (o.islands % P != 0)
       throw Error(
           fmt::format("--islands {}: DiPaCo needs a multiple of the {} paths (island i "
@@ -184,22 +199,45 @@ IslandsResult run_islands(const IslandsOptions& o) {
     if (o.slowdown.count(i)) a.insert(a.end(), {"--slowdown", o.slowdown.at(i)});
     kids.push_back(spawn(a, dir + "/log.txt"));
   }
+  // the islands as they end, in any order: the first that fails stops the others at once (they
+  // would wait for its pushes until the first round's start barrier gave up on it)
   std::vector<std::string> failed;
-  for (int i = 0; i < o.islands; ++i) {
-    int st = 0;
-    ::waitpid(kids[size_t(i)], &st, 0);
+  int st = 0, server_st = 0;
+  bool server_done = false;
+  for (int left = o.islands; left > 0;) {
+    const pid_t p = ::waitpid(-1, &st, 0);
+    if (p < 0 && errno == EINTR) continue;
+    if (p < 0) break;  // no children left
+    if (p == server) {
+      server_done = true;
+      server_st = st;
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) break;  // reported below; the islands stopped
+      continue;
+    }
+    const auto it = std::find(kids.begin(), kids.end(), p);
+    if (it == kids.end()) continue;
+    const int i = int(it - kids.begin());
+    *it = -1;
+    --left;
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
       std::string log = fmt::format("{}/island_{}/log.txt", run, i);
       failed.push_back(fmt::format(
           "island {} ({}):\n{}", i,
           WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : fmt::format("exit {}", WEXITSTATUS(st)),
           tail(log)));
+      break;
     }
   }
+  for (pid_t p : kids)
+    if (p > 0) ::kill(p, SIGTERM);
+  for (pid_t p : kids)
+    if (p > 0) ::waitpid(p, nullptr, 0);
   kids.clear();
-  ::kill(server, SIGTERM);
-  int st = 0;
-  ::waitpid(server, &st, 0);
+  if (!server_done) {
+    ::kill(server, SIGTERM);
+    ::waitpid(server, &server_st, 0);
+  }
+  st = server_st;
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!failed.empty()) {
     std::string all;
