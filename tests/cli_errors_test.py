@@ -8,6 +8,7 @@ Uses only the standard library (it writes its own small safetensors files).
 """
 import json
 import os
+import shutil
 import stat
 import struct
 import subprocess
@@ -274,6 +275,32 @@ with tempfile.TemporaryDirectory() as d:
     run("train: vocab mismatch", ["train", good, "--run-dir", os.path.join(d, "run_v"),
                                   "--set", "data.path=" + tokdir],
         must_contain=[os.path.join(tokdir, "meta.json"), "300", "256", "does not match"])
+    # a prepared directory's meta.json read field by field; its tokenizer must be there
+
+    tok_bad = os.path.join(d, "tok_bad")
+    shutil.copytree(tokdir, tok_bad)
+    meta_bad = json.load(open(os.path.join(tok_bad, "meta.json")))
+    meta_bad["vocab_size"] = "x"
+    json.dump(meta_bad, open(os.path.join(tok_bad, "meta.json"), "w"))
+    tr_bad = ["train", good, "--run-dir", os.path.join(d, "run_bad"), "--set",
+              "model.vocab_size=300", "--set", "data.path=" + tok_bad]
+    run("train: meta.json vocab_size a string", tr_bad,
+        must_contain=["meta.json: \"vocab_size\" = \"x\": expected a whole number"])
+    meta_bad["vocab_size"] = 300
+    json.dump(meta_bad, open(os.path.join(tok_bad, "meta.json"), "w"))
+    os.remove(os.path.join(tok_bad, "tokenizer.model"))
+    run("train: prepared data without its tokenizer", tr_bad,
+        must_contain=["tokenizer (tokenizer.model) is missing"])
+    run("train: a token shard as text", ["train", good, "--run-dir", os.path.join(d, "run_bad"),
+                                         "--set", "data.path=" + os.path.join(tokdir, "train.bin")],
+        must_contain=["train.bin: a token shard, not text"])
+    split_dir = os.path.join(d, "split")
+    os.makedirs(split_dir)
+    open(os.path.join(split_dir, "a.txt"), "w").write(prose)
+    open(os.path.join(split_dir, "b.txt"), "w").write("")
+    run("train: an empty held-out file", ["train", good, "--run-dir", os.path.join(d, "run_bad"),
+                                          "--set", "data.path=" + split_dir],
+        must_contain=["0 validation bytes are too few", "b.txt"])
     run("train: on token shards", ["train", good, "--run-dir", os.path.join(d, "run_t"),
                                    "--set", "data.path=" + tokdir, "--set", "model.vocab_size=300",
                                    "--set", "train.steps=2"],

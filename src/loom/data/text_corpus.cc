@@ -1,6 +1,7 @@
 #include "loom/data/text_corpus.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -71,6 +72,10 @@ TextSplit split_text(const std::string& path, int val_every) {
     }
   } else if (fs::is_regular_file(path, ec)) {
     std::string bytes = read_file(path);
+    if (bytes.rfind("LOOMTOK1", 0) == 0)  // would be trained on as the bytes of its ids
+      throw Error(fmt::format("data {}: a token shard, not text", path),
+                  "set [data] path to the directory loom data prepare wrote (it holds the shard, "
+                  "its twin and meta.json)");
     size_t cut = bytes.size() - bytes.size() / 10;
     s.train = bytes.substr(0, cut);
     s.val = bytes.substr(cut);
@@ -100,13 +105,38 @@ TextCorpus TextCorpus::open(const std::string& path, int64_t seq_len, int val_ev
   if (is_prepared(path)) {
     c.meta_ = path + "/meta.json";
     const std::string hint = "prepare the directory again with loom data prepare";
-    try {
-      auto meta = nlohmann::json::parse(read_file(c.meta_));
-      c.vocab_ = meta.at("vocab_size").get<int64_t>();
-      c.val_files_ = meta.value("val_files", std::vector<std::string>{});
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("{}: not a loom data meta.json: {}", c.meta_, e.what()), hint);
+    // every field read checked, the error naming it (a type_error named none)
+    const nlohmann::json meta = read_json(c.meta_);
+    auto bad = [&](const std::string& key, const std::string& want) {
+      throw Error(fmt::format("{}: \"{}\" = {}: expected {}", c.meta_, key,
+                              meta.contains(key) ? meta[key].dump() : "(absent)", want),
+                  hint);
+    };
+    if (!meta.is_object() || meta.value("format", nlohmann::json()) != "loom-data")
+      bad("format", "\"loom-data\" (loom data prepare's meta.json)");
+    const nlohmann::json& vocab = meta.value("vocab_size", nlohmann::json());
+    if (!vocab.is_number_integer() || vocab.get<int64_t>() < 1 ||
+        vocab.get<int64_t>() > int64_t(INT32_MAX))
+      bad("vocab_size", "a whole number in [1, 2^31-1]");
+    c.vocab_ = vocab.get<int64_t>();
+    const nlohmann::json& tok = meta.value("tokenizer", nlohmann::json("byte"));
+    if (tok != "byte" && tok != "sentencepiece-bpe" && tok != "hf-bpe")
+      bad("tokenizer", "\"byte\", \"sentencepiece-bpe\" or \"hf-bpe\"");
+    if (tok != "byte") {  // ids a run cannot turn back into text without it
+      const std::string file = tok == "hf-bpe" ? "tokenizer.json" : "tokenizer.model";
+      if (meta.value("tokenizer_model", nlohmann::json()) != file)
+        bad("tokenizer_model", "\"" + file + "\" for a " + tok.get<std::string>() + " tokenizer");
+      if (!path_exists(path + "/" + file))
+        throw Error(fmt::format("data {}: a prepared data directory whose {} tokenizer ({}) is "
+                                "missing: its ids could not be made text again",
+                                path, tok.get<std::string>(), file),
+                    "prepare it again with loom data prepare, or restore the file");
     }
+    const nlohmann::json& vf = meta.value("val_files", nlohmann::json::array());
+    if (!vf.is_array() ||
+        !std::all_of(vf.begin(), vf.end(), [](const auto& f) { return f.is_string(); }))
+      bad("val_files", "an array of file names");
+    c.val_files_ = vf.get<std::vector<std::string>>();
     c.train_.shard = Shard::open(path + "/train.bin");
     c.val_.shard = Shard::open(path + "/val.bin");
     c.train_.sharded = c.val_.sharded = true;
@@ -123,11 +153,18 @@ TextCorpus TextCorpus::open(const std::string& path, int64_t seq_len, int val_ev
     c.val_.bytes.assign(s.val.begin(), s.val.end());
     c.val_files_ = std::move(s.val_files);
   }
-  if (c.train_.size() < seq_len + 2 || c.val_.size() < seq_len + 2)
-    throw Error(fmt::format(
-        "data {}: {} training and {} validation {} are too few for "
-        "sequences of {} tokens",
-        path, c.train_.size(), c.val_.size(), c.prepared() ? "tokens" : "bytes", seq_len));
+  for (const auto& [split, n] : {std::pair<const char*, int64_t>{"training", c.train_.size()},
+                                 {"validation", c.val_.size()}})
+    if (n < seq_len + 2)
+      throw Error(
+          fmt::format("data {}: {} {} {} are too few for sequences of {} tokens{}", path, n, split,
+                      c.prepared() ? "tokens" : "bytes", seq_len,
+                      c.prepared() || split[0] == 't'
+                          ? ""
+                          : fmt::format(" (the validation text: {})",
+                                        c.val_files_.empty()
+                                            ? "the file's last tenth"
+                                            : fmt::format("{}", fmt::join(c.val_files_, ", ")))));
   return c;
 }
 

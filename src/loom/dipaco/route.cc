@@ -46,8 +46,9 @@ void write_data_dir(const std::string& dir, const TextCorpus& c, const std::stri
                {"vocab_size", c.vocab_size()},
                {"train_tokens", train.size()},
                {"val_tokens", val.size()},
-               {"input", source}});
-  if (c.prepared()) {  // the tokenizer travels with the data
+               {"input", source},
+               {"tokenizer", "byte"}});  // unless the source's, below
+  if (c.prepared()) {                    // the tokenizer travels with the data
     const nlohmann::json src = nlohmann::json::parse(read_file(c.meta_path()));
     for (const char* key : {"tokenizer", "tokenizer_model"})
       if (src.contains(key)) meta[key] = src[key];
