@@ -424,6 +424,15 @@ with tempfile.TemporaryDirectory() as d:
     for flag, val in [("--steps", "0"), ("--steps", "99999999999999999999999"), ("--warmup", "-1")]:
         run("bench: %s %s" % (flag, val[:12]), ["bench", good, flag, val],
             must_contain=[flag + ": must be a whole number in [", "got " + val], rc=105)
+    # loom config says what training would: a tactic's axis, a pipeline's micro-batches
+    run("config: a tactic's axis not in the mesh",
+        ["config", good, "--set", "plan.mesh={data=2}", "--set",
+         'plan.tactics=[{kind="data",axis="nope"}]'],
+        must_contain=["[plan] tactics: tactics[0] (data): axis 'nope' is not in the mesh"])
+    run("config: microbatches past 2^20",
+        ["config", good, "--set", "plan.mesh={pipe=2}", "--set",
+         'plan.tactics=[{kind="pipeline",axis="pipe",microbatches=9223372036854775807}]'],
+        must_contain=["microbatches = 9223372036854775807: at most 2^20"])
     run("outer: islands x steps past 2^53", bench + [good, "--set", "outer.mode=async", "--set",
                                                      "outer.islands=65536", "--set",
                                                      "train.steps=1099511627776"],

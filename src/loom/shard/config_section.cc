@@ -146,6 +146,11 @@ const config::Section<Plan>& plan_section() {
       "plan", {mesh_key(), tactics_key()}, [](Plan& p, const config::Fail& fail) {
         if (p.empty() && !p.tactics.empty())
           fail("[plan] tactics", "need a mesh: add [plan] mesh = { data = 2 }");
+        for (size_t i = 0; i < p.tactics.size(); ++i)  // here, so that loom config says it too
+          if (!p.empty() && !p.mesh.has(p.tactics[i].axis))
+            fail("[plan] tactics",
+                 fmt::format("tactics[{}] ({}): axis '{}' is not in the mesh {}", i,
+                             p.tactics[i].kind, p.tactics[i].axis, p.mesh.to_string()));
       }};
   return s;
 }

@@ -32,6 +32,11 @@ int64_t pipeline_virtual_stages(const Tactic& t) {
 }
 
 void check_pipeline_keys(const Tactic& t, const std::string& at) {
+  // micro-batches at most [train] batch_size's limit; chunks at most n_layers'
+  if (t.microbatches > (int64_t(1) << 20))
+    throw Error(fmt::format("{}: microbatches = {}: at most 2^20", at, t.microbatches));
+  if (t.virtual_stages > 1024)
+    throw Error(fmt::format("{}: virtual_stages = {}: at most 1024", at, t.virtual_stages));
   if (t.schedule != "gpipe" && t.schedule != "1f1b" && t.schedule != "interleaved")
     throw Error(
         fmt::format("{}: schedule '{}' is not one of gpipe, 1f1b, interleaved", at, t.schedule));
