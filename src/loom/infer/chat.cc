@@ -19,14 +19,18 @@ nlohmann::json json_file(const std::string& dir, const char* name) {
   return path_exists(path) ? read_json(path) : nlohmann::json();
 }
 
-// eos_token_id as the files hold it: a number or a list of numbers.
-void add_ids(const nlohmann::json& doc, const std::string& file, std::vector<int32_t>& out) {
+// eos_token_id as the files hold it: a number or a list of numbers, each an id of the model's
+// `vocab`.
+void add_ids(const nlohmann::json& doc, const std::string& file, int64_t vocab,
+             std::vector<int32_t>& out) {
   if (!doc.is_object() || !doc.contains("eos_token_id") || doc["eos_token_id"].is_null()) return;
   const nlohmann::json& v = doc["eos_token_id"];
   const auto one = [&](const nlohmann::json& x) {
-    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
-      throw Error(fmt::format("{}: eos_token_id: expected a token id or a list of them, got {}",
-                              file, v.dump()));
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab)
+      throw Error(
+          fmt::format("{}: eos_token_id: expected a token id of the model's vocabulary "
+                      "[0, {}) or a list of them, got {}",
+                      file, vocab, v.dump()));
     out.push_back(int32_t(x.get<int64_t>()));
   };
   if (v.is_array())
@@ -76,13 +80,16 @@ bool contains(const std::string& s, const char* what) { return s.find(what) != s
 
 }  // namespace
 
-ChatFiles read_chat_files(const std::string& dir, const data::Tokenizer& tok) {
+ChatFiles read_chat_files(const std::string& dir, const data::Tokenizer& tok, int64_t vocab) {
   ChatFiles c;
   if (dir.empty()) return c;
   const std::string gen_file = dir + "/generation_config.json";
   const nlohmann::json gen = json_file(dir, "generation_config.json");
-  add_ids(gen, gen_file, c.stop_ids);
-  if (c.stop_ids.empty()) add_ids(json_file(dir, "config.json"), dir + "/config.json", c.stop_ids);
+  if (!gen.is_null() && !gen.is_object())
+    throw Error(fmt::format("{}: expected a JSON object", gen_file));
+  add_ids(gen, gen_file, vocab, c.stop_ids);
+  if (c.stop_ids.empty())
+    add_ids(json_file(dir, "config.json"), dir + "/config.json", vocab, c.stop_ids);
   const std::string tc_file = dir + "/tokenizer_config.json";
   const nlohmann::json tc = json_file(dir, "tokenizer_config.json");
   if (!tc.is_null() && !tc.is_object())
@@ -90,7 +97,12 @@ ChatFiles read_chat_files(const std::string& dir, const data::Tokenizer& tok) {
   if (const std::string eos = token_text(tc, "eos_token", tc_file);
       !eos.empty() && !tok.is_byte_level()) {
     const std::vector<int32_t> ids = tok.encode(eos);
-    if (ids.size() == 1) c.stop_ids.push_back(ids[0]);  // a special token of the vocabulary
+    if (ids.size() != 1)  // not a special token of the vocabulary: it would never end a reply
+      throw Error(
+          fmt::format("{}: eos_token '{}' is {} tokens of the tokenizer, not one of its "
+                      "vocabulary",
+                      tc_file, eos, ids.size()));
+    c.stop_ids.push_back(ids[0]);
   }
   std::sort(c.stop_ids.begin(), c.stop_ids.end());
   c.stop_ids.erase(std::unique(c.stop_ids.begin(), c.stop_ids.end()), c.stop_ids.end());
@@ -100,10 +112,15 @@ ChatFiles read_chat_files(const std::string& dir, const data::Tokenizer& tok) {
     if (t.is_string()) {
       c.chat_template = t.get<std::string>();
     } else if (t.is_array()) {  // [{"name": ..., "template": ...}]: the default one
-      for (const auto& e : t)
-        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
-            e["template"].is_string())
-          c.chat_template = e["template"].get<std::string>();
+      for (const auto& e : t) {
+        if (!e.is_object() || !e.contains("name") || !e["name"].is_string() ||
+            !e.contains("template") || !e["template"].is_string())
+          throw Error(
+              fmt::format("{}: chat_template: each of the list's entries must be "
+                          "{{\"name\": string, \"template\": string}}, got {}",
+                          tc_file, e.dump()));
+        if (e["name"] == "default") c.chat_template = e["template"].get<std::string>();
+      }
     } else {
       throw Error(
           fmt::format("{}: chat_template: expected a string or a list of named "

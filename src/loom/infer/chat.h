@@ -33,8 +33,9 @@ struct ChatFiles {
 
 // The files in `dir` (a Hugging Face model directory, or a run's copy of its source's files); an
 // absent directory or file gives nothing. Throws loom::Error naming the file for one that is not
-// valid JSON or holds a key of the wrong kind.
-ChatFiles read_chat_files(const std::string& dir, const data::Tokenizer& tok);
+// valid JSON or holds a key of the wrong kind, an end-of-turn id past the model's `vocab`, or an
+// eos_token that is not one token of `tok`'s vocabulary (either would never end a reply).
+ChatFiles read_chat_files(const std::string& dir, const data::Tokenizer& tok, int64_t vocab);
 
 // `message` as the one user turn of a conversation, rendered by the template with the generation
 // prompt (the text a model continues with its reply). Throws loom::Error naming `c.template_file`

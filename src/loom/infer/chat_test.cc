@@ -100,23 +100,39 @@ struct Dir {
 TEST(Chat, FilesGiveTheStopIdsAndTheTemplate) {
   const Dir d;
   const data::Tokenizer bytes = data::Tokenizer::byte_level();
-  EXPECT_TRUE(read_chat_files(d.path, bytes).stop_ids.empty());  // nothing there: nothing
+  EXPECT_TRUE(read_chat_files(d.path, bytes, 256).stop_ids.empty());  // nothing there: nothing
   d.put("config.json", R"({"eos_token_id": 7})");
-  EXPECT_EQ(read_chat_files(d.path, bytes).stop_ids, std::vector<int32_t>{7});
+  EXPECT_EQ(read_chat_files(d.path, bytes, 256).stop_ids, std::vector<int32_t>{7});
   d.put("generation_config.json", R"({"eos_token_id": [9, 2, 9]})");  // before config.json's
   d.put("chat_template.jinja", kSmolLM2);
   d.put("tokenizer_config.json", R"({"eos_token": {"content": "<|im_end|>"}, "bos_token": "<s>"})");
-  const ChatFiles c = read_chat_files(d.path, bytes);
+  const ChatFiles c = read_chat_files(d.path, bytes, 256);
   EXPECT_EQ(c.stop_ids, (std::vector<int32_t>{2, 9}));
   EXPECT_EQ(c.chat_template, kSmolLM2);
   EXPECT_EQ(c.template_file, d.path + "/chat_template.jinja");
   EXPECT_EQ(c.bos_token, "<s>");
   d.put("tokenizer_config.json", R"({"chat_template": [{"name": "default", "template": "T"}]})");
-  EXPECT_EQ(read_chat_files(d.path, bytes).chat_template, "T");  // before chat_template.jinja
+  EXPECT_EQ(read_chat_files(d.path, bytes, 256).chat_template, "T");  // before chat_template.jinja
   d.put("generation_config.json", R"({"eos_token_id": "two"})");
-  const std::string e = error_of([&] { read_chat_files(d.path, bytes); });
+  const std::string e = error_of([&] { read_chat_files(d.path, bytes, 256); });
   EXPECT_NE(e.find("generation_config.json: eos_token_id"), std::string::npos)
       << "a bad eos_token_id: " << e;
+  // what would never end a reply, or hides a type error, is refused naming the file
+  const std::vector<std::pair<std::pair<const char*, const char*>, const char*>> bad = {
+      {{"generation_config.json", R"({"eos_token_id": 256})"},
+       "generation_config.json: eos_token_id: expected a token id of the model's vocabulary [0, "
+       "256)"},
+      {{"generation_config.json", "[1]"}, "generation_config.json: expected a JSON object"},
+  };
+  for (const auto& [file, want] : bad) {
+    d.put(file.first, file.second);
+    const std::string got = error_of([&] { read_chat_files(d.path, bytes, 256); });
+    EXPECT_NE(got.find(want), std::string::npos) << got;
+  }
+  d.put("generation_config.json", "{}");
+  d.put("tokenizer_config.json", R"({"chat_template": [{"name": "default", "template": 5}]})");
+  const std::string t = error_of([&] { read_chat_files(d.path, bytes, 256); });
+  EXPECT_NE(t.find("chat_template: each of the list's entries must be"), std::string::npos) << t;
 }
 
 }  // namespace

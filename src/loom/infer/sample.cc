@@ -128,7 +128,7 @@ Model open_model(const ModelSource& s) {
                                : path_exists(run + "/hf")             ? run + "/hf"
                                : train::is_hf_dir(m.cfg.init_weights) ? m.cfg.init_weights
                                                                       : "";
-  m.chat = read_chat_files(chat_dir, tok);
+  m.chat = read_chat_files(chat_dir, tok, vocab);
   return m;
 }
 

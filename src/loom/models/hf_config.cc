@@ -35,7 +35,10 @@ const nlohmann::json& HfConfigReader::typed(const std::string& key, IsType is, c
 }
 
 int64_t HfConfigReader::integer(const std::string& key) {
-  return typed(key, &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
+  const nlohmann::json& v = typed(key, &nlohmann::json::is_number_integer, "an integer");
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))  // not wrapped negative
+    bad(key, fmt::format("{} is past 2^63-1", v.dump()));
+  return v.get<int64_t>();
 }
 
 double HfConfigReader::number(const std::string& key) {

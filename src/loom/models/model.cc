@@ -10,8 +10,10 @@
 #include <map>
 #include <mutex>
 
+#include "loom/config/schema.h"
 #include "loom/core/error.h"
 #include "loom/models/architecture.h"
+#include "loom/models/config_section.h"
 #include "loom/ops/builder.h"
 
 namespace loom::models {
@@ -80,6 +82,12 @@ ModelConfig model_from_hf(const nlohmann::json& config, const std::string& file)
     ModelConfig c = a.from_hf(r);
     c.arch = name;
     r.finish();
+    // every key in the range a TOML [model] is held to (an rms_norm_eps of 1e300, which no f32
+    // holds, passed here where TOML refused it)
+    for (const config::Key<ModelConfig>& k : model_section().keys)
+      if (k.out_of_range)
+        if (const std::string why = k.out_of_range(c); !why.empty())
+          throw Error(fmt::format("{}: gives [model] {}, which {}", file, k.name, why));
     c.validate(file);
     return c;
   }

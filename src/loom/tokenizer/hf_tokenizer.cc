@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
@@ -160,22 +161,34 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
     max_id = std::max(max_id, id);
     return id;
   };
-  for (const auto& [piece, id] : m["vocab"].items())
-    t->vocab_[piece] = take_id(id, "model.vocab[\"" + piece + "\"]");
+  std::map<int32_t, std::string> piece_of;  // one piece an id
+  for (const auto& [piece, id] : m["vocab"].items()) {
+    const int32_t i = take_id(id, "model.vocab[\"" + piece + "\"]");
+    if (const auto [it, fresh] = piece_of.emplace(i, piece); !fresh)
+      throw Error(fmt::format("tokenizer {}: model.vocab gives id {} to both '{}' and '{}'", path,
+                              i, it->second, piece));
+    t->vocab_[piece] = i;
+  }
   int32_t rank = 0;
   for (const auto& mg : m["merges"]) {
-    std::string key;
-    if (mg.is_string()) {
-      key = mg.get<std::string>();
+    std::string a, b;
+    const std::string s = mg.is_string() ? mg.get<std::string>() : "";
+    if (const size_t sp = s.find(' '); mg.is_string() && sp != std::string::npos) {
+      a = s.substr(0, sp), b = s.substr(sp + 1);
     } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
-      key = mg[0].get<std::string>() + " " + mg[1].get<std::string>();
-    } else {
+      a = mg[0].get<std::string>(), b = mg[1].get<std::string>();
+    }
+    if (a.empty() || b.empty())
       throw Error(
           fmt::format("tokenizer {}: model.merges[{}] = {}: expected [\"a\", \"b\"] or "
                       "\"a b\"",
                       path, rank, mg.dump()));
-    }
-    t->merge_rank_.emplace(key, rank++);  // a repeated merge keeps its first (best) rank
+    // as the tokenizers library requires: both pieces and what they make are in the vocabulary
+    for (const std::string& p : {a, b, a + b})
+      if (!t->vocab_.count(p))
+        throw Error(fmt::format("tokenizer {}: model.merges[{}] = {}: '{}' is not in model.vocab",
+                                path, rank, mg.dump(), p));
+    t->merge_rank_.emplace(a + " " + b, rank++);  // a repeated merge keeps its first (best) rank
   }
   if (j.contains("added_tokens")) {
     if (!j["added_tokens"].is_array()) bad("added_tokens", "expected an array");

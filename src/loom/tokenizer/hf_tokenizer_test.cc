@@ -171,6 +171,19 @@ TEST_F(HfTokenizerTest, WhatLoomCannotRunExactlyIsAnErrorNamingTheField) {
   c["model"]["ignore_merges"] = 1;
   EXPECT_NE(error(c).find("model.ignore_merges = 1: expected true or false"), std::string::npos)
       << error(c);
+  // merges and ids the tokenizers library refuses too: a merge not of two pieces, pieces or a
+  // result outside the vocabulary, two pieces with one id
+  c = base;
+  c["model"]["merges"][3] = "lo";
+  EXPECT_NE(error(c).find("model.merges[3] = \"lo\": expected"), std::string::npos) << error(c);
+  c = base;
+  c["model"]["merges"][3] = {"q", "z"};
+  EXPECT_NE(error(c).find("model.merges[3] = [\"q\",\"z\"]: 'qz' is not in model.vocab"),
+            std::string::npos)
+      << error(c);
+  c = base;
+  c["model"]["vocab"]["dup"] = c["model"]["vocab"]["th"];
+  EXPECT_NE(error(c).find("model.vocab gives id"), std::string::npos) << error(c);
   // an id far beyond the entries would size the tables by it (2^31 - 1: tens of gigabytes)
   c = base;
   c["model"]["vocab"]["x"] = 2147483647;
