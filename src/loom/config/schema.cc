@@ -1,6 +1,7 @@
 #include "loom/config/schema.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace loom::config {
 
@@ -43,6 +44,11 @@ std::string float_out_of_range(const Range& range, double v, Used used) {
   if (v != 0 && f == 0)
     return fmt::format(
         "is used as a 32-bit float, in which {} is 0 (the smallest is about 1.4e-45)", v);
+  if (v != 0 && std::fabs(f) < std::numeric_limits<float>::min())  // flushed to 0 under FTZ
+    return fmt::format(
+        "is used as a 32-bit float, in which {} is subnormal (the smallest normal is about "
+        "1.2e-38)",
+        v);
   if (!range.contains(double(f)))
     return fmt::format("is used as a 32-bit float, in which {} is {}: {}", v, f,
                        out_of_range_text(range, double(f)));

@@ -49,7 +49,8 @@ const Section<ModelConfig>& model_section() {
                   "0 (Llama: 8/3 d rounded up to 16; GPT-2: 4 d)"),
           int_key("max_seq_len", &C::max_seq_len, closed(1, L::max_seq_len),
                   "at least `[train] seq_len`"),
-          float_key("norm_eps", &C::norm_eps, above(0), ""),
+          // past 1 the norm divides by about sqrt(eps), not the scale (3e38 trained nothing)
+          float_key("norm_eps", &C::norm_eps, {0, 1, true, false}, ""),
           float_key("rope_theta", &C::rope_theta, above(0), "Llama's rotary base"),
           bool_key("tie_embeddings", &C::tie_embeddings,
                    "the head reuses the token embedding (Llama; GPT-2's is always tied)"),

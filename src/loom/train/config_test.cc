@@ -68,7 +68,12 @@ TEST(ConfigSchema, OutOfRangeNamesKeyValueAndRange) {
            {"train.batch_size=0", "[train] batch_size: must be in [1, 2^20], got 0"},
            {"train.batch_size=1048577", "[train] batch_size: must be in [1, 2^20], got 1048577"},
            {"optim.beta2=1.0", "[optim] beta2: must be in [0, 1), got 1"},
-           {"optim.eps=0.0", "[optim] eps: must be > 0, got 0"},
+           {"optim.eps=0.0", "[optim] eps: must be in (0, 1], got 0"},
+           {"optim.eps=1e-45",
+            "[optim] eps: is used as a 32-bit float, in which 1e-45 is "
+            "subnormal"},
+           {"model.norm_eps=3e38", "[model] norm_eps: must be in (0, 1], got 3e+38"},
+           {"train.seed=-1", "[train] seed: must be in [0, 2^62], got -1"},
            {"optim.grad_clip=-1.0", "[optim] grad_clip: must be >= 0, got -1"},
            {"outer.lease_s=0.0", "[outer] lease_s: must be in (0, 86400], got 0"},
            {"outer.inner_steps=4294967296",
