@@ -9,6 +9,7 @@ Uses only the standard library (it writes its own small safetensors files).
 import json
 import os
 import shutil
+import socket
 import stat
 import struct
 import subprocess
@@ -74,6 +75,17 @@ with tempfile.TemporaryDirectory() as d:
     run("negative grad_clip", bench + [good, "--set", "optim.grad_clip=-1.0"],
         must_contain=["grad_clip", "must be >= 0"])
     run("config is a FIFO", bench + [fifo], must_contain=["fifo", "not a regular file (a FIFO)"])
+
+    sock_path = os.path.join(d, "sock")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(sock_path)
+    run("config is a socket", bench + [sock_path], must_contain=["not a regular file (a socket)"])
+    sock.close()
+    os.symlink("loop_b", os.path.join(d, "loop_a"))
+    os.symlink("loop_a", os.path.join(d, "loop_b"))
+    run("data path is a symlink loop", ["train", good, "--run-dir", os.path.join(d, "run_loop"),
+                                        "--set", "data.path=" + os.path.join(d, "loop_a")],
+        must_contain=["loop_a: cannot read it: Too many levels of symbolic links"])
     run("config is a directory", bench + [d], must_contain=["not a regular file (a directory)"])
     run("cluster file is a FIFO", ["plan", good, "--cluster", fifo],
         must_contain=["not a regular file (a FIFO)"])

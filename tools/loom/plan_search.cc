@@ -81,6 +81,11 @@ int run_plan_search(const PlanOpts& o) {
     write_file_atomic(o.search.log, text);
   }
   if (!r.best) {
+    // the space was not looked at, not found empty
+    if (r.evaluations == 0 && !r.exhausted && r.seconds >= o.search.budget_s)
+      throw Error(fmt::format("{}: --budget {} s ran out before a plan was evaluated ({:.3g} s)",
+                              o.config, o.search.budget_s, r.seconds),
+                  "a larger --budget (one evaluation of this model takes longer)");
     if (!r.closest) {
       const std::string why =
           ranked.empty() ? "the model splits over them in no way the space holds (each axis's "

@@ -167,7 +167,13 @@ Fd open_checked(const std::string& path, int flags, mode_t mode, const char* op)
 }
 
 Fd open_regular(const std::string& path) {
-  Fd fd = open_checked(path, O_RDONLY | O_NONBLOCK, 0, "read");
+  int raw;
+  do raw = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  while (raw < 0 && errno == EINTR);
+  if (struct stat st{}; raw < 0 && errno == ENXIO && ::stat(path.c_str(), &st) == 0)
+    throw Error(fmt::format("cannot read '{}': not a regular file ({})", path,  // a socket
+                            file_kind(st.st_mode)));
+  Fd fd(check_sys(raw, "read", path));
   struct stat st {};
   check_sys(::fstat(fd.get(), &st), "stat", path);
   if (!S_ISREG(st.st_mode))

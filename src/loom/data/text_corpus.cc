@@ -80,7 +80,11 @@ TextSplit split_text(const std::string& path, int val_every) {
     s.train = bytes.substr(0, cut);
     s.val = bytes.substr(cut);
     s.train_files = {path};
-  } else if (fs::exists(fs::status(path, ec))) {
+  } else if (const fs::file_status st = fs::status(path, ec);
+             ec && ec != std::errc::no_such_file_or_directory) {
+    throw Error(fmt::format("data {}: cannot read it: {}", path, ec.message()),  // a symlink loop
+                "set [data] path to a text file or a directory of .txt files");
+  } else if (fs::exists(st)) {
     // a FIFO, socket or device: named for what it is, not as missing (and never read: a FIFO
     // would block)
     throw Error(

@@ -1,6 +1,7 @@
 #include "loom/train/checkpoint.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -231,11 +232,15 @@ std::optional<std::string> model_file(const std::string& path) {
 std::string run_weights(const std::string& run_dir, const std::string& choice) {
   if (!choice.empty()) {
     if (auto f = model_file(choice)) return *f;
-    throw Error(
-        fmt::format("--checkpoint {}: no such file, nor a directory holding model.safetensors",
-                    choice),
-        "pass a checkpoint directory (RUN_DIR/checkpoints/step_XXXXXXXX) or a .safetensors "
-        "file");
+    struct stat st {};
+    const bool there = ::stat(choice.c_str(), &st) == 0;
+    throw Error(fmt::format("--checkpoint {}: {}", choice,
+                            !there ? "no such file, nor a directory holding model.safetensors"
+                            : S_ISDIR(st.st_mode)
+                                ? "a directory holding no model.safetensors"
+                                : fmt::format("not a regular file ({})", file_kind(st.st_mode))),
+                "pass a checkpoint directory (RUN_DIR/checkpoints/step_XXXXXXXX) or a .safetensors "
+                "file");
   }
   const std::string ckdir = run_dir + "/checkpoints";
   auto latest = latest_checkpoint(ckdir);
