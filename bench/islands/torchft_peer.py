@@ -88,7 +88,7 @@ def schedule(step, lr, warm, steps, min_lr=0.0):
         return lr * step / warm
     if steps <= warm:
         return lr
-    p = min(max((step - warm) / (steps - warm), 0.0), 1.0)
+    p = min(max((step - 1 - warm) / (steps - warm), 0.0), 1.0)
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * p))
 
 

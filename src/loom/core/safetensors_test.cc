@@ -535,8 +535,9 @@ TEST_F(SafetensorsTest, WriteIntoMissingDirectory) {
   EXPECT_TRUE(listing().empty());
 }
 
-TEST_F(SafetensorsTest, FailedRenameRemovesTempFile) {
-  // A non-empty directory at PATH: the temp file is fully written, then rename() fails (EISDIR).
+TEST_F(SafetensorsTest, ADirectoryAtThePathIsRefusedBeforeAnythingIsWritten) {
+  // A non-empty directory at PATH: refused before the temp file is made (rename() would fail
+  // with EISDIR after writing it; a device or FIFO it would replace).
   std::string path = file("a.safetensors");
   fs::create_directory(path);
   write_bytes(path + "/keep", "x");
@@ -545,8 +546,10 @@ TEST_F(SafetensorsTest, FailedRenameRemovesTempFile) {
     write_safetensors(path, {{"x", DType::f32, {}, &x}});
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("onto '" + path + "'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("EISDIR"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cannot write '" + path + "'"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a regular file (a directory)"), std::string::npos)
+        << e.what();
   }
   EXPECT_EQ(listing(), std::vector<std::string>{"a.safetensors"});
   EXPECT_TRUE(fs::exists(path + "/keep"));
