@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "loom/core/error.h"
 
 namespace loom::models {
@@ -78,10 +80,21 @@ void HfConfigReader::ignore(std::initializer_list<const char*> keys) {
 }
 
 void HfConfigReader::ignore_common() {
-  ignore({"bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id",
-          "decoder_start_token_id", "torch_dtype", "dtype", "transformers_version", "use_cache",
-          "initializer_range", "_name_or_path", "_model_name_or_path", "output_attentions",
-          "output_hidden_states", "return_dict", "chunk_size_feed_forward", "tokenizer_class"});
+  // token ids change nothing the model computes, but what reads them (sampling's end of turn,
+  // export) takes them as ids: null, an id or a list of ids
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id",
+                        "sep_token_id", "decoder_start_token_id"}) {
+    const nlohmann::json* v = find(k);
+    if (!v) continue;
+    auto id = [](const nlohmann::json& x) {
+      return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= INT32_MAX;
+    };
+    if (!id(*v) && !(v->is_array() && std::all_of(v->begin(), v->end(), id)))
+      bad(k, "expected a token id (or a list of them)");
+  }
+  ignore({"torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range",
+          "_name_or_path", "_model_name_or_path", "output_attentions", "output_hidden_states",
+          "return_dict", "chunk_size_feed_forward", "tokenizer_class"});
 }
 
 HfConfigReader HfConfigReader::nested(const std::string& key) {

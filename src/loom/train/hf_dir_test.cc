@@ -159,6 +159,26 @@ TEST(HfDir, BadDirectoriesNameTheFileAndTheTensorOrField) {
   j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}};
   e = error_of([&] { model_of(j); });
   EXPECT_NE(e.find("rope_parameters.rope_type = \"llama3\""), std::string::npos) << e;
+  // values held to the ranges a TOML [model] is, integers never wrapped, token ids typed
+  j = good;
+  j["rms_norm_eps"] = 1e300;
+  e = error_of([&] { model_of(j); });
+  EXPECT_NE(e.find("config.json: gives [model] norm_eps, which must be in (0, 1], got 1e+300"),
+            std::string::npos)
+      << e;
+  j = good;
+  j["vocab_size"] = uint64_t(1) << 63;
+  e = error_of([&] { model_of(j); });
+  EXPECT_NE(e.find("vocab_size = 9223372036854775808: 9223372036854775808 is past 2^63-1"),
+            std::string::npos)
+      << e;
+  j = good;
+  j["bos_token_id"] = "x";
+  e = error_of([&] { model_of(j); });
+  EXPECT_NE(e.find("bos_token_id = \"x\": expected a token id"), std::string::npos) << e;
+  j = good;
+  j["eos_token_id"] = {1, 2};  // a list is an id's form too
+  EXPECT_NO_THROW(model_of(j));
   j = good;
   j["sliding_window"] = 4096;
   e = error_of([&] { model_of(j); });
