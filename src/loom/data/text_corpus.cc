@@ -157,13 +157,18 @@ TextCorpus TextCorpus::open(const std::string& path, int64_t seq_len, int val_ev
     c.val_.bytes.assign(s.val.begin(), s.val.end());
     c.val_files_ = std::move(s.val_files);
   }
-  for (const auto& [split, n] : {std::pair<const char*, int64_t>{"training", c.train_.size()},
-                                 {"validation", c.val_.size()}})
-    if (n < seq_len + 2)
+  struct Side {
+    const char* name;
+    int64_t size;
+    bool val;
+  };
+  for (const Side& side :
+       {Side{"training", c.train_.size(), false}, Side{"validation", c.val_.size(), true}})
+    if (side.size < seq_len + 2)
       throw Error(
-          fmt::format("data {}: {} {} {} are too few for sequences of {} tokens{}", path, n, split,
-                      c.prepared() ? "tokens" : "bytes", seq_len,
-                      c.prepared() || split[0] == 't'
+          fmt::format("data {}: {} {} {} are too few for sequences of {} tokens{}", path, side.size,
+                      side.name, c.prepared() ? "tokens" : "bytes", seq_len,
+                      c.prepared() || !side.val
                           ? ""
                           : fmt::format(" (the validation text: {})",
                                         c.val_files_.empty()

@@ -286,7 +286,7 @@ std::string Rounds::awaited(uint32_t fragment, Time now) const {
     if (m.record.joined[fragment] <= frag.version && !frag.pushed.count(id))
       missing.push_back(fmt::format("island {} ({})", id, m.record.name));
   std::string out = fmt::format("{}", fmt::join(missing, ", "));
-  if (frag.version == 0 && !frag.pushed.empty() && int64_t(frag.pushed.size()) < cfg_.min_islands) {
+  if (frag.version == 0 && int64_t(frag.pushed.size()) < cfg_.min_islands) {
     const double left =
         std::chrono::duration<double>(
             frag.first_push + std::chrono::milliseconds(int64_t(cfg_.start_grace_s * 1000)) - now)
