@@ -18,8 +18,16 @@
 // The "gemm_ta_copy" lines do the same for a transposed A: gemm with ta, against an explicit
 // transpose of A (a oneDNN reorder) followed by the GEMM without ta.
 //
-// Usage: gemm_bench [--threads 2] [--reps 20] [--warmup 3] [--only bwd_dw]. Timings are never
-// asserted.
+// With --decode, instead: the matmuls of one decode step of SmolLM2-135M (M = 1 row; C = 576,
+// ffn 1536, kv 192, V = 49152), each weight (N,K) as nn.Linear stores it, in f32 and bf16, cycled
+// through enough copies (>= 512 MB) that every call reads its weight from memory, as a decode step
+// does. Each "gemv" line times loom's gemm (bf16: gemv.h), oneDNN's matmul on the plain weight and
+// on the weight packed once into its preferred layout, interleaved, in GB/s of weight read; a
+// "stream" line gives the machine's read bandwidth (a sum over 512 MB, same threads); --stream 1
+// prints that line alone (bench/sample_bench.py's bandwidth floor).
+//
+// Usage: gemm_bench [--threads 2] [--reps 20] [--warmup 3] [--only bwd_dw] [--decode 1]
+// [--stream 1]. Timings are never asserted.
 #include <omp.h>
 
 #include <algorithm>
@@ -29,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -96,6 +105,8 @@ struct Buffer {
 struct Timing {
   double median_ms, min_ms;  // min is the figure least disturbed by other processes on shared cores
 };
+
+constexpr double kColdBytes = 512e6;  // past any cache: every read comes from memory
 
 Timing time_ms(int warmup, int reps, const std::function<void()>& f) {
   for (int i = 0; i < warmup; ++i) f();
@@ -206,15 +217,115 @@ void bench_transposed_a(const Shape& s, const DTypes& t, const GemmDesc& d, cons
       tm[2].median_ms, tm[0].min_ms, tm[1].min_ms, tm[2].min_ms);
 }
 
+// The machine's read bandwidth: 16 independent sums per thread over 512 MB of f32 (a "stream"
+// line).
+void bench_stream(int reps, int threads) {
+  const int64_t n = int64_t(kColdBytes / 4);
+  std::mt19937 rng(1);
+  Buffer x(n, DType::f32, rng);
+  const float* xp = static_cast<const float*>(x.p);
+  const Timing tm = time_ms(1, std::max(3, reps / 4), [&] {
+    float total = 0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+    for (int64_t b = 0; b < n / 4096; ++b) {
+      float acc[16] = {};
+      for (int64_t i = b * 4096; i < (b + 1) * 4096; i += 16)
+#pragma omp simd
+        for (int l = 0; l < 16; ++l) acc[l] += xp[i + l];
+      for (float v : acc) total += v;
+    }
+    if (total == 12345.f) std::printf("#\n");  // keeps the sum
+  });
+  std::printf(
+      "{\"bench\":\"stream\",\"bytes\":%ld,\"threads\":%d,\"ms\":%.2f,\"gb_s\":%.1f,"
+      "\"gb_s_at_min\":%.1f}\n",
+      long(n * 4), threads, tm.median_ms, double(n * 4) / tm.median_ms / 1e6,
+      double(n * 4) / tm.min_ms / 1e6);
+}
+
+// --decode: see the header.
+void bench_decode(int warmup, int reps, int threads) {
+  using dnnl::memory;
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  constexpr int64_t C = 576, F = 1536, KV = 192, V = 49152;
+  const Shape shapes[] = {{"q,o (C->C)", 1, C, C, false, true, true},
+                          {"k,v (C->kv)", 1, KV, C, false, true, true},
+                          {"gate,up (C->F)", 1, F, C, false, true, true},
+                          {"down (F->C)", 1, C, F, false, true, true},
+                          {"head (C->V)", 1, V, C, false, true, true}};
+  std::mt19937 rng(1);
+  for (const Shape& s : shapes) {
+    for (DType t : {DType::f32, DType::bf16}) {
+      const GemmDesc d{.M = 1, .N = s.N, .K = s.K, .tb = true, .ab_dtype = t};
+      const int64_t wbytes = s.N * s.K * int64_t(loom::dtype_size(t));
+      const int copies = int(kColdBytes / double(wbytes)) + 1;
+      const auto dt = t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+      const memory::desc a_md({1, s.K}, dt, memory::dims{s.K, 1});
+      const memory::desc b_plain({s.K, s.N}, dt, memory::dims{1, s.K});
+      const memory::desc b_any({s.K, s.N}, dt, memory::format_tag::any);
+      const memory::desc c_md({1, s.N}, memory::data_type::f32, memory::dims{s.N, 1});
+      const dnnl::matmul::primitive_desc plain_pd(dnnl::matmul::desc(a_md, b_plain, c_md), eng),
+          packed_pd(dnnl::matmul::desc(a_md, b_any, c_md), eng);
+      dnnl::matmul plain_mm(plain_pd), packed_mm(packed_pd);
+      Buffer a(s.K, t, rng), c(s.N, DType::f32, rng);
+      std::vector<std::unique_ptr<Buffer>> ws;
+      std::vector<memory> packed;
+      for (int i = 0; i < copies; ++i) {
+        ws.push_back(std::make_unique<Buffer>(s.N * s.K, t, rng));
+        memory src(b_plain, eng, ws.back()->p), dst(packed_pd.weights_desc(), eng);
+        dnnl::reorder(src, dst).execute(stream, src, dst);
+        packed.push_back(dst);
+      }
+      stream.wait();
+      memory a_mem(a_md, eng, a.p), c_mem(c_md, eng, c.p);
+      // each variant walks the copies on its own; the two on plain weights half the copies apart,
+      // so neither reads what the other has just brought into the caches
+      int next[3] = {0, copies / 2, 0};
+      const std::function<void()> steps[3] = {
+          [&] { loom::kernels::cpu::gemm(d, a.p, ws[size_t(next[0]++ % copies)]->p, c.p); },
+          [&] {
+            memory b(b_plain, eng, ws[size_t(next[1]++ % copies)]->p);
+            plain_mm.execute(stream,
+                             {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c_mem}});
+            stream.wait();
+          },
+          [&] {
+            packed_mm.execute(stream, {{DNNL_ARG_SRC, a_mem},
+                                       {DNNL_ARG_WEIGHTS, packed[size_t(next[2]++ % copies)]},
+                                       {DNNL_ARG_DST, c_mem}});
+            stream.wait();
+          }};
+      const std::array<Timing, 3> tm = time_interleaved(steps, warmup, reps);
+      const auto gbs = [&](double ms) { return double(wbytes) / ms / 1e6; };
+      std::printf(
+          "{\"bench\":\"gemv\",\"shape\":\"%s\",\"N\":%ld,\"K\":%ld,\"dtype\":\"%s\","
+          "\"threads\":%d,\"weight_bytes\":%ld,\"loom_us\":%.1f,\"onednn_plain_us\":%.1f,"
+          "\"onednn_packed_us\":%.1f,\"loom_gb_s\":%.1f,\"onednn_plain_gb_s\":%.1f,"
+          "\"onednn_packed_gb_s\":%.1f}\n",
+          s.name, long(s.N), long(s.K), loom::dtype_name(t).data(), threads, long(wbytes),
+          tm[0].median_ms * 1e3, tm[1].median_ms * 1e3, tm[2].median_ms * 1e3, gbs(tm[0].median_ms),
+          gbs(tm[1].median_ms), gbs(tm[2].median_ms));
+      std::fflush(stdout);
+    }
+  }
+  bench_stream(reps, threads);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 20, warmup = 3;
+  bool decode = false, stream = false;
   std::string only;  // run only shapes whose name contains this
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (flag == "--only") {
+    if (flag == "--decode") {
+      decode = v != 0;
+    } else if (flag == "--stream") {
+      stream = v != 0;
+    } else if (flag == "--only") {
       only = argv[i + 1];
     } else if (flag == "--threads") {
       threads = v;
@@ -225,7 +336,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "gemm_bench: unknown flag %s\nhint: --threads N --reps N --warmup N --only NAME_PART\n",
+          "gemm_bench: unknown flag %s\nhint: --threads N --reps N --warmup N --only NAME_PART "
+          "--decode 1 --stream 1\n",
           flag.c_str());
       return 2;
     }
@@ -235,6 +347,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   omp_set_num_threads(threads);
+  if (stream) {
+    bench_stream(reps, threads);
+    return 0;
+  }
+  if (decode) {
+    bench_decode(warmup, reps, threads);
+    return 0;
+  }
   std::mt19937 rng(1);
   for (const Shape& s : kShapes) {
     if (std::string(s.name).find(only) == std::string::npos) continue;

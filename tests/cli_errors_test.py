@@ -320,6 +320,11 @@ with tempfile.TemporaryDirectory() as d:
     run("sample: with the run's tokenizer", ["sample", os.path.join(d, "run_t"), "--prompt", "the",
                                              "--max-tokens", "5"],
         expect_ok=True, must_contain=["the"])
+    run("sample: in bf16", ["sample", os.path.join(d, "run_t"), "--prompt", "the",
+                            "--max-tokens", "5", "--dtype", "bf16"],
+        expect_ok=True, must_contain=["the"])
+    run("sample: --dtype f16", ["sample", os.path.join(d, "run_t"), "--dtype", "f16"],
+        must_contain=["--dtype", "f16"], rc=105)
     run("sample: --seed past int64", ["sample", os.path.join(d, "run_t"), "--seed",
                                       "18446744073709551616"],
         must_contain=["--seed: must be a whole number in [0, 2^63-1]"], rc=105)

@@ -3,6 +3,7 @@ KV cache (or without: --no-cache), on the given threads. Prints one JSON line: l
 seconds, tokens/s (new tokens over the whole generate() call, prompt included) and the text.
 
     hf_generate.py MODEL_DIR --prompt P [--max-new-tokens N] [--threads K] [--no-cache]
+                   [--dtype f32|bf16]
 
 Runs under the peer venv (bench/peer/setup_venv.sh). End-of-sequence does not stop it (Loom's
 sample runs to --max-tokens too), so both produce the same number of tokens.
@@ -22,12 +23,15 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=80)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                    help="the dtype the model is loaded in (torch.float32 or torch.bfloat16)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     tok = transformers.AutoTokenizer.from_pretrained(args.model_dir, local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        args.model_dir, dtype=torch.float32, local_files_only=True)
+        args.model_dir, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
+        local_files_only=True)
     model.eval()
     ids = tok(args.prompt, return_tensors="pt").input_ids
     t1 = time.perf_counter()
@@ -43,6 +47,7 @@ def main():
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "threads": args.threads,
+        "dtype": args.dtype,
         "prompt_tokens": int(ids.shape[1]),
         "new_tokens": int(new.shape[0]),
         "load_s": t1 - t0,

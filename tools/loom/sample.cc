@@ -42,7 +42,7 @@ std::function<int()> add_sample(CLI::App& app) {
     int64_t top_k = 40;
     int64_t seed = 0;
     int64_t context = 0;
-    std::string device, chat;
+    std::string device, chat, dtype;
     std::vector<std::string> stop;
     bool stats = false, ignore_eos = false;
   };
@@ -83,6 +83,10 @@ std::function<int()> add_sample(CLI::App& app) {
       ->check(whole_number(1, 1 << 24));
   s->add_option("--device", o->device, "cpu or cuda (default: the run's [train] device)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  s->add_option("--dtype", o->dtype,
+                "f32 or bf16: the dtype of the matmuls (bf16: the weights rounded to bf16 once), "
+                "attention and key/value cache (default: the model's [model] dtype)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   s->add_option("--path", o->path,
                 "DiPaCo: RUN is a loom islands run of paths; sample from path N, or auto: the "
                 "one the router sends the prompt to");
@@ -98,6 +102,7 @@ std::function<int()> add_sample(CLI::App& app) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     infer::SampleOptions so{o->prompt,         o->max_tokens, o->temperature, o->top_k,
                             uint64_t(o->seed), o->context,    o->device};
+    so.dtype = o->dtype;
     if (!o->chat.empty()) {
       so.prompt = infer::apply_chat_template(m.chat, o->chat);
       so.echo_prompt = false;

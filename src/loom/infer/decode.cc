@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "loom/core/error.h"
+#include "loom/kernels/cpu/kernels.h"
 #include "loom/runtime/memory_plan.h"
 
 namespace loom::infer {
@@ -59,6 +60,20 @@ DecodeRunner::Step& DecodeRunner::step_for(int64_t n) {
       w = wi->second.data();
     }
     s.exec->bind(g.find(p.name), w);
+  }
+  for (const auto& [copy, master] : s.c.model.weight_copies) {  // rounded once, kept
+    const ir::Value& cv = g.value(copy);
+    LOOM_CHECK(cv.type.dtype == DType::bf16) << cv.name;
+    auto [wi, first] = weights_.try_emplace(cv.name);
+    if (first) {
+      const int64_t n = numel(cv.type.shape);
+      wi->second = runtime::Buffer(dev_, n * 2);
+      std::vector<bf16> host_copy(host ? 0 : size_t(n));
+      bf16* to = host ? static_cast<bf16*>(wi->second.data()) : host_copy.data();
+      kernels::cpu::cast_f32_bf16(params_.data(master), to, n);
+      if (!host) dev_.upload(wi->second.data(), host_copy.data(), n * 2);
+    }
+    s.exec->bind(copy, wi->second.data());
   }
   s.tokens.resize(size_t(n));
   if (host) {

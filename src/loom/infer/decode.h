@@ -14,7 +14,10 @@
 // resets and feeds the tokens it wants to keep.
 //
 // On a GPU (`device`), the weights are copied there once, the caches live there, and a call sends
-// its tokens up and brings the logits down.
+// its tokens up and brings the logits down. Under [model] dtype = "bf16" the matmuls read bf16
+// copies of their weights, rounded once here from the f32 masters (the bits a training step's cast
+// makes), so a token reads half the bytes of f32 weights and no cast runs per token; the caches
+// hold bf16 keys and values.
 //
 // Not here: sampling and the generation loop (sample.h), batches of several sequences (B = 1), a
 // plan (one process). Invariant: the logits after feeding tokens t_0..t_k equal the full forward's
@@ -71,8 +74,10 @@ class DecodeRunner {
   int64_t pos_ = 0;
   std::map<int64_t, Step> steps_;  // by tokens per step
   runtime::Device& dev_;
-  std::map<std::string, runtime::Buffer> caches_;   // by state name: layers.0.k_cache, ...
-  std::map<std::string, runtime::Buffer> weights_;  // on a GPU: the parameters' copies
+  std::map<std::string, runtime::Buffer> caches_;  // by state name: layers.0.k_cache, ...
+  // by name: on a GPU, the parameters' copies; under bf16, the weights' bf16 copies (model.h:
+  // ModelGraph::weight_copies)
+  std::map<std::string, runtime::Buffer> weights_;
   Step& step_for(int64_t n);
 };
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
 
 #include "loom/core/error.h"
 #include "loom/runtime/executor.h"
@@ -119,6 +120,54 @@ TEST(Decode, Gpt2MatchesFullForward) { expect_decode_matches(tiny("gpt2"), 1e-5)
 // bf16: q, k, v and the attention output are rounded to bf16 on both sides; a different f32
 // summation order can move an attention output by one bf16 ulp (2^-8 relative)
 TEST(Decode, Bf16MatchesFullForward) { expect_decode_matches(tiny("llama", DType::bf16), 2e-2); }
+// ... where a decode step reads bf16 copies of the weights: a tied head, GPT-2's Conv1D, fused
+// c_attn and tied wte, stacked experts, NormFormer's head-scaled projection (a computed weight)
+TEST(Decode, Bf16EveryArchitectureMatchesFullForward) {
+  expect_decode_matches(tiny("llama", DType::bf16, true), 2e-2);
+  expect_decode_matches(tiny("gpt2", DType::bf16), 2e-2);
+  for (const char* arch : {"llama", "gpt2"}) {
+    models::ModelConfig m = tiny(arch, DType::bf16);
+    m.moe.experts = 4;
+    m.moe.top_k = 2;
+    m.moe.dropless = true;
+    m.normformer = true;
+    expect_decode_matches(m, 2e-2);
+  }
+}
+
+// Under bf16 a decode step casts no parameter: every weight a matmul reads is a bf16 param, the
+// copy of a master the model declares (model.h: ModelGraph::weight_copies), which DecodeRunner
+// rounds once; only a computed weight (NormFormer's head-scaled projection) is cast per token.
+TEST(Decode, Bf16StepReadsWeightCopiesAndCastsNoParam) {
+  for (const char* arch : {"llama", "gpt2"}) {
+    models::ModelConfig m = tiny(arch, DType::bf16, true);
+    m.moe.experts = 4;
+    m.moe.dropless = true;
+    const models::ModelGraph g = models::build_decode(m, 1, 1, kT);
+    std::set<std::string> masters;
+    for (const auto& i : models::param_infos(m)) masters.insert(i.name);
+    ASSERT_FALSE(g.weight_copies.empty()) << arch;
+    for (const auto& [copy, master] : g.weight_copies) {
+      const ir::Value& v = g.graph.value(copy);
+      EXPECT_EQ(v.kind, ir::ValueKind::param) << v.name;
+      EXPECT_EQ(v.type.dtype, DType::bf16) << v.name;
+      EXPECT_EQ(v.name, models::weight_copy_name(master, DType::bf16));
+      EXPECT_TRUE(masters.count(master)) << master;
+      EXPECT_EQ(v.type.shape, g.graph.value(g.graph.find(master)).type.shape) << v.name;
+    }
+    int matmuls = 0;
+    for (const ir::Node& n : g.graph.nodes()) {
+      if (n.op == ir::Op::cast) {
+        EXPECT_NE(g.graph.value(n.inputs[0]).kind, ir::ValueKind::param)
+            << arch << ": " << g.graph.value(n.inputs[0]).name << " is cast every token";
+      }
+      if (n.op == ir::Op::matmul || n.op == ir::Op::grouped_matmul) ++matmuls;
+    }
+    EXPECT_GT(matmuls, 0);
+    // f32 declares no copies
+    EXPECT_TRUE(models::build_decode(tiny(arch), 1, 1, kT).weight_copies.empty()) << arch;
+  }
+}
 
 // MoE (dropless, so the full forward drops no token either, as decoding never does) with
 // NormFormer: routing depends only on each token's own activations

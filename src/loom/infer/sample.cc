@@ -152,7 +152,14 @@ SampleStats sample(const Model& m, const SampleOptions& o,
     device = o.device == "cpu" ? runtime::DeviceKind::cpu : runtime::DeviceKind::cuda;
   else if (!o.device.empty())
     throw Error(fmt::format("--device {}: one of cpu, cuda", o.device));
-  DecodeRunner decoder(m.cfg.model, params, T, m.config, backend::open(device));
+  models::ModelConfig model = m.cfg.model;
+  if (!o.dtype.empty()) {
+    DType t = DType::f32;
+    if (!parse_dtype(o.dtype, &t) || t == DType::i32)
+      throw Error(fmt::format("--dtype {}: one of f32, bf16", o.dtype));
+    model.dtype = t;
+  }
+  DecodeRunner decoder(model, params, T, m.config, backend::open(device));
   const auto t_loaded = Clock::now();
 
   // context: the tokens the cache holds (the prompt's last T at first), the newest last

@@ -69,6 +69,9 @@ struct SampleOptions {
   uint64_t seed = 0;
   int64_t context = 0;  // tokens of context; 0: [model] max_seq_len, at most 512
   std::string device;   // "cpu" or "cuda"; empty: the run's [train] device
+  // "f32" or "bf16": the matmuls', attention's and key/value cache's dtype (bf16: the weights'
+  // bf16 copies, decode.h); empty: the model's [model] dtype
+  std::string dtype;
   // Generation also ends at a token of stop_ids (not written: the model's end of turn) or once the
   // text it wrote holds one of `stop` (written, as transformers' stop_strings leave it).
   std::vector<int32_t> stop_ids;

@@ -8,12 +8,21 @@
 namespace loom::infer {
 
 int Sampler::next(const float* logits, int n) {
-  // Candidates by logit, highest first; ties go to the lower id so the order is fully determined.
+  // Candidates by logit, highest first; ties go to the lower id so the order is fully determined
+  // (a strict total order: only the top k need sorting, and greedy needs only the first).
+  auto before = [&](int a, int b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  if (temperature_ == 0) {
+    int best = 0;
+    for (int i = 1; i < n; ++i)
+      if (before(i, best)) best = i;
+    return best;
+  }
+  const int k = top_k_ > 0 ? int(std::min<int64_t>(top_k_, n)) : n;
   std::vector<int> ids(static_cast<size_t>(n));
   std::iota(ids.begin(), ids.end(), 0);
-  std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return logits[a] > logits[b]; });
-  if (temperature_ == 0) return ids[0];
-  const int k = top_k_ > 0 ? int(std::min<int64_t>(top_k_, n)) : n;
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), before);
   // softmax over the top k of logits / temperature, in double, shifted by the max for range
   std::vector<double> p(static_cast<size_t>(k));
   const double top = double(logits[ids[0]]) / temperature_;

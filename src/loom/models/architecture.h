@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -39,6 +40,9 @@ struct ForwardInputs {
   int start = -1;  // decoding: i32[], the first token's position; -1: a full forward from 0
   int64_t cache_len = 0;
   std::vector<MoeLayerStats>* moe = nullptr;  // where MoE layers report (null: not collected)
+  // Decoding under a compute dtype other than f32: where weights read in that dtype are declared
+  // as copies (ModelGraph::weight_copies); null: each weight's f32 master is cast where it is read.
+  std::map<int, std::string>* weight_copies = nullptr;
   bool decoding() const { return start >= 0; }
 };
 

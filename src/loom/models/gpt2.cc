@@ -94,7 +94,7 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
     b.set_scope(fmt::format("h.{}.", l));
     const int n1 = b.cast(ln(h, p + "ln_1", "ln_1"), x.cd);
     // cast whole, then split: the gathered weight is only cast (gather_cast gathers it in bf16)
-    const auto ws = b.emit(ir::Op::split, {b.cast(x.param(p + "attn.c_attn.weight"), x.cd)},
+    const auto ws = b.emit(ir::Op::split, {x.weight(x.param(p + "attn.c_attn.weight"))},
                            {{"sizes", std::vector<int64_t>{1, 1, 1}}, {"axis", int64_t(1)}},
                            {"wq3", "wk3", "wv3"});
     const auto bs = b.emit(ir::Op::split, {x.param(p + "attn.c_attn.bias")},
@@ -110,7 +110,7 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
     int a = x.attention(qkv[0], qkv[1], qkv[2], /*rope=*/false);
     if (c.normformer) {
       int w = x.head_scaled(p + "attn.c_proj.weight", p + "attn.head_scale", true);
-      int o = b.add(b.matmul(b.cast(a, x.cd), b.cast(w, x.cd), false, false, "attn_out_mm"),
+      int o = b.add(b.matmul(b.cast(a, x.cd), x.weight(w), false, false, "attn_out_mm"),
                     x.param(p + "attn.c_proj.bias"), "attn_out");
       h = b.add(h, ln(o, p + "ln_attn", "ln_attn"), "resid_attn");
     } else {
@@ -136,7 +136,7 @@ int build_gpt2(ops::Builder& b, const ModelConfig& c, const ForwardInputs& in) {
   }
   b.set_scope("");
   int nf = ln(x.head_rows(h), "ln_f", "ln_f");
-  return b.matmul(b.cast(nf, x.cd), b.cast(x.param("wte.weight"), x.cd), false, true, "logits");
+  return b.matmul(b.cast(nf, x.cd), x.weight(x.param("wte.weight")), false, true, "logits");
 }
 
 // transformers' GPT2Config. What is left out takes HF's default, which matches Loom (attention

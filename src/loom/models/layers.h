@@ -28,11 +28,28 @@ struct Ctx {
     return linear(x, param(w), name, out);
   }
   int linear(int x, int w, const std::string& name, DType out = DType::f32) {
-    return b.matmul(b.cast(x, cd), b.cast(w, cd), false, true, name, out);
+    return b.matmul(b.cast(x, cd), weight(w), false, true, name, out);
   }
   // y = x W with W stored (in, out) (GPT-2 Conv1D).
   int conv1d(int x, const std::string& w, const std::string& name) {
-    return b.matmul(b.cast(x, cd), b.cast(param(w), cd), false, false, name);
+    return b.matmul(b.cast(x, cd), weight(param(w)), false, false, name);
+  }
+  // The weight w (a param, or computed from params) in the compute dtype. Training casts the f32
+  // master where it is read, each step (the cast's gradient flows to the master). A decode step
+  // under bf16 reads a param's copy instead (in.weight_copies; model.h: weight_copy_name), made
+  // once by its caller with the same rounding: the same bits, without a pass over every weight per
+  // token.
+  int weight(int w) {
+    const ir::Value& v = b.graph().value(w);
+    if (!in.weight_copies || v.type.dtype == cd || v.kind != ir::ValueKind::param)
+      return b.cast(w, cd);
+    const std::string name = weight_copy_name(v.name, cd);
+    int copy = b.graph().find(name);
+    if (copy < 0) {
+      copy = b.graph().add_input(name, {cd, v.type.shape}, ir::ValueKind::param);
+      (*in.weight_copies)[copy] = v.name;
+    }
+    return copy;
   }
   // NormFormer's head-wise scaling of the attention output, folded into the output projection:
   // o_proj(a * s per head) = a (W * s per input feature), so the scale touches the (C, NH*HS)
@@ -65,8 +82,7 @@ struct Ctx {
     // the slots balanced routing fills (the cost counts those; the kernel skips the empty ones)
     const int64_t S = b.shape(x)[2];
     a["fill"] = std::min(1.0, double(in.T * c.moe.top_k) / double(c.moe.experts * S));
-    return b.emit1(ir::Op::grouped_matmul, {b.cast(x, cd), b.cast(param(w), cd)}, std::move(a),
-                   name);
+    return b.emit1(ir::Op::grouped_matmul, {b.cast(x, cd), weight(param(w))}, std::move(a), name);
   }
   // A Mixture-of-Experts MLP over n (B,T,C) f32 (ops/moe.cc): the router's logits (B,T,E) f32 (a
   // linear map of n, in f32 even under bf16: Switch Transformer's selective precision, since a

@@ -287,10 +287,20 @@ ModelGraph build_decode(const ModelConfig& c, int64_t B, int64_t T, int64_t S) {
   m.start = g.add_input("start", {DType::i32, {}}, ir::ValueKind::input);
   m.roles.batch_inputs = {m.tokens};
   ops::Builder b(g);
-  m.logits =
-      arch.build(b, c, {.tokens = m.tokens, .B = B, .T = T, .start = m.start, .cache_len = S});
+  const bool copies = c.dtype != DType::f32;
+  m.logits = arch.build(b, c,
+                        {.tokens = m.tokens,
+                         .B = B,
+                         .T = T,
+                         .start = m.start,
+                         .cache_len = S,
+                         .weight_copies = copies ? &m.weight_copies : nullptr});
   m.caches = g.inputs_of_kind(ir::ValueKind::state);
   return m;
+}
+
+std::string weight_copy_name(const std::string& master, DType t) {
+  return master + "." + std::string(dtype_name(t));
 }
 
 }  // namespace loom::models

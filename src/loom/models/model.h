@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -136,7 +137,14 @@ struct ModelGraph {
   // Incremental decoding (build_decode) only:
   int start = -1;           // input i32[]: the position of the first token
   std::vector<int> caches;  // state: each layer's key cache then value cache, (B,S,NKV,HS)
+  // Under a compute dtype other than f32: each weight a matmul reads, as a param in that dtype
+  // (weight_copy_name), by the name of its f32 master, which the caller rounds into it once (with
+  // kernels' cast_f32_bf16: the bits the step's cast would make). Empty under f32.
+  std::map<int, std::string> weight_copies;
 };
+
+// A decode step's copy of the weight `master` in dtype t: "model.layers.0.mlp.up_proj.weight.bf16".
+std::string weight_copy_name(const std::string& master, DType t);
 
 // Builds the forward graph and loss for a batch of B sequences of T tokens (T <= max_seq_len).
 ModelGraph build_model(const ModelConfig& c, int64_t B, int64_t T);

@@ -10,6 +10,9 @@
 // reorder included, is within a few percent of the plain-layout GEMM. Nor does it choose the thread
 // count (oneDNN uses OpenMP's).
 //
+// One row times a weight (M = 1, a decode step's matmuls) goes to gemv (gemv.h), which streams the
+// weight at the machine's bandwidth where oneDNN 2.6's matmul does not.
+//
 // Invariant: one primitive per (GemmDesc, OpenMP thread count) per calling thread, created on first
 // use and reused; a call only swaps the data pointers of the cached memory objects and executes.
 #include "loom/kernels/cpu/gemm.h"
@@ -25,6 +28,7 @@
 
 #include "dnnl.hpp"
 #include "loom/core/error.h"
+#include "loom/kernels/cpu/gemv.h"
 
 namespace loom::kernels {
 
@@ -152,6 +156,8 @@ void gemm(const GemmDesc& d, const void* a, const void* b, void* c) {
   check_desc(d);
   if (d.batch == 0 || d.M == 0 || d.N == 0) return;
   if (d.K == 0) return zero_c(d, c);
+  if (d.batch == 1 && d.M == 1 && !d.accumulate)  // one row of A is contiguous, ta or not
+    return gemv(d.N, d.K, d.tb, d.ab_dtype, a, b, c, d.c_dtype);
   CachedGemm& g = cached_gemm(d);
   thread_local dnnl::stream stream =
       dnnl_checked(d, "stream creation", [] { return dnnl::stream(cpu_engine()); });

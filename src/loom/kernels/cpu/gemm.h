@@ -1,6 +1,6 @@
-// GEMM through oneDNN, f32 and bf16 (AVX512-BF16 / AMX where the CPU has them), as a GemmDesc
-// (kernels/gemm_desc.h) describes it; c_dtype bf16 only with bf16 inputs (oneDNN 2.6 has no f32 x
-// f32 -> bf16 matmul).
+// GEMM through oneDNN (one row times a weight: gemv.h), f32 and bf16 (AVX512-BF16 / AMX where the
+// CPU has them), as a GemmDesc (kernels/gemm_desc.h) describes it; c_dtype bf16 only with bf16
+// inputs (oneDNN 2.6 has no f32 x f32 -> bf16 matmul).
 //
 // Primitives are created once per GemmDesc and cached (creating one costs far more than a small
 // GEMM). The cache is per thread; kernels are called from one executor thread.

@@ -150,6 +150,32 @@ TEST(Gemm, VectorShapes) {
   check_all_combinations(5, 6, 1, {1});       // outer product
 }
 
+// One row times a weight goes to gemv (gemv.h): several blocks of its rows (64) and of
+// its columns (256), a tail of K past 16 lanes and of N past the four rows done at once; its
+// results are the same bits whatever the thread count.
+TEST(Gemm, RowTimesWeight) {
+  check_all_combinations(1, 517, 600, {1});
+  check_all_combinations(1, 3, 15, {1});
+  const int saved = omp_get_max_threads();
+  for (int tb = 0; tb < 4; ++tb) {
+    const GemmDesc d{.M = 1,
+                     .N = 517,
+                     .K = 600,
+                     .tb = bool(tb % 2),
+                     .ab_dtype = tb < 2 ? DType::bf16 : DType::f32};
+    std::mt19937 rng(kSeed);
+    Buffer a(d.ab_dtype, d.K), b(d.ab_dtype, d.K * d.N), c1(d.c_dtype, d.N), c2(d.c_dtype, d.N);
+    fill_uniform(a, rng);
+    fill_uniform(b, rng);
+    omp_set_num_threads(1);
+    gemm(d, a.data(), b.data(), c1.data());
+    omp_set_num_threads(2);
+    gemm(d, a.data(), b.data(), c2.data());
+    EXPECT_EQ(c1.bytes, c2.bytes) << "variant " << tb;
+  }
+  omp_set_num_threads(saved);
+}
+
 // Big enough for oneDNN's blocked kernels, with tails in every dimension.
 TEST(Gemm, BigAllCombinations) { check_all_combinations(257, 300, 520, {1}); }
 
