@@ -33,7 +33,8 @@ const config::Section<ScheduleOptions>& passes_section() {
           bool_key("prefetch", &O::prefetch,
                    "collectives on a communication thread, started early"),
           int_key("max_in_flight", &O::max_in_flight, at_least(1),
-                  "prefetched collectives at once per mesh axis"),
+                  "prefetched units at once per mesh axis (a parameter group's gathers, or its "
+                  "gradients' reductions, count as one)"),
           bool_key("synthesize", &O::synthesize,
                    "P2: all-reduces as the fastest hierarchical program on `cluster`"),
       },

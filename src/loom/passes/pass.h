@@ -75,7 +75,8 @@ enum class StepKind { eval, infer, grads, train, decode };
 //              passes/reduce_cast.cc)
 //   prefetch   collectives start early and are waited for late, on each rank's communication
 //              threads, the host's and the network's (passes/prefetch.cc); at most max_in_flight
-//              at a time per mesh axis
+//              units at a time per mesh axis (one parameter group's gathers are one unit, and its
+//              gradients' reductions another, however many buckets they take)
 struct ScheduleOptions {
   enum class Bucket { none, block, automatic };  // "none", "block", "auto"
   Bucket bucket = Bucket::block;

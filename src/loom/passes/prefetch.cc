@@ -14,14 +14,18 @@
 //     under bf16 a block gathers a bf16 bucket and an f32 one): a run starts when the first wait
 //     of the run before it is emitted, so while block k computes, block k+1's parameters arrive
 //     (FSDP's prefetch of the next module; in the backward, the next re-gather). And at most
-//     max_in_flight collectives of one mesh axis are in flight (a hierarchical reduction's
-//     pieces count as their axis's): a start beyond that first emits its axis's oldest one's wait,
-//     except where that is a start of the same run of the chain: the run's next start then waits
-//     for room (a run of more gathers than max_in_flight never blocks the compute thread on its
-//     own first gathers before the block they serve computes). A tensor-parallel gather thus never
-//     waits for the gradient reduce-scatters of the data axis ahead of it. The first starts come
-//     before the program's first node: a pipeline stage's is the recv it idles in until its peer
-//     sends, while its gathers run.
+//     max_in_flight units of one mesh axis are in flight (a hierarchical reduction's pieces count
+//     as their axis's). A unit is FSDP's: one parameter group's gathers count as one however
+//     many buckets they take, and so do the reductions of one group's gradients; any other
+//     collective counts alone. A start of a unit already in flight takes no room; any other start
+//     beyond the limit first emits its axis's oldest one's wait, except where that is a start of
+//     the same run of the chain: the run's next start then waits for room (a run never blocks the
+//     compute thread on its own first gathers before the block they serve computes). Counted by
+//     bucket instead, a 405B layer's 64 MB buckets let two of its dozen gathers, or of its
+//     gradients' reduce-scatters, run under the compute before the compute thread waited. A
+//     tensor-parallel gather thus never waits for the gradient reduce-scatters of the data axis
+//     ahead of it. The first starts come before the program's first node: a pipeline stage's is the
+//     recv it idles in until its peer sends, while its gathers run.
 // Worked example (fsdp, two blocks, bucketed): start(gather l0), start(gather l1) at the top;
 // wait(l0) before l0's first matmul; l0 computes while l1's gather runs; wait(l1) before l1's ...;
 // in the backward, the reduce-scatter of l1's gradients starts as soon as they exist and runs
@@ -57,6 +61,9 @@ struct Item {
   bool lazy = false;      // emitted on demand (waits and their unpacking)
   bool eager = false;     // emitted as early as allowed (starts and their packing)
   bool chain = false;     // a start of a parameter all-gather (the prefetch chain)
+  // a start: what it counts as in flight (`unit` below): 2 g for group g's parameter gathers,
+  // 2 g + 1 for the reductions of group g's gradients, -1: itself alone
+  int unit = -1;
   bool done = false;
 };
 
@@ -68,7 +75,11 @@ std::string axis_of(const ir::Node& n) { return shard::Mesh::axes_of(n.attr_str(
 class Scheduler {
  public:
   Scheduler(const shard::Program& prog, int64_t max_in_flight, std::vector<int> param_group)
-      : g_(prog.graph), rw_(prog), max_(max_in_flight), param_group_(std::move(param_group)) {}
+      : g_(prog.graph),
+        rw_(prog),
+        max_(max_in_flight),
+        param_group_(std::move(param_group)),
+        uses_(uses_of(prog.graph)) {}
 
   shard::Program run() {
     build_items();
@@ -96,6 +107,7 @@ class Scheduler {
   std::vector<std::vector<int>> runs_;  // the chain: its runs in order, each its start items
   size_t next_run_ = 0;                 // the runs before it are all started
   std::vector<int> param_group_;        // old value -> its parameter group, or -1
+  Uses uses_;                           // of the old program
 
   void build_items() {
     std::vector<int> item_of_value(g_.values().size(), -1);  // old value -> the item making it
@@ -143,6 +155,8 @@ class Scheduler {
     std::set<int> run_params;
     for (int s : starts_) {
       Item& it = items_[size_t(s)];
+      const int reduced = reduction_group(g_.node(it.node));
+      if (reduced >= 0) it.unit = 2 * reduced + 1;
       if (g_.node(it.node).op != ir::Op::all_gather) continue;
       it.chain = only_params(s);
       if (!it.chain) continue;
@@ -150,6 +164,7 @@ class Scheduler {
       // re-gather of the group the forward ended with)
       std::set<int> params;
       const int grp = group_read(it.node, params);
+      if (grp >= 0) it.unit = 2 * grp;
       const bool again =
           std::any_of(params.begin(), params.end(), [&](int p) { return run_params.count(p) > 0; });
       if (runs_.empty() || grp < 0 || grp != run_group || again) {
@@ -176,6 +191,49 @@ class Scheduler {
     return grp;
   }
 
+  // The parameter group whose gradients collective n reduces: followed from its output through
+  // what unpacks it (a bucket's split and reshapes, reduce_cast's cast back to f32) to the
+  // optimizers that read the pieces as gradients; -1 for any other collective (and a gradient
+  // sum's reduction under accumulation, which counts alone).
+  int reduction_group(const ir::Node& n) const {
+    if (n.op != ir::Op::reduce_scatter && n.op != ir::Op::all_reduce) return -1;
+    std::vector<int> todo{n.outputs[0]};
+    while (!todo.empty()) {
+      const int v = todo.back();
+      todo.pop_back();
+      auto u = uses_.find(v);
+      if (u == uses_.end()) continue;
+      for (auto [node, slot] : u->second) {
+        const ir::Node& c = g_.node(node);
+        if (slot == 1 && ops::has_trait(c.op, ops::Trait::optimizer)) {
+          if (param_group_[size_t(c.inputs[0])] >= 0) return param_group_[size_t(c.inputs[0])];
+        } else if (unpacks(c.op) || c.op == ir::Op::cast) {
+          todo.insert(todo.end(), c.outputs.begin(), c.outputs.end());
+        }
+      }
+    }
+    return -1;
+  }
+
+  // What one axis has in flight, in units: a parameter group's gathers count as one, and so do
+  // the reductions of its gradients (FSDP's unit is the group, however many buckets it takes);
+  // every other collective counts alone.
+  int64_t units(const std::deque<int>& axis) const {
+    std::set<int> seen;
+    int64_t n = 0;
+    for (int s : axis) {
+      const int u = items_[size_t(s)].unit;
+      if (u < 0 || seen.insert(u).second) ++n;
+    }
+    return n;
+  }
+  // Whether start s's unit is in flight on the axis already (then s takes no more room).
+  bool joins(const std::deque<int>& axis, int s) const {
+    const int u = items_[size_t(s)].unit;
+    return u >= 0 && std::any_of(axis.begin(), axis.end(),
+                                 [&](int x) { return items_[size_t(x)].unit == u; });
+  }
+
   // Whether an item's inputs come from graph inputs through packing alone.
   bool only_params(int item) const {
     for (int d : items_[size_t(item)].deps)
@@ -193,12 +251,12 @@ class Scheduler {
     return true;
   }
 
-  // Whether chain start s may be emitted now: its axis has fewer than max_in_flight collectives in
-  // flight, or the oldest (whose wait it would force) is not of s's own run: a run never waits
-  // for its own first gathers before the compute they serve.
+  // Whether chain start s may be emitted now: its group's gathers are in flight already, its axis
+  // has fewer than max_in_flight units in flight, or the oldest (whose wait it would force) is
+  // not of s's own run: a run never waits for its own first gathers before the compute they serve.
   bool room(int s) const {
     auto it = inflight_.find(axis_of(g_.node(items_[size_t(s)].node)));
-    if (it == inflight_.end() || int64_t(it->second.size()) < max_) return true;
+    if (it == inflight_.end() || joins(it->second, s) || units(it->second) < max_) return true;
     const auto& run = runs_[next_run_];
     return std::find(run.begin(), run.end(), it->second.front()) == run.end();
   }
@@ -247,7 +305,8 @@ class Scheduler {
       rw_.copy(n);
     } else if (it.kind == Kind::start) {
       std::deque<int>& axis = inflight_[axis_of(n)];
-      while (int64_t(axis.size()) >= max_) emit(axis.front() + 1);  // its wait
+      if (!joins(axis, item))
+        while (units(axis) >= max_) emit(axis.front() + 1);  // its wait
       ir::Attrs a = n.attrs;
       a["async"] = int64_t(1);
       inflight_value_[n.id] =
