@@ -53,14 +53,16 @@ class IslandSync : public train::OuterSync {
             {"bytes_sent", island_->bytes_sent()},
             {"bytes_received", island_->bytes_received()},
             {"peak_round_bytes", island_->peak_round_bytes()},
-            {"wait_s", island_->wait_s()}};
+            {"wait_s", island_->wait_s()},
+            {"wait_share", island_->round_wait_share()},
+            {"wait_share_total", island_->wait_share()}};
   }
   std::string summary() const override {
     return fmt::format(
         "island {}: {} outer rounds, {} bytes sent, {} received (at most {} in a round), {:.1f} "
-        "s waiting for the server",
+        "s waiting for the server ({:.1f}% of its wall time)",
         island_->id(), island_->rounds(), island_->bytes_sent(), island_->bytes_received(),
-        island_->peak_round_bytes(), island_->wait_s());
+        island_->peak_round_bytes(), island_->wait_s(), 100 * island_->wait_share());
   }
 
  private:

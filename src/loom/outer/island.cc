@@ -324,8 +324,18 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
     land(fl, 0, false);
   }
   if (rejoined_) pull_all();
-  wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto now = Clock::now();
+  const double waited = std::chrono::duration<double>(now - t0).count(),
+               span = std::chrono::duration<double>(now - last_sync_end_).count();
+  wait_s_ += waited;
+  round_wait_share_ = span > 0 ? waited / span : 0;
+  last_sync_end_ = now;
   return !done_;
+}
+
+double Island::wait_share() const {
+  const double wall = std::chrono::duration<double>(Clock::now() - made_).count();
+  return wall > 0 ? wait_s_ / wall : 0;
 }
 
 }  // namespace loom::outer

@@ -65,6 +65,11 @@ class Island {
 
   int64_t rounds() const { return rounds_; }  // pushes that stood (fragment rounds)
   double wait_s() const { return wait_s_; }   // time in push, await and pull, summed
+  // The share of the island's wall time spent waiting for the server (in push, await and pull):
+  // in the last sync() call, of the time since the call before it ended (since the island was
+  // made, for the first); and in all, of the time since the island was made.
+  double round_wait_share() const { return round_wait_share_; }
+  double wait_share() const;
   uint64_t bytes_sent() const { return client_->bytes_sent(); }
   uint64_t bytes_received() const { return client_->bytes_received(); }
   // The most bytes one round moved (its push and its pull), the final flush left out.
@@ -135,6 +140,9 @@ class Island {
   bool rejoined_ = false;  // join() ran inside a call: pull_all() is due
   int64_t rounds_ = 0;
   double wait_s_ = 0;
+  double round_wait_share_ = 0;
+  std::chrono::steady_clock::time_point made_ = std::chrono::steady_clock::now(),
+                                        last_sync_end_ = made_;
   uint64_t peak_round_bytes_ = 0;
   uint64_t lease_ms_ = 10000;
   std::mutex mu_;

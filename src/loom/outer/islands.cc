@@ -293,6 +293,7 @@ IslandsResult run_islands(const IslandsOptions& o) {
   }
   nlohmann::json islands = nlohmann::json::array();
   uint64_t sent = 0, received = 0, peak = 0;
+  std::vector<double> wait_shares;  // each island's share of its wall time waiting for the server
   for (int i = 0; i < o.islands; ++i) {
     std::ifstream in(fmt::format("{}/island_{}/metrics.jsonl", run, i));
     nlohmann::json lastm, last_outer;
@@ -304,30 +305,34 @@ IslandsResult run_islands(const IslandsOptions& o) {
     }
     nlohmann::json isl{{"island", i}, {"steps", lastm.value("step", 0)}};
     if (!last_outer.is_null()) {
-      for (const char* k :
-           {"outer_round", "bytes_sent", "bytes_received", "peak_round_bytes", "wait_s"})
+      for (const char* k : {"outer_round", "bytes_sent", "bytes_received", "peak_round_bytes",
+                            "wait_s", "wait_share_total"})
         isl[k] = last_outer[k];
+      wait_shares.push_back(last_outer.value("wait_share_total", 0.0));
       peak = std::max(peak, last_outer.value("peak_round_bytes", uint64_t(0)));
       sent += last_outer.value("bytes_sent", uint64_t(0));
       received += last_outer.value("bytes_received", uint64_t(0));
     }
     islands.push_back(isl);
   }
-  nlohmann::json summary{{"islands", o.islands},
-                         {"mode", mode},
-                         {"inner_steps", cfg.outer.inner_steps},
-                         {"compress", cfg.outer.compress},
-                         {"fragments", cfg.outer.fragments},
-                         {"overlap", cfg.outer.overlap},
-                         {"mix", cfg.outer.mix},
-                         {"version", version},
-                         {"parameters", params.total_elements()},
-                         {"val_loss", val},
-                         {"bytes_sent", sent},
-                         {"bytes_received", received},
-                         {"peak_round_bytes", peak},
-                         {"wall_s", wall},
-                         {"per_island", islands}};
+  nlohmann::json summary{
+      {"islands", o.islands},
+      {"mode", mode},
+      {"inner_steps", cfg.outer.inner_steps},
+      {"compress", cfg.outer.compress},
+      {"fragments", cfg.outer.fragments},
+      {"overlap", cfg.outer.overlap},
+      {"mix", cfg.outer.mix},
+      {"version", version},
+      {"parameters", params.total_elements()},
+      {"val_loss", val},
+      {"bytes_sent", sent},
+      {"bytes_received", received},
+      {"peak_round_bytes", peak},
+      {"wall_s", wall},
+      {"wait_share_max",
+       wait_shares.empty() ? 0.0 : *std::max_element(wait_shares.begin(), wait_shares.end())},
+      {"per_island", islands}};
   if (P) {
     summary["modules"] = cfg.outer.dipaco.modules;
     summary["router"] = router;

@@ -2,8 +2,10 @@
 // refusals that come before any process starts.
 #include "loom/outer/islands.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -56,9 +58,32 @@ TEST(Islands, TwoIslandsMeetEveryRoundAndTheGlobalModelIsEvaluated) {
   EXPECT_TRUE(std::isfinite(s["val_loss"].get<double>()));
   EXPECT_LT(s["val_loss"].get<double>(), std::log(256.0));  // learnt something: below uniform
   ASSERT_EQ(s["per_island"].size(), 2u);
+  double most = 0;
   for (const auto& isl : s["per_island"]) {
     EXPECT_EQ(isl["steps"], 8);
     EXPECT_EQ(isl["outer_round"], 2);
+    // the share of its wall time an island spent waiting for the server: some (a push and a pull
+    // take time), never more than all
+    const double w = isl["wait_share_total"].get<double>();
+    EXPECT_GT(w, 0);
+    EXPECT_LE(w, 1);
+    most = std::max(most, w);
+  }
+  EXPECT_EQ(s["wait_share_max"].get<double>(), most);
+  for (int i = 0; i < 2; ++i) {  // and each round's share, in the island's metrics
+    std::ifstream in(fmt::format("{}/island_{}/metrics.jsonl", r.run_dir, i));
+    int rounds = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("outer_round")) continue;
+      ++rounds;
+      const double w = j["wait_share"].get<double>(), total = j["wait_share_total"].get<double>();
+      EXPECT_GT(w, 0) << line;
+      EXPECT_LE(w, 1) << line;
+      EXPECT_GT(total, 0) << line;
+      EXPECT_LE(total, 1) << line;
+    }
+    EXPECT_EQ(rounds, 2) << "island " << i;
   }
   EXPECT_TRUE(fs::exists(r.run_dir + "/summary.json"));
   ASSERT_EQ(lines.size(), 1u);
