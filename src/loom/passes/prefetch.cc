@@ -15,17 +15,17 @@
 //     of the run before it is emitted, so while block k computes, block k+1's parameters arrive
 //     (FSDP's prefetch of the next module; in the backward, the next re-gather). And at most
 //     max_in_flight units of one mesh axis are in flight (a hierarchical reduction's pieces count
-//     as their axis's). A unit is FSDP's: one parameter group's gathers count as one however
-//     many buckets they take, and so do the reductions of one group's gradients; any other
-//     collective counts alone. A start of a unit already in flight takes no room; any other start
-//     beyond the limit first emits its axis's oldest one's wait, except where that is a start of
-//     the same run of the chain: the run's next start then waits for room (a run never blocks the
-//     compute thread on its own first gathers before the block they serve computes). Counted by
-//     bucket instead, a 405B layer's 64 MB buckets let two of its dozen gathers, or of its
-//     gradients' reduce-scatters, run under the compute before the compute thread waited. A
-//     tensor-parallel gather thus never waits for the gradient reduce-scatters of the data axis
-//     ahead of it. The first starts come before the program's first node: a pipeline stage's is the
-//     recv it idles in until its peer sends, while its gathers run.
+//     as their axis's), so a tensor-parallel gather never waits for the gradient reduce-scatters
+//     of the data axis ahead of it. A unit is FSDP's: one parameter group's gathers count as one
+//     however many buckets they take, and so do the reductions of one group's gradients; any
+//     other collective counts alone. A start of a unit already in flight takes no room; any other
+//     start beyond the limit first emits its axis's oldest one's wait, except where that is a
+//     start of the same run of the chain: the run's next start then waits for room (a run never
+//     blocks the compute thread on its own first gathers before the block they serve computes).
+//     Counted by bucket instead, a 405B layer's 64 MB buckets let two of its dozen gathers, or of
+//     its gradients' reduce-scatters, run under the compute before the compute thread waited. The
+//     first starts come before the program's first node: a pipeline stage's is the recv it idles
+//     in until its peer sends, while its gathers run.
 // Worked example (fsdp, two blocks, bucketed): start(gather l0), start(gather l1) at the top;
 // wait(l0) before l0's first matmul; l0 computes while l1's gather runs; wait(l1) before l1's ...;
 // in the backward, the reduce-scatter of l1's gradients starts as soon as they exist and runs
