@@ -34,6 +34,16 @@ models::ModelConfig tiny(const std::string& arch, DType dtype = DType::f32, bool
   return m;
 }
 
+// tiny() with dropless MoE layers (4 experts, top 2) and NormFormer
+models::ModelConfig tiny_moe_normformer(const std::string& arch, DType dtype = DType::f32) {
+  models::ModelConfig m = tiny(arch, dtype);
+  m.moe.experts = 4;
+  m.moe.top_k = 2;
+  m.moe.dropless = true;
+  m.normformer = true;
+  return m;
+}
+
 std::vector<int32_t> tokens(const models::ModelConfig& m) {
   std::mt19937 gen(3);
   std::vector<int32_t> t(size_t(kT + 1));
@@ -125,14 +135,8 @@ TEST(Decode, Bf16MatchesFullForward) { expect_decode_matches(tiny("llama", DType
 TEST(Decode, Bf16EveryArchitectureMatchesFullForward) {
   expect_decode_matches(tiny("llama", DType::bf16, true), 2e-2);
   expect_decode_matches(tiny("gpt2", DType::bf16), 2e-2);
-  for (const char* arch : {"llama", "gpt2"}) {
-    models::ModelConfig m = tiny(arch, DType::bf16);
-    m.moe.experts = 4;
-    m.moe.top_k = 2;
-    m.moe.dropless = true;
-    m.normformer = true;
-    expect_decode_matches(m, 2e-2);
-  }
+  for (const char* arch : {"llama", "gpt2"})
+    expect_decode_matches(tiny_moe_normformer(arch, DType::bf16), 2e-2);
 }
 
 // Under bf16 a decode step casts no parameter: every weight a matmul reads is a bf16 param, the
@@ -172,14 +176,7 @@ TEST(Decode, Bf16StepReadsWeightCopiesAndCastsNoParam) {
 // MoE (dropless, so the full forward drops no token either, as decoding never does) with
 // NormFormer: routing depends only on each token's own activations
 TEST(Decode, DroplessMoeNormFormerMatchesFullForward) {
-  for (const char* arch : {"llama", "gpt2"}) {
-    models::ModelConfig m = tiny(arch);
-    m.moe.experts = 4;
-    m.moe.top_k = 2;
-    m.moe.dropless = true;
-    m.normformer = true;
-    expect_decode_matches(m, 1e-5);
-  }
+  for (const char* arch : {"llama", "gpt2"}) expect_decode_matches(tiny_moe_normformer(arch), 1e-5);
 }
 
 TEST(Decode, BadInputsAreErrors) {

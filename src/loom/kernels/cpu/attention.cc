@@ -41,20 +41,6 @@
 #include <new>
 #include <type_traits>
 
-#ifdef __AVX512F__
-// GCC 12's AVX-512 headers seed results with _mm512_undefined_ps(), which -Wmaybe-uninitialized
-// reports at every inlined use (GCC bug 105593); silence it for the header only (before any other
-// header includes it).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif
-
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/kernel_util.h"
 #include "loom/kernels/cpu/vec16.h"

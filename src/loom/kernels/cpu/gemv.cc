@@ -1,17 +1,5 @@
 #include "loom/kernels/cpu/gemv.h"
 
-#ifdef __AVX512F__
-// immintrin.h first, its false -Wmaybe-uninitialized silenced (GCC bug 105593; attention.cc)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif
-
 #include <algorithm>
 #include <vector>
 
@@ -28,12 +16,14 @@ using namespace vec16;
 constexpr int64_t kRowsPerBlock = 64;
 constexpr int64_t kColsPerBlock = 256;
 
-// x (K) as f32, 16 lanes at a time, the tail zero-padded to a multiple of 16.
+// x (K) as f32, 16 lanes at a time, the tail zero-padded to a multiple of 16, in the calling
+// thread's buffer (kept between calls: a decode step makes hundreds, no allocation each).
 template <class W>
-std::vector<float> widen(const W* x, int64_t K) {
-  std::vector<float> w(size_t((K + 15) / 16 * 16), 0.f);
+const float* widen(const W* x, int64_t K) {
+  thread_local std::vector<float> w;
+  w.assign(size_t((K + 15) / 16 * 16), 0.f);
   for (int64_t k = 0; k < K; k += 16) vstore(w.data() + k, vload_n(x + k, K - k));
-  return w;
+  return w.data();
 }
 
 // Rows ahead of the four being read that the loop asks the memory for (the hardware prefetcher
@@ -102,8 +92,7 @@ void cols_axpy(const float* x, const W* b, int64_t N, int64_t K, int64_t c0, int
 
 template <class W, class Y>
 void gemv(int64_t N, int64_t K, bool tb, const W* x, const W* b, Y* y) {
-  const std::vector<float> xf = widen(x, K);
-  const float* xp = xf.data();
+  const float* xp = widen(x, K);
   if (tb)
     detail::for_blocks(N, kRowsPerBlock,
                        [=](int64_t n0, int64_t n1) { rows_dot(xp, b, K, n0, n1, y); });

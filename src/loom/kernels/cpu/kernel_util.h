@@ -13,10 +13,7 @@
 #include <cstdint>
 
 #include "loom/core/dtype.h"
-
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+#include "loom/kernels/cpu/simd.h"
 
 namespace loom::kernels::cpu::detail {
 

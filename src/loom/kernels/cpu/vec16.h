@@ -10,12 +10,9 @@
 #include <cstring>
 #include <utility>
 
-#ifdef __AVX512F__
-#include <immintrin.h>  // a file including this one includes it first (attention.cc says why)
-#endif
-
 #include "loom/core/dtype.h"
 #include "loom/kernels/cpu/kernel_util.h"
+#include "loom/kernels/cpu/simd.h"
 
 namespace loom::kernels::cpu::vec16 {
 
