@@ -14,6 +14,11 @@
    at every step as a plain loom train of the same config (1e-5 relative).
 3b. An island SIGKILLed and restarted on its run dir (--resume auto) rejoins under its own id, and the
    round under way stops waiting for the old process at once (the lease is longer than the test).
+3c. Async: the same; every push the server took is a version (the server's version at the end is
+   its pushes).
+3d. Async: the server SIGKILLed mid-run and restarted on its port and state dir resumes at a version
+   at least what the islands had seen; both islands finish; the final version is the resumed one
+   plus the pushes the restarted server took.
 4b. An island that is 2 ranks of an fsdp plan (rank 0 talks to the server and broadcasts) logs the
    losses of a one-process island on the same settings (outer lr 0.5, momentum 0.5), which are not
    those of plain training.
@@ -296,25 +301,22 @@ def island_joins(d, data):
     stop_server(srv)
 
 
-def island_restarted(d, data):
-    # Issue 16's stable identity: an island SIGKILLed and restarted on its run dir (--resume auto)
-    # rejoins under its own id (so its data stream), and the round under way stops waiting for the
-    # dead process at once: the lease is 60 s, longer than the whole scenario is allowed.
-    common = common_sets(data, outer__lease_s=60, checkpoint__every=H)
+def restart_one_of_two(d, common):
+    """A server and 2 islands on `common`; island 1 SIGKILLed after two outer rounds and restarted
+    on its run dir (--resume auto); both awaited. (server, islands [0, restarted]), or None when
+    that did not happen; checks that both exit 0 and that the restarted one rejoins under its id."""
     srv, port = start_server(d, "server", common, os.path.join(d, "state"))
     if port is None:
-        return
-    t0 = time.time()
+        return None
     isl = [start_island(d, "island%d" % i, port, common) for i in range(2)]
     victim = isl[1]
     ok = wait_for(lambda: any(j.get("outer_round", 0) >= 2 for j in metrics(victim.run)), 60, isl)
     if not check(ok, "the victim completes two outer rounds (rc %s)" % victim.p.poll()):
-        return
+        return None
     victim.kill()
-    log = srv.text()
-    first = server_line(log, victim, "joined")
+    first = server_line(srv.text(), victim, "joined")
     if not check(first is not None, "the server logged the victim's join"):
-        return
+        return None
     again = start_island(d, "island1", port, common, extra=["--resume", "auto"])
     rcs = [isl[0].wait(50), again.wait(50)]
     check(rcs == [0, 0], "the other island and the restarted one exit 0 (rcs %s)%s" % (
@@ -324,13 +326,27 @@ def island_restarted(d, data):
     check(re_id is not None and re_id.group(1) == first.group(1),
           "it rejoins as island %s (the server says: %s)" % (
               first.group(1), re_id.group(0) if re_id else one_line(log[-300:])))
+    return srv, [isl[0], again]
+
+
+def island_restarted(d, data):
+    # Issue 16's stable identity: an island SIGKILLed and restarted on its run dir (--resume auto)
+    # rejoins under its own id (so its data stream), and the round under way stops waiting for the
+    # dead process at once: the lease is 60 s, longer than the whole scenario is allowed.
+    common = common_sets(data, outer__lease_s=60, checkpoint__every=H)
+    t0 = time.time()
+    started = restart_one_of_two(d, common)
+    if started is None:
+        return
+    srv, (other, again) = started
+    log = srv.text()
     check("dropped: lease expired" not in log, "no island was dropped by its lease")
     check(time.time() - t0 < 60, "done in %.0f s, within one lease" % (time.time() - t0))
     steps = [j["step"] for j in metrics(again.run)]
     check(steps == list(range(1, STEPS + 1)), "the restarted island logs steps 1..%d" % STEPS)
     # rounds close to the end (the round the restart fell in closed without it; the restarted island
     # redoes the steps since its checkpoint, so it may close a last round alone after the other left)
-    final, seen = stop_server(srv), [last_version(r.run) for r in (isl[0], again)]
+    final, seen = stop_server(srv), [last_version(r.run) for r in (other, again)]
     check(final is not None and None not in seen and final == max(seen) and
           min(seen) >= STEPS // H - 1,
           "the server stops at version %s, the last an island saw (%s)" % (final, seen))
@@ -398,6 +414,73 @@ def server_restarted(d, data):
         print("     %s island: %.1f s waiting for the server in all" % (os.path.basename(s.run),
                                                                         w[-1] if w else -1))
     check(stop_server(srv2) == STEPS // H, "the server stops at version %d" % (STEPS // H))
+
+
+def stopped_line(srv):
+    """SIGTERM; (version, pushes accepted since that process started) of its last line."""
+    srv.p.send_signal(signal.SIGTERM)
+    rc = srv.wait(30)
+    m = re.search(r"stopped at version (\d+) \((\d+) pushes\)", srv.text())
+    check(rc == 0 and m is not None, "%s stops on SIGTERM (rc %s)" % (os.path.basename(srv.log), rc))
+    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+def async_island_restarted(d, data):
+    # Async: an island SIGKILLed and restarted on its run dir (--resume auto) rejoins under its id;
+    # the other never waits for it, and every push the server took is a version (none lost).
+    common = common_sets(data, outer__mode="async", outer__lease_s=60, checkpoint__every=H)
+    started = restart_one_of_two(d, common)
+    if started is None:
+        return
+    srv, isl = started
+    for s in isl:
+        steps = [j["step"] for j in metrics(s.run)]
+        check(steps == list(range(1, STEPS + 1)), "%s logs steps 1..%d" % (
+            os.path.basename(s.run), STEPS))
+    seen = [last_version(r.run) for r in isl]
+    version, pushes = stopped_line(srv)
+    check(version is not None and version == pushes and None not in seen and version >= max(seen),
+          "the server stops at version %s = the %s pushes it took (islands saw %s)"
+          % (version, pushes, seen))
+
+
+def async_server_restarted(d, data):
+    # Async: the server SIGKILLed mid-run and restarted on its port and state dir resumes at a
+    # version at least every island had seen (the state is written before a version is seen); the
+    # islands reconnect (a push under way is sent again) and finish; every push the restarted server
+    # took is a version past the resumed one.
+    common = common_sets(data, outer__mode="async")
+    state = os.path.join(d, "state")
+    srv, port = start_server(d, "server", common, state)
+    if port is None:
+        return
+    isl = [start_island(d, "fast", port, common, slowdown="5"),
+           start_island(d, "slow", port, common, slowdown="25")]
+    ok = wait_for(lambda: (last_version(isl[1].run) or 0) >= 3, 60, isl + [srv])
+    if not check(ok, "the islands reach version 3"):
+        return
+    srv.kill()
+    seen_v = max(last_version(s.run) or 0 for s in isl)
+    time.sleep(0.3)
+    srv2, port2 = start_server(d, "server2", common, state, listen="127.0.0.1:%d" % port)
+    if port2 is None:
+        return
+    m = re.search(r"resumed from \S+: version (\d+)", srv2.text())
+    resumed = int(m.group(1)) if m else -1
+    check(resumed >= seen_v, "the restarted server resumes at version %d (islands had seen %d)"
+          % (resumed, seen_v))
+    for s in isl:
+        rc = s.wait(120)
+        steps = [j["step"] for j in metrics(s.run)]
+        check(rc == 0 and steps == list(range(1, STEPS + 1)),
+              "%s island exits 0 (rc %s) having logged steps 1..%d%s" % (
+                  os.path.basename(s.run), rc, STEPS, "" if rc == 0 else ": " + s.text()[-600:]))
+        check("dropped by the server" not in s.text(), "%s island is never dropped" %
+              os.path.basename(s.run))
+    version, pushes = stopped_line(srv2)
+    check(version is not None and version == resumed + pushes,
+          "the server stops at version %s = %d resumed + %s pushes taken" % (version, resumed,
+                                                                             pushes))
 
 
 def single_island_parity(d, data):
@@ -721,6 +804,8 @@ SCENARIOS = [("1. island SIGKILLed mid-run", island_killed),
              ("2. island joining mid-run", island_joins),
              ("3. server SIGKILLed and restarted", server_restarted),
              ("3b. island SIGKILLed and restarted on its run dir", island_restarted),
+             ("3c. async: an island SIGKILLed and restarted on its run dir", async_island_restarted),
+             ("3d. async: server SIGKILLed and restarted", async_server_restarted),
              ("4. single island parity with plain training", single_island_parity),
              ("4b. an island of 2 plan ranks: parity with a one-process island", plan_island_parity),
              ("6. streaming: one island of 2 fragments logs plain training's losses", streaming_parity),

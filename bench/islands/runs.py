@@ -30,14 +30,18 @@ def last_val(run_dir):
     return val
 
 
-def run_islands(loom, config, run_dir, islands, sets, slow=None, env=None, quiet=False):
+def run_islands(loom, config, run_dir, islands, sets, slow=None, env=None, quiet=False,
+                stalls=()):
     """`loom islands CONFIG --islands N --run-dir RUN_DIR --set S ...` (island 0 slowed by `slow`,
-    "F"), from the repository root; returns RUN_DIR/summary.json."""
+    "F", or each island I of a list of "I=F" specs; `stalls`: "I=STEP:SECONDS" specs), from the
+    repository root; returns RUN_DIR/summary.json."""
     cmd = [loom, "islands", config, "--islands", str(islands), "--run-dir", run_dir]
     for s in sets:
         cmd += ["--set", s]
-    if slow:
-        cmd += ["--slow", "0=%s" % slow]
+    for s in [] if not slow else [slow] if isinstance(slow, str) else slow:
+        cmd += ["--slow", s if "=" in s else "0=%s" % s]
+    for s in stalls:
+        cmd += ["--stall", s]
     if not quiet:
         print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, env=env, cwd=ROOT,

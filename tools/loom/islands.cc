@@ -14,7 +14,7 @@ namespace loom::cli {
 std::function<int()> add_islands(CLI::App& app) {
   struct Opts {
     outer::IslandsOptions run;
-    std::vector<std::string> slow;
+    std::vector<std::string> slow, stall;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* s = app.add_subcommand(
@@ -24,11 +24,15 @@ std::function<int()> add_islands(CLI::App& app) {
   s->add_option("--run-dir", o->run.run_dir, "default runs/<config>-islands");
   s->add_option("--slow", o->slow,
                 "I=F: island I takes F times as long per step (loom train --slowdown)");
+  s->add_option("--stall", o->stall,
+                "I=STEP:SECONDS: island I sleeps that long once before that step (loom train "
+                "--stall)");
   s->add_option("--set", o->run.sets,
                 "override a config key of server and islands: section.key=value");
   return [o]() {
     outer::IslandsOptions run = o->run;
     run.slowdown = outer::parse_slowdowns(o->slow, run.islands);
+    run.stalls = outer::parse_stalls(o->stall, run.islands);
     run.loom_binary = std::filesystem::read_symlink("/proc/self/exe").string();
     run.progress = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
     const outer::IslandsResult r = outer::run_islands(run);

@@ -57,6 +57,7 @@ class IslandSync : public train::OuterSync {
             {"wait_share", island_->round_wait_share()},
             {"wait_share_total", island_->wait_share()}};
   }
+  train::ScheduleClock clock() const override { return island_->clock(); }
   std::string summary() const override {
     return fmt::format(
         "island {}: {} outer rounds, {} bytes sent, {} received (at most {} in a round), {:.1f} "
@@ -76,6 +77,7 @@ std::function<int()> add_train(CLI::App& app) {
     std::string config, run_dir, resume;
     std::vector<std::string> sets;
     double slowdown = 1;
+    std::string stall;
     std::string trace;
     int64_t trace_steps = 3;
   };
@@ -91,6 +93,8 @@ std::function<int()> add_train(CLI::App& app) {
   s->add_option("--slowdown", o->slowdown,
                 "make each step take this many times as long, by sleeping (to test stragglers)")
       ->check(finite_number(1, 1000));
+  s->add_option("--stall", o->stall,
+                "STEP:SECONDS: sleep that long once before that step (to test a stalled island)");
   s->add_option("--trace", o->trace,
                 "write the first --trace-steps steps as a Chrome trace (per rank: compute and comm "
                 "lanes)");
@@ -100,11 +104,13 @@ std::function<int()> add_train(CLI::App& app) {
     train::Config cfg = train::load_config(o->config, o->sets);
     if (!o->trace.empty())
       check_output("--trace", o->trace);  // before training: not lost at its end
-    train::RunOptions opts{.run_dir = o->run_dir,
-                           .resume = !o->resume.empty(),
-                           .slowdown = o->slowdown,
-                           .trace_path = o->trace,
-                           .trace_steps = o->trace_steps};
+    train::RunOptions opts{
+        .run_dir = o->run_dir,
+        .resume = !o->resume.empty(),
+        .slowdown = o->slowdown,
+        .stall = o->stall.empty() ? train::Stall{} : train::parse_stall(o->stall),
+        .trace_path = o->trace,
+        .trace_steps = o->trace_steps};
     opts.join_outer = [&cfg](train::ParamStore& params, const std::string& run_dir) {
       return std::unique_ptr<train::OuterSync>(std::make_unique<IslandSync>(cfg, params, run_dir));
     };

@@ -173,14 +173,32 @@ grpc::Status OuterClient::leave(uint64_t id) {
 }
 
 grpc::Status OuterClient::await(uint64_t id, uint32_t fragment, uint64_t base_version,
-                                uint32_t wait_ms, proto::AwaitReply* rep) {
+                                uint32_t wait_ms, proto::AwaitReply* rep,
+                                const std::atomic<bool>* stop) {
   proto::AwaitRequest req;
   req.set_island_id(id);
   req.set_fragment(fragment);
   req.set_base_version(base_version);
   req.set_wait_ms(wait_ms);
-  return retrying("await",
-                  [&] { return stub_->Await(context(wait_ms / 1000.0 + 10).get(), req, rep); });
+  return retrying("await", [&] {
+    auto ctx = context(wait_ms / 1000.0 + 10);
+    if (stop) {
+      std::lock_guard<std::mutex> lk(await_mu_);
+      if (*stop) return grpc::Status(grpc::StatusCode::CANCELLED, "no longer awaited");
+      awaiting_ = ctx.get();
+    }
+    grpc::Status s = stub_->Await(ctx.get(), req, rep);
+    if (stop) {
+      std::lock_guard<std::mutex> lk(await_mu_);
+      awaiting_ = nullptr;
+    }
+    return s;
+  });
+}
+
+void OuterClient::cancel_await() {
+  std::lock_guard<std::mutex> lk(await_mu_);
+  if (awaiting_) awaiting_->TryCancel();
 }
 
 }  // namespace loom::outer

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "loom/outer/outer.grpc.pb.h"
@@ -45,8 +46,12 @@ class OuterClient {
                     bool want_update = false);
   grpc::Status push(const proto::PushHeader& h, const TensorList& grad, proto::Encoding enc,
                     proto::PushReply* rep);
+  // `stop`: when set, an await that sees it set, or is under way when cancel_await() is called,
+  // ends at once with CANCELLED (one thread awaits while another decides it need not).
   grpc::Status await(uint64_t id, uint32_t fragment, uint64_t base_version, uint32_t wait_ms,
-                     proto::AwaitReply* rep);
+                     proto::AwaitReply* rep, const std::atomic<bool>* stop = nullptr);
+  // Cancels the await under way with a `stop` (set `*stop` first).
+  void cancel_await();
   grpc::Status leave(uint64_t id);  // one try
 
   // Payload bytes of tensor data sent (pushes) and received (pulls), as encoded on the wire.
@@ -64,6 +69,8 @@ class OuterClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::OuterSync::Stub> stub_;
   std::atomic<uint64_t> sent_{0}, received_{0};
+  std::mutex await_mu_;
+  grpc::ClientContext* awaiting_ = nullptr;  // the await a cancel_await() cancels
 };
 
 }  // namespace loom::outer

@@ -9,8 +9,10 @@ const char* outer_mode_name(OuterMode m) { return m == OuterMode::sync ? "sync" 
 namespace {
 
 void check(OuterConfig& c, const config::Fail& fail) {
-  if (c.mode == OuterMode::async && (c.fragments > 1 || c.overlap > 0))
-    fail(c.fragments > 1 ? "[outer] fragments" : "[outer] overlap",
+  if (c.mode == OuterMode::async && (c.fragments > 1 || c.overlap > 0 || c.mix > 0))
+    fail(c.fragments > 1 ? "[outer] fragments"
+         : c.overlap > 0 ? "[outer] overlap"
+                         : "[outer] mix",
          "streaming DiLoCo needs [outer] mode = \"sync\"");
   if (c.inner_steps % c.fragments != 0)
     fail("[outer] fragments",
@@ -68,11 +70,6 @@ const config::Section<OuterConfig>& outer_section() {
     const std::vector<Key<O>> rest = {
         int_key("delay", &O::delay, closed(0, 65536),
                 "async Delayed Nesterov period (0: the islands that are members at each push)"),
-        float_key("grace", &O::grace, closed(0, 10),
-                  "async: after a push, the longest an island waits for the rest of its Delayed "
-                  "Nesterov period before it pulls, as a fraction of its round's time (0: never "
-                  "waits)",
-                  config::Used::f64),
         int_key("islands", &O::islands, closed(0, 65536),
                 "islands expected (the first round waits for them; async step budget)"),
         // durations become clock ticks (nanoseconds in int64: at most 292 years); a day is plenty

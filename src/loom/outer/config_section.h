@@ -34,10 +34,7 @@ struct OuterConfig {
   // sync, DiPaCo (dipaco/paths.h): modules per level (none: not DiPaCo), this island's path, the
   // router
   dipaco::PathsConfig dipaco;
-  int64_t delay = 0;  // async: Delayed Nesterov period; 0: the live islands
-  // async: after a push, how long an island waits for the rest of its Delayed Nesterov period
-  // before it pulls, as a fraction of its own round's time (0: it never waits)
-  double grace = 2;
+  int64_t delay = 0;    // async: Delayed Nesterov period; 0: the live islands
   int64_t islands = 0;  // islands expected (async step budget = islands x [train] steps)
   double lease_s = 10;
   double retry_s = 120;    // how long an island keeps reconnecting to a server that is gone

@@ -53,6 +53,14 @@ Island::Island(const train::Config& cfg, train::ParamStore& params, const std::s
 }
 
 Island::~Island() {
+  if (catch_up_.valid()) {  // a push's thread still awaiting its period
+    stop_awaiting_ = true;
+    client_->cancel_await();
+    try {
+      catch_up_.get();
+    } catch (const std::exception&) {  // the server is gone: nothing to tell it
+    }
+  }
   client_->leave(id_);  // best effort: else the server drops this island when its lease runs out
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -95,7 +103,14 @@ void Island::join() {
 int64_t Island::inner_steps() const {
   int64_t due = next_push_;
   if (in_flight_) due = std::min(due, in_flight_->land_at);
+  if (catch_up_.valid()) due = std::min(due, t_ + 1);
   return std::max<int64_t>(1, due - t_);
+}
+
+train::ScheduleClock Island::clock() const {
+  train::ScheduleClock c = clock_;
+  c.now = t_;
+  return c;
 }
 
 uint64_t Island::version() const {
@@ -104,7 +119,7 @@ uint64_t Island::version() const {
   return v;
 }
 
-void Island::pull(uint32_t f, double mix) {
+void Island::fetch(uint32_t f) {
   for (int attempt = 0;; ++attempt) {
     // an update (quantised, from the version held) once global_[f] holds a version's parameters
     const bool update = held_[f] && quantized(encoding_of(cfg_.compress));
@@ -120,6 +135,10 @@ void Island::pull(uint32_t f, double mix) {
     throw Error(
         fmt::format("outer server {}: pull failed: {}", client_->server(), s.error_message()));
   }
+}
+
+void Island::pull(uint32_t f, double mix) {
+  fetch(f);
   const float a = float(mix), b = float(1 - mix);
   for (const auto& t : global_[f]) {
     float* local = params_.data(t.name);
@@ -138,6 +157,10 @@ void Island::pull_all() {
     for (uint32_t f = 0; f < split_.size(); ++f) pull(f, 0);
   }
   in_flight_.reset();
+  if (cfg_.mode == OuterMode::async) {
+    base_ = global_[0];
+    caught_up_ = true;
+  }
   std::fill(since_.begin(), since_.end(), 0);
   // the cycle goes on at the fragment whose round closes next: the first of the lowest version
   next_ = uint32_t(std::min_element(versions_.begin(), versions_.end()) - versions_.begin());
@@ -148,11 +171,13 @@ void Island::pull_all() {
 void Island::heartbeat_loop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (!stop_) {
-    cv_.wait_for(lk, std::chrono::milliseconds(std::max<uint64_t>(lease_ms_ / 4, 10)));
+    // a quarter of the lease, at most a second (the reply also says when the budget is spent)
+    cv_.wait_for(lk, std::chrono::milliseconds(std::clamp<uint64_t>(lease_ms_ / 4, 10, 1000)));
     if (stop_) break;
     lk.unlock();
     proto::HeartbeatReply r;
-    client_->heartbeat(id_, &r);  // failures are seen (and handled) by the next real call
+    // failures are seen (and handled) by the next real call; a spent budget stops the loop soon
+    if (client_->heartbeat(id_, &r).ok() && r.done()) budget_spent_ = true;
     lk.lock();
   }
 }
@@ -213,14 +238,16 @@ void Island::send(InFlight& fl) {
 bool Island::sent(InFlight& fl) {
   Sent r = fl.sending.get();  // a loom::Error of the push (the server gone for good) throws here
   fl.bytes += r.bytes;
+  return answered(r);
+}
+
+bool Island::answered(const Sent& r) {
   const grpc::Status& s = r.status;
   const proto::PushReply& rep = r.reply;
   switch (s.error_code()) {
     case grpc::StatusCode::OK:
       h_ = int64_t(rep.inner_steps());
       done_ = rep.done();
-      fl.pushed_version = rep.version();
-      fl.period_version = rep.period_version();
       return true;
     case grpc::StatusCode::ALREADY_EXISTS:
       return true;
@@ -244,22 +271,7 @@ void Island::land(InFlight& fl, double mix, bool counted) {
   const std::string round = split_.size() > 1
                                 ? fmt::format("round {} of fragment {}", fl.base_version + 1, f)
                                 : fmt::format("round {}", fl.base_version + 1);
-  if (fl.stands && cfg_.mode == OuterMode::async && cfg_.grace > 0 &&
-      fl.period_version > fl.pushed_version) {
-    // Wait, at most `grace` of this round's time, for the other pushes of this Delayed Nesterov
-    // period: islands that push together then all start from the period's parameters (its
-    // momentum step included), as DiLoCo's do, instead of each from a different part-update. An
-    // island slower than the grace only costs the others that wait.
-    const auto until = Clock::now() + std::chrono::duration<double>(cfg_.grace * fl.seconds);
-    while (Clock::now() < until) {
-      const double left_ms =
-          std::chrono::duration<double, std::milli>(until - Clock::now()).count();
-      const auto st = await(f, fl.period_version - 1, uint32_t(std::clamp(left_ms, 1.0, 1000.0)),
-                            fmt::format("version {}", fl.period_version));
-      if (!st || *st == proto::AwaitReply::CLOSED) break;
-    }
-  }
-  if (fl.stands && cfg_.mode == OuterMode::sync) {
+  if (fl.stands) {
     // a round that keeps this island waiting says, now and then, for whom (a member that holds
     // its lease but never pushes, islands expected that never come)
     const auto since = Clock::now();
@@ -299,13 +311,16 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
   seconds_ += seconds;
   for (int64_t& s : since_) s += steps;
   const int64_t n = int64_t(split_.size());
+  const int64_t rounds_before = rounds_;
   // at the last step every round is taken whole (mix 0), and none counts toward the peak
   const double mix = last ? 0 : cfg_.mix;
-  if (in_flight_ && (t_ >= in_flight_->land_at || last)) {
+  if (cfg_.mode == OuterMode::async) {
+    async_sync(last);
+  } else if (in_flight_ && (t_ >= in_flight_->land_at || last)) {
     land(*in_flight_, mix, !last);
     in_flight_.reset();
   }
-  if (!rejoined_ && t_ >= next_push_) {
+  if (cfg_.mode == OuterMode::sync && !rejoined_ && t_ >= next_push_) {
     InFlight fl = push(next_, seconds_);
     seconds_ = 0;
     next_ = uint32_t((next_ + 1) % n);
@@ -313,10 +328,10 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
       in_flight_ = std::move(fl);
     else
       land(fl, mix, !last);
-    next_push_ = t_ + std::max<int64_t>(1, h_ / n);  // h_ as the push's reply set it (async)
+    next_push_ = t_ + std::max<int64_t>(1, h_ / n);
   }
   // the final flush: every fragment trained since its last push, in the cycle's order
-  for (int64_t k = 0; last && k < n && !rejoined_; ++k) {
+  for (int64_t k = 0; cfg_.mode == OuterMode::sync && last && k < n && !rejoined_; ++k) {
     const uint32_t f = uint32_t((next_ + k) % n);
     if (since_[f] == 0) continue;
     InFlight fl = push(f, seconds_);
@@ -325,12 +340,148 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
   }
   if (rejoined_) pull_all();
   const auto now = Clock::now();
-  const double waited = std::chrono::duration<double>(now - t0).count(),
-               span = std::chrono::duration<double>(now - last_sync_end_).count();
+  const double waited = std::chrono::duration<double>(now - t0).count();
   wait_s_ += waited;
-  round_wait_share_ = span > 0 ? waited / span : 0;
-  last_sync_end_ = now;
-  return !done_;
+  round_wait_s_ += waited;
+  if (rounds_ > rounds_before) {  // a round ended in this call
+    const double span = std::chrono::duration<double>(now - round_start_).count();
+    round_wait_share_ = span > 0 ? round_wait_s_ / span : 0;
+    round_wait_s_ = 0;
+    round_start_ = now;
+  }
+  return !done_ && !budget_spent_;
+}
+
+// ---- async ----
+
+void Island::async_sync(bool last) {
+  const bool due = last || t_ >= next_push_;
+  if (catch_up_.valid() &&
+      (due || catch_up_.wait_for(std::chrono::seconds(0)) == std::future_status::ready))
+    take_catch_up();
+  if (rejoined_ || !due) return;
+  // the period of the last push has not closed (it waits on a slower island): no waiting for it,
+  // the newest version instead
+  if (!caught_up_) take_newest();
+  if (rejoined_) return;
+  peak_round_bytes_ = std::max(peak_round_bytes_, round_bytes_);
+  round_bytes_ = 0;
+  async_push(seconds_);
+  seconds_ = 0;
+  if (!last) return;
+  // the run's end: the push answered, and the newest parameters taken whole
+  take_catch_up();
+  if (!rejoined_ && !caught_up_) take_newest();
+}
+
+void Island::async_push(double seconds) {
+  proto::PushHeader h;
+  h.set_island_id(id_);
+  h.set_base_version(versions_[0]);
+  h.set_inner_steps(uint32_t(std::clamp<int64_t>(since_[0], 1, UINT32_MAX)));
+  h.set_seconds(seconds);
+  h.set_fragment(0);
+  // the pseudo-gradient base - local; the base moves to local (what is pushed is the server's now)
+  auto grad = std::make_shared<TensorList>(base_);
+  for (size_t k = 0; k < grad->size(); ++k) {
+    Tensor& g = (*grad)[k];
+    float* b = base_[k].data.data();
+    const float* local = params_.data(g.name);
+    for (size_t i = 0; i < g.data.size(); ++i) {
+      g.data[i] -= local[i];
+      b[i] = local[i];
+    }
+  }
+  since_[0] = 0;
+  pushed_at_ = t_;
+  next_push_ = t_ + std::max<int64_t>(1, h_);  // until the reply says the next H
+  caught_up_ = false;
+  const proto::Encoding enc = encoding_of(cfg_.compress);
+  // the pull is the quantised update from the version held, when global_[0] holds one: the thread
+  // starts from a copy of it (and its version) and the island takes both when it takes the thread
+  CatchUp start;
+  start.params = global_[0];
+  start.version = versions_[0];
+  const bool update = held_[0] && quantized(enc);
+  stop_awaiting_ = false;
+  catch_up_ = std::async(std::launch::async, [this, h, enc, grad = std::move(grad), update,
+                                              c = std::move(start)]() mutable {
+    const uint64_t sent = client_->bytes_sent();
+    c.push.status = client_->push(h, *grad, enc, &c.push.reply);
+    c.push.bytes = client_->bytes_sent() - sent;
+    if (!c.push.status.ok()) return std::move(c);
+    if (c.push.reply.done()) budget_spent_ = true;          // seen by sync() at once
+    const uint64_t period = c.push.reply.period_version();  // >= 1: it follows a push
+    for (;;) {
+      proto::AwaitReply a;
+      // the server answers as soon as the version moves; take_catch_up cancels the wait
+      c.wait = client_->await(id_, 0, period - 1, 1000, &a, &stop_awaiting_);
+      if (stop_awaiting_) {
+        c.wait = grpc::Status::OK;  // stopped, not failed
+        return std::move(c);
+      }
+      if (!c.wait.ok()) return std::move(c);
+      if (a.done()) budget_spent_ = true;
+      if (a.state() == proto::AwaitReply::CLOSED) break;
+    }
+    const uint64_t received = client_->bytes_received();
+    c.wait = client_->pull(id_, 0, c.params, &c.version, update);
+    c.pulled = c.wait.ok();
+    c.pull_bytes = client_->bytes_received() - received;
+    return std::move(c);
+  });
+}
+
+void Island::take_catch_up() {
+  if (catch_up_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    stop_awaiting_ = true;
+    client_->cancel_await();
+  }
+  // a loom::Error of the push or the pull (the server gone for good) throws here
+  CatchUp c = catch_up_.get();
+  stop_awaiting_ = false;
+  round_bytes_ += c.push.bytes + c.pull_bytes;
+  if (!answered(c.push)) return;  // dropped and joined again (or refused): sync() pulls all
+  ++rounds_;
+  if (cfg_.islands > 0) {
+    const double n = double(cfg_.islands);
+    clock_ = {true, double(c.push.reply.steps_pushed()) / n, c.push.reply.speed_share() / n,
+              pushed_at_, 0};
+  }
+  next_push_ = pushed_at_ + std::max<int64_t>(1, h_);  // H as the reply set it
+  if (c.wait.error_code() == grpc::StatusCode::NOT_FOUND) {
+    join();
+    return;
+  }
+  if (!c.wait.ok())
+    throw Error(fmt::format("outer server {}: taking the parameters of a push's period: {}",
+                            client_->server(), c.wait.error_message()));
+  if (c.pulled) {
+    global_[0] = std::move(c.params);
+    versions_[0] = c.version;
+    held_[0] = true;
+    rebase();
+  }
+}
+
+void Island::take_newest() {
+  const uint64_t received = client_->bytes_received();
+  fetch(0);
+  round_bytes_ += client_->bytes_received() - received;
+  if (!rejoined_) rebase();
+}
+
+void Island::rebase() {
+  for (size_t k = 0; k < global_[0].size(); ++k) {
+    const Tensor& g = global_[0][k];
+    float* b = base_[k].data.data();
+    float* local = params_.data(g.name);
+    for (size_t i = 0; i < g.data.size(); ++i) {
+      local[i] += g.data[i] - b[i];
+      b[i] = g.data[i];
+    }
+  }
+  caught_up_ = true;
 }
 
 double Island::wait_share() const {

@@ -18,6 +18,16 @@
 // run's last step the island pushes every fragment it trained since its last push and takes the
 // global parameters whole: every island, and the server, end on the same parameters.
 //
+// Async ([outer] mode = "async"): no island ever waits for another. The island pushes on a thread
+// of its own and trains on from its own parameters; that thread then awaits the version that closes
+// the push's Delayed Nesterov period (the push reply names it: the period's N-th push, with the
+// momentum step) and pulls it, and the island takes it at its next step by a rebase:
+// local += pulled - base; base <- pulled, where base is the point its movement not yet pushed is
+// measured from (its parameters at the push; the pseudo-gradient is base - local). So every island
+// holds the whole period's update a step or two after the period closed, as DiLoCo's islands hold
+// a round's, and keeps the steps it took meanwhile. When its next push comes first (the period
+// waits on a slower island), it stops awaiting and takes the newest version instead, then pushes.
+//
 // Faults: a server that restarts is reconnected to with backoff (OuterClient); a push it lost is
 // sent again (Await says RESEND); an island the server dropped (lease expired) joins again and
 // takes the current parameters; a stale push (the round closed without it) is dropped and the
@@ -38,6 +48,7 @@
 #include "loom/outer/client.h"
 #include "loom/outer/fragments.h"
 #include "loom/train/config.h"
+#include "loom/train/loop.h"
 #include "loom/train/params.h"
 
 namespace loom::outer {
@@ -55,9 +66,16 @@ class Island {
   ~Island();
 
   uint64_t id() const { return id_; }
-  // Inner steps until the next push or landing is due (the loop calls sync() then).
+  // Inner steps until the next push or landing is due (the loop calls sync() then); async: 1 while
+  // a pushed period's parameters are awaited (sync() takes them once they are there).
   int64_t inner_steps() const;
   uint64_t version() const;  // the versions pulled, summed over the fragments
+  // Async with a step budget ([outer] islands > 0): the lr schedule's clock shared by the islands,
+  // from the last push reply taken: the steps every island pushed over the islands, moving at the
+  // islands' summed speed over this island's, over the islands, per inner step of this one. A fast
+  // island so reaches the schedule's end when the budget is spent, not at its own [train] steps
+  // (and a slow one does not stop half-way down it). Off otherwise (the island's own steps).
+  train::ScheduleClock clock() const;
   // `steps` inner steps that took `seconds` have passed since the last call: push, wait (sync) and
   // pull what is due; on the run's `last` step, everything (see above). Returns false once the
   // server's step budget is spent (async): stop training.
@@ -66,8 +84,8 @@ class Island {
   int64_t rounds() const { return rounds_; }  // pushes that stood (fragment rounds)
   double wait_s() const { return wait_s_; }   // time in push, await and pull, summed
   // The share of the island's wall time spent waiting for the server (in push, await and pull):
-  // in the last sync() call, of the time since the call before it ended (since the island was
-  // made, for the first); and in all, of the time since the island was made.
+  // in the last round (from the push before the last to the last; from the island's start, for
+  // the first); and in all, of the time since the island was made.
   double round_wait_share() const { return round_wait_share_; }
   double wait_share() const;
   uint64_t bytes_sent() const { return client_->bytes_sent(); }
@@ -93,12 +111,12 @@ class Island {
     std::future<Sent> sending;               // the push under way on a thread of its own
     uint64_t bytes = 0;                      // of its push, sent again included
     bool stands = false;                     // the server took it (or held it already)
-    // async: the version after the push, and the one that closes its Delayed Nesterov period
-    uint64_t pushed_version = 0, period_version = 0;
   };
 
   void join();
-  // global_[f] <- the server's fragment f; the ParamStore's <- mix x its own + (1 - mix) x those
+  // global_[f] <- the server's fragment f (joining again if the server dropped this island)
+  void fetch(uint32_t f);
+  // fetch(f); the ParamStore's <- mix x its own + (1 - mix) x those
   void pull(uint32_t f, double mix);
   // after a join: every fragment; then the cycle restarts at the next round to close
   void pull_all();
@@ -108,9 +126,28 @@ class Island {
   void send(InFlight& fl);  // starts fl's push (again, after RESEND)
   // Waits for fl's push to end and acts on the server's answer; false when it does not stand.
   bool sent(InFlight& fl);
-  // Waits for fl's round (sync) or its Delayed Nesterov period's grace (async), pulls the
-  // fragment and mixes it in with weight `mix` for the local parameters; `counted`: its bytes
-  // count toward the peak.
+  bool answered(const Sent& r);  // ... acts on a push's answer (H, done, dropped: join again)
+
+  // ---- async (see above) ----
+  // What a push's thread brings back: the push's answer and, if the period closed before the
+  // island stopped awaiting it, the period's parameters and version.
+  struct CatchUp {
+    Sent push;
+    grpc::Status wait;  // of the await or the pull
+    bool pulled = false;
+    TensorList params;
+    uint64_t version = 0;
+    uint64_t pull_bytes = 0;
+  };
+  void async_sync(bool last);
+  // Pushes base_ - local on a thread that then awaits and pulls the push's period; base_ <- local.
+  void async_push(double seconds);
+  // Takes what the thread brought (first telling it to stop awaiting, when it is not done).
+  void take_catch_up();
+  void take_newest();  // fetch(0) now, and rebase
+  void rebase();       // local += global_[0] - base_; base_ <- global_[0]
+  // Waits for fl's round (sync), pulls the fragment and mixes it in with weight `mix` for the local
+  // parameters; `counted`: its bytes count toward the peak.
   void land(InFlight& fl, double mix, bool counted);
   // One Await for fragment f's version past base_version, at most wait_ms: its state (and done_),
   // or none when the server had dropped this island (it has joined again and pulled). Other
@@ -130,10 +167,19 @@ class Island {
   std::vector<bool> held_;          // per fragment: global_ holds a version pulled (not zeros)
   std::vector<int64_t> since_;      // per fragment: inner steps since its last push
   std::optional<InFlight> in_flight_;
-  uint32_t next_ = 0;      // the fragment pushed next
-  int64_t t_ = 0;          // inner steps since the island started
-  int64_t next_push_ = 0;  // the step at which it is pushed
-  double seconds_ = 0;     // the wall time of the steps since the last push
+  TensorList base_;                // async: the point the movement not yet pushed is measured from
+  std::future<CatchUp> catch_up_;  // async: the last push's thread, until taken
+  std::atomic<bool> stop_awaiting_{false};
+  // the server said its step budget is spent (a push's reply, an await's, a heartbeat's), seen by
+  // sync() before the push's thread is taken
+  std::atomic<bool> budget_spent_{false};
+  bool caught_up_ = true;       // async: base_ holds a version pulled since the last push
+  int64_t pushed_at_ = 0;       // async: the step of the last push
+  train::ScheduleClock clock_;  // async: as the last push reply taken set it (its `now` aside)
+  uint32_t next_ = 0;           // the fragment pushed next
+  int64_t t_ = 0;               // inner steps since the island started
+  int64_t next_push_ = 0;       // the step at which it is pushed
+  double seconds_ = 0;          // the wall time of the steps since the last push
   std::atomic<uint64_t> id_{0};
   int64_t h_ = 1;  // H: a fragment's inner steps per round (the server's)
   bool done_ = false;
@@ -141,8 +187,10 @@ class Island {
   int64_t rounds_ = 0;
   double wait_s_ = 0;
   double round_wait_share_ = 0;
+  double round_wait_s_ = 0;   // waited since the last push
+  uint64_t round_bytes_ = 0;  // async: moved since the last push (its push and pulls)
   std::chrono::steady_clock::time_point made_ = std::chrono::steady_clock::now(),
-                                        last_sync_end_ = made_;
+                                        round_start_ = made_;
   uint64_t peak_round_bytes_ = 0;
   uint64_t lease_ms_ = 10000;
   std::mutex mu_;

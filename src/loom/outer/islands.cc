@@ -26,6 +26,7 @@
 #include "loom/train/checkpoint.h"
 #include "loom/train/config.h"
 #include "loom/train/evaluate.h"
+#include "loom/train/loop.h"
 #include "loom/train/params.h"
 #include "loom/train/step.h"
 
@@ -89,6 +90,32 @@ std::map<int, std::string> parse_slowdowns(const std::vector<std::string>& specs
     slow[i] = sl.substr(eq + 1);
   }
   return slow;
+}
+
+std::map<int, std::string> parse_stalls(const std::vector<std::string>& specs, int islands) {
+  std::map<int, std::string> stalls;
+  for (const auto& sp : specs) {
+    const size_t eq = sp.find('=');
+    int i = -1;
+    try {
+      size_t used = 0;
+      if (eq != std::string::npos) i = std::stoi(sp.substr(0, eq), &used);
+      if (used != eq) i = -1;
+    } catch (const std::exception&) {
+      i = -1;
+    }
+    if (i < 0 || i >= islands || stalls.count(i))
+      throw Error(fmt::format(
+          "--stall {}: expected I=STEP:SECONDS with 0 <= I < {}, one per island", sp, islands));
+    const std::string rest = sp.substr(eq + 1);
+    try {
+      train::parse_stall(rest);
+    } catch (const Error& e) {
+      throw Error(fmt::format("--stall {}: {}", sp, e.what()));
+    }
+    stalls[i] = rest;
+  }
+  return stalls;
 }
 
 IslandsResult run_islands(const IslandsOptions& o) {
@@ -197,6 +224,7 @@ IslandsResult run_islands(const IslandsOptions& o) {
       a.insert(a.end(), {"--set", fmt::format("outer.path={}", i % P), "--set",
                          fmt::format("data.path={}/path_{}", router, i % P)});
     if (o.slowdown.count(i)) a.insert(a.end(), {"--slowdown", o.slowdown.at(i)});
+    if (o.stalls.count(i)) a.insert(a.end(), {"--stall", o.stalls.at(i)});
     kids.push_back(spawn(a, dir + "/log.txt"));
   }
   // the islands as they end, in any order: the first that fails stops the others at once (they

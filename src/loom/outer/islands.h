@@ -37,6 +37,7 @@ struct IslandsOptions {
   int islands = 4;                      // 1..256
   std::vector<std::string> sets;        // section.key=value overrides for server and islands
   std::map<int, std::string> slowdown;  // island -> its loom train --slowdown factor
+  std::map<int, std::string> stalls;    // island -> its loom train --stall STEP:SECONDS
   std::string loom_binary;              // the executable the server and islands run as
   std::function<void(const std::string&)> progress;  // a line when the islands start; null: none
 };
@@ -53,5 +54,8 @@ IslandsResult run_islands(const IslandsOptions& o);
 // `--slow I=F` specs as run_islands' slowdown: 0 <= I < islands, 1 <= F <= 1000; an error naming
 // the spec otherwise.
 std::map<int, std::string> parse_slowdowns(const std::vector<std::string>& specs, int islands);
+// `--stall I=STEP:SECONDS` specs as run_islands' stalls (train::parse_stall's STEP:SECONDS), one
+// per island; an error naming the spec otherwise.
+std::map<int, std::string> parse_stalls(const std::vector<std::string>& specs, int islands);
 
 }  // namespace loom::outer

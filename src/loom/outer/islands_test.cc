@@ -90,6 +90,27 @@ TEST(Islands, TwoIslandsMeetEveryRoundAndTheGlobalModelIsEvaluated) {
   EXPECT_NE(lines[0].find("starting 2 islands"), std::string::npos) << lines[0];
 }
 
+// Async: an island never waits for another. Island 1 stalls for 5 s before its third step (its
+// heartbeat alive, so it stays a member of every Delayed Nesterov period); island 0 pushes, takes
+// what the server holds and goes on, spending the whole step budget (2 islands x 8 steps) alone
+// while island 1 sleeps, and waits for the server for a small part of those 5 s.
+TEST(Islands, AnAsyncIslandNeverWaitsForAStalledOne) {
+  TempDir d;
+  IslandsOptions o = tiny(d, write_text(d.path));
+  o.sets.back() = "outer.mode=\"async\"";
+  o.sets.push_back("outer.islands=2");
+  o.stalls = {{1, "3:5"}};
+  const IslandsResult r = run_islands(o);
+  const nlohmann::json& s = r.summary;
+  EXPECT_TRUE(std::isfinite(s["val_loss"].get<double>()));
+  EXPECT_GE(s["wall_s"].get<double>(), 5);  // island 1 slept
+  const nlohmann::json& fast = s["per_island"][0];
+  EXPECT_EQ(fast["steps"], 16);  // the budget, alone: 2 x [train] steps
+  EXPECT_LT(fast["wait_s"].get<double>(), 2.5);
+  // it trains again after its stall, until its first push's reply says the budget is spent
+  EXPECT_GE(s["per_island"][1]["steps"], 4);
+}
+
 TEST(Islands, RefusalsComeBeforeAnyProcess) {
   TempDir d;
   IslandsOptions o = tiny(d, write_text(d.path));
@@ -108,6 +129,10 @@ TEST(Islands, RefusalsComeBeforeAnyProcess) {
   EXPECT_THROW(parse_slowdowns({"1=0.5"}, 2), Error);
   EXPECT_THROW(parse_slowdowns({"x"}, 2), Error);
   EXPECT_EQ(parse_slowdowns({"1=3"}, 2).at(1), "3");
+  for (const char* bad : {"2=3:1", "1=0:1", "1=3", "1=3:0", "1=3:x", "x=3:1", "1=3:1 "})
+    EXPECT_THROW(parse_stalls({bad}, 2), Error) << bad;
+  EXPECT_THROW(parse_stalls({"1=3:1", "1=4:1"}, 2), Error);  // one per island
+  EXPECT_EQ(parse_stalls({"1=3:2.5"}, 2).at(1), "3:2.5");
 }
 
 }  // namespace

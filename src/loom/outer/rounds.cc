@@ -229,8 +229,10 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
   if (m->pushes++ > 0) {
     m->steps += double(h.inner_steps);
     m->seconds += h.seconds;
+    m->wall += std::chrono::duration<double>(now - m->last_push).count();
     if (m->pushes > 2) m->record.sec_per_step = m->seconds / m->steps;
   }
+  m->last_push = now;
   total_steps_ += int64_t(h.inner_steps);
   ++accepted_;
   if (cfg_.mode == OuterMode::sync) {
@@ -242,7 +244,8 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
   const uint64_t to_close = cfg_.mode == OuterMode::async && async_count_ > 0
                                 ? uint64_t(std::max<int64_t>(1, period() - async_count_))
                                 : 0;
-  *out = {frag.version, inner_steps_for(*m), done(), frag.version + to_close};
+  *out = {frag.version,           inner_steps_for(*m, now), done(), frag.version + to_close,
+          uint64_t(total_steps_), speed_share(*m)};
   return std::nullopt;
 }
 
@@ -368,20 +371,34 @@ Rounds::Member* Rounds::find_live(uint64_t id, Time now) {
   return &it->second;
 }
 
-// Async: H x fastest / own seconds per step, in [1, H]; e.g. H = 12 and an island three times
-// slower than the fastest takes 4. Islands less than 1.5 times slower than the fastest count as
-// equal (they take H): islands sharing a machine differ by up to that much over a few rounds from
-// scheduling alone (4 on 2 cores: 2 to 6 ms a step over 10 steps, means within 10%), and a smaller
-// H there would only make equal islands push at different times and spend the budget unevenly.
-uint32_t Rounds::inner_steps_for(const Member& m) const {
+// Async: the steps that end the island's next round on the beat (rounds.h), at its own speed;
+// H until its speed is known.
+uint32_t Rounds::inner_steps_for(const Member& m, Time now) {
   const double own = m.record.sec_per_step;
   if (cfg_.mode != OuterMode::async || own <= 0) return uint32_t(cfg_.inner_steps);
-  double fastest = own;
+  const Member* fastest = &m;
   for (const auto& [id, o] : members_)
-    if (o.record.sec_per_step > 0) fastest = std::min(fastest, o.record.sec_per_step);
-  if (own < 1.5 * fastest) return uint32_t(cfg_.inner_steps);
-  double h = std::round(double(cfg_.inner_steps) * fastest / own);
-  return uint32_t(std::clamp<double>(h, 1, double(cfg_.inner_steps)));
+    if (o.record.sec_per_step > 0 && o.record.sec_per_step < fastest->record.sec_per_step)
+      fastest = &o;
+  // wall time per second of steps (evaluation, logging, the outer calls), the fastest island's
+  const double over =
+      fastest->seconds > 0 ? std::clamp(fastest->wall / fastest->seconds, 1.0, 3.0) : 1.0;
+  const double beat = double(cfg_.inner_steps) * fastest->record.sec_per_step * over;
+  if (!beat0_) beat0_ = now;
+  // the first beat at least half a beat away
+  const double since = std::chrono::duration<double>(now - *beat0_).count();
+  const double next = std::ceil((since + beat / 2) / beat) * beat;
+  const double h = std::round((next - since) / (own * over));
+  return uint32_t(std::clamp<double>(h, 1, 2 * double(cfg_.inner_steps)));
+}
+
+double Rounds::speed_share(const Member& m) const {
+  const double own = m.record.sec_per_step;
+  if (own <= 0) return double(members_.size());
+  double share = 0;
+  for (const auto& [id, o] : members_)
+    share += o.record.sec_per_step > 0 ? own / o.record.sec_per_step : 1;
+  return share;
 }
 
 void Rounds::maybe_close(Time now) {

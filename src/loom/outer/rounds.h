@@ -21,7 +21,13 @@
 // carried it (a module's outer gradient averaged over the paths through it that pushed); a module
 // no push carried keeps its parameters and momentum. A member pulls its path's tensors.
 // Async: each push is applied at once with Delayed Nesterov (optimizer.h), whatever its base
-// version; the island's next H is scaled by its measured speed against the fastest island's.
+// version. The push's reply sets the island's next H so that its next push falls on the beat: a
+// clock of period H x the fastest island's wall seconds per step, from the first H set from a
+// speed; the next beat at least half a beat away, reached at the island's own speed (its seconds
+// per step from its pushes, times the fastest's wall time per second of steps), in [1, 2H]. So a
+// k-times slower island takes about H / k steps (Liu et al.'s dynamic local updates), and islands
+// whose pushes drift apart (scheduling noise, an evaluation, a stall) are brought back to push
+// together within a round, which lets a Delayed Nesterov period close with one push of each.
 // Both: a push from a future version is `invalid`; `done` once the inner steps pushed reach
 // `step_budget`.
 //
@@ -118,6 +124,11 @@ class Rounds {
     // async: the version at which the Delayed Nesterov period of this push closes (its momentum
     // step), = version when this push closed it; sync: version
     uint64_t period_version = 0;
+    // async: the inner steps pushed in all (this push included), and the live members' summed
+    // speed over this island's (a member whose speed is not known yet counts as this island; 1
+    // per member when none is known): the schedule's shared clock (island.h)
+    uint64_t steps_pushed = 0;
+    double speed_share = 1;
   };
 
   // Version 0 at `initial` (the model's tensors; with modules, every module of the table starts as
@@ -202,10 +213,13 @@ class Rounds {
     // two rounds are in it
     int64_t pushes = 0;
     double steps = 0, seconds = 0;
+    double wall = 0;  // ... and the wall time from its push before to each (async's beat)
+    Time last_push;
   };
 
   Member* find_live(uint64_t id, Time now);  // its lease renewed; nullptr if none
-  uint32_t inner_steps_for(const Member& m) const;
+  uint32_t inner_steps_for(const Member& m, Time now);
+  double speed_share(const Member& m) const;
   // sync: closes each fragment's round that everyone expected in it has pushed
   void maybe_close(Time now);
   void close(uint32_t f, Time now);  // ... fragment f's, if so
@@ -238,6 +252,7 @@ class Rounds {
   std::shared_ptr<const TensorList> params_;
   TensorList momentum_, buffer_;  // buffer: async only
   int64_t async_count_ = 0;       // async: pushes in the open Delayed Nesterov period
+  std::optional<Time> beat0_;     // async: the beat's origin (the first H set from a speed)
   int64_t total_steps_ = 0;       // inner steps pushed, summed
   int64_t accepted_ = 0;
   uint64_t next_id_ = 1;

@@ -274,7 +274,8 @@ TEST(Rounds, AMemberThatLeavesIsNotWaitedFor) {
 // Two islands, the second three times slower (0.1 and 0.3 s per step), H = 12, Delayed Nesterov
 // with N = 2 and a budget of 72 inner steps: each push moves the version at once; an island's speed
 // is known from its third push (its first round holds the warm-up, and one round is noise), from
-// which the slow island is told to take 4 steps (12 x 0.1 / 0.3); the sixth push spends the budget.
+// which the slow island is told to take 4 steps (a beat of 12 x 0.1 s at 0.3 s a step); the sixth
+// push spends the budget.
 TEST(Rounds, AsyncAppliesEachPushAtOnceAndGivesSlowIslandsFewerSteps) {
   const RoundsConfig c{.mode = OuterMode::async, .inner_steps = 12, .delay = 2, .step_budget = 72};
   Fixture f(c);
@@ -312,6 +313,35 @@ TEST(Rounds, AsyncAppliesEachPushAtOnceAndGivesSlowIslandsFewerSteps) {
   EXPECT_TRUE(f.rounds.done());
   expect_same(f.rounds.momentum(), m, 1e-6f);
   expect_same(f.rounds.buffer(), buf, 1e-6f);
+}
+
+// Two islands of one speed (0.1 s a step, H = 10: a beat of 1 s), the second 0.4 s behind the
+// first: once both speeds are known (third pushes), the first keeps H and the beat starts at its
+// push (3.0 s); the second is told 6 steps, so its next push falls on the beat with the first's
+// (4.0 s), and H again from there on. Islands that drift apart push together again within a round,
+// with no island waiting for another.
+TEST(Rounds, AsyncSetsHSoThatIslandsPushOnTheBeat) {
+  const RoundsConfig c{.mode = OuterMode::async, .inner_steps = 10, .delay = 2};
+  Fixture f(c);
+  const uint64_t a = f.join(), b = f.join();
+  struct Step {
+    uint64_t id;
+    int64_t ms;
+    uint32_t steps;
+    uint32_t next_h;
+  };
+  const Step steps[] = {{a, 1000, 10, 10}, {b, 1400, 10, 10},  // no speed yet
+                        {a, 2000, 10, 10}, {b, 2400, 10, 10},  // one round counted
+                        {a, 3000, 10, 10},                     // the beat starts here
+                        {b, 3400, 10, 6},                      // 0.6 s to the beat at 4.0 s
+                        {a, 4000, 10, 10}, {b, 4000, 6, 10}};  // together
+  for (size_t k = 0; k < std::size(steps); ++k) {
+    const Step& s = steps[k];
+    Rounds::Pushed p;
+    ASSERT_FALSE(f.push(s.id, f.rounds.version(), model(2 + k), s.ms, &p, s.steps, 0.1 * s.steps))
+        << k;
+    EXPECT_EQ(p.inner_steps, s.next_h) << k;
+  }
 }
 
 TEST(Rounds, ResumingASavedStateKeepsMembersWithFreshLeasesAndLosesTheOpenRound) {

@@ -254,6 +254,8 @@ Status OuterService::push(const std::function<bool(proto::PushRequest&)>& read,
   rep->set_inner_steps(p.inner_steps);
   rep->set_done(p.done);
   rep->set_period_version(p.period_version);
+  rep->set_steps_pushed(p.steps_pushed);
+  rep->set_speed_share(p.speed_share);
   return Status::OK;
 }
 

@@ -114,6 +114,10 @@ TEST(ConfigSchema, StreamingDiLoCoKeysAreCheckedAgainstEachOther) {
            {{"outer.fragments=2", "outer.inner_steps=10", "outer.overlap=5"},
             "[outer] overlap: must be less than [outer] inner_steps / fragments = 5"},
            {{"outer.mix=1.5"}, "[outer] mix: must be in [0, 1], got 1.5"},
+           {{"outer.mode=\"async\"", "outer.mix=0.5"},
+            "[outer] mix: streaming DiLoCo needs [outer] mode = \"sync\""},
+           // async islands no longer wait for their period: the key is gone, and named as unknown
+           {{"outer.grace=2"}, "unknown key 'grace'"},
        }) {
     const std::string err = error_of("", c.sets);
     EXPECT_NE(err.find(c.want), std::string::npos) << c.sets[0] << " -> " << err;

@@ -100,6 +100,32 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
+int64_t clocked_step(const ScheduleClock& c, int64_t step, int64_t since) {
+  if (!c.on) return step;
+  return std::max<int64_t>(1, std::llround(c.at + c.rate * double(c.now + since + 1 - c.t)));
+}
+
+Stall parse_stall(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  Stall s;
+  try {
+    size_t a = 0, b = 0;
+    if (colon != std::string::npos) {
+      s.step = std::stoll(spec.substr(0, colon), &a);
+      s.seconds = std::stod(spec.substr(colon + 1), &b);
+    }
+    if (colon == std::string::npos || a != colon || b != spec.size() - colon - 1) s.step = 0;
+  } catch (const std::exception&) {
+    s.step = 0;
+  }
+  if (s.step < 1 || !(s.seconds > 0 && s.seconds <= 86400))
+    throw Error(
+        fmt::format("--stall {}: expected STEP:SECONDS with STEP >= 1 and 0 < SECONDS <= "
+                    "86400",
+                    spec));
+  return s;
+}
+
 Run open_run(const Config& cfg, const RunOptions& opts) {
   if (cfg.data.path.empty())
     throw Error(fmt::format("{}: [data] path is not set", cfg.path),
@@ -263,9 +289,12 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
     r.last_step = step;
     run.corpus.sample(data::TextCorpus::Split::train, uint64_t(cfg.train.seed), step, rank, rows, T,
                       tokens.data());
-    const double lr = sched.at(step);
+    // an async island with a step budget follows the schedule's shared clock (outer/island.h)
+    const double lr = sched.at(island ? clocked_step(island->clock(), step, round_steps) : step);
     if (!opts.trace_path.empty())
       runner.set_trace(step - r.start < opts.trace_steps ? &trace : nullptr);
+    if (step == opts.stall.step)
+      std::this_thread::sleep_for(std::chrono::duration<double>(opts.stall.seconds));
     const auto t0 = std::chrono::steady_clock::now();
     r.loss = runner.step(tokens.data(), lr);
     double dt = seconds_since(t0);

@@ -36,6 +36,19 @@
 namespace loom::train {
 
 // The outer optimiser a run syncs with (implemented by outer::Island; the loop does not know gRPC).
+// The lr schedule's clock of an island that shares one with the other islands (async with a step
+// budget, outer/island.h): the schedule stood at step `at` when the island had taken `t` inner
+// steps, and moves `rate` schedule steps per inner step of this island; `now`: its inner steps at
+// its last sync. Off: the island's own steps.
+struct ScheduleClock {
+  bool on = false;
+  double at = 0, rate = 1;
+  int64_t t = 0, now = 0;
+};
+// The schedule step of the loop's `step`, `since` steps after the last sync: `step` when the clock
+// is off, else the clock's reading for that step (at least 1).
+int64_t clocked_step(const ScheduleClock& c, int64_t step, int64_t since);
+
 class OuterSync {
  public:
   virtual ~OuterSync() = default;
@@ -45,13 +58,24 @@ class OuterSync {
   // on the run's `last` step: push, wait and pull what is due; false once the budget is spent.
   virtual bool sync(int64_t steps, double seconds, bool last) = 0;
   virtual nlohmann::json metrics() const = 0;  // merged into the metrics line of a sync step
-  virtual std::string summary() const = 0;     // one line for the end of the run
+  virtual ScheduleClock clock() const { return {}; }
+  virtual std::string summary() const = 0;  // one line for the end of the run
 };
+
+// A pause before a step (loom train --stall STEP:SECONDS): an island that stalls, its heartbeat
+// alive (tests stragglers). The pause is not counted in its steps' time, so not in its speed.
+struct Stall {
+  int64_t step = 0;  // 0: none
+  double seconds = 0;
+};
+// "STEP:SECONDS" with 1 <= STEP and 0 < SECONDS <= 86400; a loom::Error naming `spec` otherwise.
+Stall parse_stall(const std::string& spec);
 
 struct RunOptions {
   std::string run_dir;  // "": runs/<config's stem>
   bool resume = false;  // continue from the newest complete checkpoint
   double slowdown = 1;  // make each step take this many times as long (tests stragglers)
+  Stall stall;
   // A Chrome trace (runtime/trace.h) of the first trace_steps steps this process runs, every
   // rank's, written to trace_path ("": none) at the end of the run.
   std::string trace_path;

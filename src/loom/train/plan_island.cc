@@ -22,6 +22,12 @@ bool PlanIsland::share(bool go) {
   world_.broadcast(state, sizeof state, 0);
   id_ = uint64_t(state[0]);
   h_ = state[1];
+  if (island_) clock_ = island_->clock();
+  double c[2] = {clock_.at, clock_.rate};
+  int64_t ct[3] = {clock_.on ? 1 : 0, clock_.t, clock_.now};
+  world_.broadcast(c, sizeof c, 0);
+  world_.broadcast(ct, sizeof ct, 0);
+  clock_ = {ct[0] != 0, c[0], c[1], ct[1], ct[2]};
   return state[2] != 0;
 }
 

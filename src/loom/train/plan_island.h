@@ -5,9 +5,10 @@
 // At each outer sync every rank gathers the parameters it holds blocks of (push_params,
 // collective), rank 0 pushes the pseudo-gradient and pulls the global parameters as a one-process
 // island does, rank 0 broadcasts them, and every rank takes its blocks again (pull_params). The
-// island's id (its data stream), its H and the server's `done` are broadcast with them, so every
-// rank ends a round, and the run, at the same step. Invariant: every method is collective over the
-// world communicator, called by every rank in the same order.
+// island's id (its data stream), its H, the server's `done` and the schedule's clock are broadcast
+// with them, so every rank ends a round, and the run, at the same step, with the same lr.
+// Invariant: every method is collective over the world communicator, called by every rank in the
+// same order.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +30,9 @@ class PlanIsland : public OuterSync {
   uint64_t id() const override { return id_; }
   int64_t inner_steps() const override { return h_; }
   bool sync(int64_t steps, double seconds, bool last) override;
-  nlohmann::json metrics() const override;  // rank 0's; {} on the others
-  std::string summary() const override;     // rank 0's; "" on the others
+  nlohmann::json metrics() const override;                 // rank 0's; {} on the others
+  ScheduleClock clock() const override { return clock_; }  // rank 0's, on every rank
+  std::string summary() const override;                    // rank 0's; "" on the others
 
  private:
   // rank 0's parameters, id, H and done to every rank; then every rank takes its blocks
@@ -42,6 +44,7 @@ class PlanIsland : public OuterSync {
   comm::Communicator& world_;
   uint64_t id_ = 0;
   int64_t h_ = 1;
+  ScheduleClock clock_;
 };
 
 }  // namespace loom::train
