@@ -27,7 +27,7 @@ import shutil
 import statistics
 import sys
 
-from runs import LOOM, ROOT, island_env, run_islands
+from runs import LOOM, ROOT, island_env, run_islands, summary_row
 
 CASES = {"equal": [], "slow": ["0=3"], "speeds": ["0=4", "1=4", "2=2"], "stall": []}
 
@@ -41,10 +41,7 @@ def one(a, case, mode, seed, steps, stall_s=None):
     stalls = [f"3={steps // 2}:{stall_s:.1f}"] if case == "stall" else []
     s = run_islands(a.loom, os.path.join(ROOT, a.config), run_dir, 4, sets, slow=CASES[case],
                     env=island_env(), quiet=True, stalls=stalls)
-    row = {"case": case, "mode": mode, "seed": seed, "steps": steps, "val_loss": s["val_loss"],
-           "wall_s": round(s["wall_s"], 1), "version": s["version"],
-           "wait_share_max": s.get("wait_share_max"),
-           "island_steps": [i["steps"] for i in s["per_island"]]}
+    row = {"case": case, "mode": mode, "seed": seed, "steps": steps, **summary_row(s)}
     if stall_s:
         row["stall_s"] = round(stall_s, 1)
     print(json.dumps(row), flush=True)

@@ -20,7 +20,7 @@ import shutil
 import statistics
 import sys
 
-from runs import LOOM, ROOT, run_islands
+from runs import LOOM, ROOT, run_islands, summary_row
 
 TINY = "configs/tiny-llama.toml"
 
@@ -34,10 +34,7 @@ def islands(loom, out, name, mode, seed, slow, steps, h, config):
     shutil.rmtree(run_dir, ignore_errors=True)
     s = run_islands(loom, os.path.join(ROOT, config), run_dir, 4, sets, slow="3" if slow else None,
                     quiet=True)
-    row = {"run": name, "mode": mode, "seed": seed, "slow": slow, "val_loss": s["val_loss"],
-           "version": s["version"], "wall_s": round(s["wall_s"], 1),
-           "wait_share_max": s["wait_share_max"],
-           "island_steps": [i["steps"] for i in s["per_island"]]}
+    row = {"run": name, "mode": mode, "seed": seed, "slow": slow, **summary_row(s)}
     print(json.dumps(row), flush=True)
     return row
 

@@ -30,6 +30,13 @@ def last_val(run_dir):
     return val
 
 
+def summary_row(s):
+    """What the island benchmarks report of a run's summary.json."""
+    return {"val_loss": s["val_loss"], "version": s["version"], "wall_s": round(s["wall_s"], 1),
+            "wait_share_max": s.get("wait_share_max"),
+            "island_steps": [i["steps"] for i in s["per_island"]]}
+
+
 def run_islands(loom, config, run_dir, islands, sets, slow=None, env=None, quiet=False,
                 stalls=()):
     """`loom islands CONFIG --islands N --run-dir RUN_DIR --set S ...` (island 0 slowed by `slow`,

@@ -91,7 +91,7 @@ void Island::join() {
   id_ = r.island_id();
   h_ = int64_t(r.inner_steps());
   lease_ms_ = r.lease_ms();
-  done_ = r.done();
+  if (r.done()) done_ = true;
   rejoined_ = true;
   fmt::print(
       stderr, "island {}: joined {} at version {} (H = {}{}{})\n", id_.load(), client_->server(),
@@ -177,7 +177,7 @@ void Island::heartbeat_loop() {
     lk.unlock();
     proto::HeartbeatReply r;
     // failures are seen (and handled) by the next real call; a spent budget stops the loop soon
-    if (client_->heartbeat(id_, &r).ok() && r.done()) budget_spent_ = true;
+    if (client_->heartbeat(id_, &r).ok() && r.done()) done_ = true;
     lk.lock();
   }
 }
@@ -194,7 +194,7 @@ std::optional<proto::AwaitReply::State> Island::await(uint32_t f, uint64_t base_
   if (!s.ok())
     throw Error(fmt::format("outer server {}: waiting for {}: {}", client_->server(), what,
                             s.error_message()));
-  done_ = a.done();
+  if (a.done()) done_ = true;
   if (awaited) *awaited = a.awaited();
   return a.state();
 }
@@ -247,7 +247,7 @@ bool Island::answered(const Sent& r) {
   switch (s.error_code()) {
     case grpc::StatusCode::OK:
       h_ = int64_t(rep.inner_steps());
-      done_ = rep.done();
+      if (rep.done()) done_ = true;
       return true;
     case grpc::StatusCode::ALREADY_EXISTS:
       return true;
@@ -310,34 +310,11 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
   t_ += steps;
   seconds_ += seconds;
   for (int64_t& s : since_) s += steps;
-  const int64_t n = int64_t(split_.size());
   const int64_t rounds_before = rounds_;
-  // at the last step every round is taken whole (mix 0), and none counts toward the peak
-  const double mix = last ? 0 : cfg_.mix;
-  if (cfg_.mode == OuterMode::async) {
+  if (cfg_.mode == OuterMode::async)
     async_sync(last);
-  } else if (in_flight_ && (t_ >= in_flight_->land_at || last)) {
-    land(*in_flight_, mix, !last);
-    in_flight_.reset();
-  }
-  if (cfg_.mode == OuterMode::sync && !rejoined_ && t_ >= next_push_) {
-    InFlight fl = push(next_, seconds_);
-    seconds_ = 0;
-    next_ = uint32_t((next_ + 1) % n);
-    if (cfg_.overlap > 0 && !last)
-      in_flight_ = std::move(fl);
-    else
-      land(fl, mix, !last);
-    next_push_ = t_ + std::max<int64_t>(1, h_ / n);
-  }
-  // the final flush: every fragment trained since its last push, in the cycle's order
-  for (int64_t k = 0; cfg_.mode == OuterMode::sync && last && k < n && !rejoined_; ++k) {
-    const uint32_t f = uint32_t((next_ + k) % n);
-    if (since_[f] == 0) continue;
-    InFlight fl = push(f, seconds_);
-    seconds_ = 0;
-    land(fl, 0, false);
-  }
+  else
+    sync_rounds(last);
   if (rejoined_) pull_all();
   const auto now = Clock::now();
   const double waited = std::chrono::duration<double>(now - t0).count();
@@ -349,7 +326,35 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
     round_wait_s_ = 0;
     round_start_ = now;
   }
-  return !done_ && !budget_spent_;
+  return !done_;
+}
+
+void Island::sync_rounds(bool last) {
+  const int64_t n = int64_t(split_.size());
+  // at the last step every round is taken whole (mix 0), and none counts toward the peak
+  const double mix = last ? 0 : cfg_.mix;
+  if (in_flight_ && (t_ >= in_flight_->land_at || last)) {
+    land(*in_flight_, mix, !last);
+    in_flight_.reset();
+  }
+  if (!rejoined_ && t_ >= next_push_) {
+    InFlight fl = push(next_, seconds_);
+    seconds_ = 0;
+    next_ = uint32_t((next_ + 1) % n);
+    if (cfg_.overlap > 0 && !last)
+      in_flight_ = std::move(fl);
+    else
+      land(fl, mix, !last);
+    next_push_ = t_ + std::max<int64_t>(1, h_ / n);
+  }
+  // the final flush: every fragment trained since its last push, in the cycle's order
+  for (int64_t k = 0; last && k < n && !rejoined_; ++k) {
+    const uint32_t f = uint32_t((next_ + k) % n);
+    if (since_[f] == 0) continue;
+    InFlight fl = push(f, seconds_);
+    seconds_ = 0;
+    land(fl, 0, false);
+  }
 }
 
 // ---- async ----
@@ -398,11 +403,11 @@ void Island::async_push(double seconds) {
   caught_up_ = false;
   const proto::Encoding enc = encoding_of(cfg_.compress);
   // the pull is the quantised update from the version held, when global_[0] holds one: the thread
-  // starts from a copy of it (and its version) and the island takes both when it takes the thread
-  CatchUp start;
-  start.params = global_[0];
-  start.version = versions_[0];
+  // holds global_[0] (and its version) until the island takes the thread, and gives it back
   const bool update = held_[0] && quantized(enc);
+  CatchUp start;
+  start.params = std::move(global_[0]);
+  start.version = versions_[0];
   stop_awaiting_ = false;
   catch_up_ = std::async(std::launch::async, [this, h, enc, grad = std::move(grad), update,
                                               c = std::move(start)]() mutable {
@@ -410,7 +415,7 @@ void Island::async_push(double seconds) {
     c.push.status = client_->push(h, *grad, enc, &c.push.reply);
     c.push.bytes = client_->bytes_sent() - sent;
     if (!c.push.status.ok()) return std::move(c);
-    if (c.push.reply.done()) budget_spent_ = true;          // seen by sync() at once
+    if (c.push.reply.done()) done_ = true;                  // seen by sync() at once
     const uint64_t period = c.push.reply.period_version();  // >= 1: it follows a push
     for (;;) {
       proto::AwaitReply a;
@@ -421,7 +426,7 @@ void Island::async_push(double seconds) {
         return std::move(c);
       }
       if (!c.wait.ok()) return std::move(c);
-      if (a.done()) budget_spent_ = true;
+      if (a.done()) done_ = true;
       if (a.state() == proto::AwaitReply::CLOSED) break;
     }
     const uint64_t received = client_->bytes_received();
@@ -440,6 +445,8 @@ void Island::take_catch_up() {
   // a loom::Error of the push or the pull (the server gone for good) throws here
   CatchUp c = catch_up_.get();
   stop_awaiting_ = false;
+  global_[0] = std::move(c.params);  // the period's parameters when pulled, else as they were
+  versions_[0] = c.version;
   round_bytes_ += c.push.bytes + c.pull_bytes;
   if (!answered(c.push)) return;  // dropped and joined again (or refused): sync() pulls all
   ++rounds_;
@@ -457,8 +464,6 @@ void Island::take_catch_up() {
     throw Error(fmt::format("outer server {}: taking the parameters of a push's period: {}",
                             client_->server(), c.wait.error_message()));
   if (c.pulled) {
-    global_[0] = std::move(c.params);
-    versions_[0] = c.version;
     held_[0] = true;
     rebase();
   }

@@ -129,8 +129,8 @@ class Island {
   bool answered(const Sent& r);  // ... acts on a push's answer (H, done, dropped: join again)
 
   // ---- async (see above) ----
-  // What a push's thread brings back: the push's answer and, if the period closed before the
-  // island stopped awaiting it, the period's parameters and version.
+  // What a push's thread brings back: the push's answer, and global_[0] with its version: the
+  // period's, if it closed before the island stopped awaiting it, else as they were.
   struct CatchUp {
     Sent push;
     grpc::Status wait;  // of the await or the pull
@@ -139,6 +139,7 @@ class Island {
     uint64_t version = 0;
     uint64_t pull_bytes = 0;
   };
+  void sync_rounds(bool last);  // sync: push, await and pull what is due
   void async_sync(bool last);
   // Pushes base_ - local on a thread that then awaits and pulls the push's period; base_ <- local.
   void async_push(double seconds);
@@ -170,9 +171,6 @@ class Island {
   TensorList base_;                // async: the point the movement not yet pushed is measured from
   std::future<CatchUp> catch_up_;  // async: the last push's thread, until taken
   std::atomic<bool> stop_awaiting_{false};
-  // the server said its step budget is spent (a push's reply, an await's, a heartbeat's), seen by
-  // sync() before the push's thread is taken
-  std::atomic<bool> budget_spent_{false};
   bool caught_up_ = true;       // async: base_ holds a version pulled since the last push
   int64_t pushed_at_ = 0;       // async: the step of the last push
   train::ScheduleClock clock_;  // async: as the last push reply taken set it (its `now` aside)
@@ -182,7 +180,9 @@ class Island {
   double seconds_ = 0;          // the wall time of the steps since the last push
   std::atomic<uint64_t> id_{0};
   int64_t h_ = 1;  // H: a fragment's inner steps per round (the server's)
-  bool done_ = false;
+  // the server said its step budget is spent (any reply: a join's, a push's, an await's, a
+  // heartbeat's, also on the async push thread and the heartbeat thread); never unset
+  std::atomic<bool> done_{false};
   bool rejoined_ = false;  // join() ran inside a call: pull_all() is due
   int64_t rounds_ = 0;
   double wait_s_ = 0;

@@ -17,17 +17,15 @@ bool PlanIsland::share(bool go) {
     world_.broadcast(params_.data(p.name), numel(p.shape) * int64_t(sizeof(float)), 0);
   runner_.pull_params();
   runner_.release_params();
-  int64_t state[3] = {0, 0, go ? 1 : 0};
+  if (island_) clock_ = island_->clock();
+  int64_t state[6] = {0, 0, go ? 1 : 0, clock_.on ? 1 : 0, clock_.t, clock_.now};
   if (island_) state[0] = int64_t(island_->id()), state[1] = island_->inner_steps();
+  double rates[2] = {clock_.at, clock_.rate};
   world_.broadcast(state, sizeof state, 0);
+  world_.broadcast(rates, sizeof rates, 0);
   id_ = uint64_t(state[0]);
   h_ = state[1];
-  if (island_) clock_ = island_->clock();
-  double c[2] = {clock_.at, clock_.rate};
-  int64_t ct[3] = {clock_.on ? 1 : 0, clock_.t, clock_.now};
-  world_.broadcast(c, sizeof c, 0);
-  world_.broadcast(ct, sizeof ct, 0);
-  clock_ = {ct[0] != 0, c[0], c[1], ct[1], ct[2]};
+  clock_ = {state[3] != 0, rates[0], rates[1], state[4], state[5]};
   return state[2] != 0;
 }
 
