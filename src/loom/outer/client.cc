@@ -174,12 +174,13 @@ grpc::Status OuterClient::leave(uint64_t id) {
 
 grpc::Status OuterClient::await(uint64_t id, uint32_t fragment, uint64_t base_version,
                                 uint32_t wait_ms, proto::AwaitReply* rep,
-                                const std::atomic<bool>* stop) {
+                                const std::atomic<bool>* stop, uint64_t period) {
   proto::AwaitRequest req;
   req.set_island_id(id);
   req.set_fragment(fragment);
   req.set_base_version(base_version);
   req.set_wait_ms(wait_ms);
+  req.set_period(period);
   return retrying("await", [&] {
     auto ctx = context(wait_ms / 1000.0 + 10);
     if (stop) {

@@ -48,8 +48,10 @@ class OuterClient {
                     proto::PushReply* rep);
   // `stop`: when set, an await that sees it set, or is under way when cancel_await() is called,
   // ends at once with CANCELLED (one thread awaits while another decides it need not).
+  // `period` (async), when not 0: awaits that Delayed Nesterov period's close instead.
   grpc::Status await(uint64_t id, uint32_t fragment, uint64_t base_version, uint32_t wait_ms,
-                     proto::AwaitReply* rep, const std::atomic<bool>* stop = nullptr);
+                     proto::AwaitReply* rep, const std::atomic<bool>* stop = nullptr,
+                     uint64_t period = 0);
   // Cancels the await under way with a `stop` (set `*stop` first).
   void cancel_await();
   grpc::Status leave(uint64_t id);  // one try

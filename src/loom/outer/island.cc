@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "loom/core/error.h"
 #include "loom/core/file.h"
@@ -101,7 +102,9 @@ void Island::join() {
 }
 
 int64_t Island::inner_steps() const {
-  int64_t due = next_push_;
+  int64_t due = push_bound();
+  if (const double left = steps_to_beat(); left < std::numeric_limits<double>::infinity())
+    due = std::min(due, t_ + std::max<int64_t>(1, int64_t(left / 2)));
   if (in_flight_) due = std::min(due, in_flight_->land_at);
   if (catch_up_.valid()) due = std::min(due, t_ + 1);
   return std::max<int64_t>(1, due - t_);
@@ -359,8 +362,26 @@ void Island::sync_rounds(bool last) {
 
 // ---- async ----
 
+int64_t Island::push_bound() const {
+  const int64_t h = beat_h_;
+  return h > 0 ? pushed_at_ + 2 * h : next_push_;
+}
+
+double Island::steps_to_beat() const {
+  const int64_t beat = beat_ns_;
+  if (beat == 0) return std::numeric_limits<double>::infinity();
+  // the pace of the round under way, else of the last
+  const auto now = Clock::now();
+  const double pace = t_ > pushed_at_ ? std::chrono::duration<double>(now - pushed_wall_).count() /
+                                            double(t_ - pushed_at_)
+                                      : step_wall_s_;
+  if (pace <= 0) return std::numeric_limits<double>::infinity();
+  return double(beat - now.time_since_epoch().count()) * 1e-9 / pace;
+}
+
 void Island::async_sync(bool last) {
-  const bool due = last || t_ >= next_push_;
+  // due at the step that ends nearest to the beat, or after push_bound()'s steps
+  const bool due = last || t_ >= push_bound() || steps_to_beat() <= 0.5;
   if (catch_up_.valid() &&
       (due || catch_up_.wait_for(std::chrono::seconds(0)) == std::future_status::ready))
     take_catch_up();
@@ -397,8 +418,15 @@ void Island::async_push(double seconds) {
       b[i] = local[i];
     }
   }
+  const auto now = Clock::now();
+  if (t_ > pushed_at_ && pushed_at_ > 0)
+    step_wall_s_ =
+        std::chrono::duration<double>(now - pushed_wall_).count() / double(t_ - pushed_at_);
   since_[0] = 0;
   pushed_at_ = t_;
+  pushed_wall_ = now;
+  beat_ns_ = 0;
+  beat_h_ = 0;
   next_push_ = t_ + std::max<int64_t>(1, h_);  // until the reply says the next H
   caught_up_ = false;
   const proto::Encoding enc = encoding_of(cfg_.compress);
@@ -409,18 +437,26 @@ void Island::async_push(double seconds) {
   start.params = std::move(global_[0]);
   start.version = versions_[0];
   stop_awaiting_ = false;
-  catch_up_ = std::async(std::launch::async, [this, h, enc, grad = std::move(grad), update,
+  const bool paced = step_wall_s_ > 0;  // the island knows its pace: it can keep to a beat
+  catch_up_ = std::async(std::launch::async, [this, h, enc, grad = std::move(grad), update, paced,
                                               c = std::move(start)]() mutable {
     const uint64_t sent = client_->bytes_sent();
     c.push.status = client_->push(h, *grad, enc, &c.push.reply);
+    if (const double in = c.push.reply.push_in_s(); c.push.status.ok() && in > 0 && paced) {
+      beat_h_ = std::max<int64_t>(1, c.push.reply.inner_steps());  // before the beat: see sync()
+      beat_ns_ = (Clock::now() +
+                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(in)))
+                     .time_since_epoch()
+                     .count();
+    }
     c.push.bytes = client_->bytes_sent() - sent;
     if (!c.push.status.ok()) return std::move(c);
-    if (c.push.reply.done()) done_ = true;                  // seen by sync() at once
-    const uint64_t period = c.push.reply.period_version();  // >= 1: it follows a push
+    if (c.push.reply.done()) done_ = true;          // seen by sync() at once
+    const uint64_t period = c.push.reply.period();  // >= 1: it follows a push
     for (;;) {
       proto::AwaitReply a;
       // the server answers as soon as the version moves; take_catch_up cancels the wait
-      c.wait = client_->await(id_, 0, period - 1, 1000, &a, &stop_awaiting_);
+      c.wait = client_->await(id_, 0, 0, 1000, &a, &stop_awaiting_, period);
       if (stop_awaiting_) {
         c.wait = grpc::Status::OK;  // stopped, not failed
         return std::move(c);

@@ -27,6 +27,9 @@
 // holds the whole period's update a step or two after the period closed, as DiLoCo's islands hold
 // a round's, and keeps the steps it took meanwhile. When its next push comes first (the period
 // waits on a slower island), it stops awaiting and takes the newest version instead, then pushes.
+// The island pushes at the step that ends nearest to the beat its last push's reply named
+// (rounds.h), at its pace over the round under way, and after at most twice the reply's H; its
+// first rounds, before the server knows its speed, after H steps.
 //
 // Faults: a server that restarts is reconnected to with backoff (OuterClient); a push it lost is
 // sent again (Await says RESEND); an island the server dropped (lease expired) joins again and
@@ -67,7 +70,9 @@ class Island {
 
   uint64_t id() const { return id_; }
   // Inner steps until the next push or landing is due (the loop calls sync() then); async: 1 while
-  // a pushed period's parameters are awaited (sync() takes them once they are there).
+  // a pushed period's parameters are awaited (sync() takes them once they are there), and on the
+  // way to the beat the next push falls on, half the steps left at the round's pace (the push is
+  // made at the step that ends nearest to it).
   int64_t inner_steps() const;
   uint64_t version() const;  // the versions pulled, summed over the fragments
   // Async with a step budget ([outer] islands > 0): the lr schedule's clock shared by the islands,
@@ -146,7 +151,12 @@ class Island {
   // Takes what the thread brought (first telling it to stop awaiting, when it is not done).
   void take_catch_up();
   void take_newest();  // fetch(0) now, and rebase
-  void rebase();       // local += global_[0] - base_; base_ <- global_[0]
+  // The steps left to the beat at the round's pace (infinity when there is no beat).
+  double steps_to_beat() const;
+  // The step by which the next push is due at the latest: twice the H of the reply that set a
+  // beat, else next_push_.
+  int64_t push_bound() const;
+  void rebase();  // local += global_[0] - base_; base_ <- global_[0]
   // Waits for fl's round (sync), pulls the fragment and mixes it in with weight `mix` for the local
   // parameters; `counted`: its bytes count toward the peak.
   void land(InFlight& fl, double mix, bool counted);
@@ -171,8 +181,14 @@ class Island {
   TensorList base_;                // async: the point the movement not yet pushed is measured from
   std::future<CatchUp> catch_up_;  // async: the last push's thread, until taken
   std::atomic<bool> stop_awaiting_{false};
-  bool caught_up_ = true;       // async: base_ holds a version pulled since the last push
-  int64_t pushed_at_ = 0;       // async: the step of the last push
+  bool caught_up_ = true;  // async: base_ holds a version pulled since the last push
+  int64_t pushed_at_ = 0;  // async: the step of the last push
+  // async: when the last push was made, and the wall seconds an inner step took in the round
+  // before it; the beat its reply set for the next push (steady clock nanoseconds; 0: none, push
+  // after next_push_) and its H, set by the push's thread as soon as the reply is in
+  std::chrono::steady_clock::time_point pushed_wall_;
+  double step_wall_s_ = 0;
+  std::atomic<int64_t> beat_ns_{0}, beat_h_{0};
   train::ScheduleClock clock_;  // async: as the last push reply taken set it (its `now` aside)
   uint32_t next_ = 0;           // the fragment pushed next
   int64_t t_ = 0;               // inner steps since the island started

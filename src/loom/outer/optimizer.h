@@ -8,7 +8,8 @@
 //   if c >= N:  m <- mu m + b / N;  p <- p - lr (g / N + mu m);  b <- 0;  c <- 0
 //   else:       p <- p - lr g / N
 // N may change between pushes (the server's default N is its live islands); a period closes at
-// the first push that makes c reach the N of that push.
+// the first push that makes c reach the N of that push, or early (delayed_nesterov_close), as if
+// its last push were zero:  m <- mu m + b / N;  p <- p - lr mu m;  b <- 0;  c <- 0.
 // Over N pushes this moves p as a sync round of N islands would (each gradient weighs 1/N); with
 // N = 1 it is the sync update.
 #pragma once
@@ -32,5 +33,8 @@ void nesterov_step(const OuterOptConfig& c, TensorList& params, TensorList& mome
 void delayed_nesterov_push(const OuterOptConfig& c, int64_t period, TensorList& params,
                            TensorList& momentum, TensorList& buffer, int64_t& count,
                            const TensorList& grad);
+// Closes the open period before its N-th push: its momentum step on the buffer; count <- 0.
+void delayed_nesterov_close(const OuterOptConfig& c, int64_t period, TensorList& params,
+                            TensorList& momentum, TensorList& buffer, int64_t& count);
 
 }  // namespace loom::outer

@@ -69,5 +69,37 @@ TEST(OuterOptimizer, DelayedNesterovOverAPeriodIsASyncRound) {
   }
 }
 
+// A period closed early moves p and m as a last push of zeros would, and a sync round of the N
+// islands with the missing ones' pseudo-gradients zero.
+TEST(OuterOptimizer, ClosingAPeriodEarlyIsAZeroLastPush) {
+  OuterOptConfig c{0.7, 0.9};
+  const int N = 4;
+  TensorList p1 = random_list(3), p2 = p1, ps = p1, m1 = zeros_like(p1), m2 = m1, ms = m1, b1 = m1,
+             b2 = m1;
+  int64_t c1 = 0, c2 = 0;
+  TensorList mean = zeros_like(p1);
+  for (int k = 0; k < 2; ++k) {  // two of the four push
+    TensorList g = random_list(200 + uint32_t(k));
+    delayed_nesterov_push(c, N, p1, m1, b1, c1, g);
+    delayed_nesterov_push(c, N, p2, m2, b2, c2, g);
+    for (size_t t = 0; t < g.size(); ++t)
+      for (size_t i = 0; i < g[t].data.size(); ++i) mean[t].data[i] += g[t].data[i] / N;
+  }
+  delayed_nesterov_close(c, N, p1, m1, b1, c1);
+  c2 = N - 1;  // the zero push closes the period
+  delayed_nesterov_push(c, N, p2, m2, b2, c2, zeros_like(p2));
+  nesterov_step(c, ps, ms, mean);
+  EXPECT_EQ(c1, 0);
+  EXPECT_EQ(c2, 0);
+  for (size_t t = 0; t < p1.size(); ++t)
+    for (size_t i = 0; i < p1[t].data.size(); ++i) {
+      ASSERT_NEAR(p1[t].data[i], p2[t].data[i], 1e-6);
+      ASSERT_NEAR(m1[t].data[i], m2[t].data[i], 1e-6);
+      ASSERT_NEAR(p1[t].data[i], ps[t].data[i], 1e-5);
+      ASSERT_NEAR(m1[t].data[i], ms[t].data[i], 1e-5);
+      ASSERT_EQ(b1[t].data[i], 0.f);
+    }
+}
+
 }  // namespace
 }  // namespace loom::outer

@@ -72,6 +72,8 @@ void Rounds::resume(OuterState saved, Time now) {
                       "{} path(s)",
                       id, r.path, std::max<size_t>(paths_.count(), 1)));
   async_count_ = saved.meta.async_count;
+  periods_ = saved.meta.periods;
+  period_pushers_.clear();  // lost: the open period closes at its N-th push
   total_steps_ = saved.meta.total_steps;
   next_id_ = saved.meta.next_id;
   keys_ = std::move(saved.meta.keys);
@@ -164,6 +166,7 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
   if (!m) return not_member(h.island_id);
   if (auto r = check_header(h)) return r;
   Fragment& frag = frags_[h.fragment];
+  uint64_t pushed_period = 0;  // async: the period the push is in
   // the server never commits a non-finite parameter: a push that would make one is refused
   if (const std::string bad = nonfinite_in(grad); !bad.empty())
     return Refusal{RefusalKind::invalid,
@@ -212,6 +215,10 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     auto next = std::make_shared<TensorList>(*params_);
     TensorList momentum = momentum_, buffer = buffer_;
     int64_t count = async_count_;
+    // the beat moved on without the rest of the open period (an island stalled or missed its
+    // beat): it closes first, so a period stays one beat (with [outer] delay: only N pushes do)
+    const bool early = cfg_.delay == 0 && count > 0 && period_pushers_.count(h.island_id);
+    if (early) delayed_nesterov_close(cfg_.opt, period(), *next, momentum, buffer, count);
     delayed_nesterov_push(cfg_.opt, period(), *next, momentum, buffer, count, grad);
     auto update = quantize_update(*params_, *next);
     if (std::string bad = nonfinite_in(*next) + nonfinite_in(momentum); !bad.empty())
@@ -225,6 +232,18 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
     params_ = std::move(next);
     ++frag.version;
     frag.update = std::move(update);
+    if (early) {
+      log(fmt::format("period {} closed with {} of {} pushes: island {} ({}) pushed again",
+                      periods_ + 1, period_pushers_.size(), period(), h.island_id, m->record.name));
+      ++periods_;
+      period_pushers_.clear();
+    }
+    pushed_period = periods_ + 1;
+    period_pushers_.insert(h.island_id);
+    if (async_count_ == 0) {  // this push closed it
+      ++periods_;
+      period_pushers_.clear();
+    }
   }
   if (m->pushes++ > 0) {
     m->steps += double(h.inner_steps);
@@ -240,12 +259,9 @@ std::optional<Refusal> Rounds::push(const PushInfo& h, const TensorList& grad, T
   } else if (hooks_.on_version) {
     hooks_.on_version();
   }
-  // async: each push is one version, and the period closes at its N-th push
-  const uint64_t to_close = cfg_.mode == OuterMode::async && async_count_ > 0
-                                ? uint64_t(std::max<int64_t>(1, period() - async_count_))
-                                : 0;
-  *out = {frag.version,           inner_steps_for(*m, now), done(), frag.version + to_close,
-          uint64_t(total_steps_), speed_share(*m)};
+  const Beat beat = beat_for(*m, now);
+  *out = {frag.version,  beat.inner_steps,       beat.push_in_s, done(),
+          pushed_period, uint64_t(total_steps_), speed_share(*m)};
   return std::nullopt;
 }
 
@@ -356,7 +372,7 @@ std::chrono::milliseconds Rounds::lease() const {
 }
 
 StateMeta Rounds::meta() const {
-  StateMeta s{cfg_.mode, version(), {}, async_count_, total_steps_, next_id_, {}, keys_};
+  StateMeta s{cfg_.mode, version(), {}, async_count_, periods_, total_steps_, next_id_, {}, keys_};
   for (const Fragment& f : frags_) s.fragment_versions.push_back(f.version);
   for (const auto& [id, m] : members_) s.members[id] = m.record;
   return s;
@@ -373,9 +389,9 @@ Rounds::Member* Rounds::find_live(uint64_t id, Time now) {
 
 // Async: the steps that end the island's next round on the beat (rounds.h), at its own speed;
 // H until its speed is known.
-uint32_t Rounds::inner_steps_for(const Member& m, Time now) {
+Rounds::Beat Rounds::beat_for(const Member& m, Time now) {
   const double own = m.record.sec_per_step;
-  if (cfg_.mode != OuterMode::async || own <= 0) return uint32_t(cfg_.inner_steps);
+  if (cfg_.mode != OuterMode::async || own <= 0) return {uint32_t(cfg_.inner_steps), 0};
   const Member* fastest = &m;
   for (const auto& [id, o] : members_)
     if (o.record.sec_per_step > 0 && o.record.sec_per_step < fastest->record.sec_per_step)
@@ -384,12 +400,16 @@ uint32_t Rounds::inner_steps_for(const Member& m, Time now) {
   const double over =
       fastest->seconds > 0 ? std::clamp(fastest->wall / fastest->seconds, 1.0, 3.0) : 1.0;
   const double beat = double(cfg_.inner_steps) * fastest->record.sec_per_step * over;
-  if (!beat0_) beat0_ = now;
-  // the first beat at least half a beat away
-  const double since = std::chrono::duration<double>(now - *beat0_).count();
-  const double next = std::ceil((since + beat / 2) / beat) * beat;
-  const double h = std::round((next - since) / (own * over));
-  return uint32_t(std::clamp<double>(h, 1, 2 * double(cfg_.inner_steps)));
+  // the first beat at least half a beat away; the grid moves on from its last beat by the beat's
+  // length now (a new speed moves the beats to come, never the one the islands are heading for)
+  if (!beat_) beat_ = now;
+  if (const double behind = std::chrono::duration<double>(now - *beat_).count() + beat / 2;
+      behind > 0)
+    *beat_ += std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(std::ceil(behind / beat) * beat));
+  const double in = std::chrono::duration<double>(*beat_ - now).count();
+  const double h = std::round(in / (own * over));
+  return {uint32_t(std::clamp<double>(h, 1, 2 * double(cfg_.inner_steps))), in};
 }
 
 double Rounds::speed_share(const Member& m) const {

@@ -21,13 +21,18 @@
 // carried it (a module's outer gradient averaged over the paths through it that pushed); a module
 // no push carried keeps its parameters and momentum. A member pulls its path's tensors.
 // Async: each push is applied at once with Delayed Nesterov (optimizer.h), whatever its base
-// version. The push's reply sets the island's next H so that its next push falls on the beat: a
-// clock of period H x the fastest island's wall seconds per step, from the first H set from a
-// speed; the next beat at least half a beat away, reached at the island's own speed (its seconds
-// per step from its pushes, times the fastest's wall time per second of steps), in [1, 2H]. So a
-// k-times slower island takes about H / k steps (Liu et al.'s dynamic local updates), and islands
-// whose pushes drift apart (scheduling noise, an evaluation, a stall) are brought back to push
-// together within a round, which lets a Delayed Nesterov period close with one push of each.
+// version. The push's reply says when the island's next push falls due, on the beat: a clock of
+// period H x the fastest island's wall seconds per step, from the first reply set from a speed;
+// the reply names the next beat at least half a beat away (push_in_s) and H, the steps that is at
+// the island's own speed (its seconds per step from its pushes, times the fastest's wall time per
+// second of steps; in [1, 2H]), and the island pushes at the step that ends nearest to the beat.
+// So a k-times slower island takes about H / k steps (Liu et al.'s dynamic local updates), and
+// islands whose pushes drift apart (scheduling noise, an evaluation, a stall) push together again
+// from the next beat. The clock moves on from its last beat by the beat's length at each reply, so
+// a new speed moves the beats to come, never the one the islands head for. A Delayed Nesterov
+// period is one beat: it closes at its N-th push, or (N the live members) when an island of it
+// pushes again, the beat having moved on without the rest; it then closes first, as if the
+// missing pushes were zero.
 // Both: a push from a future version is `invalid`; `done` once the inner steps pushed reach
 // `step_budget`.
 //
@@ -120,10 +125,13 @@ class Rounds {
   struct Pushed {
     uint64_t version = 0;      // after the push (async: it includes the push)
     uint32_t inner_steps = 0;  // H for the island's next round
+    // async, once the island's speed is known: seconds from now to the beat its next push falls
+    // on (the island pushes at the step that ends nearest to it, H its estimate); 0: none
+    double push_in_s = 0;
     bool done = false;
-    // async: the version at which the Delayed Nesterov period of this push closes (its momentum
-    // step), = version when this push closed it; sync: version
-    uint64_t period_version = 0;
+    // async: the Delayed Nesterov period this push is in (1, 2, ...; periods() reaches it when
+    // the period has closed: its momentum step is in the parameters); sync: 0
+    uint64_t period = 0;
     // async: the inner steps pushed in all (this push included), and the live members' summed
     // speed over this island's (a member whose speed is not known yet counts as this island; 1
     // per member when none is known): the schedule's shared clock (island.h)
@@ -194,7 +202,8 @@ class Rounds {
   // A live member's path (0 without modules); none if no such member.
   std::optional<uint32_t> path_of(uint64_t id) const;
   size_t members() const { return members_.size(); }
-  int64_t pushes() const { return accepted_; }  // accepted since start
+  int64_t pushes() const { return accepted_; }   // accepted since start
+  uint64_t periods() const { return periods_; }  // async: Delayed Nesterov periods closed
   std::chrono::milliseconds lease() const;
   const RoundsConfig& config() const { return cfg_; }
 
@@ -218,7 +227,12 @@ class Rounds {
   };
 
   Member* find_live(uint64_t id, Time now);  // its lease renewed; nullptr if none
-  uint32_t inner_steps_for(const Member& m, Time now);
+  // Async: H and the seconds to the beat the island's next push falls on (rounds.h's top).
+  struct Beat {
+    uint32_t inner_steps = 0;
+    double push_in_s = 0;
+  };
+  Beat beat_for(const Member& m, Time now);
   double speed_share(const Member& m) const;
   // sync: closes each fragment's round that everyone expected in it has pushed
   void maybe_close(Time now);
@@ -250,10 +264,12 @@ class Rounds {
   dipaco::Paths paths_;    // DiPaCo: the module table's layout
   TensorList model_spec_;  // DiPaCo: the model's names and shapes (what a path is)
   std::shared_ptr<const TensorList> params_;
-  TensorList momentum_, buffer_;  // buffer: async only
-  int64_t async_count_ = 0;       // async: pushes in the open Delayed Nesterov period
-  std::optional<Time> beat0_;     // async: the beat's origin (the first H set from a speed)
-  int64_t total_steps_ = 0;       // inner steps pushed, summed
+  TensorList momentum_, buffer_;       // buffer: async only
+  int64_t async_count_ = 0;            // async: pushes in the open Delayed Nesterov period
+  uint64_t periods_ = 0;               // async: periods closed
+  std::set<uint64_t> period_pushers_;  // async: who pushed in the open period
+  std::optional<Time> beat_;           // async: the beat the islands head for (the grid's last)
+  int64_t total_steps_ = 0;            // inner steps pushed, summed
   int64_t accepted_ = 0;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Member> members_;

@@ -304,8 +304,9 @@ TEST(Rounds, AsyncAppliesEachPushAtOnceAndGivesSlowIslandsFewerSteps) {
     EXPECT_EQ(f.saved, int(k + 1)) << k;
     EXPECT_EQ(p.inner_steps, s.next_h) << k;
     EXPECT_EQ(p.done, s.done) << k;
-    // N = 2: the first push of a period waits for the version of the second, which closes it
-    EXPECT_EQ(p.period_version, k % 2 == 0 ? k + 2 : k + 1) << k;
+    // N = 2: two pushes a period; the second closes it
+    EXPECT_EQ(p.period, k / 2 + 1) << k;
+    EXPECT_EQ(f.rounds.periods(), (k + 1) / 2) << k;
     EXPECT_EQ(f.rounds.round_state(ids[s.island], 0, p.version), RoundState::pending) << k;
     expect_same(*f.rounds.params(), want, 1e-6f);
   }
@@ -328,19 +329,27 @@ TEST(Rounds, AsyncSetsHSoThatIslandsPushOnTheBeat) {
     uint64_t id;
     int64_t ms;
     uint32_t steps;
+    double seconds;
     uint32_t next_h;
+    double push_in_s;  // to the beat
   };
-  const Step steps[] = {{a, 1000, 10, 10}, {b, 1400, 10, 10},  // no speed yet
-                        {a, 2000, 10, 10}, {b, 2400, 10, 10},  // one round counted
-                        {a, 3000, 10, 10},                     // the beat starts here
-                        {b, 3400, 10, 6},                      // 0.6 s to the beat at 4.0 s
-                        {a, 4000, 10, 10}, {b, 4000, 6, 10}};  // together
+  const Step steps[] = {{a, 1000, 10, 1.0, 10, 0},
+                        {b, 1400, 10, 1.0, 10, 0},  // no speed yet
+                        {a, 2000, 10, 1.0, 10, 0},
+                        {b, 2400, 10, 1.0, 10, 0},    // one round counted
+                        {a, 3000, 10, 1.0, 10, 1.0},  // the beat starts here
+                        {b, 3400, 10, 1.0, 6, 0.6},   // 0.6 s to the beat at 4.0 s
+                        {a, 4000, 10, 1.0, 10, 1.0},  // together
+                        {b, 4000, 6, 0.6, 10, 1.0},
+                        // b's steps got faster (0.05 s): the beat shrinks to 0.86 s from the beat
+                        // at 5.0 s on, which stays where the islands head for
+                        {b, 4500, 10, 0.5, 6, 0.5}};
   for (size_t k = 0; k < std::size(steps); ++k) {
     const Step& s = steps[k];
     Rounds::Pushed p;
-    ASSERT_FALSE(f.push(s.id, f.rounds.version(), model(2 + k), s.ms, &p, s.steps, 0.1 * s.steps))
-        << k;
+    ASSERT_FALSE(f.push(s.id, f.rounds.version(), model(2 + k), s.ms, &p, s.steps, s.seconds)) << k;
     EXPECT_EQ(p.inner_steps, s.next_h) << k;
+    EXPECT_NEAR(p.push_in_s, s.push_in_s, 1e-9) << k;
   }
 }
 
@@ -410,17 +419,63 @@ TEST(Rounds, TheAsyncPeriodFollowsTheLiveMembers) {
   const uint64_t a = f.join(), b = f.join(), c = f.join();
   Rounds::Pushed p;
   ASSERT_FALSE(f.push(a, 0, model(2), 0, &p));
-  EXPECT_EQ(p.period_version, 3u);  // three members: the third push closes the period
+  EXPECT_EQ(p.period, 1u);
   ASSERT_FALSE(f.push(b, 0, model(3), 0, &p));
+  EXPECT_EQ(f.rounds.periods(), 0u);  // three members: the third push closes the period
   ASSERT_FALSE(f.push(c, 0, model(4), 0, &p));
-  EXPECT_EQ(p.period_version, 3u);           // this push closed it
+  EXPECT_EQ(p.period, 1u);
+  EXPECT_EQ(f.rounds.periods(), 1u);         // this push closed it
   for (const Tensor& t : f.rounds.buffer())  // the momentum step took the buffer
     for (float x : t.data) EXPECT_EQ(x, 0.f);
   ASSERT_FALSE(f.rounds.leave(c, f.at(0)));
   ASSERT_FALSE(f.push(a, 3, model(5), 0, &p));
-  EXPECT_EQ(p.period_version, 5u);  // two members now
+  EXPECT_EQ(p.period, 2u);
+  EXPECT_EQ(f.rounds.periods(), 1u);  // two members now
   ASSERT_FALSE(f.push(b, 3, model(6), 0, &p));
-  EXPECT_EQ(p.period_version, 5u);
+  EXPECT_EQ(p.period, 2u);
+  EXPECT_EQ(f.rounds.periods(), 2u);
+}
+
+// A period is one beat: when an island pushes again before the others of its period did (they
+// stalled, or missed the beat), the period closes first without them, with its momentum step on
+// what it holds, and the push opens the next; an island awaiting the period (Await's period) gets
+// it then, not a beat later. With [outer] delay = N a period is N pushes, whoever made them.
+TEST(Rounds, AnIslandPushingAgainClosesItsPeriodFirst) {
+  Fixture f({.mode = OuterMode::async, .lease_s = 60});
+  const uint64_t a = f.join(), b = f.join(), c = f.join();
+  TensorList want = f.init, m = zeros_like(want), buf = zeros_like(want);
+  int64_t count = 0;
+  const OuterOptConfig opt = RoundsConfig{}.opt;
+  Rounds::Pushed p;
+  ASSERT_FALSE(f.push(a, 0, model(2), 0, &p));
+  ASSERT_FALSE(f.push(b, 0, model(3), 0, &p));
+  delayed_nesterov_push(opt, 3, want, m, buf, count, model(2));
+  delayed_nesterov_push(opt, 3, want, m, buf, count, model(3));
+  ASSERT_FALSE(f.push(a, 1, model(4), 0, &p));  // c missed the beat
+  delayed_nesterov_close(opt, 3, want, m, buf, count);
+  delayed_nesterov_push(opt, 3, want, m, buf, count, model(4));
+  EXPECT_EQ(f.rounds.periods(), 1u);
+  EXPECT_EQ(p.period, 2u);
+  EXPECT_EQ(p.version, 3u);  // one version a push still
+  expect_same(*f.rounds.params(), want, 1e-6f);
+  expect_same(f.rounds.momentum(), m, 1e-6f);
+  ASSERT_FALSE(f.push(c, 0, model(5), 0, &p));  // late: in the next period
+  ASSERT_FALSE(f.push(b, 2, model(6), 0, &p));  // its third push closes it
+  delayed_nesterov_push(opt, 3, want, m, buf, count, model(5));
+  delayed_nesterov_push(opt, 3, want, m, buf, count, model(6));
+  EXPECT_EQ(p.period, 2u);
+  EXPECT_EQ(f.rounds.periods(), 2u);
+  expect_same(*f.rounds.params(), want, 1e-6f);
+  expect_same(f.rounds.momentum(), m, 1e-6f);
+  expect_same(f.rounds.buffer(), buf, 1e-6f);
+
+  Fixture g({.mode = OuterMode::async, .delay = 3, .lease_s = 60});
+  const uint64_t x = g.join(), y = g.join();
+  ASSERT_FALSE(g.push(x, 0, model(2), 0, &p));
+  ASSERT_FALSE(g.push(y, 0, model(3), 0, &p));
+  ASSERT_FALSE(g.push(x, 1, model(4), 0, &p));  // N = 3 pushes, whoever made them
+  EXPECT_EQ(p.period, 1u);
+  EXPECT_EQ(g.rounds.periods(), 1u);
 }
 
 // Quantised updates: every commit (a sync round of a fragment, an async push) is old + the decoding

@@ -448,18 +448,18 @@ TEST(OuterServer, AsyncAppliesEachPushAndGivesSlowIslandsFewerSteps) {
   uint64_t ia = join(*a), ib = join(*b);
   TensorList want = h.init, m = zeros_like(want), buf = zeros_like(want);
   int64_t count = 0;
-  // (island, base version, seconds for 12 steps, H told, period_version): speeds are known from an
+  // (island, base version, seconds for 12 steps, H told, period): speeds are known from an
   // island's third push (the first round holds the warm-up); the slow island then gets a third of H
   struct Push {
     int island;
     uint64_t base;
     double seconds;
     uint32_t h;
-    uint64_t period_version;
+    uint64_t period;
   };
-  const Push pushes[] = {{0, 0, 1.2, 12, 2}, {1, 0, 3.6, 12, 2},  // stale by one: applied anyway
-                         {0, 1, 1.2, 12, 4}, {1, 2, 3.6, 12, 4},
-                         {0, 3, 1.2, 12, 6}, {1, 4, 3.6, 4, 6}};
+  const Push pushes[] = {{0, 0, 1.2, 12, 1}, {1, 0, 3.6, 12, 1},  // stale by one: applied anyway
+                         {0, 1, 1.2, 12, 2}, {1, 2, 3.6, 12, 2},
+                         {0, 3, 1.2, 12, 3}, {1, 4, 3.6, 4, 3}};
   for (size_t k = 0; k < std::size(pushes); ++k) {
     const Push& p = pushes[k];
     proto::PushReply r;
@@ -469,7 +469,13 @@ TEST(OuterServer, AsyncAppliesEachPushAndGivesSlowIslandsFewerSteps) {
     delayed_nesterov_push(c.opt, 2, want, m, buf, count, model(2 + k));
     EXPECT_EQ(r.version(), k + 1) << k;
     EXPECT_EQ(r.inner_steps(), p.h) << k;
-    EXPECT_EQ(r.period_version(), p.period_version) << k;
+    EXPECT_EQ(r.period(), p.period) << k;
+    // an await for the push's period: closed at the period's second push (N = 2)
+    proto::AwaitReply w;
+    ASSERT_TRUE((p.island == 0 ? *a : *b)
+                    .await(p.island == 0 ? ia : ib, 0, 0, 0, &w, nullptr, p.period)
+                    .ok());
+    EXPECT_EQ(w.state(), k % 2 == 1 ? proto::AwaitReply::CLOSED : proto::AwaitReply::PENDING) << k;
     EXPECT_EQ(r.done(), k + 1 == std::size(pushes)) << k;  // 72 inner steps pushed
   }
   expect_same(h.server->params(), want, 1e-6f);

@@ -252,8 +252,9 @@ Status OuterService::push(const std::function<bool(proto::PushRequest&)>& read,
   if (auto r = rounds_.push(h, as.tensors(), Clock::now(), &p)) return refused(*r);
   rep->set_version(p.version);
   rep->set_inner_steps(p.inner_steps);
+  rep->set_push_in_s(p.push_in_s);
   rep->set_done(p.done);
-  rep->set_period_version(p.period_version);
+  rep->set_period(p.period);
   rep->set_steps_pushed(p.steps_pushed);
   rep->set_speed_share(p.speed_share);
   return Status::OK;
@@ -271,11 +272,17 @@ Status OuterService::await(const proto::AwaitRequest& req, proto::AwaitReply* re
   std::unique_lock<std::mutex> lk(mu_);
   if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
   auto until = Clock::now() + std::chrono::milliseconds(std::min<uint32_t>(req.wait_ms(), 10000));
-  cv_.wait_until(lk, until, [&] { return rounds_.version(f) > req.base_version() || stopping_; });
+  const uint64_t period = req.period();  // async: a period's close
+  auto closed = [&] {
+    return period > 0 ? rounds_.periods() >= period : rounds_.version(f) > req.base_version();
+  };
+  cv_.wait_until(lk, until, [&] { return closed() || stopping_; });
   if (auto r = rounds_.touch(req.island_id(), Clock::now())) return refused(*r);
   rep->set_version(rounds_.version(f));
   rep->set_done(rounds_.done());
-  rep->set_state(await_state(rounds_.round_state(req.island_id(), f, req.base_version())));
+  rep->set_state(period > 0
+                     ? closed() ? proto::AwaitReply::CLOSED : proto::AwaitReply::PENDING
+                     : await_state(rounds_.round_state(req.island_id(), f, req.base_version())));
   if (rep->state() == proto::AwaitReply::PENDING)
     rep->set_awaited(rounds_.awaited(f, Clock::now()));
   return Status::OK;

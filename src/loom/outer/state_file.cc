@@ -70,6 +70,7 @@ void write_state(const std::string& path, const StateMeta& meta, const TensorLis
                    {"members", ms},
                    {"keys", meta.keys}};
   if (meta.fragment_versions.size() > 1) j["fragment_versions"] = meta.fragment_versions;
+  if (meta.mode == OuterMode::async) j["periods"] = meta.periods;
   write_safetensors(path, ts, {{"loom_outer", j.dump()}});
 }
 
@@ -97,6 +98,7 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
                               path, s.fragment_versions.size(), fragments),
                   "use another --state-dir, or the same [outer] fragments");
     s.async_count = j.at("async_count").get<int64_t>();
+    s.periods = j.value("periods", uint64_t(0));  // written since periods close on the beat
     s.total_steps = j.at("total_steps").get<int64_t>();
     s.next_id = j.at("next_id").get<uint64_t>();
     for (const auto& m : j.at("members")) {
@@ -136,6 +138,9 @@ OuterState read_state(const std::string& path, OuterMode mode, const TensorList&
     // a sync server never counts async pushes
     field("async_count", s.async_count >= 0 && uint64_t(s.async_count) <= kMax &&
                              (mode == OuterMode::async || s.async_count == 0));
+    // each period holds at least one push (one version); a sync server counts none
+    if (j.contains("periods"))
+      field("periods", s.periods <= s.version && (mode == OuterMode::async || s.periods == 0));
     field("total_steps", s.total_steps >= 0 && uint64_t(s.total_steps) <= kMax);
     uint64_t top = 0;
     for (const auto& [id, m] : s.members) {

@@ -5,7 +5,7 @@
 // the outer momentum "momentum.<name>" and, in async mode only, the Delayed Nesterov buffer
 // "buffer.<name>", all f32 in the model's order; its "loom_outer" metadata entry is JSON:
 //   {"format": 1, "mode": "sync", "version": 12, "async_count": 0, "total_steps": 600,
-//    "next_id": 4,
+//    "next_id": 4,   (async also "periods": the Delayed Nesterov periods closed; 0 if absent)
 //    "members": [{"id": 1, "name": "host-a", "joined_round": 0, "sec_per_step": 0.2}]}
 // With streaming fragments (F > 1) "version" is the sum of "fragment_versions" (one per fragment)
 // and each member's "joined_round" is a list, a first round per fragment. With DiPaCo's modules the
@@ -53,6 +53,7 @@ struct StateMeta {
   uint64_t version = 0;                     // summed over the fragments
   std::vector<uint64_t> fragment_versions;  // one per fragment
   int64_t async_count = 0;                  // async: pushes in the open Delayed Nesterov period
+  uint64_t periods = 0;                     // async: Delayed Nesterov periods closed
   int64_t total_steps = 0;                  // inner steps pushed, summed
   uint64_t next_id = 1;                     // the id the next island to join gets
   std::map<uint64_t, MemberRecord> members;

@@ -47,6 +47,7 @@ StateMeta sample_meta(OuterMode mode) {
   m.mode = mode;
   m.version = 12;
   m.async_count = mode == OuterMode::async ? 7 : 0;
+  m.periods = mode == OuterMode::async ? 3 : 0;
   m.total_steps = 600;
   m.next_id = 4;
   m.members[1] = {"host-a", {0}, 0.25};
@@ -68,6 +69,7 @@ TEST(StateFile, AStateWrittenIsReadBackWhole) {
     EXPECT_EQ(s.meta.mode, mode);
     EXPECT_EQ(s.meta.version, 12u);
     EXPECT_EQ(s.meta.async_count, meta.async_count);
+    EXPECT_EQ(s.meta.periods, meta.periods);
     EXPECT_EQ(s.meta.total_steps, 600);
     EXPECT_EQ(s.meta.next_id, 4u);
     ASSERT_EQ(s.meta.members.size(), 2u);
@@ -187,6 +189,13 @@ TEST(StateFile, AStateThisServerCouldNotHaveWrittenIsRefused) {
   EXPECT_NE(e.find("\"members\""), std::string::npos) << e;
   e = with([](StateMeta& m) { m.async_count = 2; });  // an async server's field, in a sync state
   EXPECT_NE(e.find("\"async_count\""), std::string::npos) << e;
+  {  // more Delayed Nesterov periods closed than pushes made
+    StateMeta m = sample_meta(OuterMode::async);
+    m.periods = 13;
+    write_state(path, m, p, p, p);
+    e = error_of([&] { read_state(path, OuterMode::async, p); });
+    EXPECT_NE(e.find("\"periods\" = 13"), std::string::npos) << e;
+  }
   {  // a member listed twice (write_state's map cannot hold it: the JSON is edited)
     StateMeta m = sample_meta(OuterMode::sync);
     m.members[2] = {"host-a", {0}, 0.25};
