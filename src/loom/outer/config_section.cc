@@ -69,7 +69,8 @@ const config::Section<OuterConfig>& outer_section() {
       s.keys.push_back(lift<O>(k, &O::dipaco));
     const std::vector<Key<O>> rest = {
         int_key("delay", &O::delay, closed(0, 65536),
-                "async Delayed Nesterov period (0: the islands that are members at each push)"),
+                "async Delayed Nesterov period in pushes (0: the islands that are members at each "
+                "push, and a period also closes when an island of it pushes again: one beat)"),
         int_key("islands", &O::islands, closed(0, 65536),
                 "islands expected (the first round waits for them; async step budget)"),
         // durations become clock ticks (nanoseconds in int64: at most 292 years); a day is plenty

@@ -376,7 +376,8 @@ double Island::steps_to_beat() const {
                                             double(t_ - pushed_at_)
                                       : step_wall_s_;
   if (pace <= 0) return std::numeric_limits<double>::infinity();
-  return double(beat - now.time_since_epoch().count()) * 1e-9 / pace;
+  const Clock::duration to_beat(beat - now.time_since_epoch().count());
+  return std::chrono::duration<double>(to_beat).count() / pace;
 }
 
 void Island::async_sync(bool last) {

@@ -184,7 +184,7 @@ class Island {
   bool caught_up_ = true;  // async: base_ holds a version pulled since the last push
   int64_t pushed_at_ = 0;  // async: the step of the last push
   // async: when the last push was made, and the wall seconds an inner step took in the round
-  // before it; the beat its reply set for the next push (steady clock nanoseconds; 0: none, push
+  // before it; the beat its reply set for the next push (steady clock ticks; 0: none, push
   // after next_push_) and its H, set by the push's thread as soon as the reply is in
   std::chrono::steady_clock::time_point pushed_wall_;
   double step_wall_s_ = 0;

@@ -387,8 +387,8 @@ Rounds::Member* Rounds::find_live(uint64_t id, Time now) {
   return &it->second;
 }
 
-// Async: the steps that end the island's next round on the beat (rounds.h), at its own speed;
-// H until its speed is known.
+// Async: the seconds to the beat the island's next push falls on (rounds.h), and the steps that
+// is at its own speed; H (and no beat) until its speed is known.
 Rounds::Beat Rounds::beat_for(const Member& m, Time now) {
   const double own = m.record.sec_per_step;
   if (cfg_.mode != OuterMode::async || own <= 0) return {uint32_t(cfg_.inner_steps), 0};
