@@ -24,18 +24,14 @@ import os
 import shutil
 import sys
 
-from runs import LOOM, ROOT, island_env, last_val, run_islands, timed
+from runs import LOOM, ROOT, island_env, last_checkpoint, last_val, run_islands, timed
 
 N = 4
 
 
 def final_checkpoint(run_dir):
-    """RUN_DIR/checkpoints/step_*/model.safetensors of the highest step."""
-    ck = os.path.join(run_dir, "checkpoints")
-    steps = sorted(d for d in os.listdir(ck) if d.startswith("step_"))
-    if not steps:
-        raise SystemExit(f"{ck}: no checkpoint")
-    return os.path.join(ck, steps[-1], "model.safetensors")
+    """The model of RUN_DIR's last checkpoint."""
+    return os.path.join(last_checkpoint(run_dir), "model.safetensors")
 
 
 def main():

@@ -31,7 +31,7 @@ import shutil
 import subprocess
 import sys
 
-from runs import LOOM, ROOT, island_env, run_islands, timed
+from runs import LOOM, ROOT, island_env, last_checkpoint, run_islands, timed
 
 
 def main():
@@ -74,7 +74,7 @@ def main():
                                 f"train.batch_size={paths * a.batch}"]),
                  dict(env, OMP_NUM_THREADS="2"), quiet=True)
     record({"run": "base", "steps": a.base_steps, "wall_s": round(wall, 1)})
-    init = os.path.join(base, "checkpoints", sorted(os.listdir(os.path.join(base, "checkpoints")))[-1])
+    init = last_checkpoint(base)
     router = os.path.join(a.out, "router")
     route = subprocess.run([a.loom, "dipaco", "route", a.config, "--base", base, "--out", router,
                             "--prefix", str(a.prefix), "--doc-tokens", str(a.doc_tokens)] +

@@ -1,6 +1,6 @@
 """What the island benchmarks share: running `loom islands` and reading what a run leaves.
 
-Used by bench/islands/async_gap.py, bench/islands/diloco_scale.py and bench/diloco/run.py.
+Used by the benchmarks of bench/islands/ and by bench/diloco/run.py.
 """
 import json
 import os
@@ -28,6 +28,15 @@ def last_val(run_dir):
             if j.get("val_loss") is not None:
                 val = j["val_loss"]
     return val
+
+
+def last_checkpoint(run_dir):
+    """RUN_DIR/checkpoints/step_* of the highest step (names are zero-padded: the last sorted)."""
+    ck = os.path.join(run_dir, "checkpoints")
+    steps = sorted(d for d in os.listdir(ck) if d.startswith("step_"))
+    if not steps:
+        raise SystemExit(f"{ck}: no checkpoint")
+    return os.path.join(ck, steps[-1])
 
 
 def summary_row(s):

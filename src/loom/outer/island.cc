@@ -368,7 +368,7 @@ int64_t Island::push_bound() const {
 }
 
 double Island::steps_to_beat() const {
-  const int64_t beat = beat_ns_;
+  const int64_t beat = beat_at_;
   if (beat == 0) return std::numeric_limits<double>::infinity();
   // the pace of the round under way, else of the last
   const auto now = Clock::now();
@@ -426,7 +426,7 @@ void Island::async_push(double seconds) {
   since_[0] = 0;
   pushed_at_ = t_;
   pushed_wall_ = now;
-  beat_ns_ = 0;
+  beat_at_ = 0;
   beat_h_ = 0;
   next_push_ = t_ + std::max<int64_t>(1, h_);  // until the reply says the next H
   caught_up_ = false;
@@ -445,7 +445,7 @@ void Island::async_push(double seconds) {
     c.push.status = client_->push(h, *grad, enc, &c.push.reply);
     if (const double in = c.push.reply.push_in_s(); c.push.status.ok() && in > 0 && paced) {
       beat_h_ = std::max<int64_t>(1, c.push.reply.inner_steps());  // before the beat: see sync()
-      beat_ns_ = (Clock::now() +
+      beat_at_ = (Clock::now() +
                   std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(in)))
                      .time_since_epoch()
                      .count();

@@ -188,7 +188,7 @@ class Island {
   // after next_push_) and its H, set by the push's thread as soon as the reply is in
   std::chrono::steady_clock::time_point pushed_wall_;
   double step_wall_s_ = 0;
-  std::atomic<int64_t> beat_ns_{0}, beat_h_{0};
+  std::atomic<int64_t> beat_at_{0}, beat_h_{0};
   train::ScheduleClock clock_;  // async: as the last push reply taken set it (its `now` aside)
   uint32_t next_ = 0;           // the fragment pushed next
   int64_t t_ = 0;               // inner steps since the island started
