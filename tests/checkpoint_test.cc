@@ -6,9 +6,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
+#include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/train/checkpoint_writer.h"
 #include "loom/train/schedule.h"
 
 namespace loom::train {
@@ -83,6 +86,81 @@ TEST(Checkpoint, KeepsTheNewestAndIgnoresTempDirectories) {
   EXPECT_EQ(fs::path(all[0]).filename(), "step_00000003");
   EXPECT_EQ(fs::path(*latest_checkpoint(dir)).filename(), "step_00000004");
   EXPECT_FALSE(fs::exists(dir + "/.tmp.step_00000099.12345")) << "temp directories are swept";
+  fs::remove_all(dir);
+}
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// [checkpoint] async (checkpoint_writer.h): a write held back while the run trains two more steps
+// (its parameters and moments change) writes, byte for byte, the files of a synchronous save at
+// the step it was taken at, and nothing is in place before it is committed. A write that fails
+// (its temporary directory taken away) fails the commit naming the checkpoint, leaving nothing
+// behind and the earlier checkpoint as it was; one still under way when its writer goes (a run
+// stopping on an error) is committed.
+TEST(Checkpoint, AnAsyncSaveWritesTheStepItWasTakenAt) {
+  Config cfg = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/tiny-llama.toml");
+  const std::string sync_dir = temp_dir("sync"), dir = temp_dir("async");
+  ParamStore p(cfg.model);
+  p.init_random(3);
+  StepRunner r(cfg, p, StepRunner::Mode::train);
+  for (int s = 1; s <= 3; ++s) r.step(batch(cfg, s).data(), 1e-3);
+  const nlohmann::json state = {{"data", "somewhere"}};
+  const std::string want = save_checkpoint(sync_dir, p, r, state, "# config\n", 0);
+  std::promise<void> trained;
+  std::shared_future<void> go = trained.get_future().share();
+  std::string got;
+  {
+    CheckpointWriter w(dir, 0, /*async=*/true);
+    w.hold_writes([go] { go.wait(); });
+    EXPECT_EQ(w.save(p, r, state, "# config\n"), "");
+    EXPECT_EQ(w.pending_step(), 3);
+    for (int s = 4; s <= 5; ++s) r.step(batch(cfg, s).data(), 1e-3);
+    EXPECT_EQ(w.poll(), "") << "held back: nothing is written yet";
+    EXPECT_TRUE(list_checkpoints(dir).empty());
+    trained.set_value();
+    got = w.finish();
+    EXPECT_EQ(w.pending_step(), -1);
+    EXPECT_EQ(w.last().step, 3);
+    int64_t floats = 0;
+    for (const auto& info : p.infos()) floats += numel(info.shape);
+    EXPECT_GT(w.last().bytes, 3 * 4 * floats) << "the parameters and both moments, f32";
+  }
+  ASSERT_EQ(fs::path(got).filename(), "step_00000003");
+  for (const char* file :
+       {"model.safetensors", "optimizer.safetensors", "state.json", "config.toml"})
+    EXPECT_EQ(bytes_of(got + "/" + file), bytes_of(want + "/" + file)) << file;
+  {
+    CheckpointWriter w(dir, 0, true);
+    w.hold_writes([&] {
+      for (const auto& e : fs::directory_iterator(dir))
+        if (e.path().filename().string().rfind(".tmp.", 0) == 0) fs::remove_all(e.path());
+    });
+    w.save(p, r, state, "");
+    std::string error;
+    try {
+      w.finish();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find("cannot write checkpoint " + dir + "/step_00000005"), std::string::npos)
+        << error;
+  }
+  EXPECT_EQ(list_checkpoints(dir), std::vector<std::string>{got});
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename(), "step_00000003") << "left behind";
+  EXPECT_EQ(bytes_of(got + "/model.safetensors"), bytes_of(want + "/model.safetensors"));
+  {
+    CheckpointWriter w(dir, 0, true);
+    r.step(batch(cfg, 6).data(), 1e-3);
+    w.save(p, r, state, "");
+  }
+  EXPECT_EQ(fs::path(latest_checkpoint(dir).value_or("")).filename(), "step_00000006");
+  fs::remove_all(sync_dir);
   fs::remove_all(dir);
 }
 

@@ -218,7 +218,8 @@ with tempfile.TemporaryDirectory() as d:
         compare(name, [m for m in metrics(rd) if m["step"] > 10], ref, first_step=11)
 
     # 2b. a rank SIGKILLed mid-run: the job ends (no hang), the last checkpoint is whole, and the
-    # run resumes from it (under another launcher) with the straight run's losses
+    # run resumes from it (under another launcher) with the straight run's losses. The killed run
+    # writes its checkpoints asynchronously ([checkpoint] async: the ranks agree on each commit).
     long_run = ["--set", "train.steps=300", "--set", "train.eval_every=0"]
     long_ref_dir = os.path.join(d, "straight-long")
     # over 300 steps a different sum order drifts by more than 1e-5, so the reference for the
@@ -228,7 +229,8 @@ with tempfile.TemporaryDirectory() as d:
     if r.returncode != 0:
         fail("the 300-step fsdp run exited %d" % r.returncode)
     killed = os.path.join(d, "killed")
-    cmd = MPIRUN + ["-np", "2"] + train_args(killed, data, "fsdp", "mpi", long_run)
+    cmd = MPIRUN + ["-np", "2"] + train_args(killed, data, "fsdp", "mpi",
+                                             long_run + ["--set", "checkpoint.async=true"])
     p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     first = os.path.join(killed, "checkpoints", "step_00000010")
     deadline = time.time() + 120

@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <future>
 #include <mutex>
+#include <sstream>
 
 #include "loom/comm/local.h"
 #include "loom/core/file.h"
@@ -15,6 +18,7 @@
 #include "loom/passes/rewrite.h"
 #include "loom/runtime/memory_plan.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/checkpoint_writer.h"
 #include "loom/train/compile.h"
 
 namespace loom::train::parity {
@@ -502,6 +506,58 @@ TEST(ShardedCheckpoint, ResumesUnderAnyPlan) {
       },
       "the index makes it f32");
   fs::remove_all(dir);
+}
+
+// An asynchronous sharded checkpoint (checkpoint_writer.h) on fsdp's 4 ranks, each rank's write
+// held back while the ranks train two more steps (every poll, collective, finds it unfinished):
+// the rank files, index, state and config are byte for byte those of a synchronous save at the
+// same step, and nothing is in place before the commit.
+TEST(ShardedCheckpoint, AnAsyncSaveWritesTheSameFiles) {
+  namespace fs = std::filesystem;
+  const fs::path root =
+      fs::temp_directory_path() / fmt::format("loom-sharded-async-{}", ::getpid());
+  fs::remove_all(root);
+  Case fsdp4 = case_named("fsdp");
+  fsdp4.mesh = "{data=4}";
+  const Config cfg = config(fsdp4);
+  std::mutex mu;
+  std::string want, got;
+  on_ranks<int>(cfg, [&](const runtime::MeshComms& mc) {
+    const bool rank0 = mc.world().rank() == 0;
+    ParamStore p(cfg.model);
+    p.init_random(5);
+    StepRunner r(cfg, p, StepRunner::Mode::train, &mc);
+    for (int64_t s = 1; s <= 3; ++s) r.step(batch(cfg, s).data(), lr_at(s));
+    const std::string a = save_checkpoint((root / "sync").string(), p, r, {}, "text", 0, rank0);
+    std::promise<void> trained;
+    std::shared_future<void> go = trained.get_future().share();
+    CheckpointWriter w((root / "async").string(), 0, /*async=*/true, rank0);
+    w.hold_writes([go] { go.wait(); });
+    EXPECT_EQ(w.save(p, r, {}, "text"), "");
+    for (int64_t s = 4; s <= 5; ++s) {
+      r.step(batch(cfg, s).data(), lr_at(s));
+      EXPECT_EQ(w.poll(), "");
+    }
+    EXPECT_TRUE(list_checkpoints((root / "async").string()).empty());
+    trained.set_value();
+    const std::string b = w.finish();
+    std::lock_guard<std::mutex> lock(mu);
+    if (rank0) want = a, got = b;
+    return 0;
+  });
+  ASSERT_EQ(fs::path(got).filename(), "step_00000003");
+  auto bytes_of = [](const fs::path& f) {
+    std::ifstream in(f, std::ios::binary);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(want)) files.push_back(e.path().filename().string());
+  EXPECT_EQ(files.size(), 7u) << "4 rank files, the index, state.json, config.toml";
+  for (const std::string& f : files)
+    EXPECT_EQ(bytes_of(fs::path(got) / f), bytes_of(fs::path(want) / f)) << f;
+  fs::remove_all(root);
 }
 
 // The named case in bf16, and the same with one more --set: a pass on and off.

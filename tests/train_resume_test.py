@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """loom train, killed with SIGKILL after its first checkpoint and resumed with --resume auto, logs
-bit-identical losses at every step to a run that was never interrupted (f32 and bf16). A damaged
+bit-identical losses at every step to a run that was never interrupted (f32 and bf16; and in f32
+with its checkpoints written asynchronously, `[checkpoint] async`). A damaged
 newest checkpoint (one flipped bit in either tensor file, a changed state.json or config.toml) is
 refused naming the file (and the tensor), and --resume auto falls back to the checkpoint before it,
 saying so, with losses still bit-identical; with every checkpoint damaged it exits 1 naming each.
@@ -43,27 +44,31 @@ with tempfile.TemporaryDirectory() as d:
     data = os.path.join(d, "text.txt")
     write_pseudo_english(data)
     env = dict(os.environ, OMP_NUM_THREADS="2")
-    for dtype in ["f32", "bf16"]:
-        straight, resumed = os.path.join(d, "a" + dtype), os.path.join(d, "b" + dtype)
-        subprocess.run(args(straight, dtype, data), check=True, env=env, capture_output=True)
-        p = subprocess.Popen(args(resumed, dtype, data), env=env, stdout=subprocess.DEVNULL,
+    # the resumed run writes its checkpoints at once, or asynchronously ([checkpoint] async)
+    for dtype, mode in [("f32", "false"), ("bf16", "false"), ("f32", "true")]:
+        name = dtype + (" async" if mode == "true" else "")
+        straight, resumed = os.path.join(d, "a" + dtype), os.path.join(d, "b" + dtype + mode)
+        if not os.path.isdir(straight):
+            subprocess.run(args(straight, dtype, data), check=True, env=env, capture_output=True)
+        resumed_args = args(resumed, dtype, data) + ["--set", "checkpoint.async=" + mode]
+        p = subprocess.Popen(resumed_args, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
         rc = kill_when(p, os.path.join(resumed, "checkpoints", "step_00000010"))
         killed_at = len(losses(resumed))
         if rc != -signal.SIGKILL:
-            print("FAIL %s: the run was not killed mid-way (rc %d)" % (dtype, rc))
+            print("FAIL %s: the run was not killed mid-way (rc %d)" % (name, rc))
             failures += 1
             continue
-        r = subprocess.run(args(resumed, dtype, data) + ["--resume", "auto"], env=env,
+        r = subprocess.run(resumed_args + ["--resume", "auto"], env=env,
                            capture_output=True, text=True)
         if r.returncode != 0:
-            print("FAIL %s: resume exited %d: %s" % (dtype, r.returncode, r.stderr))
+            print("FAIL %s: resume exited %d: %s" % (name, r.returncode, r.stderr))
             failures += 1
             continue
         a, b = losses(straight), losses(resumed)
         same = a == b
         print("%-4s %s: killed after %d logged steps, resumed; %d steps, losses %s (first %.4f, "
-              "last %.4f)" % ("ok" if same else "FAIL", dtype, killed_at, len(b),
+              "last %.4f)" % ("ok" if same else "FAIL", name, killed_at, len(b),
                               "bit-identical" if same else "DIFFER", a[0][1], a[-1][1]))
         if not same:
             failures += 1

@@ -22,9 +22,7 @@ namespace loom::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-int64_t step_of(const std::string& name) {
+int64_t checkpoint_step(const std::string& name) {
   if (name.rfind("step_", 0) != 0 || name.size() <= 5) return -1;
   int64_t s = 0;
   for (size_t i = 5; i < name.size(); ++i) {
@@ -34,8 +32,6 @@ int64_t step_of(const std::string& name) {
   return s;
 }
 
-}  // namespace
-
 std::string checkpoint_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {
@@ -43,7 +39,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return {};
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    int64_t s = step_of(e.path().filename().string());
+    int64_t s = checkpoint_step(e.path().filename().string());
     if (s >= 0 && e.is_directory()) found.push_back({s, e.path().string()});
   }
   std::sort(found.begin(), found.end());
@@ -56,157 +52,6 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   auto all = list_checkpoints(dir);
   if (all.empty()) return std::nullopt;
   return all.back();
-}
-
-namespace {
-
-// state.json's text: the caller's state, the format, the step and the checksums.
-std::string state_text(const nlohmann::json& state, int64_t step, const std::string& config_text) {
-  nlohmann::json st = state;
-  st["format"] = 1;
-  st["step"] = step;
-  st["config_crc32"] = crc32_hex(config_text);
-  st["crc32"] = crc32_hex(st.dump());  // of the rest, as dump() writes it (keys sorted)
-  return st.dump(2) + "\n";
-}
-
-// A checkpoint of the step about to be saved is one a resume passed over as damaged (resuming takes
-// the newest that loads): it is kept, renamed STEP.damaged (.damaged.2, ...: no checkpoint name),
-// never replaced, so that it can still be inspected or restored.
-void set_aside(const std::string& final_path) {
-  if (!path_exists(final_path)) return;
-  std::string aside = final_path + ".damaged";
-  for (int i = 2; path_exists(aside); ++i) aside = fmt::format("{}.damaged.{}", final_path, i);
-  if (::rename(final_path.c_str(), aside.c_str()) != 0)
-    throw_os("set aside the damaged checkpoint", final_path, errno);
-  fmt::print(stderr, "checkpoint {}: kept as {} (a resume passed over it as damaged)\n", final_path,
-             aside);
-}
-
-// Sweep: of the checkpoints up to `step`, those older than the newest `keep` (the one just written
-// the newest of them); a later step's checkpoint is one a resume passed over as damaged: never
-// counted (it would push good ones out), never deleted. Then temp directories of crashed writers.
-void sweep(const std::string& dir, int64_t step, int64_t keep) {
-  std::error_code ec;
-  std::vector<std::string> upto;
-  for (const std::string& c : list_checkpoints(dir))
-    if (step_of(fs::path(c).filename().string()) <= step) upto.push_back(c);
-  if (keep > 0 && int64_t(upto.size()) > keep)
-    for (size_t i = 0; i < upto.size() - size_t(keep); ++i) fs::remove_all(upto[i], ec);
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename().string().rfind(".tmp.", 0) == 0) fs::remove_all(e.path(), ec);
-}
-
-// A sharded run's checkpoint (sharded_checkpoint.h): every rank writes its blocks into rank 0's
-// temp directory, rank 0 the index, state and config, then renames it. After each phase the ranks
-// agree on whether every rank succeeded; a failure anywhere fails every rank's save (naming the
-// rank), removes the temp directory and leaves earlier checkpoints as they were.
-std::string save_sharded(const std::string& dir, StepRunner& runner, const nlohmann::json& state,
-                         const std::string& config_text, int64_t keep) {
-  comm::Communicator& world = runner.world();
-  const int rank = world.rank(), ranks = world.size();
-  const int64_t step = runner.step_count();
-  const std::string name = checkpoint_name(step);
-  const std::string final_path = (fs::path(dir) / name).string();
-  int64_t pid = ::getpid();
-  std::vector<int64_t> pids(static_cast<size_t>(ranks));
-  world.all_gather(&pid, pids.data(), 8);
-  const std::string tmp = (fs::path(dir) / fmt::format(".tmp.{}.{}", name, pids[0])).string();
-  auto attempt = [&](const std::function<void()>& f) {
-    std::string err;
-    try {
-      f();
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    int32_t bad = err.empty() ? 0 : 1;
-    std::vector<int32_t> all(static_cast<size_t>(ranks));
-    world.all_gather(&bad, all.data(), 4);
-    for (int r = 0; r < ranks; ++r) {
-      if (!all[size_t(r)]) continue;
-      std::error_code ec;
-      if (rank == 0) fs::remove_all(tmp, ec);
-      throw Error(r == rank ? fmt::format("cannot write checkpoint {}: {}", final_path, err)
-                            : fmt::format("cannot write checkpoint {}: rank {} failed (its own "
-                                          "error says why)",
-                                          final_path, r));
-    }
-  };
-  attempt([&] {
-    if (rank != 0) return;
-    make_directories(dir);
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    if (!fs::create_directory(tmp, ec) || ec)
-      throw Error(fmt::format("cannot create {}: {}", tmp, ec.message()));
-  });
-  runner.refresh_stage_replicas();  // a pipeline: every stage's parameters, current everywhere
-  const std::vector<HeldTensor> held = runner.held_tensors();
-  attempt([&] { write_rank_file(tmp, held, runner.mesh(), rank); });
-  attempt([&] {
-    if (rank != 0) return;
-    write_file_atomic(tmp + "/" + kShardedIndex, sharded_index(held, runner.mesh()).dump(1) + "\n");
-    write_file_atomic(tmp + "/state.json", state_text(state, step, config_text));
-    write_file_atomic(tmp + "/config.toml", config_text);
-    set_aside(final_path);
-    fs::rename(tmp, final_path);
-    fsync_directory(dir);
-  });
-  if (rank == 0) sweep(dir, step, keep);
-  return final_path;
-}
-
-}  // namespace
-
-std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunner& runner,
-                            const nlohmann::json& state, const std::string& config_text,
-                            int64_t keep, bool writer) {
-  if (runner.sharded()) {
-    const std::string path = save_sharded(dir, runner, state, config_text, keep);
-    return writer ? path : "";
-  }
-  runner.push_params();
-  std::vector<std::vector<float>> moments;
-  for (const auto& p : params.infos())
-    for (autodiff::Moment which : autodiff::kMoments) {
-      moments.emplace_back(size_t(numel(p.shape)));
-      runner.read_moment(p.name, which, moments.back().data());
-    }
-  if (!writer) return "";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(fmt::format("cannot create checkpoint directory {}: {}", dir, ec.message()));
-  const int64_t step = runner.step_count();
-  const std::string name = checkpoint_name(step);
-  const std::string final_path = (fs::path(dir) / name).string();
-  const std::string tmp = (fs::path(dir) / fmt::format(".tmp.{}.{}", name, ::getpid())).string();
-  fs::remove_all(tmp, ec);
-  if (!fs::create_directory(tmp, ec) || ec)
-    throw Error(fmt::format("cannot create {}: {}", tmp, ec.message()));
-  try {
-    params.save(tmp + "/model.safetensors");
-    std::vector<TensorToWrite> opt;
-    size_t i = 0;
-    for (const auto& p : params.infos()) {
-      for (autodiff::Moment which : autodiff::kMoments)
-        opt.push_back({autodiff::moment_state_name(which, p.name), DType::f32, p.stored_shape(),
-                       moments[i++].data()});
-    }
-    write_safetensors(tmp + "/optimizer.safetensors", opt);
-    write_file_atomic(tmp + "/state.json", state_text(state, step, config_text));
-    write_file_atomic(tmp + "/config.toml", config_text);  // each write fsyncs tmp as well
-    set_aside(final_path);
-    fs::rename(tmp, final_path);
-    fsync_directory(dir);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, ec);
-    throw Error(fmt::format("cannot write checkpoint {}: {}", final_path, e.what()));
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
-  sweep(dir, step, keep);
-  return final_path;
 }
 
 Config load_run_config(const std::string& run_dir) {
@@ -278,7 +123,7 @@ nlohmann::json read_checkpoint_state(const std::string& path) {
         fmt::format("checkpoint {}: state.json lacks an integer 'step' or format 1", state_path));
   // the step: a count the run can reach, and the one its directory is named for
   const int64_t step = st["step"].get<int64_t>();
-  const int64_t named = step_of(fs::path(path).filename().string());
+  const int64_t named = checkpoint_step(fs::path(path).filename().string());
   if (step < 0 || step > (int64_t(1) << 40) || (named >= 0 && named != step))
     throw Error(fmt::format("checkpoint {}: state.json's step {} is not {}", state_path, step,
                             named >= 0 ? fmt::format("its directory's ({})", named)

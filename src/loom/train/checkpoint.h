@@ -17,7 +17,8 @@
 // Write protocol: everything goes into DIR/.tmp.step_00000100.<pid>/ (each file fsynced), which is
 // renamed to step_00000100 and DIR is fsynced. A step_* directory therefore exists only complete;
 // leftover .tmp.* directories (a crash mid-write) are ignored and swept by the next save. After a
-// successful save, all but the newest `keep` checkpoints are removed.
+// successful save, all but the newest `keep` checkpoints are removed. checkpoint_writer.h writes
+// them, at once (save_checkpoint) or while training goes on (`[checkpoint] async`).
 //
 // Loading checks every tensor's name, dtype and shape against the model and names the file on any
 // mismatch or corruption.
@@ -36,8 +37,11 @@
 namespace loom::train {
 
 std::string checkpoint_name(int64_t step);  // "step_00000100"
+// The step a checkpoint's directory name holds ("step_00000100": 100), or -1 for another name.
+int64_t checkpoint_step(const std::string& name);
 
-// Saves params, the runner's optimizer state and step count, `state` and `config_text`; returns the
+// Saves params, the runner's optimizer state and step count, `state` and `config_text` at once
+// (CheckpointWriter, synchronous); returns the
 // checkpoint's path (on the `writer` rank; "" on the others). Throws loom::Error naming the path on
 // failure, leaving earlier checkpoints intact. A sharded run calls it on every rank (collective):
 // each rank writes its own blocks into rank 0's temp directory, never gathering a tensor, and rank

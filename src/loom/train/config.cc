@@ -79,6 +79,11 @@ Section<CheckpointConfig> checkpoint_section() {
               int_key("every", &C::every, at_least(0),
                       "steps between checkpoints (0: at the end only)"),
               int_key("keep", &C::keep, at_least(0), "checkpoints kept (0: all)"),
+              bool_key("async", &C::async,
+                       "write each checkpoint on a thread of its own from a copy in memory while "
+                       "training goes on (the copy: the checkpoint's size, per rank its blocks, "
+                       "until written; the next checkpoint waits for it); a crash still leaves "
+                       "the previous checkpoint the newest"),
           },
           nullptr};
 }

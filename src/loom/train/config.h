@@ -42,6 +42,7 @@ struct TrainConfig {
 struct CheckpointConfig {
   int64_t every = 0;  // 0: only at the end
   int64_t keep = 3;
+  bool async = false;  // written on a thread from a snapshot while training goes on
 };
 
 // [plan]: how the training step is split across ranks (shard/plan.h). No mesh: one process,

@@ -13,6 +13,7 @@
 #include "loom/core/file.h"
 #include "loom/runtime/trace.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/checkpoint_writer.h"
 #include "loom/train/evaluate.h"
 #include "loom/train/hf_dir.h"
 #include "loom/train/plan_island.h"
@@ -266,11 +267,22 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
   if (writer) log.emplace(run.metrics);
   const int64_t rows = runner.rows_per_step();  // batch_size * grad_accum
   std::vector<int32_t> tokens(size_t(rows * (T + 1)));
+  CheckpointWriter checkpoints(run.checkpoints, cfg.checkpoint.keep, cfg.checkpoint.async, writer);
   auto save = [&]() {
     if (log) log->sync();  // the metrics up to a checkpoint are as durable as it
-    save_checkpoint(run.checkpoints, params, runner, {{"data", cfg.data.path}}, cfg.text,
-                    cfg.checkpoint.keep, writer);
+    checkpoints.save(params, runner, {{"data", cfg.data.path}}, cfg.text);
     runner.release_params();  // a whole checkpoint's gathered parameters were only for the file
+  };
+  // a checkpoint's figures go into the first metrics line after it is committed
+  int64_t logged_checkpoint = -1;
+  auto checkpoint_metrics = [&](nlohmann::json& m) {
+    const CheckpointWriter::Stats& c = checkpoints.last();
+    if (c.step <= logged_checkpoint) return;
+    logged_checkpoint = c.step;
+    m["checkpoint_step"] = c.step;
+    m["checkpoint_blocked_s"] = c.blocked_s;  // the loop's time in it
+    m["checkpoint_write_s"] = c.write_s;
+    m["checkpoint_mb"] = double(c.bytes) / 1e6;  // this rank's files
   };
   r.first_val = r.last_val = NAN;
   r.loss = NAN;
@@ -336,6 +348,8 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
       r.last_val = v;
     }
     m["elapsed_s"] = seconds_since(t_start);
+    checkpoints.poll();  // an asynchronous checkpoint written by now goes into place
+    checkpoint_metrics(m);
     if (writer) {
       log->append(m.dump());
     }
@@ -349,6 +363,7 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
                 .elapsed_s = seconds_since(t_start)});
     if (last) break;
   }
+  checkpoints.finish();
   if (!opts.trace_path.empty()) {
     runner.set_trace(nullptr);
     runtime::write_trace(opts.trace_path, trace, comms);

@@ -26,13 +26,13 @@ bool writes_block(const shard::Sharding& s, const shard::Mesh& mesh, int64_t ran
   return true;
 }
 
-void write_rank_file(const std::string& dir, const std::vector<HeldTensor>& held,
-                     const shard::Mesh& mesh, int64_t rank) {
+std::vector<TensorToWrite> rank_file_tensors(const std::vector<HeldTensor>& held,
+                                             const shard::Mesh& mesh, int64_t rank) {
   std::vector<TensorToWrite> mine;
   for (const HeldTensor& t : held)
     if (writes_block(t.sharding, mesh, rank))
       mine.push_back({t.name, DType::f32, shard::local_shape(t.grid, t.sharding, mesh), t.data});
-  write_safetensors((fs::path(dir) / rank_file_name(rank)).string(), mine);
+  return mine;
 }
 
 nlohmann::json sharded_index(const std::vector<HeldTensor>& held, const shard::Mesh& mesh) {

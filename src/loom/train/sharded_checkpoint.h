@@ -29,7 +29,8 @@
 // own, each read from its file when needed, never a whole tensor it splits); get() assembles a
 // whole tensor for those who need one (one process, exports).
 //
-// Not here: asynchronous writing, ranks without one shared filesystem.
+// Written by checkpoint_writer.h (at once or asynchronously). Not here: ranks without one shared
+// filesystem.
 #pragma once
 
 #include <map>
@@ -62,10 +63,9 @@ struct HeldTensor {
 
 // Whether `rank` writes its block of a tensor kept under `s`: it is the lowest rank holding it.
 bool writes_block(const shard::Sharding& s, const shard::Mesh& mesh, int64_t rank);
-// Writes rank `rank`'s file into `dir`: the blocks of `held` it writes. Throws loom::Error naming
-// the file.
-void write_rank_file(const std::string& dir, const std::vector<HeldTensor>& held,
-                     const shard::Mesh& mesh, int64_t rank);
+// What rank `rank`'s file holds: the blocks of `held` it writes, each in its block's shape.
+std::vector<TensorToWrite> rank_file_tensors(const std::vector<HeldTensor>& held,
+                                             const shard::Mesh& mesh, int64_t rank);
 // The index of every rank's blocks (the same `held` on every rank but its data).
 nlohmann::json sharded_index(const std::vector<HeldTensor>& held, const shard::Mesh& mesh);
 
