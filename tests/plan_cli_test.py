@@ -4,7 +4,8 @@
   1. every tactic, with its ranks as threads ([plan] ranks = "local") and as mpirun processes, logs
      the losses of the unsharded run at every step (f32, within 1e-5 relative) and the same
      validation losses; fsdp under mpirun with [train] grad_accum = 2 micro-batches of half the
-     rows logs the straight run's training losses, and with [passes] reduce_dtype = "bf16" its
+     rows logs the straight run's training losses, and with [passes] reduce_dtype = "bf16" (and
+     megatron + sequence with activation_reduce_dtype = "bf16") its
      losses within 1%;
   2. a checkpoint written under one plan (sharded: rank files and an index) resumes under another
      plan, and under no plan, continuing with the straight run's losses; loom export and loom
@@ -165,6 +166,22 @@ with tempfile.TemporaryDirectory() as d:
     else:
         print("ok   fsdp with reduce_dtype = bf16 under mpirun: %d steps, worst relative loss "
               "difference %.2g" % (len(got), worst))
+
+    # 1d. tensor parallelism's partial products reduced in bf16 ([passes] activation_reduce_dtype)
+    # under mpirun: megatron + sequence's reduce-scatters as MPI's bf16 sums, the straight run's
+    # losses within 1%
+    rd = os.path.join(d, "megatron-sequence-bf16-reduce-mpirun")
+    r = run(train_args(rd, data, "megatron+sequence", "mpi",
+                       ["--set", "passes.activation_reduce_dtype=bf16"]), mpi_ranks=2)
+    got = metrics(rd) if r.returncode == 0 else []
+    worst = max([abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(got, ref)] + [0])
+    if r.returncode != 0 or len(got) != len(ref) or worst > 1e-2 or worst == 0:
+        fail("megatron + sequence with activation_reduce_dtype = bf16 under mpirun: rc %d, %d "
+             "steps, worst relative loss difference %.3g: %s"
+             % (r.returncode, len(got), worst, (r.stdout + r.stderr)[-800:]))
+    else:
+        print("ok   megatron + sequence with activation_reduce_dtype = bf16 under mpirun: %d steps, "
+              "worst relative loss difference %.2g" % (len(got), worst))
 
     # 2. checkpoints across plans: the fsdp run's step-10 checkpoint, resumed elsewhere. It is
     # sharded: each rank's blocks in its file and an index, no whole-model file

@@ -262,14 +262,16 @@ int bench_rank(const BenchOpts& o_, const train::Config& cfg, const runtime::Mes
                        {"microbatches", shard::pipeline_microbatches(cfg.plan.plan, *pipe)},
                        {"virtual_stages", shard::pipeline_virtual_stages(*pipe)},
                        {"stages", cfg.plan.plan.mesh.axis_size(pipe->axis)}};
-    j["passes"] = {{"bucket", passes::bucket_name(cfg.passes.bucket)},
-                   {"bucket_mb", cfg.passes.bucket_mb},
-                   {"reshard_after_forward", cfg.passes.reshard_after_forward},
-                   {"cast_before_gather", cfg.passes.cast_before_gather},
-                   {"reduce_dtype", passes::reduce_dtype_name(cfg.passes.reduce_dtype)},
-                   {"recompute", passes::recompute_name(cfg.passes.recompute)},
-                   {"prefetch", cfg.passes.prefetch},
-                   {"max_in_flight", cfg.passes.max_in_flight}};
+    j["passes"] = {
+        {"bucket", passes::bucket_name(cfg.passes.bucket)},
+        {"bucket_mb", cfg.passes.bucket_mb},
+        {"reshard_after_forward", cfg.passes.reshard_after_forward},
+        {"cast_before_gather", cfg.passes.cast_before_gather},
+        {"reduce_dtype", passes::reduce_dtype_name(cfg.passes.reduce_dtype)},
+        {"activation_reduce_dtype", passes::reduce_dtype_name(cfg.passes.activation_reduce_dtype)},
+        {"recompute", passes::recompute_name(cfg.passes.recompute)},
+        {"prefetch", cfg.passes.prefetch},
+        {"max_in_flight", cfg.passes.max_in_flight}};
   }
   j["per_rank"] = nlohmann::json::array();
   const size_t ranks = all.size() / mine.size();

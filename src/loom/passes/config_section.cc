@@ -19,6 +19,10 @@ const config::Section<ScheduleOptions>& passes_section() {
                    "bf16: weights cast before their all-gather"),
           enum_key("reduce_dtype", &O::reduce_dtype, {DType::f32, DType::bf16}, reduce_dtype_name,
                    "the dtype gradients are reduced in (`bf16`: half the bytes)"),
+          enum_key("activation_reduce_dtype", &O::activation_reduce_dtype,
+                   {DType::f32, DType::bf16}, reduce_dtype_name,
+                   "the dtype tensor parallelism reduces partial matmul products in (activations "
+                   "and their gradients; `bf16`: half the bytes, as Megatron-LM)"),
           bool_key("recast", &O::recast,
                    "bf16: weights cast again for the backward (false: the forward's cast kept)"),
           enum_key(

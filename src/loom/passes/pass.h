@@ -73,6 +73,9 @@ enum class StepKind { eval, infer, grads, train, decode };
 //              all_reduce) runs in that dtype, cast before it and back to f32 after, half the
 //              bytes on the wire (FSDP2's MixedPrecisionPolicy(reduce_dtype);
 //              passes/reduce_cast.cc)
+//   activation_reduce_dtype   f32 (the default, exact) or bf16: tensor parallelism's reductions
+//              of partial matmul products (activations and their gradients, not the weights')
+//              run in that dtype, as Megatron-LM's in a bf16 model (passes/reduce_cast.cc)
 //   prefetch   collectives start early and are waited for late, on each rank's communication
 //              threads, the host's and the network's (passes/prefetch.cc); at most max_in_flight
 //              units at a time per mesh axis (one parameter group's gathers are one unit, and its
@@ -84,6 +87,7 @@ struct ScheduleOptions {
   bool reshard_after_forward = true;
   bool cast_before_gather = true;
   DType reduce_dtype = DType::f32;
+  DType activation_reduce_dtype = DType::f32;
   bool recast = true;
   enum class Recompute { none, selective, selective_op, full };
   Recompute recompute = Recompute::none;
