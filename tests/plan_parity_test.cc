@@ -20,6 +20,7 @@
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_writer.h"
 #include "loom/train/compile.h"
+#include "loom/train/plan_island.h"
 
 namespace loom::train::parity {
 namespace {
@@ -558,6 +559,90 @@ TEST(ShardedCheckpoint, AnAsyncSaveWritesTheSameFiles) {
   for (const std::string& f : files)
     EXPECT_EQ(bytes_of(fs::path(got) / f), bytes_of(fs::path(want) / f)) << f;
   fs::remove_all(root);
+}
+
+// An island scripted by sync: the k-th reads the parameters (k % 3 == 0: their sum, recorded),
+// touches nothing (1), or adds 1e-3 to every parameter (2), through OuterSync::on_params.
+class ScriptedIsland : public OuterSync {
+ public:
+  explicit ScriptedIsland(ParamStore& p) : p_(p) {}
+  uint64_t id() const override { return 1; }
+  int64_t inner_steps() const override { return 1; }
+  bool sync(int64_t, double, bool) override {
+    const int64_t k = k_++;
+    if (k % 3 == 1) return true;
+    if (hook_) hook_(k % 3 == 2);
+    double sum = 0;
+    for (const auto& info : p_.infos()) {
+      float* x = p_.data(info.name);
+      for (int64_t i = 0; i < numel(info.shape); ++i) {
+        if (k % 3 == 2) x[i] += 1e-3f;
+        sum += x[i];
+      }
+    }
+    if (k % 3 == 0) seen.push_back(sum);
+    return true;
+  }
+  nlohmann::json metrics() const override { return nlohmann::json::object(); }
+  std::string summary() const override { return ""; }
+  void on_params(std::function<void(bool)> hook) override { hook_ = std::move(hook); }
+  std::vector<double> seen;
+
+ private:
+  ParamStore& p_;
+  int64_t k_ = 0;
+  std::function<void(bool)> hook_;
+};
+
+// PlanIsland (train/plan_island.h) on fsdp's 2 ranks follows its island's use of the parameters:
+// a sync that reads them gathers every rank's blocks first (the island sees what one process
+// sees), one that changes them brings the change to every rank's blocks (the losses after it are
+// one process's), and one that touches neither gathers nor broadcasts anything.
+TEST(PlanIsland, MovesParametersOnlyWhenItsIslandTouchesThem) {
+  const Config cfg = config(case_named("fsdp"));
+  const int64_t syncs = 6;
+  // one process: the island on the store itself
+  std::vector<float> want;
+  std::vector<double> want_seen;
+  {
+    const Config one = single(cfg);
+    ParamStore p(one.model);
+    p.init_random(3);
+    StepRunner r(one, p, StepRunner::Mode::train);
+    ScriptedIsland island(p);
+    island.on_params([&](bool) { r.push_params(); });
+    for (int64_t s = 1; s <= syncs; ++s) {
+      want.push_back(r.step(batch(one, s).data(), lr_at(s)));
+      island.sync(1, 0, false);
+      r.pull_params();
+    }
+    want_seen = island.seen;
+  }
+  std::mutex mu;
+  std::vector<double> seen;
+  on_ranks<int>(cfg, [&](const runtime::MeshComms& mc) {
+    ParamStore p(cfg.model);
+    p.init_random(3);
+    StepRunner r(cfg, p, StepRunner::Mode::train, &mc);
+    auto scripted = mc.world().rank() == 0 ? std::make_unique<ScriptedIsland>(p) : nullptr;
+    ScriptedIsland* script = scripted.get();
+    PlanIsland island(std::move(scripted), p, r, mc.world());
+    std::vector<float> losses;
+    for (int64_t s = 1; s <= syncs; ++s) {
+      losses.push_back(r.step(batch(cfg, s).data(), lr_at(s)));
+      island.sync(1, 0, false);
+    }
+    EXPECT_EQ(close(losses, want, 1e-5, 0, "loss"), "");
+    EXPECT_EQ(island.moves().syncs, syncs);
+    EXPECT_EQ(island.moves().gathered, 4) << "syncs 0, 2, 3, 5 read the parameters";
+    EXPECT_EQ(island.moves().broadcast, 2) << "syncs 2 and 5 changed them";
+    std::lock_guard<std::mutex> lock(mu);
+    if (script) seen = script->seen;
+    return 0;
+  });
+  ASSERT_EQ(seen.size(), want_seen.size());
+  for (size_t i = 0; i < seen.size(); ++i)
+    EXPECT_NEAR(seen[i], want_seen[i], 1e-4 * std::abs(want_seen[i]) + 1e-3);
 }
 
 // The named case in bf16, and the same with one more --set: a pass on and off.

@@ -58,6 +58,9 @@ class IslandSync : public train::OuterSync {
             {"wait_share_total", island_->wait_share()}};
   }
   train::ScheduleClock clock() const override { return island_->clock(); }
+  void on_params(std::function<void(bool writes)> hook) override {
+    island_->on_params(std::move(hook));
+  }
   std::string summary() const override {
     return fmt::format(
         "island {}: {} outer rounds, {} bytes sent, {} received (at most {} in a round), {:.1f} "

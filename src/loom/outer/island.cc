@@ -142,6 +142,7 @@ void Island::fetch(uint32_t f) {
 
 void Island::pull(uint32_t f, double mix) {
   fetch(f);
+  touch(true);
   const float a = float(mix), b = float(1 - mix);
   for (const auto& t : global_[f]) {
     float* local = params_.data(t.name);
@@ -210,6 +211,7 @@ Island::InFlight Island::push(uint32_t f, double seconds) {
   fl.seconds = seconds;
   fl.land_at = t_ + cfg_.overlap;
   auto grad = std::make_shared<TensorList>(global_[f]);
+  touch(false);
   for (auto& t : *grad) {
     const float* local = params_.data(t.name);
     for (size_t i = 0; i < t.data.size(); ++i) t.data[i] -= local[i];
@@ -410,6 +412,7 @@ void Island::async_push(double seconds) {
   h.set_fragment(0);
   // the pseudo-gradient base - local; the base moves to local (what is pushed is the server's now)
   auto grad = std::make_shared<TensorList>(base_);
+  touch(false);
   for (size_t k = 0; k < grad->size(); ++k) {
     Tensor& g = (*grad)[k];
     float* b = base_[k].data.data();
@@ -514,6 +517,7 @@ void Island::take_newest() {
 }
 
 void Island::rebase() {
+  touch(true);
   for (size_t k = 0; k < global_[0].size(); ++k) {
     const Tensor& g = global_[0][k];
     float* b = base_[k].data.data();

@@ -40,6 +40,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -85,6 +86,9 @@ class Island {
   // pull what is due; on the run's `last` step, everything (see above). Returns false once the
   // server's step budget is spent (async): stop training.
   bool sync(int64_t steps, double seconds, bool last);
+  // train::OuterSync::on_params: `hook` runs before sync() reads (false) or writes (true) the
+  // ParamStore's parameters.
+  void on_params(std::function<void(bool writes)> hook) { touch_ = std::move(hook); }
 
   int64_t rounds() const { return rounds_; }  // pushes that stood (fragment rounds)
   double wait_s() const { return wait_s_; }   // time in push, await and pull, summed
@@ -170,6 +174,10 @@ class Island {
 
   OuterConfig cfg_;
   train::ParamStore& params_;
+  std::function<void(bool writes)> touch_;  // on_params
+  void touch(bool writes) {
+    if (touch_) touch_(writes);
+  }
   std::string name_, key_;
   std::unique_ptr<OuterClient> client_;
   Fragments split_;                 // fragment -> its tensors' indices in the model

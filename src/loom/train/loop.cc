@@ -242,6 +242,15 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
       runner.pull_params();  // on a GPU: the server's parameters up to the runner's copies
     }
   }
+  // a one-process island reads and changes the store: on a GPU the parameters come down before
+  // its first read and go back up after it changed them (PlanIsland moves a plan's ranks' itself)
+  bool island_pushed = false, island_wrote = false;
+  if (island && !comms)
+    island->on_params([&](bool writes) {
+      if (!island_pushed) runner.push_params();
+      island_pushed = true;
+      island_wrote |= writes;
+    });
   // a sharded run's parameters now live in the runner's blocks: free the whole copies
   runner.release_params();
   const int rank = island ? int(island->id()) - 1 : 0;  // island ids count from 1
@@ -329,11 +338,9 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
       ++round_steps;
       round_seconds += dt;
       if (round_steps >= island->inner_steps() || last) {
-        // on a GPU the island reads and writes the store: the parameters come down and go back
-        // up (PlanIsland does this for a [plan]'s ranks itself)
-        if (!comms) runner.push_params();
+        island_pushed = island_wrote = false;
         if (!island->sync(round_steps, round_seconds, last)) last = true;  // the budget is spent
-        if (!comms) runner.pull_params();
+        if (island_wrote) runner.pull_params();
         round_steps = 0;
         round_seconds = 0;
         m.update(island->metrics());

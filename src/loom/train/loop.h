@@ -60,6 +60,12 @@ class OuterSync {
   virtual nlohmann::json metrics() const = 0;  // merged into the metrics line of a sync step
   virtual ScheduleClock clock() const { return {}; }
   virtual std::string summary() const = 0;  // one line for the end of the run
+  // `hook(writes)` runs within sync() before the island first reads the ParamStore's parameters,
+  // and before each change it makes to them (writes = true): where the parameters live elsewhere
+  // (a plan's ranks, a GPU) the hook brings them into the store, and learns they must go back. A
+  // sync() that touches no parameter (an async island's look at a push still awaited) then moves
+  // none. Null: none. Called on sync()'s thread.
+  virtual void on_params(std::function<void(bool writes)> hook) = 0;
 };
 
 // A pause before a step (loom train --stall STEP:SECONDS): an island that stalls, its heartbeat

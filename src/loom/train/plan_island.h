@@ -2,11 +2,13 @@
 // the outer loop (DiLoCo, async) as one island. Rank 0 is the island the server sees; every rank
 // follows it through the world communicator.
 //
-// At each outer sync every rank gathers the parameters it holds blocks of (push_params,
-// collective), rank 0 pushes the pseudo-gradient and pulls the global parameters as a one-process
-// island does, rank 0 broadcasts them, and every rank takes its blocks again (pull_params). The
-// island's id (its data stream), its H, the server's `done` and the schedule's clock are broadcast
-// with them, so every rank ends a round, and the run, at the same step, with the same lr.
+// At each outer sync rank 0's island does what a one-process island does, and the other ranks
+// follow its commands: before the island first reads the parameters (OuterSync::on_params) every
+// rank gathers those it holds blocks of (push_params, collective); if the island changed them,
+// rank 0 broadcasts them and every rank takes its blocks again (pull_params); a sync that touches
+// no parameter (an async island's look at a push still awaited) moves none. The island's id (its
+// data stream), its H, the server's `done` and the schedule's clock are broadcast at every sync,
+// so every rank ends a round, and the run, at the same step, with the same lr.
 // Invariant: every method is collective over the world communicator, called by every rank in the
 // same order.
 #pragma once
@@ -15,6 +17,7 @@
 #include <memory>
 
 #include "loom/comm/communicator.h"
+#include "loom/core/error.h"
 #include "loom/train/loop.h"
 #include "loom/train/step.h"
 
@@ -33,10 +36,20 @@ class PlanIsland : public OuterSync {
   nlohmann::json metrics() const override;                 // rank 0's; {} on the others
   ScheduleClock clock() const override { return clock_; }  // rank 0's, on every rank
   std::string summary() const override;                    // rank 0's; "" on the others
+  // A plan island moves its ranks' parameters itself (above): no hook is taken.
+  void on_params(std::function<void(bool)> hook) override {
+    LOOM_CHECK(!hook) << "a plan island moves its ranks' parameters itself";
+  }
+  // Syncs so far, and those that moved the parameters (gathered; broadcast when changed).
+  struct Moves {
+    int64_t syncs = 0, gathered = 0, broadcast = 0;
+  };
+  const Moves& moves() const { return moves_; }
 
  private:
-  // rank 0's parameters, id, H and done to every rank; then every rank takes its blocks
-  bool share(bool go);
+  // rank 0's id, H, done and clock to every rank; with `changed` its parameters too, of which
+  // every rank then takes its blocks; with `gathered` every rank frees its whole copies again
+  bool share(bool go, bool gathered, bool changed);
 
   std::unique_ptr<OuterSync> island_;
   ParamStore& params_;
@@ -45,6 +58,7 @@ class PlanIsland : public OuterSync {
   uint64_t id_ = 0;
   int64_t h_ = 1;
   ScheduleClock clock_;
+  Moves moves_;
 };
 
 }  // namespace loom::train
