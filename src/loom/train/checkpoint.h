@@ -40,15 +40,14 @@ std::string checkpoint_name(int64_t step);  // "step_00000100"
 // The step a checkpoint's directory name holds ("step_00000100": 100), or -1 for another name.
 int64_t checkpoint_step(const std::string& name);
 
-// Saves params, the runner's optimizer state and step count, `state` and `config_text` at once
-// (CheckpointWriter, synchronous); returns the
-// checkpoint's path (on the `writer` rank; "" on the others). Throws loom::Error naming the path on
-// failure, leaving earlier checkpoints intact. A sharded run calls it on every rank (collective):
-// each rank writes its own blocks into rank 0's temp directory, never gathering a tensor, and rank
-// 0 the index (sharded_checkpoint.h); the checkpoint loads under any plan or none.
-// Then it sweeps: of the checkpoints up to this step, the newest `keep` stay (0: all), the one just
-// written always among them; checkpoints of later steps (a resume passed them over as damaged) are
-// neither counted nor deleted.
+// Saves params, the runner's optimizer state and step count, `state` and `config_text` at once (a
+// synchronous CheckpointWriter); returns the checkpoint's path (on the `writer` rank; "" on the
+// others). Throws loom::Error naming the path on failure, leaving earlier checkpoints intact. A
+// sharded run calls it on every rank (collective): each rank writes its own blocks into rank 0's
+// temp directory, never gathering a tensor, and rank 0 the index (sharded_checkpoint.h); the
+// checkpoint loads under any plan or none. Then it sweeps: of the checkpoints up to this step, the
+// newest `keep` stay (0: all), the one just written always among them; checkpoints of later steps
+// (a resume passed them over as damaged) are neither counted nor deleted.
 std::string save_checkpoint(const std::string& dir, ParamStore& params, StepRunner& runner,
                             const nlohmann::json& state, const std::string& config_text,
                             int64_t keep, bool writer = true);

@@ -282,7 +282,7 @@ std::string CheckpointWriter::commit(bool wait) {
     }
     sweep(dir_, j.step, keep_);
   }
-  j.blocked_s += async_ && !wait ? 0 : seconds_since(t0);
+  j.blocked_s += seconds_since(t0);  // waiting for the write, the rename, the sweep
   last_ = {.step = j.step, .blocked_s = j.blocked_s, .write_s = j.write_s, .bytes = j.bytes};
   return writer_ ? j.final_path : "";
 }
