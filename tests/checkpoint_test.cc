@@ -8,9 +8,9 @@
 #include <fstream>
 #include <future>
 #include <random>
-#include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/train/checkpoint_writer.h"
 #include "loom/train/schedule.h"
 
@@ -89,13 +89,6 @@ TEST(Checkpoint, KeepsTheNewestAndIgnoresTempDirectories) {
   fs::remove_all(dir);
 }
 
-std::string bytes_of(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 // [checkpoint] async (checkpoint_writer.h): a write held back while the run trains two more steps
 // (its parameters and moments change) writes, byte for byte, the files of a synchronous save at
 // the step it was taken at, and nothing is in place before it is committed. A write that fails
@@ -133,7 +126,7 @@ TEST(Checkpoint, AnAsyncSaveWritesTheStepItWasTakenAt) {
   ASSERT_EQ(fs::path(got).filename(), "step_00000003");
   for (const char* file :
        {"model.safetensors", "optimizer.safetensors", "state.json", "config.toml"})
-    EXPECT_EQ(bytes_of(got + "/" + file), bytes_of(want + "/" + file)) << file;
+    EXPECT_EQ(read_file(got + "/" + file), read_file(want + "/" + file)) << file;
   {
     CheckpointWriter w(dir, 0, true);
     w.hold_writes([&] {
@@ -153,7 +146,7 @@ TEST(Checkpoint, AnAsyncSaveWritesTheStepItWasTakenAt) {
   EXPECT_EQ(list_checkpoints(dir), std::vector<std::string>{got});
   for (const auto& e : fs::directory_iterator(dir))
     EXPECT_EQ(e.path().filename(), "step_00000003") << "left behind";
-  EXPECT_EQ(bytes_of(got + "/model.safetensors"), bytes_of(want + "/model.safetensors"));
+  EXPECT_EQ(read_file(got + "/model.safetensors"), read_file(want + "/model.safetensors"));
   {
     CheckpointWriter w(dir, 0, true);
     r.step(batch(cfg, 6).data(), 1e-3);

@@ -24,7 +24,7 @@ import os
 import shutil
 import sys
 
-from runs import LOOM, ROOT, island_env, last_checkpoint, last_val, run_islands, timed
+from runs import add_run_args, island_env, last_checkpoint, last_val, run_islands, timed
 
 N = 4
 
@@ -36,10 +36,7 @@ def final_checkpoint(run_dir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", default=LOOM)
-    ap.add_argument("--out", default=os.path.join(ROOT, "runs/diloco_h100"))
-    ap.add_argument("--config", default=os.path.join(ROOT, "bench/diloco/diloco.toml"))
-    ap.add_argument("--data", default=os.path.join(ROOT, "data/gutenberg-bpe2048"))
+    add_run_args(ap, "diloco_h100")
     ap.add_argument("--steps", type=int, default=6200)
     ap.add_argument("--h", type=int, default=100)
     ap.add_argument("--outer", default="1.0:0.5,0.7:0.5,0.8:0.7", help="lr:momentum,...")

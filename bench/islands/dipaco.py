@@ -31,15 +31,12 @@ import shutil
 import subprocess
 import sys
 
-from runs import LOOM, ROOT, island_env, last_checkpoint, run_islands, timed
+from runs import ROOT, add_run_args, island_env, last_checkpoint, run_islands, timed
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", default=LOOM)
-    ap.add_argument("--out", default=os.path.join(ROOT, "runs/dipaco"))
-    ap.add_argument("--config", default=os.path.join(ROOT, "bench/diloco/diloco.toml"))
-    ap.add_argument("--data", default=os.path.join(ROOT, "data/gutenberg-bpe2048"))
+    add_run_args(ap, "dipaco")
     ap.add_argument("--modules", default="2,2")
     ap.add_argument("--base-steps", type=int, default=300)
     ap.add_argument("--steps", type=int, default=1500)

@@ -11,6 +11,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LOOM = os.path.join(ROOT, "build/release/tools/loom/loom")  # the benchmarks' default --loom
 
 
+def add_run_args(ap, name, config="bench/diloco/diloco.toml", data="data/gutenberg-bpe2048"):
+    """The arguments every island benchmark takes: --loom, --out (runs/NAME), --config and --data
+    (their defaults relative to the repository)."""
+    ap.add_argument("--loom", default=LOOM)
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", name))
+    ap.add_argument("--config", default=os.path.join(ROOT, config))
+    ap.add_argument("--data", default=os.path.join(ROOT, data))
+
+
 def island_env(**more):
     """The environment islands run in: passive OpenMP waits (many processes share the cores), a
     shared token ($LOOM_OUTER_TOKEN, else a random one), and `more`."""

@@ -33,16 +33,19 @@ namespace loom::passes {
 
 namespace {
 
-// A matmul's output, or a sum holding one: the input gradient of several matmuls reading one
-// value; under megatron alone the residual stream, kept a partial sum across the blocks and
-// reduced for each norm that reads it.
-bool holds_partial_product(const ir::Graph& g, int v) {
-  const int producer = g.value(v).producer;
-  if (producer < 0) return false;
-  const ir::Node& p = g.node(producer);
-  if (p.op == ir::Op::matmul) return true;
-  return p.op == ir::Op::add &&
-         (holds_partial_product(g, p.inputs[0]) || holds_partial_product(g, p.inputs[1]));
+// Per value: a matmul's output, or a sum holding one (the input gradient of several matmuls
+// reading one value; under megatron alone the residual stream, kept a partial sum across the
+// blocks and reduced for each norm that reads it). One pass in program order: an add's operands
+// come before it.
+std::vector<bool> partial_products(const ir::Graph& g) {
+  std::vector<bool> holds(g.values().size(), false);
+  for (const ir::Node& n : g.nodes()) {
+    const bool h =
+        n.op == ir::Op::matmul ||
+        (n.op == ir::Op::add && (holds[size_t(n.inputs[0])] || holds[size_t(n.inputs[1])]));
+    for (int out : n.outputs) holds[size_t(out)] = h;
+  }
+  return holds;
 }
 
 void run_reduce_cast(Compilation& c, const Options& o) {
@@ -50,6 +53,7 @@ void run_reduce_cast(Compilation& c, const Options& o) {
   if (so.reduce_dtype == DType::f32 && so.activation_reduce_dtype == DType::f32) return;
   const ir::Graph& g = c.rank.graph;
   const Uses uses = uses_of(g);
+  const std::vector<bool> partial = partial_products(g);
   std::vector<DType> narrowed(g.nodes().size(), DType::f32);  // f32: kept
   bool any = false;
   for (const ir::Node& n : g.nodes()) {
@@ -58,7 +62,7 @@ void run_reduce_cast(Compilation& c, const Options& o) {
     DType& to = narrowed[size_t(n.id)];
     if (reduced_gradient_owner(g, n, uses) >= 0)
       to = so.reduce_dtype;
-    else if (holds_partial_product(g, n.inputs[0]))
+    else if (partial[size_t(n.inputs[0])])
       to = so.activation_reduce_dtype;
     any |= to != DType::f32;
   }

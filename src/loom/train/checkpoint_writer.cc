@@ -69,6 +69,16 @@ void sweep(const std::string& dir, int64_t step, int64_t keep) {
     if (e.path().filename().string().rfind(".tmp.", 0) == 0) fs::remove_all(e.path(), ec);
 }
 
+// `dir` (made if missing) and in it the empty temporary directory `tmp` (a crashed writer's
+// leftover of the same name removed); a loom::Error naming what cannot be made.
+void make_temp_dir(const std::string& dir, const std::string& tmp) {
+  make_directories(dir);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec) || ec)
+    throw Error(fmt::format("cannot create {}: {}", tmp, ec.message()));
+}
+
 // The message of whatever `f` throws ("" if nothing).
 std::string failure_of(const std::function<void()>& f) {
   try {
@@ -185,12 +195,7 @@ std::string CheckpointWriter::save(ParamStore& params, StepRunner& runner,
     world.all_gather(&pid, pids.data(), 8);
     j.tmp = (fs::path(dir_) / fmt::format(".tmp.{}.{}", name, pids[0])).string();
     j.agree(failure_of([&] {
-      if (j.rank != 0) return;
-      make_directories(dir_);
-      std::error_code ec;
-      fs::remove_all(j.tmp, ec);
-      if (!fs::create_directory(j.tmp, ec) || ec)
-        throw Error(fmt::format("cannot create {}: {}", j.tmp, ec.message()));
+      if (j.rank == 0) make_temp_dir(dir_, j.tmp);
     }));
     runner.refresh_stage_replicas();  // a pipeline: every stage's parameters, current everywhere
     const std::vector<HeldTensor> held = runner.held_tensors();
@@ -215,14 +220,8 @@ std::string CheckpointWriter::save(ParamStore& params, StepRunner& runner,
         opt.push_back({autodiff::moment_state_name(which, p.name), DType::f32, p.stored_shape(),
                        j.owned.back().data()});
       }
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    if (ec)
-      throw Error(fmt::format("cannot create checkpoint directory {}: {}", dir_, ec.message()));
     j.tmp = (fs::path(dir_) / fmt::format(".tmp.{}.{}", name, ::getpid())).string();
-    fs::remove_all(j.tmp, ec);
-    if (!fs::create_directory(j.tmp, ec) || ec)
-      throw Error(fmt::format("cannot create {}: {}", j.tmp, ec.message()));
+    make_temp_dir(dir_, j.tmp);
     j.tensors = {{"model.safetensors", std::move(model)},
                  {"optimizer.safetensors", std::move(opt)}};
     j.texts = {{"state.json", state_txt}, {"config.toml", config_text}};

@@ -47,9 +47,10 @@ class PlanIsland : public OuterSync {
   const Moves& moves() const { return moves_; }
 
  private:
-  // rank 0's id, H, done and clock to every rank; with `changed` its parameters too, of which
-  // every rank then takes its blocks; with `gathered` every rank frees its whole copies again
-  bool share(bool go, bool gathered, bool changed);
+  // rank 0's id, H, done and clock to every rank; when its island changed the parameters
+  // (changed_) those too, of which every rank then takes its blocks; what was gathered is freed
+  bool share(bool go);
+  void gather();  // every rank's whole parameters into its store (collective)
 
   std::unique_ptr<OuterSync> island_;
   ParamStore& params_;
@@ -59,6 +60,7 @@ class PlanIsland : public OuterSync {
   int64_t h_ = 1;
   ScheduleClock clock_;
   Moves moves_;
+  bool gathered_ = false, changed_ = false;  // in the sync under way
 };
 
 }  // namespace loom::train
