@@ -13,10 +13,15 @@ namespace loom::comm {
 
 namespace {
 thread_local bool polite = false;
+thread_local const std::atomic<int>* waiting = nullptr;
 }  // namespace
 
-void set_polite_waits(bool on) { polite = on; }
+void set_polite_waits(bool on, const std::atomic<int>* waiters) {
+  polite = on;
+  waiting = waiters;
+}
 bool polite_waits() { return polite; }
+bool hurried() { return waiting && waiting->load(std::memory_order_relaxed) > 0; }
 
 void Communicator::set_chunk_bytes(int64_t bytes) {
   if (bytes < kMinChunkBytes || bytes > kMaxChunkBytes)

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <thread>
 #include <vector>
 
 #include "loom/comm/chunking.h"
@@ -62,15 +63,26 @@ bool mpi_running() {
 // 349 tokens/s).
 // Over TCP the socket buffers keep the link busy while this thread sleeps; Open MPI progresses the
 // collective inside each MPI_Test.
+// While a thread waits for this one (communicator.h: hurried), it polls without sleeping, yielding
+// its core to any other thread ready to run on it (ranks that share cores).
+void pause_between_polls(long& ns) {
+  if (hurried()) {
+    std::this_thread::yield();
+    return;
+  }
+  const timespec ts{0, ns};
+  nanosleep(&ts, nullptr);
+  ns = std::min(2 * ns, 100000L);
+}
+
 template <class Start>
 void complete_politely(const char* name, Start&& start) {
   MPI_Request req = MPI_REQUEST_NULL;
   mpi_call(name, start(&req));
   int done = 0;
   for (int i = 0; i < 64 && !done; ++i) LOOM_MPI(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
-  for (long ns = 10000; !done; ns = std::min(2 * ns, 100000L)) {
-    const timespec ts{0, ns};
-    nanosleep(&ts, nullptr);
+  for (long ns = 10000; !done;) {
+    pause_between_polls(ns);
     LOOM_MPI(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
   }
 }
@@ -154,10 +166,12 @@ class MpiCommunicator final : public Communicator {
     std::vector<char> names(size_t(size_) * MPI_MAX_PROCESSOR_NAME);
     LOOM_MPI(MPI_Allgather, name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
              MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_.comm);
-    for (int r = 0; r < size_; ++r)
-      spans_hosts_ =
-          spans_hosts_ || std::strncmp(name, names.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME,
-                                       MPI_MAX_PROCESSOR_NAME) != 0;
+    for (int r = 0; r < size_; ++r) {
+      const bool here = std::strncmp(name, names.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME,
+                                     MPI_MAX_PROCESSOR_NAME) == 0;
+      spans_hosts_ = spans_hosts_ || !here;
+      host_ranks_ += here ? 1 : 0;
+    }
   }
 
   ~MpiCommunicator() override {
@@ -170,6 +184,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
   bool spans_hosts() const override { return spans_hosts_; }
+  int host_ranks() const override { return host_ranks_; }
   bool concurrent_groups() const override {
     int provided = 0;
     LOOM_MPI(MPI_Query_thread, &provided);
@@ -277,11 +292,9 @@ class MpiCommunicator final : public Communicator {
         MPI_Request req = MPI_REQUEST_NULL;
         LOOM_MPI(MPI_Irecv, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm, &req);
         int done = 0;
-        for (long ns = 10000; !done; ns = std::min(2 * ns, 100000L)) {
+        for (long ns = 10000; !done;) {
           LOOM_MPI(MPI_Test, &req, &done, &st);
-          if (done) break;
-          const timespec ts{0, ns};
-          nanosleep(&ts, nullptr);
+          if (!done) pause_between_polls(ns);
         }
       } else {
         LOOM_MPI(MPI_Recv, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm, &st);
@@ -339,6 +352,7 @@ class MpiCommunicator final : public Communicator {
   std::list<Pending> sends_;  // buffered sends not known complete
   int rank_ = 0, size_ = 0, tag_ub_ = 0;
   bool spans_hosts_ = false;
+  int host_ranks_ = 0;
 };
 
 }  // namespace

@@ -4,7 +4,7 @@
 
 namespace loom::runtime {
 
-CommStream::CommStream() : thread_([this] { loop(); }) {}
+CommStream::CommStream(bool hurry) : hurry_(hurry), thread_([this] { loop(); }) {}
 
 CommStream::~CommStream() {
   {
@@ -34,7 +34,12 @@ int64_t CommStream::submit(std::function<void()> task) {
 
 void CommStream::wait(int64_t ticket) {
   std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [&] { return done_ >= ticket || error_; });
+  auto ready = [&] { return done_ >= ticket || error_; };
+  if (!ready()) {  // blocked: this thread's core is free, the stream may poll flat out
+    waiters_.fetch_add(1, std::memory_order_relaxed);
+    cv_.wait(l, ready);
+    waiters_.fetch_sub(1, std::memory_order_relaxed);
+  }
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -44,8 +49,9 @@ bool CommStream::idle() {
 }
 
 void CommStream::loop() {
-  // this thread shares the rank's cores with its compute: it sleeps between polls (communicator.h)
-  comm::set_polite_waits(true);
+  // this thread shares the rank's cores with its compute: it sleeps between polls, unless the
+  // compute thread is blocked in wait() (communicator.h)
+  comm::set_polite_waits(true, hurry_ ? &waiters_ : nullptr);
   for (;;) {
     std::function<void()> task;
     {

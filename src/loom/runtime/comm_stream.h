@@ -15,6 +15,7 @@
 // destructor, should it be reached busy all the same, detaches rather than hangs.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -27,7 +28,10 @@ namespace loom::runtime {
 
 class CommStream {
  public:
-  CommStream();
+  // hurry: whether the stream's thread may poll flat out while the compute thread is blocked in
+  // wait() (communicator.h: set_polite_waits) — right where the rank has its cores to itself, so
+  // that a blocked compute thread leaves one idle (Executor: cores_to_spare).
+  explicit CommStream(bool hurry = true);
   ~CommStream();
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;
@@ -50,6 +54,8 @@ class CommStream {
   int64_t submitted_ = 0, done_ = 0;
   std::exception_ptr error_;  // the first failure (sticky)
   bool stop_ = false;
+  const bool hurry_;
+  std::atomic<int> waiters_{0};  // threads blocked in wait(): the stream need not be polite
   std::thread thread_;
   void loop();
 };

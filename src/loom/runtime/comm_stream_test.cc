@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
+
+#include "loom/comm/communicator.h"
 
 namespace loom::runtime {
 namespace {
@@ -40,6 +43,33 @@ TEST(CommStream, WaitReturnsOnceItsTaskAndEveryEarlierOneRan) {
   release = true;
   s.wait(second);
   EXPECT_EQ(ran.load(), 2);
+}
+
+// The stream's thread waits politely (sleeping between polls) while the caller computes, and is
+// hurried (polls flat out) while the caller is blocked in wait(): communicator.h.
+TEST(CommStream, ItsThreadIsHurriedOnlyWhileTheCallerIsBlockedInWait) {
+  CommStream s;
+  std::atomic<bool> checked{false}, seen_hurried{false};
+  bool polite = false, hurried_before = true;
+  s.submit([&] {
+    polite = comm::polite_waits();
+    hurried_before = comm::hurried();  // the caller is not waiting yet
+    checked = true;
+    // then the caller blocks in wait(): bounded, so a missing hurry fails rather than hangs
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!comm::hurried() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    seen_hurried = comm::hurried();
+  });
+  while (!checked) std::this_thread::yield();
+  s.drain();
+  EXPECT_TRUE(polite);
+  EXPECT_FALSE(hurried_before);
+  EXPECT_TRUE(seen_hurried);
+  bool hurried_after = true;  // nobody waits any more
+  s.submit([&] { hurried_after = comm::hurried(); });
+  while (!s.idle()) std::this_thread::yield();
+  EXPECT_FALSE(hurried_after);
+  EXPECT_FALSE(comm::hurried());  // a thread without a stream never is
 }
 
 TEST(CommStream, AFailureIsRethrownByEveryLaterWaitAndDropsWhatFollows) {

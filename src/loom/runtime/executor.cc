@@ -1,10 +1,13 @@
 #include "loom/runtime/executor.h"
 
 #include <fmt/format.h>
+#include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "loom/core/error.h"
 #include "loom/ops/op.h"
@@ -64,6 +67,20 @@ int64_t output_bytes(const ir::Graph& g, const ir::Node& n) {
   return b;
 }
 
+// Whether this rank has its cores to itself: its compute threads no more than the cores it may run
+// on (its affinity) and its share of the host's (the host's ranks in `world` share them). Then a
+// compute thread blocked at a wait leaves a core idle, and the communication stream may poll flat
+// out (CommStream's hurry): megatron on 2 ranks of 2 cores, 7% faster; 4 ranks of 1 thread on 2
+// cores, where polling takes another rank's core, 1-4% slower with it (docs/benchmarks.md).
+bool cores_to_spare(const comm::Communicator& world) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int mine = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  const double share = double(std::max(1u, std::thread::hardware_concurrency())) /
+                       double(std::max(1, world.host_ranks()));
+  return double(omp_get_max_threads()) <= std::min(double(mine), share);
+}
+
 // A collective's comm-lane event, timed around `run`.
 template <class F>
 void traced(Trace* trace, const ir::Graph& g, const ir::Node& n, F&& run) {
@@ -83,7 +100,7 @@ CommStream& Executor::stream_for(const ir::Node& n) {
       std::holds_alternative<std::string>(a->second))
     network = comms_->axis(std::get<std::string>(a->second)).spans_hosts();
   std::unique_ptr<CommStream>& s = streams_[network];
-  if (!s) s = std::make_unique<CommStream>();
+  if (!s) s = std::make_unique<CommStream>(cores_to_spare(comms_->world()));
   return *s;
 }
 
