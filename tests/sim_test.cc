@@ -430,6 +430,37 @@ TEST(Simulate, OverlapOnACpuHostSlowsBothStreams) {
   }
 }
 
+// A level's skew (Level::skew): a collective the ranks come to from kernels waits for the last of
+// them; one issued right after another finds them in step. Two of the three all_reduces below
+// follow a matmul, so the step grows by exactly two skews, all of it exposed; at skew 0 nothing
+// changes (a GPU's cluster), and the cluster file keeps it.
+TEST(Simulate, ALevelsSkewDelaysEachCollectiveThatFollowsKernels) {
+  Cluster c = shipped("local.toml");
+  c.levels[0].skew = 0;
+  const shard::Mesh mesh({{"m", 2}});
+  const Placement pl = place(mesh, c, 2);
+  const ir::Graph g = ir::parse(R"(graph skew {
+  param %w : f32[512,512]
+  input %x : f32[256,512]
+  %h : f32[256,512] = matmul(%x, %w) {ta = 0, tb = 0}
+  %a : f32[256,512] = all_reduce(%h) {axis = "m"}
+  %b : f32[256,512] = all_reduce(%a) {axis = "m"}
+  %h2 : f32[256,512] = matmul(%b, %w) {ta = 0, tb = 0}
+  %c : f32[256,512] = all_reduce(%h2) {axis = "m"}
+})");
+  const Prediction base = simulate(g, mesh, c, pl);
+  Cluster skewed = c;
+  skewed.levels[0].skew = 3e-3;
+  const Prediction s = simulate(g, mesh, skewed, pl);
+  EXPECT_NEAR(s.step_seconds - base.step_seconds, 2 * 3e-3, 1e-12);
+  EXPECT_NEAR(s.comm_seconds - base.comm_seconds, 2 * 3e-3, 1e-12);
+  EXPECT_NEAR(s.exposed_comm_seconds - base.exposed_comm_seconds, 2 * 3e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(s.compute_seconds, base.compute_seconds);
+  const std::string file = testing::TempDir() + "/skewed.toml";
+  write_cluster(skewed, file, "# skewed\n");
+  EXPECT_DOUBLE_EQ(load_cluster(file).levels[0].skew, 3e-3);
+}
+
 // A rank has two communication streams (runtime/executor.h), its host's and the network's:
 // collectives of an axis within a node and of one across nodes run side by side, two of one axis
 // one after the other, and so do two axes across nodes; what the compute stream waited for is

@@ -149,6 +149,36 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
         mean_over_ranks(comm_s > 0 ? std::max(1.0, median(comm_beside) / comm_s) : 1.0);
     j["compute_beside_comm"] =
         mean_over_ranks(gemm_s > 0 ? std::max(1.0, median(gemm_beside) / gemm_s) : 1.0);
+
+    // Skew: a step's collectives sit between kernels, and the ranks reach each one apart (the
+    // system's noise, cores shared with other work, ranks of unequal speed): it starts when the
+    // last arrives. A few GEMMs (a transformer sublayer's worth, ~kSkewGemms x 67 MFLOP) then a
+    // small all_reduce, in a loop, against the GEMMs alone and the all_reduces back to back: each
+    // rank's mean wait per collective beyond both, averaged over the ranks.
+    constexpr int kSkewGemms = 8;
+    const int64_t small = int64_t(1) << 16;
+    const int loops = quick ? 5 : 40;
+    std::vector<double> skews;
+    for (int r = 0; r < reps + 1; ++r) {
+      all.barrier();
+      auto t0 = Clock::now();
+      for (int i = 0; i < loops * kSkewGemms; ++i) gemm();
+      const double gemms = since(t0) / loops;
+      all.barrier();
+      t0 = Clock::now();
+      for (int i = 0; i < loops; ++i) run_collective(w, ir::Op::all_reduce, small, buf);
+      const double collective = since(t0) / loops;
+      all.barrier();
+      t0 = Clock::now();
+      for (int i = 0; i < loops; ++i) {
+        for (int k = 0; k < kSkewGemms; ++k) gemm();
+        run_collective(w, ir::Op::all_reduce, small, buf);
+      }
+      const double between = since(t0) / loops;
+      if (r > 0) skews.push_back(std::max(0.0, between - gemms - collective));
+    }
+    j["skew_seconds"] = mean_over_ranks(median(skews));
+    j["skew_gemm_seconds"] = mean_over_ranks(median(gemm_alone) * kSkewGemms);
     if (all.rank() == 0) {
       const std::string tmp = out + ".part";
       {
@@ -228,6 +258,7 @@ Calibration calibrate_level(const LevelOptions& o) {
   lv.comm_beside_compute = j.at("comm_beside_compute").get<double>();
   lv.compute_beside_comm = j.at("compute_beside_comm").get<double>();
   lv.comm_thread_slowdown = j.at("comm_thread_slowdown").get<double>();
+  lv.skew = j.at("skew_seconds").get<double>();
   // the ranks' ring crosses the level (which ranks share a link: each host's consecutive)
   std::vector<sim::Level> levels(c.levels.begin(), c.levels.begin() + long(at));
   levels.push_back(lv);
@@ -299,10 +330,12 @@ Calibration calibrate_level(const LevelOptions& o) {
       "# bus bandwidth all_gather {:.4g}, reduce_scatter {:.4g}, all_reduce {:.4g} B/s (64 KiB "
       "to {:.0f} MiB, least squares); an fsdp pair of {:.0f} MiB on the communication thread "
       "x{:.3g}, beside GEMMs: "
-      "collective x{:.3g}, GEMM x{:.3g}.\n",
+      "collective x{:.3g}, GEMM x{:.3g}; a collective after {:.2g} ms of GEMMs waits {:.3g} ms "
+      "for its last rank (skew).\n",
       o.base, o.name, n, o.launcher, ag.bandwidth, rs.bandwidth, ar.bandwidth, ar.big / 1048576,
       j.at("overlap_bytes").get<double>() / 1048576, lv.comm_thread_slowdown,
-      lv.comm_beside_compute, lv.compute_beside_comm);
+      lv.comm_beside_compute, lv.compute_beside_comm, j.at("skew_gemm_seconds").get<double>() * 1e3,
+      lv.skew * 1e3);
   return r;
 }
 

@@ -235,7 +235,7 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
       if (!(*ls)[i].is_table()) top.fail("level", "expected [[level]] tables");
       Reader l(*(*ls)[i].as_table(), where, source,
                {"name", "size", "bandwidth", "all_reduce_bandwidth", "latency", "shared_by",
-                "comm_beside_compute", "compute_beside_comm", "comm_thread_slowdown"});
+                "comm_beside_compute", "compute_beside_comm", "comm_thread_slowdown", "skew"});
       Level lv;
       lv.name = l.string("name", true);
       lv.size = l.integer("size", true, 0, 0, kDevices);
@@ -246,6 +246,7 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
       lv.comm_beside_compute = l.number("comm_beside_compute", false, 1, 1, 1e3);
       lv.compute_beside_comm = l.number("compute_beside_comm", false, 1, 1, 1e3);
       lv.comm_thread_slowdown = l.number("comm_thread_slowdown", false, 1, 1, 1e3);
+      lv.skew = l.number("skew", false, 0, 0, 10);
       const int64_t inner = c.levels.empty() ? 0 : c.levels.back().size;
       if (lv.shared_by > 1 && inner > 0 && inner % lv.shared_by)
         l.fail("shared_by", fmt::format("must divide the inner level's size {} (the devices that "
@@ -330,6 +331,7 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
       line(fmt::format("compute_beside_comm = {:.4g}", l.compute_beside_comm));
     if (l.comm_thread_slowdown != 1)
       line(fmt::format("comm_thread_slowdown = {:.4g}", l.comm_thread_slowdown));
+    if (l.skew > 0) line(fmt::format("skew = {:.3g}", l.skew));
   }
   line("\n[efficiency]");
   line(fmt::format("matmul = {}", c.efficiency.matmul));

@@ -61,6 +61,11 @@ struct Level {
   // politely, sleeping between polls: runtime/comm_stream.h) than on its compute thread, alone;
   // `bandwidth` and `latency` are the compute thread's. 1 on a GPU.
   double comm_thread_slowdown = 1;
+  // Seconds a collective waits, on average, for the last of its ranks to reach it when the ranks
+  // come to it from kernels (they run out of step: the system's noise, shared cores); it adds to
+  // every collective of the level. 0 where the ranks keep in step (a GPU's). `loom calibrate
+  // --level` measures it after a sublayer's worth of GEMMs.
+  double skew = 0;
 };
 
 // Achieved fractions of peak where no profile was measured (docs/simulator.md: the efficiency

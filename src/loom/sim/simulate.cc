@@ -212,9 +212,13 @@ class RankSim {
     auto [at, fresh] = loads_.try_emplace({axis, pairs}, 1.0);
     if (fresh) at->second = link_load(n.op, mesh_, c_, level, axis);
     const Level& lv = c_.levels[size_t(level)];
-    // on the communication thread, if the program has one, at its (polite) pace
+    // on the communication thread, if the program has one, at its (polite) pace; when the ranks
+    // come to it from kernels, the wait for the last of them (the level's skew) adds to it (a
+    // collective issued right after another finds the ranks in step)
     const double dur = collective_seconds(n.op, in, ranks, c_, level, at->second) *
-                       (stream_ ? lv.comm_thread_slowdown : 1);
+                           (stream_ ? lv.comm_thread_slowdown : 1) +
+                       (from_kernels_ ? lv.skew : 0);
+    from_kernels_ = false;
     ++r_.collectives;
     r_.comm_seconds += dur;
     AxisTraffic& t = r_.axis_traffic[axis];
@@ -244,6 +248,7 @@ class RankSim {
     r_.flops += cost.flops;
     const double before = r_.compute_seconds;
     compute(s);
+    from_kernels_ = from_kernels_ || s > 0;
     r_.compute_by_op[n.op] += r_.compute_seconds - before;
   }
 
@@ -254,6 +259,7 @@ class RankSim {
   const SimOptions& o_;
   Prediction r_;
   bool stream_ = false;
+  bool from_kernels_ = true;  // a kernel ran since the last collective was issued
   std::map<bool, std::deque<InFlight>> streams_;  // the host's (false), the network's (true)
   double now_ = 0;
   std::vector<char> done_;                                // per collective output: finished
