@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 
 namespace loom::cli {
@@ -98,8 +99,7 @@ std::function<int()> add_sample(CLI::App& app) {
     const infer::Model m = infer::open_model({o->run_dir, o->checkpoint, o->path, o->prompt});
     if (m.dipaco_path >= 0)
       fmt::print(stderr, "dipaco: path {} ({})\n", m.dipaco_path, m.routed ? "routed" : "chosen");
-    const double open_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    const double open_s = seconds_since(t_start);
     infer::SampleOptions so{o->prompt,         o->max_tokens, o->temperature, o->top_k,
                             uint64_t(o->seed), o->context,    o->device};
     so.dtype = o->dtype;

@@ -13,6 +13,7 @@
 
 #include "loom/calibrate/calibrate.h"
 #include "loom/comm/mpi.h"
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/runtime/comm_stream.h"
@@ -23,9 +24,6 @@ namespace loom::calibrate {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Every rank's `v`, in rank order.
 std::vector<float> each_rank(comm::Communicator& w, double v) {
@@ -80,7 +78,7 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
           all.barrier();
           const auto t0 = Clock::now();  // on this thread, as a program without a stream
           run_collective(w, op, b, buf);
-          const double s = since(t0);
+          const double s = seconds_since(t0);
           if (r > 0) ts.push_back(slowest(all, s));
         }
         j["comm"][std::string(ir::op_name(op))].push_back({b, median(ts)});
@@ -98,7 +96,7 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
       const auto t0 = Clock::now();
       run_collective(w, ir::Op::all_gather, bytes / n, buf);
       run_collective(w, ir::Op::reduce_scatter, bytes, buf);
-      return since(t0);
+      return seconds_since(t0);
     };
     auto pair = [&](double* seconds) {
       return stream.submit([&, seconds] { *seconds = fsdp_pair(); });
@@ -110,7 +108,7 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
       const auto t0 = Clock::now();
       const int k = quick ? 20 : 100;
       for (int i = 0; i < k; ++i) gemm();
-      const double per_gemm = since(t0) / k;
+      const double per_gemm = seconds_since(t0) / k;
       all.barrier();
       const double here = fsdp_pair();
       all.barrier();
@@ -125,7 +123,7 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
         gemm();
         ++done;
       }
-      const double window = since(t1);
+      const double window = seconds_since(t1);
       stream.wait(ticket);
       if (r == 0 || done == 0) continue;
       gemm_alone.push_back(per_gemm);
@@ -163,18 +161,18 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
       all.barrier();
       auto t0 = Clock::now();
       for (int i = 0; i < loops * kSkewGemms; ++i) gemm();
-      const double gemms = since(t0) / loops;
+      const double gemms = seconds_since(t0) / loops;
       all.barrier();
       t0 = Clock::now();
       for (int i = 0; i < loops; ++i) run_collective(w, ir::Op::all_reduce, small, buf);
-      const double collective = since(t0) / loops;
+      const double collective = seconds_since(t0) / loops;
       all.barrier();
       t0 = Clock::now();
       for (int i = 0; i < loops; ++i) {
         for (int k = 0; k < kSkewGemms; ++k) gemm();
         run_collective(w, ir::Op::all_reduce, small, buf);
       }
-      const double between = since(t0) / loops;
+      const double between = seconds_since(t0) / loops;
       if (r > 0) skews.push_back(std::max(0.0, between - gemms - collective));
     }
     j["skew_seconds"] = mean_over_ranks(median(skews));

@@ -19,6 +19,7 @@
 
 #include "loom/calibrate/calibrate.h"
 #include "loom/comm/local.h"
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/peak.h"
 #include "loom/models/architecture.h"
@@ -232,8 +233,7 @@ double time_collective(ir::Op op, int n, int64_t bytes, int reps) {
       const auto t0 = std::chrono::steady_clock::now();
       run_collective(c, op, bytes, buf);
       c.barrier();
-      if (r > 0)
-        ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (r > 0) ts.push_back(seconds_since(t0));
     }
     if (c.rank() == 0) result[0] = median(ts);
   });

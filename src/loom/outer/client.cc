@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 
@@ -55,7 +56,7 @@ grpc::Status OuterClient::retrying(const char* what, F&& call) {
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
         s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
       return s;
-    double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    double waited = seconds_since(t0);
     if (waited > cfg_.retry_s)
       throw Error(fmt::format("outer server {} unreachable for {:.0f} s ({}): {}", cfg_.server,
                               waited, what, s.error_message()),

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/outer/model_tensors.h"
@@ -285,7 +286,7 @@ void Island::land(InFlight& fl, double mix, bool counted) {
       std::string awaited;
       const auto st = await(f, fl.base_version, 1000, round, &awaited);
       if (!st || *st == proto::AwaitReply::CLOSED) break;
-      const double waited_s = std::chrono::duration<double>(Clock::now() - since).count();
+      const double waited_s = seconds_since(since);
       if (*st == proto::AwaitReply::PENDING && waited_s >= std::max(10.0, 3 * told_s)) {
         fmt::print(stderr, "island {}: {} has waited {:.0f} s for {}\n", id_.load(), round,
                    waited_s, awaited.empty() ? "the server" : awaited);
@@ -531,7 +532,7 @@ void Island::rebase() {
 }
 
 double Island::wait_share() const {
-  const double wall = std::chrono::duration<double>(Clock::now() - made_).count();
+  const double wall = seconds_since(made_);
   return wall > 0 ? wait_s_ / wall : 0;
 }
 

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <thread>
 
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/data/text_corpus.h"
@@ -266,7 +267,7 @@ IslandsResult run_islands(const IslandsOptions& o) {
     ::waitpid(server, &server_st, 0);
   }
   st = server_st;
-  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double wall = seconds_since(t0);
   if (!failed.empty()) {
     std::string all;
     for (const auto& f : failed) all += f + "\n";

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/passes/pipeline.h"
 #include "loom/search/predict.h"
@@ -16,10 +17,6 @@ namespace loom::search {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 }  // namespace
 
@@ -55,7 +52,7 @@ const Evaluation& Evaluator::evaluate(const Candidate& c) {
   } catch (const Error& err) {
     e.error = err.what();
   }
-  e.seconds = since(t0);
+  e.seconds = seconds_since(t0);
   return done_.emplace(key, std::move(e)).first->second;
 }
 
@@ -100,7 +97,7 @@ class Mcts {
     // the tree's share of the budget; the rest goes to the local search
     const double tree = 1 - o_.local_share;
     auto left = [&](double share) {
-      return since(t0) < share * o_.budget_s &&
+      return seconds_since(t0) < share * o_.budget_s &&
              (o_.max_evaluations <= 0 ||
               double(ev_.evaluations() - before) < share * double(o_.max_evaluations));
     };
@@ -117,7 +114,7 @@ class Mcts {
     grow(1.0);  // the climb reached a plan none of whose neighbours is faster: back to the tree
     r.evaluations = ev_.evaluations() - before;
     r.exhausted = root_->closed;
-    r.seconds = since(t0);
+    r.seconds = seconds_since(t0);
     return r;
   }
 
@@ -254,10 +251,11 @@ SearchResult search(const Space& space, Evaluator& ev, const SearchOptions& o) {
     const int64_t before = ev.evaluations();
     const auto all = space.enumerate();
     size_t i = 0;
-    for (; i < all.size() && since(t0) < o.budget_s; ++i) ev.evaluate(space.candidate(all[i]));
+    for (; i < all.size() && seconds_since(t0) < o.budget_s; ++i)
+      ev.evaluate(space.candidate(all[i]));
     r.evaluations = ev.evaluations() - before;
     r.exhausted = i == all.size();
-    r.seconds = since(t0);
+    r.seconds = seconds_since(t0);
     r.iterations = int64_t(i);
   } else {
     r = Mcts(space, ev, o).run();

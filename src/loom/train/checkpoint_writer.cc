@@ -14,6 +14,7 @@
 
 #include "loom/comm/communicator.h"
 #include "loom/core/checksum.h"
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/safetensors.h"
@@ -27,10 +28,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // state.json's text: the caller's state, the format, the step and the checksums.
 std::string state_text(const nlohmann::json& state, int64_t step, const std::string& config_text) {

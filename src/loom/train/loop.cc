@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/runtime/trace.h"
@@ -93,10 +94,6 @@ void check_data_tokenizer(const Config& cfg, const data::TextCorpus& corpus) {
       fmt::format("prepare the text with the model's tokenizer: loom data prepare --input TEXT "
                   "--out DIR --tokenizer {}, then set [data] path = \"DIR\"",
                   cfg.init_weights));
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 }  // namespace

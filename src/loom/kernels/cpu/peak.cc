@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "loom/core/clock.h"
+
 namespace loom::kernels {
 
 namespace {
@@ -73,7 +75,7 @@ double fma_peak_gflops(int threads, long iters, bool bf16) {
       }
       for (int i = 0; i < 12; ++i) sink += sum(a[i]);
     }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = seconds_since(t0);
     const double flops = double(threads) * double(iters) * 12 * (bf16 ? 2 * kLanes : kLanes) * 2;
     best = std::max(best, flops / s / 1e9);
     keep = keep + sink;
