@@ -43,7 +43,7 @@ constexpr int64_t kMaxChunkBytes = int64_t(1) << 30;
 // thread at a wait: runtime/comm_stream.h): while it is above 0 their cores are idle, and a polite
 // thread polls flat out (hurried()) — sleeping then only delays the collective they wait for (a
 // 4 MiB all_reduce over shared memory took 2.0 ms on the communication thread against 0.44 ms
-// polled flat out: docs/benchmarks.md).
+// polled flat out: docs/comm.md).
 void set_polite_waits(bool on, const std::atomic<int>* waiters = nullptr);
 bool polite_waits();
 bool hurried();

@@ -70,8 +70,8 @@ int64_t output_bytes(const ir::Graph& g, const ir::Node& n) {
 // Whether this rank has its cores to itself: its compute threads no more than the cores it may run
 // on (its affinity) and its share of the host's (the host's ranks in `world` share them). Then a
 // compute thread blocked at a wait leaves a core idle, and the communication stream may poll flat
-// out (CommStream's hurry): megatron on 2 ranks of 2 cores, 7% faster; 4 ranks of 1 thread on 2
-// cores, where polling takes another rank's core, 1-4% slower with it (docs/benchmarks.md).
+// out (CommStream's hurry): megatron on 2 ranks of 2 cores, 3-7% faster; 4 ranks of 1 thread on 2
+// cores, where polling takes another rank's core, 3.5-3.9% slower with it (docs/comm.md).
 bool cores_to_spare(const comm::Communicator& world) {
   cpu_set_t set;
   CPU_ZERO(&set);
