@@ -102,31 +102,35 @@ def main():
     for n in (a.only or []) + ([a.peer] if a.peer else []):
         if n not in names:
             sys.exit("no case %s (cases: %s)" % (n, " ".join(names)))
-    cases = [c for c in CASES if not a.only or c[0] in a.only or c[0] == a.peer]
-    preds, measured = {}, {c[0]: [] for c in cases}
+    # per case, once: its cluster file, environment, prediction and loom bench command
+    cases, preds, benches, measured = [], {}, {}, {}
+    for name, cfg, sets, launcher, ranks, threads in CASES:
+        if a.only and name not in a.only and name != a.peer:
+            continue
+        config = "configs/%s.toml" % cfg
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="passive")
+        cluster = a.cluster_2t if threads == 2 and a.cluster_2t else a.cluster
+        setargs = sum([["--set", s] for s in sets], [])
+        preds[name] = last_json(run([a.loom, "plan", config, "--cluster", cluster, "--json"] + setargs,
+                                    env))
+        bench = [a.loom, "bench", config, "--steps", str(a.steps), "--warmup", str(a.warmup)] + setargs
+        if launcher == "mpi":
+            bench = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+                     str(ranks), "-x", "OMP_NUM_THREADS", "-x", "OMP_WAIT_POLICY"] + bench
+        benches[name] = (bench, env)
+        measured[name] = []
+        cases.append((name, launcher, ranks, threads, cluster))
     for rnd in range(a.rounds):
-        for name, cfg, sets, launcher, ranks, threads in cases:
-            config = "configs/%s.toml" % cfg
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="passive")
-            cluster = a.cluster_2t if threads == 2 and a.cluster_2t else a.cluster
-            setargs = sum([["--set", s] for s in sets], [])
-            if name not in preds:
-                preds[name] = last_json(run([a.loom, "plan", config, "--cluster", cluster, "--json"] +
-                                            setargs, env))
-            bench = [a.loom, "bench", config, "--steps", str(a.steps), "--warmup", str(a.warmup)] + setargs
-            if launcher == "mpi":
-                bench = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
-                         str(ranks), "-x", "OMP_NUM_THREADS", "-x", "OMP_WAIT_POLICY"] + bench
-            meas = last_json(run(bench, env))
+        for name, *_ in cases:
+            meas = last_json(run(*benches[name]))
             measured[name].append(meas)
             print("round %d  %-28s measured %8.1f ms" % (rnd + 1, name, meas["step_ms"]["median"]),
                   file=sys.stderr, flush=True)
     rows = []
-    for name, cfg, sets, launcher, ranks, threads in cases:
+    for name, launcher, ranks, threads, cluster in cases:
         pred, runs = preds[name], measured[name]
         step = statistics.median(m["step_ms"]["median"] for m in runs)
         rss = statistics.median(max(r["peak_rss_bytes"] for r in m["per_rank"]) for m in runs)
-        cluster = a.cluster_2t if threads == 2 and a.cluster_2t else a.cluster
         row = {"case": name, "measured_ms": step, "predicted_ms": pred["step_ms"],
                "time_error": pred["step_ms"] / step - 1,
                "measured_ms_per_round": [m["step_ms"]["median"] for m in runs],

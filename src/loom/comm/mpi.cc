@@ -157,21 +157,18 @@ class MpiCommunicator final : public Communicator {
     int flag = 0;
     LOOM_MPI(MPI_Comm_get_attr, comm_.comm, MPI_TAG_UB, &ub, &flag);
     tag_ub_ = flag && ub ? *ub : 32767;  // the standard's minimum
-    // collective, as making the communicator is: are all its ranks on this rank's host (its
-    // processor name; MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) hung Open MPI 4.1 over TCP
-    // between network namespaces, two ranks a namespace)?
+    // collective, as making the communicator is: how many of its ranks are on this rank's host
+    // (its processor name; MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) hung Open MPI 4.1 over TCP
+    // between network namespaces, two ranks a namespace)? Fewer than all: it spans hosts.
     char name[MPI_MAX_PROCESSOR_NAME] = {};
     int len = 0;
     LOOM_MPI(MPI_Get_processor_name, name, &len);
     std::vector<char> names(size_t(size_) * MPI_MAX_PROCESSOR_NAME);
     LOOM_MPI(MPI_Allgather, name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
              MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_.comm);
-    for (int r = 0; r < size_; ++r) {
-      const bool here = std::strncmp(name, names.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME,
-                                     MPI_MAX_PROCESSOR_NAME) == 0;
-      spans_hosts_ = spans_hosts_ || !here;
-      host_ranks_ += here ? 1 : 0;
-    }
+    for (int r = 0; r < size_; ++r)
+      host_ranks_ += std::strncmp(name, names.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME,
+                                  MPI_MAX_PROCESSOR_NAME) == 0;
   }
 
   ~MpiCommunicator() override {
@@ -183,7 +180,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
-  bool spans_hosts() const override { return spans_hosts_; }
+  bool spans_hosts() const override { return host_ranks_ < size_; }
   int host_ranks() const override { return host_ranks_; }
   bool concurrent_groups() const override {
     int provided = 0;
@@ -351,8 +348,7 @@ class MpiCommunicator final : public Communicator {
   OpHandle bf16_sum_;
   std::list<Pending> sends_;  // buffered sends not known complete
   int rank_ = 0, size_ = 0, tag_ub_ = 0;
-  bool spans_hosts_ = false;
-  int host_ranks_ = 0;
+  int host_ranks_ = 0;  // its ranks on this rank's host (processor name)
 };
 
 }  // namespace
