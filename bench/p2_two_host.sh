@@ -8,7 +8,8 @@
 #
 # Prints p2_run's JSON lines (one per program, then its summary), each with "link_gbit" added;
 # checks that the reductions' bytes crossed the link. Everything made here is removed on exit.
-# CLUSTER=F plans on F (default clusters/two-hosts.toml); CALIBRATE_OUT=G first measures F's
+# CASES="MESH:AXES ..." replaces the two cases (e.g. "a=2,b=2:a" for the all_reduce across the
+# hosts alone, the hierarchical programs' middle step). CLUSTER=F plans on F (default clusters/two-hosts.toml); CALIBRATE_OUT=G first measures F's
 # levels as the ranks here see them (`loom calibrate --level`, all 4 ranks): "shm" in both hosts at
 # once (2 ranks each, TCP over the host's own address), then "tcp" over the 4 (--shared-by 2),
 # into G, and plans on G.
@@ -62,8 +63,8 @@ if [[ -n ${CALIBRATE_OUT:-} ]]; then
   cluster=$CALIBRATE_OUT
 fi
 for bytes in $sizes; do
-  for c in "x=4 x" "a=2,b=2 a,b"; do
-    read -r mesh axes <<<"$c"
+  for c in ${CASES:-x=4:x a=2,b=2:a,b}; do
+    mesh=${c%%:*} axes=${c#*:}
     before=$(tx)
     timeout 900 "${mpi[@]}" "$run" "$cluster" "$mesh" "$axes" "$bytes" \
       "$reps" >"$TMP/out" 2>"$TMP/err" || die "p2_run $mesh $axes $bytes: $(tail -c 2000 "$TMP/err")"

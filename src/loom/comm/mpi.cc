@@ -1,9 +1,9 @@
 // The MPI backend (see mpi.h). Every MPI call is written LOOM_MPI(MPI_Xxx, args...), which passes
 // the return code and the call's name to mpi_call, the one place that turns a failure into
-// loom::Error. Not here: choosing algorithms (Open MPI's tuned module does), averaging, device
-// buffers. Invariant: no MPI count exceeds INT_MAX, because every call moves one piece of at most
-// chunk_bytes
-// (<= kMaxChunkBytes = 1 GiB) per rank.
+// loom::Error. Not here: choosing algorithms (Open MPI's tuned module does, but for the polite
+// all_reduce, a ring of point-to-point messages: ring_all_reduce), averaging, device buffers.
+// Invariant: no MPI count exceeds INT_MAX, because every call moves one piece of at most
+// chunk_bytes (<= kMaxChunkBytes = 1 GiB) per rank.
 #include "loom/comm/mpi.h"
 
 #include <fmt/format.h>
@@ -75,16 +75,21 @@ void pause_between_polls(long& ns) {
   ns = std::min(2 * ns, 100000L);
 }
 
+// Completes `n` requests: 64 polls, then polls with pauses between them.
+void wait_politely(MPI_Request* reqs, int n) {
+  int done = 0;
+  for (int i = 0; i < 64 && !done; ++i) LOOM_MPI(MPI_Testall, n, reqs, &done, MPI_STATUSES_IGNORE);
+  for (long ns = 10000; !done;) {
+    pause_between_polls(ns);
+    LOOM_MPI(MPI_Testall, n, reqs, &done, MPI_STATUSES_IGNORE);
+  }
+}
+
 template <class Start>
 void complete_politely(const char* name, Start&& start) {
   MPI_Request req = MPI_REQUEST_NULL;
   mpi_call(name, start(&req));
-  int done = 0;
-  for (int i = 0; i < 64 && !done; ++i) LOOM_MPI(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
-  for (long ns = 10000; !done;) {
-    pause_between_polls(ns);
-    LOOM_MPI(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
-  }
+  wait_politely(&req, 1);
 }
 
 template <class Blocking, class Start>
@@ -151,6 +156,9 @@ class MpiCommunicator final : public Communicator {
   // Takes ownership of `comm`.
   MpiCommunicator(MPI_Comm comm, int64_t chunk_bytes) : Communicator(chunk_bytes), comm_(comm) {
     LOOM_MPI(MPI_Comm_set_errhandler, comm_.comm, MPI_ERRORS_RETURN);
+    // the ring's own context: its messages never match a send/recv of the communicator
+    LOOM_MPI(MPI_Comm_dup, comm_.comm, &ring_.comm);
+    LOOM_MPI(MPI_Comm_set_errhandler, ring_.comm, MPI_ERRORS_RETURN);
     LOOM_MPI(MPI_Comm_rank, comm_.comm, &rank_);
     LOOM_MPI(MPI_Comm_size, comm_.comm, &size_);
     int* ub = nullptr;
@@ -193,6 +201,7 @@ class MpiCommunicator final : public Communicator {
     const int64_t es = int64_t(dtype_size(dt));
     char* p = static_cast<char*>(buf);
     for_each_piece(count, piece_units(es, chunk_bytes()), [&](int64_t off, int64_t n) {
+      if (polite_waits()) return ring_all_reduce(p + off * es, n, dt);
       collective(
           "MPI_Allreduce",
           [&] {
@@ -322,6 +331,43 @@ class MpiCommunicator final : public Communicator {
  private:
   MPI_Op sum_op(DType dt) const { return dt == DType::bf16 ? bf16_sum_.op : MPI_SUM; }
 
+  // The polite all_reduce of `n` elements at `p`: a ring (each rank sends 2 (P-1)/P of the buffer
+  // to its right neighbour and receives as much from its left: a ring over ranks in host order
+  // crosses each host's link twice), reduce-scatter then all-gather, each of the 2 (P-1) steps one
+  // block sent and one received on ring_, waited politely. Not MPI_Iallreduce: with MPI_IN_PLACE
+  // Open MPI's libnbc always takes its binomial tree, reducing the whole buffer to rank 0 and
+  // broadcasting it back (over TCP between two hosts, each direction carries the buffer in turn:
+  // twice the ring's time; 2 ranks on one host, 4 MiB: docs/comm.md). Block b's sum starts at rank
+  // b and adds each next rank's input in ring order, the same bits on every rank.
+  void ring_all_reduce(char* p, int64_t n, DType dt) {
+    const int P = size_;
+    if (P == 1) return;
+    const int64_t es = int64_t(dtype_size(dt));
+    auto begin = [&](int64_t b) { return b * (n / P) + std::min<int64_t>(b, n % P); };
+    auto block = [&](int64_t b) {
+      b = ((b % P) + P) % P;
+      return std::pair{begin(b), begin(b + 1) - begin(b)};
+    };
+    const int right = (rank_ + 1) % P, left = (rank_ + P - 1) % P;
+    std::vector<char> in(size_t((n / P + 1) * es));
+    auto exchange = [&](int64_t send_block, char* recv_to, int64_t recv_block) {
+      const auto [so, sn] = block(send_block);
+      const int64_t rn = block(recv_block).second;
+      MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+      LOOM_MPI(MPI_Irecv, recv_to, to_int(rn), mpi_type(dt), left, 0, ring_.comm, &reqs[0]);
+      LOOM_MPI(MPI_Isend, p + so * es, to_int(sn), mpi_type(dt), right, 0, ring_.comm, &reqs[1]);
+      wait_politely(reqs, 2);
+      return rn;
+    };
+    for (int s = 0; s < P - 1; ++s) {  // reduce-scatter: block rank-s-1 gains the left's sum
+      const int64_t got = exchange(rank_ - s, in.data(), rank_ - s - 1);
+      LOOM_MPI(MPI_Reduce_local, in.data(), p + block(rank_ - s - 1).first * es, to_int(got),
+               mpi_type(dt), sum_op(dt));
+    }
+    for (int s = 0; s < P - 1; ++s)  // all-gather: this rank's whole block rank+1 goes round
+      exchange(rank_ + 1 - s, p + block(rank_ - s).first * es, rank_ - s);
+  }
+
   // MPI's own limit on tags, beyond the base class's checks
   void check_tag_bound(const char* op, int tag) const {
     if (tag > tag_ub_)
@@ -345,6 +391,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   CommHandle comm_;
+  CommHandle ring_{MPI_COMM_NULL};  // a duplicate of comm_ for ring_all_reduce's messages
   OpHandle bf16_sum_;
   std::list<Pending> sends_;  // buffered sends not known complete
   int rank_ = 0, size_ = 0, tag_ub_ = 0;
