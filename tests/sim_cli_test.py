@@ -322,6 +322,23 @@ with tempfile.TemporaryDirectory() as tmp:
              cluster("two-hosts.toml"), "--out", out, "--quick")
     check("ranks that do not cross the level: exit 1 saying so",
           r.returncode == 1 and 'lie within level "shm"' in r.stderr, r.stderr[-2000:])
+    # 4 ranks across two-hosts' shm groups of 2: the level's collectives kept as measured, over
+    # all 4 and over the pairs across (ranks 0 and 2, 1 and 3), and plan reads them back
+    r = loom("calibrate", "--level", "tcp", "--launcher", launcher.replace("-np 2", "-np 4"),
+             "--base", cluster("two-hosts.toml"), "--out", out, "--quick")
+    ok = r.returncode == 0 and os.path.exists(out)
+    check("calibrate --level tcp over 4 ranks: exit 0", ok, r.stderr[-2000:])
+    if ok:
+        tcp = tomllib.load(open(out, "rb"))["level"][-1]
+        kinds = tcp.get("comm", {})
+        ranks = {k: sorted({row[0] for row in v}) for k, v in kinds.items()}
+        check("the level keeps each kind measured on 4 ranks and on the pairs across",
+              set(ranks) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}
+              and all(v == [2, 4] for v in ranks.values()), str(ranks))
+        r = loom("plan", cfg("tiny-llama.toml"), "--cluster", out, "--json", "--devices", "4",
+                 "--set", "plan.mesh={data=4}", "--set", 'plan.tactics=[{kind="data",axis="data"}]')
+        check("plan reads the measured collectives back", r.returncode == 0 and json_lines(r),
+              r.stderr[-1000:])
 
 # loom plan --search (src/loom/search/): the top plans and a pasteable [plan]; --json's summary;
 # bad input: a budget or evaluation count that is not positive, no plan that fits (the closest

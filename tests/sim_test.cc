@@ -63,6 +63,7 @@ TEST(Cluster, WriteReadsBack) {
   p.ops[ir::Op::attention_bwd].push_back({DType::bf16, 1.7e8, 1.7e11, 7.5e-4, 1141899520});
   p.comm[ir::Op::all_reduce].push_back({4, 65536, 2e-5});
   c.profile = p;
+  c.levels[1].comm[ir::Op::all_gather] = {{2, 65536, 3e-4}, {16, 1e6, 2e-3}};
   const std::string path = (fs::temp_directory_path() / "loom_sim_test_cluster.toml").string();
   write_cluster(c, path, "# test\n");
   const Cluster r = load_cluster(path);
@@ -78,6 +79,10 @@ TEST(Cluster, WriteReadsBack) {
   EXPECT_EQ(r.profile->ops.at(ir::Op::rmsnorm)[0].scratch_bytes, 0);
   EXPECT_EQ(r.profile->ops.at(ir::Op::attention_bwd)[0].scratch_bytes, 1141899520);
   EXPECT_EQ(r.profile->comm.at(ir::Op::all_reduce)[0].ranks, 4);
+  EXPECT_TRUE(r.levels[0].comm.empty());
+  ASSERT_EQ(r.levels[1].comm.at(ir::Op::all_gather).size(), 2u);
+  EXPECT_EQ(r.levels[1].comm.at(ir::Op::all_gather)[1].ranks, 16);
+  EXPECT_DOUBLE_EQ(r.levels[1].comm.at(ir::Op::all_gather)[1].seconds, 2e-3);
 }
 
 std::string error_of(const std::string& text) {
@@ -148,6 +153,10 @@ TEST(Cluster, BadFilesNameTheFileAndKey) {
        "[device.peak_flops] f32: must be a finite number in [1000000, 1e+18], got 0"},
       {std::string(kGood) + "[efficiency]\nmatmul = 3\n",
        "[efficiency] matmul: must be a finite number in [0.001, 1], got 3"},
+      {std::string(kGood) + "[level.comm]\nall_gather = [[1, 65536, 1e-4]]\n",
+       "bad.toml: [level 1 (ib).comm.all_gather]: expected an integer in 2.."},
+      {std::string(kGood) + "[level.comm]\nall_gathr = [[2, 65536, 1e-4]]\n",
+       "bad.toml: [level 1 (ib).comm.all_gathr]"},
   };
   for (const Case& c : cases) {
     const std::string got = error_of(c.text);
@@ -197,6 +206,19 @@ TEST(Cost, CollectivesFollowTheRing) {
   const double ib_a = h.levels[1].latency, ib_bw = h.levels[1].bandwidth;
   EXPECT_DOUBLE_EQ(collective_seconds(ir::Op::all_reduce, 4, 4096, h, 1),
                    2 * 12 * ib_a + 2 * 4 / ib_bw);
+}
+
+// A level's measured collectives (Level::comm) price a collective of a measured rank count,
+// interpolated in bytes; another rank count, or a kind not measured, is the ring's.
+TEST(Cost, ALevelsMeasuredCollectivesPriceTheirRankCount) {
+  Cluster c = shipped("two-hosts.toml");
+  const double ring4 = collective_seconds(ir::Op::all_reduce, 4e6, 4, c, 1);
+  c.levels[1].comm[ir::Op::all_reduce] = {{2, 1e6, 0.01}, {2, 16e6, 0.16}};
+  EXPECT_NEAR(collective_seconds(ir::Op::all_reduce, 4e6, 2, c, 1, 2), 0.04, 1e-9);
+  EXPECT_NEAR(collective_seconds(ir::Op::all_reduce, 32e6, 2, c, 1, 2), 0.32, 1e-9);  // its rate
+  EXPECT_DOUBLE_EQ(collective_seconds(ir::Op::all_reduce, 4e6, 4, c, 1), ring4);
+  EXPECT_DOUBLE_EQ(collective_seconds(ir::Op::all_gather, 4e6, 2, c, 1, 2),
+                   c.levels[1].latency + 2 * 4e6 / c.levels[1].bandwidth);
 }
 
 // Two hosts of two ranks, one link between them (clusters/two-hosts.toml: shared_by = 2): the

@@ -26,7 +26,7 @@ struct CalOpts {
   calibrate::ImportOptions import;
   calibrate::LevelOptions level;
   std::string level_worker;
-  int64_t level_group = 0;
+  int64_t level_group = 0, level_inner = 1;
 };
 
 }  // namespace
@@ -74,10 +74,14 @@ std::function<int()> add_calibrate(CLI::App& app) {
   s->add_option("--level-group", o->level_group,
                 "internal: with --level-worker, the ranks of one group (0: all)")
       ->group("");
+  s->add_option("--level-inner", o->level_inner,
+                "internal: with --level-worker, the ranks of one group of the inner level")
+      ->check(whole_number(1, 1 << 24))
+      ->group("");
   CLI::Option* out_opt = s->get_option("--out");
   return [o, out_opt]() {
     if (!o->level_worker.empty()) {
-      calibrate::level_worker(o->level_worker, o->measure.quick, o->level_group);
+      calibrate::level_worker(o->level_worker, o->measure.quick, o->level_group, o->level_inner);
       return 0;
     }
     if (!o->level.name.empty()) {

@@ -89,9 +89,10 @@ Calibration import_timed(const ImportOptions& o);
 // bandwidth is all_gather's and reduce_scatter's mean, all_reduce_bandwidth all_reduce's where it
 // differs by over 5%, the latency the median of the three; its comm_thread_slowdown,
 // comm_beside_compute and compute_beside_comm from the overlap (the mean over ranks of the median
-// of 10). The level replaces the base's level of that name, or is added outermost; on the innermost
-// level the measured collectives also replace the profile's samples of that rank count (ranks of a
-// job, not threads of one process).
+// of 10). Every measured collective is kept as the level's samples (Level::comm), with those of
+// the groups across the inner level's (one rank of each, all at once), which the simulator costs
+// by what was measured for their rank count. The level replaces the base's level of that name, or
+// is added outermost.
 struct LevelOptions {
   std::string name, launcher, base;
   int64_t size = -1;      // the level's size; < 0: the replaced level's, else 0 (any number)
@@ -106,8 +107,10 @@ Calibration calibrate_level(const LevelOptions& o);
 // The ranks' side (each a process of the launcher's job): measures as above and, on rank 0,
 // writes the JSON to `out` (atomically). An error on any rank aborts the job.
 // The collectives run within every group of `group` consecutive ranks at once (the level's size:
-// an inner level's groups all busy, as in a step; 0: all the ranks one group).
-void level_worker(const std::string& out, bool quick, int64_t group);
+// an inner level's groups all busy, as in a step; 0: all the ranks one group), then, where the
+// inner level's groups hold `inner` > 1 consecutive ranks, within the groups of one rank of each
+// (ranks equal modulo `inner`), again all at once.
+void level_worker(const std::string& out, bool quick, int64_t group, int64_t inner);
 
 // The pieces, for tests.
 // The timed kernels of `path` as a profile (the matmuls by shape, the others by bytes), scaled by

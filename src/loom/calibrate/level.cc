@@ -40,7 +40,7 @@ double slowest(comm::Communicator& w, double v) {
 
 }  // namespace
 
-void level_worker(const std::string& out, bool quick, int64_t group) {
+void level_worker(const std::string& out, bool quick, int64_t group, int64_t inner) {
   comm::MpiSession session;
   auto world = comm::mpi_world();
   try {
@@ -70,19 +70,32 @@ void level_worker(const std::string& out, bool quick, int64_t group) {
               : std::vector<int64_t>{int64_t(1) << 16, int64_t(1) << 20, int64_t(1) << 23,
                                      int64_t(1) << 26};
     const int reps = quick ? 2 : 5;
-    for (const ir::Op op :
-         {ir::Op::all_gather, ir::Op::reduce_scatter, ir::Op::all_reduce, ir::Op::all_to_all})
-      for (int64_t b : sizes) {
-        std::vector<double> ts;
-        for (int r = 0; r < reps + 1; ++r) {
-          all.barrier();
-          const auto t0 = Clock::now();  // on this thread, as a program without a stream
-          run_collective(w, op, b, buf);
-          const double s = seconds_since(t0);
-          if (r > 0) ts.push_back(slowest(all, s));
+    // each kind at each size in every group of `g` at once
+    auto measure = [&](comm::Communicator& g) {
+      nlohmann::json m;
+      for (const ir::Op op :
+           {ir::Op::all_gather, ir::Op::reduce_scatter, ir::Op::all_reduce, ir::Op::all_to_all})
+        for (int64_t b : sizes) {
+          std::vector<double> ts;
+          for (int r = 0; r < reps + 1; ++r) {
+            all.barrier();
+            const auto t0 = Clock::now();  // on this thread, as a program without a stream
+            run_collective(g, op, b, buf);
+            const double s = seconds_since(t0);
+            if (r > 0) ts.push_back(slowest(all, s));
+          }
+          m[std::string(ir::op_name(op))].push_back({b, median(ts)});
         }
-        j["comm"][std::string(ir::op_name(op))].push_back({b, median(ts)});
-      }
+      return m;
+    };
+    j["comm"] = measure(w);
+    // groups across: one rank of each inner group (a hierarchical reduction's middle step), where
+    // the inner groups hold several ranks and the level several of them
+    if (inner > 1 && n % inner == 0 && n / inner >= 2) {
+      auto across = w.split(int(w.rank() % inner), w.rank());
+      j["across"]["ranks"] = across->size();
+      j["across"]["comm"] = measure(*across);
+    }
 
     // Overlap: a collective on the stream beside GEMMs on this thread, against each alone. The
     // collective pair is an fsdp step's: an all_gather and a reduce_scatter of one buffer.
@@ -226,9 +239,11 @@ Calibration calibrate_level(const LevelOptions& o) {
   std::remove(path);
   // an inner level's groups (its size) all measure at once; the outermost's ranks are one group
   const int64_t level_size = o.size >= 0 ? o.size : at < c.levels.size() ? c.levels[at].size : 0;
-  const std::string cmd =
-      fmt::format("{} -x OMP_NUM_THREADS '{}' calibrate --level-worker {} --level-group {}{}",
-                  o.launcher, o.loom_binary, path, level_size, o.quick ? " --quick" : "");
+  // the inner level's groups: their ranks consecutive
+  const int64_t inner = at > 0 ? std::max<int64_t>(1, c.levels[at - 1].size) : 1;
+  const std::string cmd = fmt::format(
+      "{} -x OMP_NUM_THREADS '{}' calibrate --level-worker {} --level-group {} --level-inner {}{}",
+      o.launcher, o.loom_binary, path, level_size, inner, o.quick ? " --quick" : "");
   if (o.progress) o.progress("running " + cmd);
   const int rc = std::system(cmd.c_str());
   nlohmann::json j;
@@ -308,30 +323,35 @@ Calibration calibrate_level(const LevelOptions& o) {
   std::vector<double> lat{ag.latency, rs.latency, ar.latency};
   std::sort(lat.begin(), lat.end());
   lv.latency = lat[1];
+  // the collectives as measured, the whole groups' and those across the inner level's
+  auto keep = [&](const nlohmann::json& comm, int64_t ranks) {
+    for (const auto& [name, samples] : comm.items())
+      for (const auto& s : samples)
+        lv.comm[ir::parse_op(name)].push_back(
+            {ranks, s.at(0).get<double>(), s.at(1).get<double>()});
+  };
+  keep(j.at("comm"), n);
+  std::string across;
+  if (j.contains("across")) {
+    const int64_t k = j["across"].at("ranks").get<int64_t>();
+    keep(j["across"].at("comm"), k);
+    across = fmt::format(", and in groups of {} across the inner level's (one rank of each)", k);
+  }
   if (at < c.levels.size()) {
     c.levels[at] = lv;
   } else {
     c.levels.push_back(lv);
   }
-  // the innermost level's collectives as ranks of this job see them: the profile's samples
-  if (at == 0 && c.profile) {
-    for (auto& [op, samples] : c.profile->comm)
-      std::erase_if(samples, [&](const sim::CommSample& s) { return s.ranks == n; });
-    for (const auto& [name, samples] : j.at("comm").items()) {
-      const ir::Op op = ir::parse_op(name);
-      for (const auto& s : samples)
-        c.profile->comm[op].push_back({n, s.at(0).get<double>(), s.at(1).get<double>()});
-    }
-  }
   r.header = fmt::format(
       "# {} with level \"{}\" measured by `loom calibrate --level` ({} ranks: {}):\n"
       "# bus bandwidth all_gather {:.4g}, reduce_scatter {:.4g}, all_reduce {:.4g} B/s (64 KiB "
-      "to {:.0f} MiB, least squares); an fsdp pair of {:.0f} MiB on the communication thread "
+      "to {:.0f} MiB, least squares; each kept as [level.comm]{}); an fsdp pair of {:.0f} MiB on "
+      "the communication thread "
       "x{:.3g}, beside GEMMs: "
       "collective x{:.3g}, GEMM x{:.3g}; a collective after {:.2g} ms of GEMMs waits {:.3g} ms "
       "for its last rank (skew).\n",
       o.base, o.name, n, o.launcher, ag.bandwidth, rs.bandwidth, ar.bandwidth, ar.big / 1048576,
-      j.at("overlap_bytes").get<double>() / 1048576, lv.comm_thread_slowdown,
+      across, j.at("overlap_bytes").get<double>() / 1048576, lv.comm_thread_slowdown,
       lv.comm_beside_compute, lv.compute_beside_comm, j.at("skew_gemm_seconds").get<double>() * 1e3,
       lv.skew * 1e3);
   return r;

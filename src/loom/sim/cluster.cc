@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <sstream>
 
 #include "loom/core/error.h"
@@ -132,6 +133,35 @@ ir::Op profile_op(std::string_view key, const std::string& source, const std::st
   }
 }
 
+// A table of measured collectives ([profile.comm], a level's comm): kind -> [[ranks, bytes per
+// rank, seconds], ...].
+std::map<ir::Op, std::vector<CommSample>> read_comm(const toml::table& t, const std::string& where,
+                                                    const std::string& source) {
+  std::map<ir::Op, std::vector<CommSample>> out;
+  for (const auto& [k, v] : t) {
+    const std::string w = where + ".comm." + std::string(k.str());
+    if (!v.is_array()) throw Error(fmt::format("{}: [{}]: expected an array", source, w));
+    auto& list = out[profile_op(k.str(), source, w)];
+    for (const auto& e : *v.as_array()) {
+      auto f = row(e, 3, source, w);
+      list.push_back({int_at(f[0], source, w, 2, int64_t(1) << 30), num_at(f[1], source, w),
+                      num_at(f[2], source, w, 1e-12, 1e6)});
+    }
+  }
+  return out;
+}
+
+// Writes a table of measured collectives, as read_comm reads it.
+void write_comm(const std::map<ir::Op, std::vector<CommSample>>& comm,
+                const std::function<void(const std::string&)>& line) {
+  for (const auto& [op, list] : comm) {
+    line(fmt::format("{} = [", op));
+    for (const auto& o : list)
+      line(fmt::format("  [{}, {:.6g}, {:.6g}],", o.ranks, o.bytes, o.seconds));
+    line("]");
+  }
+}
+
 Profile read_profile(const toml::table& t, const std::string& source) {
   Profile p;
   Reader r(t, "profile", source, {"threads", "matmul", "ops", "comm"});
@@ -165,16 +195,7 @@ Profile read_profile(const toml::table& t, const std::string& source) {
       }
     }
   if (const toml::table* comm = r.table("comm", false))
-    for (const auto& [k, v] : *comm) {
-      const std::string w = "profile.comm." + std::string(k.str());
-      if (!v.is_array()) throw Error(fmt::format("{}: [{}]: expected an array", source, w));
-      auto& list = p.comm[profile_op(k.str(), source, w)];
-      for (const auto& e : *v.as_array()) {
-        auto f = row(e, 3, source, w);
-        list.push_back({int_at(f[0], source, w, 2, int64_t(1) << 30), num_at(f[1], source, w),
-                        num_at(f[2], source, w, 1e-12, 1e6)});
-      }
-    }
+    p.comm = read_comm(*comm, "profile", source);
   return p;
 }
 
@@ -233,9 +254,10 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
     for (size_t i = 0; i < ls->size(); ++i) {
       const std::string where = fmt::format("level {}", i);
       if (!(*ls)[i].is_table()) top.fail("level", "expected [[level]] tables");
-      Reader l(*(*ls)[i].as_table(), where, source,
-               {"name", "size", "bandwidth", "all_reduce_bandwidth", "latency", "shared_by",
-                "comm_beside_compute", "compute_beside_comm", "comm_thread_slowdown", "skew"});
+      Reader l(
+          *(*ls)[i].as_table(), where, source,
+          {"name", "size", "bandwidth", "all_reduce_bandwidth", "latency", "shared_by",
+           "comm_beside_compute", "compute_beside_comm", "comm_thread_slowdown", "skew", "comm"});
       Level lv;
       lv.name = l.string("name", true);
       lv.size = l.integer("size", true, 0, 0, kDevices);
@@ -247,6 +269,8 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
       lv.compute_beside_comm = l.number("compute_beside_comm", false, 1, 1, 1e3);
       lv.comm_thread_slowdown = l.number("comm_thread_slowdown", false, 1, 1, 1e3);
       lv.skew = l.number("skew", false, 0, 0, 10);
+      if (const toml::table* comm = l.table("comm", false))
+        lv.comm = read_comm(*comm, fmt::format("level {} ({})", i, lv.name), source);
       const int64_t inner = c.levels.empty() ? 0 : c.levels.back().size;
       if (lv.shared_by > 1 && inner > 0 && inner % lv.shared_by)
         l.fail("shared_by", fmt::format("must divide the inner level's size {} (the devices that "
@@ -332,6 +356,10 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
     if (l.comm_thread_slowdown != 1)
       line(fmt::format("comm_thread_slowdown = {:.4g}", l.comm_thread_slowdown));
     if (l.skew > 0) line(fmt::format("skew = {:.3g}", l.skew));
+    if (!l.comm.empty()) {
+      line("[level.comm]  # collective = [[ranks, bytes per rank, seconds], ...]");
+      write_comm(l.comm, line);
+    }
   }
   line("\n[efficiency]");
   line(fmt::format("matmul = {}", c.efficiency.matmul));
@@ -360,12 +388,7 @@ void write_cluster(const Cluster& c, const std::string& path, const std::string&
     }
     line("\n# collective = [[ranks, bytes per rank, seconds], ...]");
     line("[profile.comm]");
-    for (const auto& [op, list] : p.comm) {
-      line(fmt::format("{} = [", op));
-      for (const auto& o : list)
-        line(fmt::format("  [{}, {:.6g}, {:.6g}],", o.ranks, o.bytes, o.seconds));
-      line("]");
-    }
+    write_comm(p.comm, line);
   }
   parse_cluster(s, path);  // what is written must read back (a bad value fails here, not later)
   write_file_atomic(path, s);

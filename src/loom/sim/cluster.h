@@ -66,6 +66,14 @@ struct Level {
   // every collective of the level. 0 where the ranks keep in step (a GPU's). `loom calibrate
   // --level` measures it after a sublayer's worth of GEMMs.
   double skew = 0;
+  // The level's collectives as measured (`loom calibrate --level`: [level.comm], kind -> [ranks,
+  // bytes per rank, seconds]), every group of a step's shape running at once: the level's whole
+  // groups and, where its inner level's groups hold several devices, groups of one device from
+  // each (a hierarchical reduction's step across). A collective of a measured rank count costs
+  // its time interpolated in bytes (the links' sharing and the MPI library's algorithm for that
+  // group size as measured: Open MPI's all_gather is recursive doubling on 4 ranks and a pairwise
+  // exchange on 2); any other, the ring of `bandwidth` and `latency`.
+  std::map<ir::Op, std::vector<CommSample>> comm;
 };
 
 // Achieved fractions of peak where no profile was measured (docs/simulator.md: the efficiency

@@ -188,16 +188,18 @@ double link_load(ir::Op op, const shard::Mesh& mesh, const Cluster& c, int level
 double collective_seconds(ir::Op op, double bytes, int64_t ranks, const Cluster& c, int level,
                           double load) {
   if (ranks <= 1) return 0;
-  if (level == 0 && c.profile) {
-    auto it = c.profile->comm.find(op);
-    if (it != c.profile->comm.end()) {
-      std::vector<std::pair<double, double>> xs;
+  const Level& l = c.levels.at(size_t(level));
+  // measured: the level's own samples of this rank count, else (innermost) the profile's
+  auto measured = [&](const std::map<ir::Op, std::vector<CommSample>>& comm) {
+    std::vector<std::pair<double, double>> xs;
+    if (auto it = comm.find(op); it != comm.end())
       for (const CommSample& s : it->second)
         if (s.ranks == ranks) xs.push_back({s.bytes, s.seconds});
-      if (!xs.empty()) return interpolate(xs, bytes, true);
-    }
-  }
-  const Level& l = c.levels.at(size_t(level));
+    return xs.empty() ? -1.0 : interpolate(xs, bytes, true);
+  };
+  if (const double t = measured(l.comm); t >= 0) return t;
+  if (level == 0 && c.profile)
+    if (const double t = measured(c.profile->comm); t >= 0) return t;
   const double steps = double(ranks - 1) * (op == ir::Op::all_reduce ? 2 : 1);
   const double bw =
       op == ir::Op::all_reduce && l.all_reduce_bandwidth > 0 ? l.all_reduce_bandwidth : l.bandwidth;

@@ -16,7 +16,9 @@
 //   all_reduce       2 (n-1) (α + B/(n β)), or as a double binary tree 2 ⌈log2 n⌉ α + 2 B/β
 //                    where that is faster (small buffers on many ranks)
 //   all_to_all       (n-1) (α + B/(n β))
-// or, on this machine with a profile, the measured time of the kind at n ranks, interpolated in B.
+// or, where the level measured the kind at n ranks (Level::comm: `loom calibrate --level`, its
+// groups all at once), that time interpolated in B; on the innermost level with a profile, the
+// profile's samples of n ranks (threads of one process) where the level has none.
 // Where a level's link is shared (Level::shared_by), the bandwidth term is multiplied by the
 // link's load: how many of the ring edges (all_to_all: pairs, per n-1) that the collective's
 // groups cross the level on at once leave or enter through one link (at least 1).
