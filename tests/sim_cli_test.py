@@ -335,6 +335,8 @@ with tempfile.TemporaryDirectory() as tmp:
         check("the level keeps each kind measured on 4 ranks and on the pairs across",
               set(ranks) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}
               and all(v == [2, 4] for v in ranks.values()), str(ranks))
+        check("without --shared-by the replaced level's shared link stays shared",
+              tcp.get("shared_by") == 2, str(tcp.get("shared_by")))
         r = loom("plan", cfg("tiny-llama.toml"), "--cluster", out, "--json", "--devices", "4",
                  "--set", "plan.mesh={data=4}", "--set", 'plan.tactics=[{kind="data",axis="data"}]')
         check("plan reads the measured collectives back", r.returncode == 0 and json_lines(r),

@@ -66,7 +66,8 @@ std::function<int()> add_calibrate(CLI::App& app) {
                 "else 0: any number)")
       ->check(whole_number(0, 1 << 24));
   s->add_option("--shared-by", o->level.shared_by,
-                "with --level: the devices that share one of its links (default 1)")
+                "with --level: the devices that share one of its links (default: the replaced "
+                "level's, else 1)")
       ->check(whole_number(1, 1 << 24));
   s->add_option("--level-worker", o->level_worker,
                 "internal: run as a rank of --level's job, writing its result here")

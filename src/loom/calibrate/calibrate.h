@@ -96,7 +96,7 @@ Calibration import_timed(const ImportOptions& o);
 struct LevelOptions {
   std::string name, launcher, base;
   int64_t size = -1;      // the level's size; < 0: the replaced level's, else 0 (any number)
-  int64_t shared_by = 1;  // devices that share one of its links
+  int64_t shared_by = 0;  // devices that share one of its links; 0: the replaced level's, else 1
   bool quick = false;
   std::string loom_binary;  // the loom executable the launcher runs
   std::function<void(const std::string&)> progress;

@@ -216,7 +216,7 @@ Calibration calibrate_level(const LevelOptions& o) {
         "loom calibrate --level: needs --launcher \"mpirun ... -np N\" (the command that "
         "starts the ranks, each host's consecutive)");
   if (o.base.empty()) throw Error("loom calibrate --level: needs --base CLUSTER.toml");
-  if (o.shared_by < 1)
+  if (o.shared_by < 0)
     throw Error(fmt::format("loom calibrate: --shared-by must be >= 1, got {}", o.shared_by));
   Calibration r;
   r.cluster = sim::load_cluster(o.base);
@@ -267,7 +267,8 @@ Calibration calibrate_level(const LevelOptions& o) {
   sim::Level lv;
   lv.name = o.name;
   lv.size = level_size;
-  lv.shared_by = o.shared_by;
+  // unless given, the replaced level's links are shared as they were
+  lv.shared_by = o.shared_by > 0 ? o.shared_by : at < c.levels.size() ? c.levels[at].shared_by : 1;
   lv.comm_beside_compute = j.at("comm_beside_compute").get<double>();
   lv.compute_beside_comm = j.at("compute_beside_comm").get<double>();
   lv.comm_thread_slowdown = j.at("comm_thread_slowdown").get<double>();
