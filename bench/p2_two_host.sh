@@ -9,10 +9,10 @@
 # Prints p2_run's JSON lines (one per program, then its summary), each with "link_gbit" added;
 # checks that the reductions' bytes crossed the link. Everything made here is removed on exit.
 # CASES="MESH:AXES ..." replaces the two cases (e.g. "a=2,b=2:a" for the all_reduce across the
-# hosts alone, the hierarchical programs' middle step). CLUSTER=F plans on F (default clusters/two-hosts.toml); CALIBRATE_OUT=G first measures F's
-# levels as the ranks here see them (`loom calibrate --level`, all 4 ranks): "shm" in both hosts at
-# once (2 ranks each, TCP over the host's own address), then "tcp" over the 4 (--shared-by 2),
-# into G, and plans on G.
+# hosts alone, the hierarchical programs' middle step). CLUSTER=F plans on F (default
+# clusters/two-hosts.toml); CALIBRATE_OUT=G first measures F's levels as the ranks here see them
+# (`loom calibrate --level`, all 4 ranks): "shm" in both hosts at once (2 ranks each, TCP over the
+# host's own address), then "tcp" over the 4 (--shared-by 2), into G, and plans on G.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$(pwd)

@@ -347,10 +347,8 @@ Calibration calibrate_level(const LevelOptions& o) {
       "# {} with level \"{}\" measured by `loom calibrate --level` ({} ranks: {}):\n"
       "# bus bandwidth all_gather {:.4g}, reduce_scatter {:.4g}, all_reduce {:.4g} B/s (64 KiB "
       "to {:.0f} MiB, least squares; each kept as [level.comm]{}); an fsdp pair of {:.0f} MiB on "
-      "the communication thread "
-      "x{:.3g}, beside GEMMs: "
-      "collective x{:.3g}, GEMM x{:.3g}; a collective after {:.2g} ms of GEMMs waits {:.3g} ms "
-      "for its last rank (skew).\n",
+      "the communication thread x{:.3g}, beside GEMMs: collective x{:.3g}, GEMM x{:.3g}; a "
+      "collective after {:.2g} ms of GEMMs waits {:.3g} ms for its last rank (skew).\n",
       o.base, o.name, n, o.launcher, ag.bandwidth, rs.bandwidth, ar.bandwidth, ar.big / 1048576,
       across, j.at("overlap_bytes").get<double>() / 1048576, lv.comm_thread_slowdown,
       lv.comm_beside_compute, lv.compute_beside_comm, j.at("skew_gemm_seconds").get<double>() * 1e3,

@@ -75,13 +75,14 @@ void pause_between_polls(long& ns) {
   ns = std::min(2 * ns, 100000L);
 }
 
-// Completes `n` requests: 64 polls, then polls with pauses between them.
-void wait_politely(MPI_Request* reqs, int n) {
+// Completes `n` requests (their statuses into `st`, if given): 64 polls, then polls with pauses
+// between them.
+void wait_politely(MPI_Request* reqs, int n, MPI_Status* st = MPI_STATUSES_IGNORE) {
   int done = 0;
-  for (int i = 0; i < 64 && !done; ++i) LOOM_MPI(MPI_Testall, n, reqs, &done, MPI_STATUSES_IGNORE);
+  for (int i = 0; i < 64 && !done; ++i) LOOM_MPI(MPI_Testall, n, reqs, &done, st);
   for (long ns = 10000; !done;) {
     pause_between_polls(ns);
-    LOOM_MPI(MPI_Testall, n, reqs, &done, MPI_STATUSES_IGNORE);
+    LOOM_MPI(MPI_Testall, n, reqs, &done, st);
   }
 }
 
@@ -201,17 +202,11 @@ class MpiCommunicator final : public Communicator {
     const int64_t es = int64_t(dtype_size(dt));
     char* p = static_cast<char*>(buf);
     for_each_piece(count, piece_units(es, chunk_bytes()), [&](int64_t off, int64_t n) {
-      if (polite_waits()) return ring_all_reduce(p + off * es, n, dt);
-      collective(
-          "MPI_Allreduce",
-          [&] {
-            return MPI_Allreduce(MPI_IN_PLACE, p + off * es, to_int(n), mpi_type(dt), sum_op(dt),
-                                 comm_.comm);
-          },
-          [&](MPI_Request* r) {
-            return MPI_Iallreduce(MPI_IN_PLACE, p + off * es, to_int(n), mpi_type(dt), sum_op(dt),
-                                  comm_.comm, r);
-          });
+      if (polite_waits())
+        ring_all_reduce(p + off * es, n, dt);
+      else
+        LOOM_MPI(MPI_Allreduce, MPI_IN_PLACE, p + off * es, to_int(n), mpi_type(dt), sum_op(dt),
+                 comm_.comm);
     });
   }
 
@@ -297,11 +292,7 @@ class MpiCommunicator final : public Communicator {
       if (polite_waits()) {  // complete_politely, keeping the status
         MPI_Request req = MPI_REQUEST_NULL;
         LOOM_MPI(MPI_Irecv, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm, &req);
-        int done = 0;
-        for (long ns = 10000; !done;) {
-          LOOM_MPI(MPI_Test, &req, &done, &st);
-          if (!done) pause_between_polls(ns);
-        }
+        wait_politely(&req, 1, &st);
       } else {
         LOOM_MPI(MPI_Recv, p + off, to_int(n), MPI_BYTE, peer, tag, comm_.comm, &st);
       }
@@ -349,7 +340,9 @@ class MpiCommunicator final : public Communicator {
       return std::pair{begin(b), begin(b + 1) - begin(b)};
     };
     const int right = (rank_ + 1) % P, left = (rank_ + P - 1) % P;
-    std::vector<char> in(size_t((n / P + 1) * es));
+    // one received block, kept between calls (a piece's block is at most chunk_bytes / P)
+    std::vector<char>& in = ring_in_;
+    if (in.size() < size_t((n / P + 1) * es)) in.resize(size_t((n / P + 1) * es));
     auto exchange = [&](int64_t send_block, char* recv_to, int64_t recv_block) {
       const auto [so, sn] = block(send_block);
       const int64_t rn = block(recv_block).second;
@@ -392,6 +385,7 @@ class MpiCommunicator final : public Communicator {
 
   CommHandle comm_;
   CommHandle ring_{MPI_COMM_NULL};  // a duplicate of comm_ for ring_all_reduce's messages
+  std::vector<char> ring_in_;       // ring_all_reduce's received block
   OpHandle bf16_sum_;
   std::list<Pending> sends_;  // buffered sends not known complete
   int rank_ = 0, size_ = 0, tag_ub_ = 0;
