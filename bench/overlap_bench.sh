@@ -11,7 +11,7 @@
 # bucketed but synchronous, "on1": one collective in flight, "once": on, each parameter gathered
 # once per step; "on16": on with model.dtype = bf16, "red16": on16 with gradients reduced in bf16
 # ([passes] reduce_dtype)); MTU (the veth's, 9000 unless set); TBF_LATENCY (tbf's queue bound, 100ms);
-# SHM=0 skips the shared-memory runs;
+# SHM=0 skips the shared-memory runs; LOOM=BINARY runs that loom (an A/B against another build);
 # COMM_BENCH=1 first measures each rate's collective bandwidth with bench/comm_bench (to stderr);
 # TRACE_DIR=D writes each run's Chrome trace (loom bench --trace) into D;
 # CALIBRATE="BASE OUT" first measures the link (at the first rate) as level "tcp" of cluster file
@@ -37,7 +37,7 @@ rounds=${2:-2}
 rates=${3:-"0.5 1 2 5 unlimited"}
 steps=${STEPS:-4}
 warmup=${WARMUP:-1}
-loom=$SRC/build/release/tools/loom/loom
+loom=${LOOM:-$SRC/build/release/tools/loom/loom}
 die() { echo "overlap_bench: $*" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || die "must run as root: it creates network namespaces and veths"
 [[ -x $loom ]] || die "build first: scripts/setup.sh"

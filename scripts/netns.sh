@@ -25,7 +25,10 @@
 #                                      writes Open MPI's rsh agent to FILE: mpirun calls it as
 #                                      `FILE HOST orted ARGS...` (ARGS quoted for a remote shell, as ssh
 #                                      would run them) and it runs that line with sh -c in HOST's
-#                                      namespace; each call's arguments are appended to LOG ("" for none).
+#                                      namespace, under a host name of its own (the namespace's, in a
+#                                      UTS namespace), so that MPI's processor names tell the hosts
+#                                      apart as on real machines (comm/mpi.cc: spans_hosts); each
+#                                      call's arguments are appended to LOG ("" for none).
 
 netns_reachable() {
   local from=$1 to=$2 ip=$3 echo_pid ok=0 deadline
@@ -130,7 +133,7 @@ netns_agent() {
     echo "  $ip_b) ns=$ns_b ;;"
     echo "  *) echo \"netns agent: unknown host '\$host'\" >&2; exit 255 ;;"
     echo 'esac'
-    echo 'exec ip netns exec "$ns" /bin/sh -c "$*"'
+    echo 'exec ip netns exec "$ns" unshare --uts /bin/sh -c "hostname \"$ns\" && $*"'
   } >"$file"
   chmod +x "$file"
 }

@@ -49,6 +49,10 @@ void release_quietly(F&& release) {
   }
 }
 
+// kDefaultChunkBytes and room for ob1's match header (docs/comm.md: Open MPI's TCP settings)
+constexpr const char* kTcpEagerLimit = "4198400";
+static_assert(kDefaultChunkBytes + 4096 == 4198400);
+
 bool mpi_running() {
   int init = 0, fin = 0;
   LOOM_MPI(MPI_Initialized, &init);
@@ -211,19 +215,20 @@ class MpiCommunicator final : public Communicator {
   }
 
   void do_all_gather(const void* in, void* out, int64_t bytes) override {
-    chunked_all_gather(in, out, bytes, size_, gather_chunk_bytes(),
-                       [&](const void* pin, void* pout, int64_t n) {
-                         collective(
-                             "MPI_Allgather",
-                             [&] {
-                               return MPI_Allgather(pin, to_int(n), MPI_BYTE, pout, to_int(n),
-                                                    MPI_BYTE, comm_.comm);
-                             },
-                             [&](MPI_Request* r) {
-                               return MPI_Iallgather(pin, to_int(n), MPI_BYTE, pout, to_int(n),
-                                                     MPI_BYTE, comm_.comm, r);
-                             });
-                       });
+    // across hosts a piece stays within TCP's eager limit (MpiSession), as the reductions' do
+    const int64_t piece =
+        spans_hosts() ? std::min(gather_chunk_bytes(), chunk_bytes()) : gather_chunk_bytes();
+    chunked_all_gather(in, out, bytes, size_, piece, [&](const void* pin, void* pout, int64_t n) {
+      collective(
+          "MPI_Allgather",
+          [&] {
+            return MPI_Allgather(pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm);
+          },
+          [&](MPI_Request* r) {
+            return MPI_Iallgather(pin, to_int(n), MPI_BYTE, pout, to_int(n), MPI_BYTE, comm_.comm,
+                                  r);
+          });
+    });
   }
 
   void do_reduce_scatter(const void* in, void* out, int64_t count, DType dt) override {
@@ -411,6 +416,17 @@ MpiSession::MpiSession() {
     // collectives keep the fixed rules (dynamic rules with no algorithm forced fall back to them).
     setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", 0);
     setenv("OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm", "3", 0);
+    // Over TCP, a message of one piece (kDefaultChunkBytes; all_gather's too, where the
+    // communicator spans hosts) goes eagerly, without the rendezvous handshake: ob1 sends the
+    // handshake's reply on the same connection as the data, so where one rank of a pair enters a
+    // collective first, the reply it owes the later rank waits behind its own bulk data in the
+    // socket's and the qdisc's queues (up to tcp_limit_output_bytes, 4 MiB) and the two
+    // directions of the exchange take turns instead of overlapping. fsdp on 2 ranks over a
+    // 1 Gbit/s link (bench/overlap_bench.sh, the Zen 5 host): the prefetched all_gathers beside
+    // compute moved at half the link's rate, one direction at a time (docs/benchmarks.md).
+    setenv("OMPI_MCA_btl_tcp_eager_limit", kTcpEagerLimit, 0);
+    setenv("OMPI_MCA_btl_tcp_rndv_eager_limit", kTcpEagerLimit, 0);
+    setenv("OMPI_MCA_btl_tcp_max_send_size", kTcpEagerLimit, 0);
     // MULTIPLE: a rank's collectives within its host and across hosts run at once, each on its
     // communication thread (runtime/executor.h); SERIALIZED suffices for one thread at a time
     LOOM_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
