@@ -101,7 +101,8 @@ class Communicator {
   // all_gather's own bound (per rank block), kMaxChunkBytes unless set: measured with Open MPI on
   // the 2-core machine (bench/comm_bench.cc, 2 ranks), a 16 MiB all_gather in 4 MiB pieces through
   // a temporary runs at 3.8-4.3 GB/s and in one call at 7.4-7.9 GB/s, while reduce_scatter is the
-  // other way round (1.5-1.6 GB/s in pieces, 1.0-1.1 in one call).
+  // other way round (1.5-1.6 GB/s in pieces, 1.0-1.1 in one call). Across hosts the MPI backend
+  // bounds all_gather by chunk_bytes() too, to stay within TCP's eager limit (docs/comm.md).
   int64_t gather_chunk_bytes() const { return gather_chunk_bytes_; }
   void set_gather_chunk_bytes(int64_t bytes);
 
