@@ -377,4 +377,12 @@ r = loom("plan", tiny, "--cluster", cluster("h100-sxm.toml"), "--devices", "3", 
 check("--search on 3 devices the model cannot be split over: exit 1, no crash",
       r.returncode == 1 and "no plan fits 3 devices" in r.stderr, r.stderr)
 
+# 256 devices (8 a node): a reduction over more than 64 ranks, whose synthesized programs the
+# symbolic run checks on their factors at size 2 (sim/p2.cc); it aborted the search before
+r = loom("plan", tiny, "--cluster", cluster("h100-sxm.toml"), "--devices", "256", "--search",
+         "--evals", "20", "--json", "--set", "train.batch_size=256", "--set", "train.seq_len=32")
+rows = json_lines(r) if r.returncode == 0 else []
+check("--search on 256 devices: exit 0, 20 evaluations, no abort",
+      len(rows) >= 2 and rows[-1].get("evaluations") == 20, r.stderr[-2000:])
+
 checks.finish()

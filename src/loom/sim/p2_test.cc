@@ -36,6 +36,77 @@ TEST(Placements, AreTheParallelismMatrices) {
 // x = 2 in a node times 4 across nodes (factor 0 on nvlink, factor 1 on ib)
 const std::vector<Factor> kSpread{{0, 0, 2}, {0, 1, 4}};
 
+// Every program of up to `steps` steps over the groups of `reduce` (all five collectives).
+std::vector<Program> every_program(uint32_t reduce, int steps) {
+  std::vector<uint32_t> groups;
+  for (uint32_t g = reduce; g; g = (g - 1) & reduce) groups.push_back(g);
+  std::vector<Program> out{{}};
+  for (size_t begin = 0, k = 0; k < size_t(steps); ++k) {
+    const size_t end = out.size();
+    for (size_t i = begin; i < end; ++i)
+      for (uint32_t g : groups)
+        for (Coll op : {Coll::all_reduce, Coll::reduce_scatter, Coll::reduce, Coll::all_gather,
+                        Coll::broadcast}) {
+          Program p = out[i];
+          p.steps.push_back({op, g});
+          out.push_back(std::move(p));
+        }
+    begin = end;
+  }
+  return out;
+}
+
+// valid() checks a reduction of more than 64 ranks on its factors at size 2: which programs are
+// valid must not depend on the factors' sizes. Checked exhaustively on small reductions, each run
+// at its own sizes (all within 64 ranks): two factors up to 4 steps, three up to 3.
+TEST(Valid, DependsOnTheFactorsNotTheirSizes) {
+  struct Case {
+    std::vector<Factor> small, other;
+    uint32_t reduce;
+    int steps;
+  };
+  const std::vector<Case> cases{
+      {{{0, 0, 2}, {0, 1, 2}}, {{0, 0, 3}, {0, 1, 4}}, 3, 4},
+      {{{0, 0, 2}, {1, 0, 2}, {0, 1, 2}}, {{0, 0, 2}, {1, 0, 3}, {0, 1, 4}}, 7, 3},
+      {{{0, 0, 2}, {1, 0, 2}, {0, 1, 2}}, {{0, 0, 4}, {1, 0, 2}, {0, 1, 3}}, 5, 4}};
+  for (const Case& c : cases) {
+    int accepted = 0, checked = 0;
+    for (const Program& p : every_program(c.reduce, c.steps)) {
+      if (p.steps.empty()) continue;
+      const bool a = valid(p, c.small, c.reduce), b = valid(p, c.other, c.reduce);
+      EXPECT_EQ(a, b) << p.text(c.other, {"x", "y"});
+      accepted += a;
+      ++checked;
+    }
+    EXPECT_GT(accepted, 2) << "of " << checked;  // the flat, hierarchical and rooted ones at least
+  }
+}
+
+// A reduction of more than 64 ranks (fsdp over 32 nodes of 8) is synthesized and checked on its
+// shape, and one of more than six factors gets the flat all_reduce alone (the one program valid()
+// accepts there); neither aborts.
+TEST(Synthesize, ReductionsOfMoreThan64Ranks) {
+  const sim::Cluster c = h100();
+  const std::vector<Factor> wide{{0, 0, 8}, {0, 1, 32}};  // x = 256: 8 in a node, 32 nodes
+  const auto progs = synthesize(wide, 3, 256e6, c, 5, false);
+  ASSERT_FALSE(progs.empty());
+  EXPECT_LT(progs[0].seconds, flat_seconds(wide, 3, 256e6, c));  // hierarchical wins across nodes
+  EXPECT_TRUE(valid(progs[0], wide, 3));
+  std::string why;
+  EXPECT_FALSE(valid({{{Coll::all_reduce, 3}, {Coll::all_reduce, 1}}}, wide, 3, &why));
+  EXPECT_EQ(why, "an input summed twice");
+  std::vector<Factor> seven;
+  for (int i = 0; i < 7; ++i) seven.push_back({i, i < 3 ? 0 : 1, 2});
+  const auto flat = synthesize(seven, 127, 1e6, c, 5, false);
+  ASSERT_EQ(flat.size(), 1u);
+  ASSERT_EQ(flat[0].steps.size(), 1u);
+  EXPECT_EQ(flat[0].steps[0].op, Coll::all_reduce);
+  EXPECT_TRUE(valid(flat[0], seven, 127));
+  EXPECT_FALSE(valid({{{Coll::reduce_scatter, 1}, {Coll::all_reduce, 126}, {Coll::all_gather, 1}}},
+                     seven, 127, &why));
+  EXPECT_EQ(why, "a reduction over more than 6 factors: only the flat all_reduce");
+}
+
 TEST(Valid, AcceptsReductionsAndRefusesWhatIsNotOne) {
   const Program flat{{{Coll::all_reduce, 3}}};
   const Program hier{{{Coll::reduce_scatter, 1}, {Coll::all_reduce, 2}, {Coll::all_gather, 1}}};
