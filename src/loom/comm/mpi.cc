@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -50,8 +51,7 @@ void release_quietly(F&& release) {
 }
 
 // kDefaultChunkBytes and room for ob1's match header (docs/comm.md: Open MPI's TCP settings)
-constexpr const char* kTcpEagerLimit = "4198400";
-static_assert(kDefaultChunkBytes + 4096 == 4198400);
+constexpr int64_t kTcpEagerLimit = kDefaultChunkBytes + 4096;
 
 bool mpi_running() {
   int init = 0, fin = 0;
@@ -424,9 +424,10 @@ MpiSession::MpiSession() {
     // directions of the exchange take turns instead of overlapping. fsdp on 2 ranks over a
     // 1 Gbit/s link (bench/overlap_bench.sh, the Zen 5 host): the prefetched all_gathers beside
     // compute moved at half the link's rate, one direction at a time (docs/benchmarks.md).
-    setenv("OMPI_MCA_btl_tcp_eager_limit", kTcpEagerLimit, 0);
-    setenv("OMPI_MCA_btl_tcp_rndv_eager_limit", kTcpEagerLimit, 0);
-    setenv("OMPI_MCA_btl_tcp_max_send_size", kTcpEagerLimit, 0);
+    const std::string eager = std::to_string(kTcpEagerLimit);
+    for (const char* key : {"OMPI_MCA_btl_tcp_eager_limit", "OMPI_MCA_btl_tcp_rndv_eager_limit",
+                            "OMPI_MCA_btl_tcp_max_send_size"})
+      setenv(key, eager.c_str(), 0);
     // MULTIPLE: a rank's collectives within its host and across hosts run at once, each on its
     // communication thread (runtime/executor.h); SERIALIZED suffices for one thread at a time
     LOOM_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);

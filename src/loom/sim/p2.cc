@@ -66,6 +66,9 @@ double group_load(const std::vector<Factor>& f, uint32_t g, const Cluster& c) {
   return double(std::max<int64_t>(1, (shared + inside - 1) / inside));
 }
 
+// The most ranks the symbolic run below holds: a set of ranks is a 64-bit mask.
+constexpr int64_t kMaxSymbolicRanks = 64;
+
 // The ranks of one reduction group, in mixed radix over the reduced factors (the first most
 // significant); chunk c of a rank's buffer holds `sum[c]`, the set of ranks whose inputs it sums
 // (0: the rank holds no value of that chunk).
@@ -79,7 +82,7 @@ class Symbolic {
       }
     n_ = 1;
     for (int64_t s : size_) n_ *= s;
-    LOOM_CHECK(n_ <= 64) << "P2: a reduction over more than 64 ranks";
+    LOOM_CHECK(n_ <= kMaxSymbolicRanks) << "P2: a reduction over more than 64 ranks";
     sum_.assign(size_t(n_), std::vector<uint64_t>(size_t(n_), 0));
     for (int64_t r = 0; r < n_; ++r)
       for (auto& c : sum_[size_t(r)]) c = uint64_t(1) << r;
@@ -119,7 +122,7 @@ class Symbolic {
   }
 
   bool done(std::string* why) const {
-    const uint64_t all = n_ == 64 ? ~uint64_t(0) : (uint64_t(1) << n_) - 1;
+    const uint64_t all = n_ == kMaxSymbolicRanks ? ~uint64_t(0) : (uint64_t(1) << n_) - 1;
     for (int64_t r = 0; r < n_; ++r)
       for (int64_t c = 0; c < n_; ++c)
         if (sum_[size_t(r)][size_t(c)] != all)
@@ -357,10 +360,10 @@ std::string Program::text(const std::vector<Factor>& f,
   return t;
 }
 
-// The largest number of reduced factors valid() can check: the symbolic run holds a set of ranks
-// as a 64-bit mask, so it runs on at most 64 ranks, and a reduction of more (Llama 70B's fsdp over
-// 32 nodes and more) is checked on its shape: each reduced factor of size 2.
-constexpr int kMaxCheckedFactors = 6;
+// The largest number of reduced factors valid() can check: a reduction of more than
+// kMaxSymbolicRanks ranks (Llama 70B's fsdp over 32 nodes and more) is checked on its shape, each
+// reduced factor of size 2, and 2^6 ranks is what the symbolic run holds.
+constexpr int kMaxCheckedFactors = std::bit_width(uint64_t(kMaxSymbolicRanks)) - 1;
 
 bool valid(const Program& p, const std::vector<Factor>& f, uint32_t reduce, std::string* why) {
   for (const Step& s : p.steps)
@@ -380,7 +383,7 @@ bool valid(const Program& p, const std::vector<Factor>& f, uint32_t reduce, std:
   // the factors' sizes (p2_test checks it against sizes 2 to 4 on every program of a few steps):
   // more than 64 ranks, the run is on the same factors of size 2.
   std::vector<Factor> shape = f;
-  if (group_size(f, reduce) > 64)
+  if (group_size(f, reduce) > kMaxSymbolicRanks)
     for (size_t i = 0; i < shape.size(); ++i)
       if (reduce >> i & 1) shape[i].size = 2;
   Symbolic sym(shape, reduce);
