@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "loom/core/error.h"
 
@@ -70,8 +71,14 @@ std::string Graph::unique_name(std::string base) const {
   }
 }
 
+void Graph::touch() {
+  static std::atomic<uint64_t> last{0};
+  version_ = ++last;
+}
+
 int Graph::add_input(std::string name, TensorType type, ValueKind kind) {
   LOOM_CHECK(kind != ValueKind::node);
+  touch();
   if (by_name_.count(name))
     throw Error(fmt::format("graph {}: duplicate value name %{}", name_, name));
   Value v;
@@ -87,6 +94,7 @@ int Graph::add_input(std::string name, TensorType type, ValueKind kind) {
 std::vector<int> Graph::add_node(Op op, std::vector<int> inputs, Attrs attrs,
                                  const std::vector<TensorType>& out_types,
                                  const std::vector<std::string>& out_names) {
+  touch();
   Node n;
   n.id = int(nodes_.size());
   n.op = op;
@@ -111,11 +119,13 @@ std::vector<int> Graph::add_node(Op op, std::vector<int> inputs, Attrs attrs,
 
 void Graph::add_output(int value) {
   LOOM_CHECK(value >= 0 && value < int(values_.size()));
+  touch();
   outputs_.push_back(value);
 }
 
 void Graph::set_outputs(std::vector<int> values) {
   for (int v : values) LOOM_CHECK(v >= 0 && v < int(values_.size()));
+  touch();
   outputs_ = std::move(values);
 }
 
@@ -130,6 +140,7 @@ void Graph::rename(int value, const std::string& name) {
   Value& v = values_[value];
   if (v.name == name) return;
   LOOM_CHECK(!by_name_.count(name)) << "rename to a taken name " << name;
+  touch();
   by_name_.erase(v.name);
   v.name = name;
   by_name_[name] = value;

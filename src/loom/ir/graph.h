@@ -78,7 +78,10 @@ class Graph {
   void set_outputs(std::vector<int> values);  // replaces the output list
 
   const Value& value(int id) const { return values_[id]; }
-  Value& mutable_value(int id) { return values_[id]; }
+  Value& mutable_value(int id) {
+    touch();
+    return values_[id];
+  }
   const Node& node(int id) const { return nodes_[id]; }
   const std::vector<Value>& values() const { return values_; }
   const std::vector<Node>& nodes() const { return nodes_; }
@@ -89,7 +92,16 @@ class Graph {
   void rename(int value, const std::string& name);  // the new name must be free
   std::string unique_name(std::string base) const;
 
+  // Which state the graph is in: every change gives it a number no other graph's change gives,
+  // and a copy keeps it, so two graphs of one version hold the same program (ops::verify keeps
+  // its verdict per version: a compilation verifies after every pass, most of which leave the
+  // global graph, or the rank program, as they were).
+  uint64_t version() const { return version_; }
+
  private:
+  void touch();  // a change: a new version
+
+  uint64_t version_ = 0;  // 0: never changed (empty)
   std::string name_;
   std::vector<Value> values_;
   std::vector<Node> nodes_;

@@ -24,6 +24,29 @@ TEST(Verify, AcceptsAWellTypedGraph) {
   EXPECT_TRUE(verify(g).empty());
 }
 
+// The verdict is kept per graph version: a copy of a valid graph is valid without a second look,
+// and a change to the copy (a new version) is looked at again.
+TEST(Verify, AChangedCopyOfAValidGraphIsVerifiedAgain) {
+  auto g = ir::parse(R"(graph ok {
+  param %w : f32[4,8]
+  input %x : f32[2,3,8]
+  %y : f32[2,3,4] = matmul(%x, %w) {ta = 0, tb = 1}
+  output %y
+})");
+  ASSERT_TRUE(verify(g).empty());
+  ir::Graph h = g;
+  EXPECT_EQ(h.version(), g.version());
+  EXPECT_TRUE(verify(h).empty());
+  const int x = h.find("x"), w = h.find("w");
+  h.add_node(ir::Op::matmul, {x, w}, {{"ta", int64_t(0)}, {"tb", int64_t(1)}},
+             {{DType::f32, {2, 3, 5}}}, {"z"});
+  EXPECT_NE(h.version(), g.version());
+  EXPECT_TRUE(mentions(verify(h), "%z is f32[2,3,5], the op infers f32[2,3,4]"));
+  EXPECT_TRUE(verify(g).empty());
+  h.mutable_value(h.find("z")).type = {DType::f32, {2, 3, 4}};
+  EXPECT_TRUE(verify(h).empty());
+}
+
 TEST(Verify, NamesTheValueWithAWrongType) {
   auto g = ir::parse(R"(graph bad {
   param %w : f32[4,8]

@@ -84,6 +84,7 @@ class Scheduler {
   shard::Program run() {
     build_items();
     classify();
+    index_blockers();
     try_starts();  // before the first node: a pipeline stage's is a recv, waiting for its peer
     for (size_t i = 0; i < items_.size(); ++i) {
       if (items_[i].lazy || items_[i].eager) continue;
@@ -108,6 +109,13 @@ class Scheduler {
   size_t next_run_ = 0;                 // the runs before it are all started
   std::vector<int> param_group_;        // old value -> its parameter group, or -1
   Uses uses_;                           // of the old program
+  // A start outside the chain is ready once the items it waits on are done: those its inputs
+  // come from through packing alone (ready() below). Per such start, how many are not done yet;
+  // per item, the starts it holds back; the starts not emitted with none left, in order. (Asking
+  // ready() of every start after every node made the pass quadratic in the program's length.)
+  std::vector<int> blockers_;
+  std::vector<std::vector<int>> holds_;
+  std::set<int> ready_;
 
   void build_items() {
     std::vector<int> item_of_value(g_.values().size(), -1);  // old value -> the item making it
@@ -234,6 +242,37 @@ class Scheduler {
                                  [&](int x) { return items_[size_t(x)].unit == u; });
   }
 
+  void index_blockers() {
+    blockers_.assign(items_.size(), 0);
+    holds_.assign(items_.size(), {});
+    for (int s : starts_) {
+      if (items_[size_t(s)].chain) continue;
+      std::set<int> seen;
+      std::vector<int> todo = items_[size_t(s)].deps;
+      while (!todo.empty()) {
+        const int d = todo.back();
+        todo.pop_back();
+        if (!seen.insert(d).second) continue;
+        const Item& di = items_[size_t(d)];
+        if (di.eager) {
+          todo.insert(todo.end(), di.deps.begin(), di.deps.end());
+        } else {
+          ++blockers_[size_t(s)];
+          holds_[size_t(d)].push_back(s);
+        }
+      }
+      if (blockers_[size_t(s)] == 0) ready_.insert(s);
+    }
+  }
+
+  // Item i is done: the starts it held back may be ready; a start emitted is ready no more.
+  void mark_done(int i) {
+    items_[size_t(i)].done = true;
+    ready_.erase(i);
+    for (int s : holds_[size_t(i)])
+      if (--blockers_[size_t(s)] == 0 && !items_[size_t(s)].done) ready_.insert(s);
+  }
+
   // Whether an item's inputs come from graph inputs through packing alone.
   bool only_params(int item) const {
     for (int d : items_[size_t(item)].deps)
@@ -285,10 +324,12 @@ class Scheduler {
           if (ready(s) && room(s)) emit(s), progress = true;
           break;
         }
-      for (int s : starts_) {  // every other start, as soon as it can
-        const Item& it = items_[size_t(s)];
-        if (it.done || it.chain || !ready(s)) continue;
-        emit(s);
+      // every other start, as soon as it can: in order, each that is ready when reached
+      for (int pos = -1;;) {
+        const auto it = ready_.upper_bound(pos);
+        if (it == ready_.end()) break;
+        pos = *it;
+        emit(pos);
         progress = true;
       }
     }
@@ -318,7 +359,7 @@ class Scheduler {
       rw_.alias(n.outputs[0], out);
       std::erase(inflight_[axis_of(n)], item - 1);
     }
-    it.done = true;
+    mark_done(item);
   }
 };
 

@@ -119,10 +119,9 @@ class Mcts {
   }
 
  private:
-  // Hill climbing from the best candidate found: its neighbours (one decision changed, the later
-  // ones kept where they are still open, else the first open option) are evaluated, deepest
-  // decision first, moving to any that is faster, until none is left unevaluated or `more` says
-  // the budget is spent.
+  // Hill climbing from the best candidate found: its neighbours (Space::neighbours: one decision
+  // changed, two axes swapped or merged) are evaluated in turn, moving to the first that is
+  // faster, until none is left unevaluated or `more` says the budget is spent.
   template <class More>
   void local_search(More more) {
     for (bool moved = true; moved && more();) {
@@ -133,30 +132,16 @@ class Mcts {
         if (const Evaluation* e = ev_.find(s_.candidate(d)); e && e->reward() > reward)
           reward = e->reward(), best = &d;
       if (!best) return;
-      const std::vector<int> from = *best;
-      for (size_t i = from.size(); i-- > 0 && !moved && more();) {
-        const std::vector<int> prefix(from.begin(), from.begin() + long(i));
-        for (int o : s_.options(prefix)) {
-          if (o == from[i]) continue;
-          std::vector<int> d = prefix;
-          d.push_back(o);
-          while (!s_.complete(d)) {
-            const std::vector<int> opts = s_.options(d);
-            if (opts.empty()) break;
-            const int keep = d.size() < from.size() ? from[d.size()] : opts[0];
-            d.push_back(std::find(opts.begin(), opts.end(), keep) != opts.end() ? keep : opts[0]);
-          }
-          if (!s_.complete(d)) continue;
-          const Candidate c = s_.candidate(d);
-          if (ev_.find(c)) continue;
-          if (!more()) return;
-          decisions_[c.key()] = d;
-          const double got = ev_.evaluate(c).reward();
-          best_ = std::max(best_, got);
-          if (got > reward) {
-            moved = true;
-            break;
-          }
+      for (std::vector<int>& d : s_.neighbours(*best)) {
+        const Candidate c = s_.candidate(d);
+        if (ev_.find(c)) continue;
+        if (!more()) return;
+        decisions_[c.key()] = std::move(d);
+        const double got = ev_.evaluate(c).reward();
+        best_ = std::max(best_, got);
+        if (got > reward) {
+          moved = true;
+          break;
         }
       }
     }

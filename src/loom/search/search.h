@@ -17,11 +17,14 @@
 // fixed, not tuned on the spaces the benchmark reports.
 //
 // The last quarter of the budget (of the evaluations when they are limited, and of the seconds)
-// goes to a local search from the best plan the tree found: its neighbours, one decision changed (a
-// pass setting, an axis's role, the mesh), are evaluated, moving to the first that is faster, until
-// none is left; what budget the climb leaves goes back to the tree. The tree finds the region (mesh
-// and roles); the leaves' many near-equal pass settings are where a random rollout most often stops
-// short of the optimum (docs/benchmarks.md: the first runs, without it).
+// goes to a local search from the best plan the tree found: its neighbours (Space::neighbours: one
+// decision changed, a pass setting, an axis's role or the mesh; two axes swapped, which places the
+// same tactics otherwise on the cluster's levels; two axes merged into one) are evaluated, moving
+// to the first that is faster, until none is left; what budget the climb leaves goes back to the
+// tree. The tree finds the region (mesh and roles); the leaves' many near-equal pass settings are
+// where a random rollout most often stops short of the optimum (docs/benchmarks.md: the first
+// runs, without it), and a mesh one placement or one merge from a faster one is where it stopped
+// on Llama 70B (the same tactics with tensor parallelism across nodes).
 //
 // The exhaustive enumerator evaluates every candidate of the same space: the baseline on spaces
 // small enough.

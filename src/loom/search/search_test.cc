@@ -69,6 +69,52 @@ TEST(Space, OffersEachRoleOnceOneTensorParallelAxisAndADivisibleBatch) {
   }
 }
 
+// The climb's moves: every neighbour is a candidate of the space one move away (one decision, two
+// axes swapped, two axes merged), and the moves that matter for placement are there: from tensor
+// parallelism across "nodes" to within one, and from two data-parallel axes to one.
+TEST(Space, NeighboursAreOneDecisionASwapOrAMergeAway) {
+  Evaluator ev(tiny(4), h100(), 4);
+  Space s(ev.config(), ev.trained().model.graph, ev.trained().model.roles, {.devices = 4});
+  std::set<std::string> space;
+  std::vector<int> from;
+  for (const auto& d : s.enumerate()) {
+    const Candidate c = s.candidate(d);
+    space.insert(c.key());
+    if (c.key() ==
+        "{model=2:megatron,fsdp=2:fsdp} recompute=selective bucket=auto "
+        "reshard_after_forward=false")
+      from = d;
+  }
+  ASSERT_FALSE(from.empty());
+  const Candidate c0 = s.candidate(from);
+  std::set<std::string> keys;
+  for (const auto& d : s.neighbours(from)) {
+    ASSERT_TRUE(s.complete(d));
+    const Candidate c = s.candidate(d);
+    EXPECT_TRUE(space.count(c.key())) << c.key();
+    EXPECT_TRUE(keys.insert(c.key()).second) << "twice: " << c.key();
+    EXPECT_NE(c.key(), c0.key());
+  }
+  // swapped: the same tactics, tensor parallelism innermost; the pass settings kept
+  EXPECT_TRUE(
+      keys.count("{fsdp=2:fsdp,model=2:megatron} recompute=selective bucket=auto "
+                 "reshard_after_forward=false"));
+  // merged, with either role (reshard after forward has no fsdp to matter without it)
+  EXPECT_TRUE(
+      keys.count("{fsdp=4:fsdp} recompute=selective bucket=auto "
+                 "reshard_after_forward=false"));
+  EXPECT_TRUE(
+      keys.count("{model=4:megatron} recompute=selective bucket=auto "
+                 "reshard_after_forward=true"));
+  // one decision: a pass setting, and a role
+  EXPECT_TRUE(
+      keys.count("{model=2:megatron,fsdp=2:fsdp} recompute=full bucket=auto "
+                 "reshard_after_forward=false"));
+  EXPECT_TRUE(
+      keys.count("{model=2:megatron,zero2=2:zero2} recompute=selective bucket=auto "
+                 "reshard_after_forward=true"));
+}
+
 // A pipeline is offered where it can run: not beside a tied embedding (GPT-2's head reads the
 // first stage's table), not beside grad_accum (its micro-batches are the accumulation), and not
 // over more stages than parameter groups (the tiny Llama has 4).

@@ -288,4 +288,84 @@ std::vector<std::vector<int>> Space::enumerate() const {
   return out;
 }
 
+// Completes `d` from its length on, each decision the one `keep` gives where it is open, else the
+// first open option; false at a dead end.
+namespace {
+template <class Keep>
+bool complete_with(const Space& s, std::vector<int>& d, Keep keep) {
+  while (!s.complete(d)) {
+    const std::vector<int> opts = s.options(d);
+    if (opts.empty()) return false;
+    const int k = keep(d.size());
+    d.push_back(std::find(opts.begin(), opts.end(), k) != opts.end() ? k : opts[0]);
+  }
+  return true;
+}
+}  // namespace
+
+std::vector<int> Space::with_axes(const std::vector<int64_t>& sizes, const std::vector<int>& roles,
+                                  const std::vector<int>& tail) const {
+  const auto m = std::find(meshes_.begin(), meshes_.end(), sizes);
+  if (m == meshes_.end()) return {};
+  std::vector<int> d{int(m - meshes_.begin())};
+  for (int r : roles) {
+    const std::vector<int> opts = options(d);
+    if (std::find(opts.begin(), opts.end(), r) == opts.end()) return {};
+    d.push_back(r);
+  }
+  const size_t at = d.size();
+  if (!complete_with(*this, d, [&](size_t i) { return i - at < tail.size() ? tail[i - at] : -1; }))
+    return {};
+  return d;
+}
+
+std::vector<std::vector<int>> Space::neighbours(const std::vector<int>& d) const {
+  LOOM_CHECK(complete(d)) << "plan search: neighbours of an incomplete decision sequence";
+  std::vector<std::vector<int>> out;
+  auto add = [&](std::vector<int> n) {
+    if (!n.empty() && n != d && std::find(out.begin(), out.end(), n) == out.end())
+      out.push_back(std::move(n));
+  };
+  for (size_t i = d.size(); i-- > 0;) {
+    const std::vector<int> prefix(d.begin(), d.begin() + long(i));
+    for (int o : options(prefix)) {
+      if (o == d[i]) continue;
+      std::vector<int> n = prefix;
+      n.push_back(o);
+      if (complete_with(*this, n, [&](size_t j) { return j < d.size() ? d[j] : -1; }))
+        add(std::move(n));
+    }
+  }
+  const std::vector<int64_t>& sizes = meshes_[size_t(d[0])];
+  const size_t axes = sizes.size();
+  const std::vector<int> roles(d.begin() + 1, d.begin() + 1 + long(axes));
+  const std::vector<int> tail(d.begin() + 1 + long(axes), d.end());
+  for (size_t a = 0; a < axes; ++a)
+    for (size_t b = a + 1; b < axes; ++b) {
+      std::vector<int64_t> s2 = sizes;
+      std::vector<int> r2 = roles;
+      std::swap(s2[a], s2[b]);
+      std::swap(r2[a], r2[b]);
+      add(with_axes(s2, r2, tail));
+    }
+  for (size_t a = 0; a < axes; ++a)
+    for (size_t b = a + 1; b < axes; ++b)
+      for (size_t place : {a, b})
+        for (int role : {roles[a], roles[b]}) {
+          std::vector<int64_t> s2;
+          std::vector<int> r2;
+          for (size_t x = 0; x < axes; ++x) {
+            if (x == place) {
+              s2.push_back(sizes[a] * sizes[b]);
+              r2.push_back(role);
+            } else if (x != a && x != b) {
+              s2.push_back(sizes[x]);
+              r2.push_back(roles[x]);
+            }
+          }
+          add(with_axes(s2, r2, tail));
+        }
+  return out;
+}
+
 }  // namespace loom::search

@@ -96,8 +96,22 @@ class Space {
   // Every complete decision sequence, in order (the exhaustive baseline).
   std::vector<std::vector<int>> enumerate() const;
 
+  // The candidates one move from complete `d`, as complete decision sequences, in this order:
+  //   - one decision changed, the deepest first (a pass setting, then an axis's role, then the
+  //     mesh), the later decisions kept where they are still open, else the first open option;
+  //   - two axes swapped, sizes and roles together: the same tactics placed otherwise on the
+  //     cluster's levels (which axis lies within a node);
+  //   - two axes merged into one of their product, in the place of either, with either's role.
+  // A move that leaves the space (a pruned role, a mesh of too many axes) is not offered.
+  std::vector<std::vector<int>> neighbours(const std::vector<int>& d) const;
+
  private:
   bool role_ok(const std::vector<int>& prefix, int axis, int role) const;
+  // The decision sequence of the candidate with these axes (sizes and role indices) and pass
+  // decisions `tail` (as a decision sequence's after its roles: each kept where it is open, else
+  // the first open option); empty where the axes are not in the space.
+  std::vector<int> with_axes(const std::vector<int64_t>& sizes, const std::vector<int>& roles,
+                             const std::vector<int>& tail) const;
 
   const train::Config& cfg_;
   const ir::Graph& graph_;

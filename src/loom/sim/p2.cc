@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <bit>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <numeric>
 
 #include "loom/core/error.h"
@@ -425,28 +427,32 @@ double flat_seconds(const std::vector<Factor>& f, uint32_t reduce, double bytes,
                             group_level(f, reduce), group_load(f, reduce, c));
 }
 
-std::vector<Program> synthesize(const std::vector<Factor>& f, uint32_t reduce, double bytes,
-                                const Cluster& c, int max_steps, bool rooted_ops) {
-  if (std::popcount(reduce) > kMaxCheckedFactors) {  // not checked: the flat all_reduce alone
-    Program flat{{{Coll::all_reduce, reduce}}};
-    flat.seconds = seconds(flat, f, bytes, c);
-    return {flat};
+namespace {
+
+// The valid programs (their steps, in the order of enumeration) of every reduction synthesized so
+// far, by its factors, reduced set, step limit and operations: validity depends on neither the
+// bytes nor the cluster, and a plan search synthesizes the same reductions for candidate after
+// candidate (the symbolic runs were a fifth of its time).
+std::vector<std::vector<Step>> valid_programs(const std::vector<Factor>& f, uint32_t reduce,
+                                              int max_steps, bool rooted_ops) {
+  static std::mutex mu;
+  static std::map<std::string, std::vector<std::vector<Step>>> memo;
+  std::string key = fmt::format("{} {} {}", reduce, max_steps, rooted_ops);
+  for (const Factor& x : f) key += fmt::format(" {}/{}/{}/{}", x.axis, x.level, x.size, x.stride);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = memo.find(key); it != memo.end()) return it->second;
   }
   std::vector<uint32_t> groups;  // every non-empty subset of the reduced factors
   for (uint32_t g = reduce; g; g = (g - 1) & reduce) groups.push_back(g);
   std::sort(groups.begin(), groups.end());
-  std::vector<Program> out;
+  std::vector<std::vector<Step>> out;
   Program cur;
   // the abstract state: factors summed, the stack of scatters, factors held by a root only
   std::vector<uint32_t> stack;
   std::function<void(uint32_t, uint32_t)> walk = [&](uint32_t summed, uint32_t rooted) {
     if (summed == reduce && stack.empty() && !rooted) {
-      std::string why;
-      if (valid(cur, f, reduce, &why)) {
-        Program p = cur;
-        p.seconds = seconds(p, f, bytes, c);
-        out.push_back(std::move(p));
-      }
+      if (valid(cur, f, reduce)) out.push_back(cur.steps);
       return;
     }
     // each open scatter and root needs a step of its own to close
@@ -496,6 +502,25 @@ std::vector<Program> synthesize(const std::vector<Factor>& f, uint32_t reduce, d
     }
   };
   walk(0, 0);
+  std::lock_guard<std::mutex> lock(mu);
+  return memo.emplace(std::move(key), std::move(out)).first->second;
+}
+
+}  // namespace
+
+std::vector<Program> synthesize(const std::vector<Factor>& f, uint32_t reduce, double bytes,
+                                const Cluster& c, int max_steps, bool rooted_ops) {
+  if (std::popcount(reduce) > kMaxCheckedFactors) {  // not checked: the flat all_reduce alone
+    Program flat{{{Coll::all_reduce, reduce}}};
+    flat.seconds = seconds(flat, f, bytes, c);
+    return {flat};
+  }
+  std::vector<Program> out;
+  for (std::vector<Step>& steps : valid_programs(f, reduce, max_steps, rooted_ops)) {
+    Program p{std::move(steps)};
+    p.seconds = seconds(p, f, bytes, c);
+    out.push_back(std::move(p));
+  }
   std::stable_sort(out.begin(), out.end(),
                    [](const Program& a, const Program& b) { return a.seconds < b.seconds; });
   return out;
