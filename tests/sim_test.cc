@@ -28,10 +28,10 @@ Cluster shipped(const std::string& name) { return load_cluster((kClusters / name
 // cfg's pipeline stages compiled (train::compile_stages) and simulated side by side on h.
 std::vector<Prediction> simulate_stages(const train::Config& cfg, const Cluster& h) {
   const shard::Mesh& mesh = cfg.plan.plan.mesh;
-  const std::vector<train::CompiledStep> st =
+  const std::vector<shard::Program> st =
       train::compile_stages(cfg, passes::StepKind::train, mesh.size());
   std::vector<const ir::Graph*> gs;
-  for (const auto& s : st) gs.push_back(&s.c.rank.graph);
+  for (const auto& s : st) gs.push_back(&s.graph);
   return simulate_pipeline(gs, mesh, h, place(mesh, h, mesh.size()));
 }
 

@@ -20,6 +20,7 @@ struct PlanSearchOpts {
   uint64_t seed = 0;
   int64_t top = 5;
   int max_axes = 3;
+  int jobs = 0;     // --jobs: evaluations at once (0: one per hardware thread)
   std::string log;  // --log: every evaluation as a JSON line, in the order evaluated
 };
 

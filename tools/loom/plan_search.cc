@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <thread>
 
 #include "commands.h"
 #include "loom/core/error.h"
@@ -36,6 +37,10 @@ void add_search_options(CLI::App& s, PlanOpts& o) {
       ->check(whole_number(1, 1 << 20));
   s.add_option("--max-axes", o.search.max_axes, "--search: mesh axes at most (default 3)")
       ->check(whole_number(1, 4));
+  s.add_option("--jobs", o.search.jobs,
+               "--search: evaluations at once, each on a thread (default: one per hardware "
+               "thread; 1: sequential and, with --evals, deterministic for a seed)")
+      ->check(whole_number(1, 1024));
   s.add_option("--log", o.search.log,
                "--search: write every evaluated plan as a JSON line, in the order evaluated");
 }
@@ -58,6 +63,8 @@ int run_plan_search(const PlanOpts& o) {
   opt.max_evaluations = o.search.evaluations;
   opt.exhaustive = o.search.exhaustive;
   opt.seed = o.search.seed;
+  opt.jobs =
+      o.search.jobs > 0 ? o.search.jobs : int(std::max(1u, std::thread::hardware_concurrency()));
   const search::SearchResult r = search::search(space, ev, opt);
 
   const auto ranked = ev.ranked();
@@ -120,6 +127,7 @@ int run_plan_search(const PlanOpts& o) {
   summary["best"] = r.best->candidate.key();
   summary["best_step_ms"] = r.best->step_s * 1e3;
   summary["seed"] = o.search.seed;
+  summary["jobs"] = opt.jobs;
 
   std::vector<nlohmann::json> rows;
   for (const search::Evaluation* e : ranked) {
@@ -137,11 +145,11 @@ int run_plan_search(const PlanOpts& o) {
   }
   fmt::print(
       "plan search ({}) for {} on {} devices of {} ({}): {} of the space's {} plans evaluated in "
-      "{:.1f} s ({:.3f} s each){}; the best found after {}\n",
+      "{:.1f} s ({:.3f} s each, {} at once){}; the best found after {}\n",
       summary["search"].get<std::string>(), o.config, devices, cl->name, cl->source, r.evaluations,
       summary["plans_in_space"].get<int64_t>(), r.seconds,
-      summary["seconds_per_evaluation"].get<double>(), r.exhausted ? ", the whole space" : "",
-      r.best_at);
+      summary["seconds_per_evaluation"].get<double>(), opt.jobs,
+      r.exhausted ? ", the whole space" : "", r.best_at);
   print_predictions(rows);
   fmt::print("\nthe fastest plan that fits, to paste into {}:\n\n{}", o.config,
              r.best->candidate.toml(o.cluster));

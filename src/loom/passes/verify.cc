@@ -66,7 +66,10 @@ void check_rank_program(const Compilation& c, std::vector<std::string>& out) {
 
 std::vector<std::string> verify(const Compilation& c, const Options& opts, Stage stage) {
   std::vector<std::string> out = ops::verify(c.model.graph);
-  if (stage >= Stage::sharded) check_shardings(c, opts, out);  // as far as the passes got
+  // the shardings after the passes that make them (apply_tactics, propagate: the sharded stage);
+  // later stages' passes read them and leave them as they are (a pipeline's stages, cut from one
+  // lowered program, checked every value's sharding again after every pass of every stage)
+  if (stage == Stage::sharded) check_shardings(c, opts, out);
   if (stage >= Stage::lowered) check_rank_program(c, out);
   return out;
 }

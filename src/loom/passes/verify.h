@@ -2,7 +2,9 @@
 //
 //   forward, train   the global graph passes ops::verify (every op known, types as the ops infer
 //                    them, inputs defined before use, in-place inputs dead after)
-//   sharded          + every value has a sharding over mesh axes that divides its shape
+//   sharded          + every value has a sharding over mesh axes that divides its shape (checked
+//                    after the sharded stage's passes, which make the shardings; later passes
+//                    only read them)
 //   lowered          + the per-rank program passes ops::verify, and every global output and kept
 //                    value maps to one of its values
 //

@@ -55,17 +55,17 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   if (c.passes.bucket == passes::ScheduleOptions::Bucket::automatic || c.passes.synthesize)
     c.passes.cluster = cluster;
   const shard::Tactic* pipe = plan.empty() ? nullptr : shard::find_pipeline(plan);
-  // a pipeline: every stage's program (stage 0's is `step`), compiled once to the lowered stage
-  std::vector<train::CompiledStep> stages =
+  // a pipeline: every stage's program, compiled once to the lowered stage
+  const std::vector<shard::Program> stages =
       pipe ? train::compile_stages(c, passes::StepKind::train, ranks)
-           : std::vector<train::CompiledStep>{};
-  train::CompiledStep step = pipe ? std::move(stages[0])
-                             : trained
-                                 ? train::compile_step(c, *trained, plan.empty() ? 0 : ranks)
-                                 : train::compile_step(c, passes::StepKind::train, !plan.empty(),
-                                                       plan.empty() ? 0 : ranks);
+           : std::vector<shard::Program>{};
+  train::CompiledStep step;  // without a pipeline: the one program every rank runs
+  if (!pipe)
+    step = trained ? train::compile_step(c, *trained, plan.empty() ? 0 : ranks)
+                   : train::compile_step(c, passes::StepKind::train, !plan.empty(),
+                                         plan.empty() ? 0 : ranks);
   // one process runs its one-rank program too
-  const ir::Graph& prog = step.c.rank.graph;
+  const ir::Graph& prog = pipe ? stages[0].graph : step.c.rank.graph;
   const int64_t n = devices > 0 ? devices : (cl.devices > 0 ? cl.devices : ranks);
   if (ranks > n)
     throw Error(
@@ -90,7 +90,7 @@ nlohmann::json predict(const train::Config& cfg, const std::shared_ptr<const sim
   if (pipe) {
     // the stages side by side; the step ends with the last stage, memory is the fullest stage's
     std::vector<const ir::Graph*> graphs{&prog};
-    for (size_t s = 1; s < stages.size(); ++s) graphs.push_back(&stages[s].c.rank.graph);
+    for (size_t s = 1; s < stages.size(); ++s) graphs.push_back(&stages[s].graph);
     const std::vector<sim::Prediction> each = sim::simulate_pipeline(graphs, plan.mesh, cl, pl, so);
     size_t last = 0;
     for (size_t s = 0; s < each.size(); ++s)

@@ -4,7 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
 #include <random>
+#include <thread>
 
 #include "loom/core/clock.h"
 #include "loom/core/error.h"
@@ -34,17 +40,14 @@ const Evaluation* Evaluator::find(const Candidate& c) const {
   return it == done_.end() ? nullptr : &it->second;
 }
 
-const Evaluation& Evaluator::evaluate(const Candidate& c) {
-  const std::string key = c.key();
-  if (auto it = done_.find(key); it != done_.end()) return it->second;
+Evaluation Evaluator::compute(const Candidate& c) const {
   const auto t0 = Clock::now();
   Evaluation e;
   e.candidate = c;
-  e.index = int64_t(done_.size());
   train::Config cfg = cfg_;
   c.apply(cfg);
   try {
-    e.figures = predict(cfg, cluster_, devices_, key, nullptr, &trained_);
+    e.figures = predict(cfg, cluster_, devices_, c.key(), nullptr, &trained_);
     e.ok = true;
     e.step_s = e.figures["step_ms"].get<double>() / 1e3;
     e.peak_bytes = e.figures["peak_bytes"].get<int64_t>();
@@ -53,7 +56,19 @@ const Evaluation& Evaluator::evaluate(const Candidate& c) {
     e.error = err.what();
   }
   e.seconds = seconds_since(t0);
+  return e;
+}
+
+const Evaluation& Evaluator::record(Evaluation e) {
+  const std::string key = e.candidate.key();
+  if (auto it = done_.find(key); it != done_.end()) return it->second;
+  e.index = int64_t(done_.size());
   return done_.emplace(key, std::move(e)).first->second;
+}
+
+const Evaluation& Evaluator::evaluate(const Candidate& c) {
+  if (const Evaluation* e = find(c)) return *e;
+  return record(compute(c));
 }
 
 std::vector<const Evaluation*> Evaluator::ranked() const {
@@ -71,25 +86,115 @@ std::vector<const Evaluation*> Evaluator::ranked() const {
 
 namespace {
 
+// Evaluations on worker threads: candidates go in, evaluations come out as they end. With one
+// job there is no thread: take() evaluates on the caller's.
+class Pool {
+ public:
+  Pool(const Evaluator& ev, int jobs) : ev_(ev) {
+    if (jobs > 1)
+      for (int i = 0; i < jobs; ++i) threads_.emplace_back([this] { work(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  void submit(Candidate c) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      todo_.push_back(std::move(c));
+      ++in_flight_;
+    }
+    work_.notify_one();
+  }
+  // The next evaluation to end (one must be in flight); an evaluation's own failure (not a
+  // loom::Error, which is the candidate's verdict) is rethrown here.
+  Evaluation take() {
+    std::unique_lock<std::mutex> lock(mu_);
+    LOOM_CHECK(in_flight_ > 0) << "plan search: waiting for no evaluation";
+    if (threads_.empty()) {
+      Candidate c = std::move(todo_.front());
+      todo_.pop_front();
+      --in_flight_;
+      lock.unlock();
+      return ev_.compute(c);
+    }
+    done_cv_.wait(lock, [&] { return !done_.empty(); });
+    Result r = std::move(done_.front());
+    done_.pop_front();
+    --in_flight_;
+    if (r.failure) std::rethrow_exception(r.failure);
+    return std::move(r.e);
+  }
+  int64_t in_flight() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_flight_;
+  }
+
+ private:
+  struct Result {
+    Evaluation e;
+    std::exception_ptr failure;
+  };
+  void work() {
+    for (;;) {
+      Candidate c;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        work_.wait(lock, [&] { return stop_ || !todo_.empty(); });
+        if (stop_) return;  // what is queued is dropped: no one will take it
+        c = std::move(todo_.front());
+        todo_.pop_front();
+      }
+      Result r;
+      try {
+        r.e = ev_.compute(c);
+      } catch (...) {
+        r.failure = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_.push_back(std::move(r));
+      }
+      done_cv_.notify_one();
+    }
+  }
+
+  const Evaluator& ev_;
+  mutable std::mutex mu_;
+  std::condition_variable work_, done_cv_;
+  std::deque<Candidate> todo_;
+  std::deque<Result> done_;
+  int64_t in_flight_ = 0;  // submitted, not taken
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
 struct TreeNode {
   std::vector<int> prefix;
   std::vector<int> opts;  // empty: a complete candidate (or a dead end)
   std::vector<std::unique_ptr<TreeNode>> kids;
   int64_t visits = 0;
   double sum = 0, best = 0;  // of the rewards below
-  bool closed = false;       // every candidate below evaluated (or none exists)
+  bool closed = false;       // every candidate below evaluated (or in flight, or none exists)
 };
 
 class Mcts {
  public:
   Mcts(const Space& s, Evaluator& ev, const SearchOptions& o)
-      : s_(s), ev_(ev), o_(o), rng_(o.seed) {
+      : s_(s), ev_(ev), o_(o), rng_(o.seed), pool_(ev, std::max(1, o.jobs)) {
     root_ = make({});
   }
 
   SearchResult run() {
     const auto t0 = Clock::now();
-    const int64_t before = ev_.evaluations();
+    before_ = ev_.evaluations();
     SearchResult r;
     // an iteration that only reaches evaluated candidates costs no evaluation; bound them
     const int64_t max_idle = 10000;
@@ -98,32 +203,41 @@ class Mcts {
     const double tree = 1 - o_.local_share;
     auto left = [&](double share) {
       return seconds_since(t0) < share * o_.budget_s &&
-             (o_.max_evaluations <= 0 ||
-              double(ev_.evaluations() - before) < share * double(o_.max_evaluations));
+             (o_.max_evaluations <= 0 || double(started()) < share * double(o_.max_evaluations));
     };
+    const int64_t jobs = std::max(1, o_.jobs);
     auto grow = [&](double share) {
-      while (!root_->closed && left(share) && idle < max_idle) {
-        const int64_t n = ev_.evaluations();
-        iterate();
-        ++r.iterations;
-        idle = ev_.evaluations() == n ? idle + 1 : 0;
+      for (;;) {
+        while (pool_.in_flight() < jobs && !root_->closed && left(share) && idle < max_idle) {
+          const int64_t n = started();
+          start_rollout();
+          ++r.iterations;
+          idle = started() == n ? idle + 1 : 0;
+        }
+        if (pool_.in_flight() == 0) break;
+        end_rollout();
       }
     };
     grow(tree);
     if (!root_->closed) local_search([&] { return left(1.0); });
     grow(1.0);  // the climb reached a plan none of whose neighbours is faster: back to the tree
-    r.evaluations = ev_.evaluations() - before;
+    r.evaluations = ev_.evaluations() - before_;
     r.exhausted = root_->closed;
     r.seconds = seconds_since(t0);
     return r;
   }
 
  private:
+  // evaluations this search started: recorded, and in flight
+  int64_t started() const { return ev_.evaluations() - before_ + pool_.in_flight(); }
+
   // Hill climbing from the best candidate found: its neighbours (Space::neighbours: one decision
-  // changed, two axes swapped or merged) are evaluated in turn, moving to the first that is
-  // faster, until none is left unevaluated or `more` says the budget is spent.
+  // changed, two axes swapped or merged) are evaluated in turn, `jobs` at a time, moving to the
+  // fastest of them that improves, until none is left unevaluated or `more` says the budget is
+  // spent.
   template <class More>
   void local_search(More more) {
+    const size_t jobs = size_t(std::max(1, o_.jobs));
     for (bool moved = true; moved && more();) {
       moved = false;
       const std::vector<int>* best = nullptr;
@@ -132,16 +246,20 @@ class Mcts {
         if (const Evaluation* e = ev_.find(s_.candidate(d)); e && e->reward() > reward)
           reward = e->reward(), best = &d;
       if (!best) return;
-      for (std::vector<int>& d : s_.neighbours(*best)) {
-        const Candidate c = s_.candidate(d);
-        if (ev_.find(c)) continue;
-        if (!more()) return;
-        decisions_[c.key()] = std::move(d);
-        const double got = ev_.evaluate(c).reward();
-        best_ = std::max(best_, got);
-        if (got > reward) {
-          moved = true;
-          break;
+      std::vector<std::vector<int>> next = s_.neighbours(*best);
+      std::erase_if(next, [&](const std::vector<int>& d) { return ev_.find(s_.candidate(d)); });
+      for (size_t i = 0; i < next.size() && !moved;) {
+        size_t sent = 0;
+        for (; sent < jobs && i < next.size() && more(); ++i, ++sent) {
+          const Candidate c = s_.candidate(next[i]);
+          decisions_[c.key()] = next[i];
+          pool_.submit(c);
+        }
+        if (sent == 0) return;  // the budget is spent
+        for (; sent > 0; --sent) {
+          const double got = ev_.record(pool_.take()).reward();
+          best_ = std::max(best_, got);
+          moved = moved || got > reward;
         }
       }
     }
@@ -160,7 +278,11 @@ class Mcts {
     return q + kExplore * std::sqrt(std::log(double(parent.visits)) / double(kid.visits));
   }
 
-  void iterate() {
+  // One iteration's first half: down the tree, one node expanded, a random rollout to a complete
+  // candidate. Every node on the path counts the visit now; the reward follows when the
+  // candidate's evaluation ends (end_rollout), at once where it was evaluated before, and never
+  // for a dead end (reward 0).
+  void start_rollout() {
     std::vector<TreeNode*> path{root_.get()};
     TreeNode* node = root_.get();
     while (!node->opts.empty()) {
@@ -189,28 +311,47 @@ class Mcts {
     }
     // rollout: random decisions to a complete candidate
     std::vector<int> p = node->prefix;
-    double reward = 0;
+    std::optional<Candidate> c;
     for (;;) {
       if (s_.complete(p)) {
-        const Candidate c = s_.candidate(p);
-        decisions_.emplace(c.key(), p);
-        reward = ev_.evaluate(c).reward();
+        c = s_.candidate(p);
+        decisions_.emplace(c->key(), p);
         break;
       }
       const std::vector<int> opts = s_.options(p);
       if (opts.empty()) break;  // a dead end: no candidate below
       p.push_back(opts[rng_() % opts.size()]);
     }
-    best_ = std::max(best_, reward);
     if (node->opts.empty()) node->closed = true;  // a candidate (evaluated) or a dead end
     for (auto it = path.rbegin(); it != path.rend(); ++it) {
       TreeNode* n = *it;
       ++n->visits;
-      n->sum += reward;
-      n->best = std::max(n->best, reward);
       if (!n->opts.empty())
         n->closed = std::all_of(n->kids.begin(), n->kids.end(),
                                 [](const auto& k) { return k && k->closed; });
+    }
+    if (!c) return;
+    if (const Evaluation* e = ev_.find(*c)) return reward(path, e->reward());
+    auto [it, fresh] = flying_.try_emplace(c->key());
+    it->second.push_back(std::move(path));
+    if (fresh) pool_.submit(*c);
+  }
+
+  // One iteration's second half: the next evaluation to end, its reward to every path that
+  // reached it.
+  void end_rollout() {
+    const Evaluation& e = ev_.record(pool_.take());
+    auto it = flying_.find(e.candidate.key());
+    LOOM_CHECK(it != flying_.end()) << "plan search: an evaluation no rollout waits for";
+    for (const std::vector<TreeNode*>& path : it->second) reward(path, e.reward());
+    flying_.erase(it);
+  }
+
+  void reward(const std::vector<TreeNode*>& path, double r) {
+    best_ = std::max(best_, r);
+    for (TreeNode* n : path) {
+      n->sum += r;
+      n->best = std::max(n->best, r);
     }
   }
 
@@ -222,6 +363,10 @@ class Mcts {
   std::unique_ptr<TreeNode> root_;
   double best_ = 0;                                    // the best reward seen
   std::map<std::string, std::vector<int>> decisions_;  // evaluated candidate -> its decisions
+  // candidates in flight -> the paths of the rollouts that reached them
+  std::map<std::string, std::vector<std::vector<TreeNode*>>> flying_;
+  int64_t before_ = 0;  // the evaluator's evaluations when the search began
+  Pool pool_;           // last: its threads end before what they read
 };
 
 }  // namespace
@@ -235,9 +380,18 @@ SearchResult search(const Space& space, Evaluator& ev, const SearchOptions& o) {
     const auto t0 = Clock::now();
     const int64_t before = ev.evaluations();
     const auto all = space.enumerate();
+    Pool pool(ev, std::max(1, o.jobs));
     size_t i = 0;
-    for (; i < all.size() && seconds_since(t0) < o.budget_s; ++i)
-      ev.evaluate(space.candidate(all[i]));
+    for (;;) {
+      for (; i < all.size() && pool.in_flight() < std::max(1, o.jobs) &&
+             seconds_since(t0) < o.budget_s;
+           ++i) {
+        const Candidate c = space.candidate(all[i]);
+        if (!ev.find(c)) pool.submit(c);
+      }
+      if (pool.in_flight() == 0) break;
+      ev.record(pool.take());
+    }
     r.evaluations = ev.evaluations() - before;
     r.exhausted = i == all.size();
     r.seconds = seconds_since(t0);

@@ -28,6 +28,14 @@
 //
 // The exhaustive enumerator evaluates every candidate of the same space: the baseline on spaces
 // small enough.
+//
+// Evaluations run on `jobs` threads (compiling and simulating a candidate reads only the cached
+// training graph). The tree keeps `jobs` rollouts in flight: a rollout's path counts its visit
+// when it is chosen and its reward when its evaluation ends (a virtual loss: the next choice,
+// seeing the visit without the reward, goes elsewhere), and a rollout that reaches a candidate in
+// flight waits for that one's reward. The climb evaluates `jobs` neighbours at a time and moves to
+// the fastest that improves. With one job the search is the sequential one, and deterministic
+// for a given seed and evaluation limit; with more, which evaluation ends first decides the order.
 #pragma once
 
 #include <chrono>
@@ -65,6 +73,11 @@ class Evaluator {
   Evaluator(train::Config cfg, std::shared_ptr<const sim::Cluster> cluster, int64_t devices);
 
   const Evaluation& evaluate(const Candidate& c);
+  // Compiles and simulates c without recording it: safe on several threads at once.
+  Evaluation compute(const Candidate& c) const;
+  // Keeps an evaluation compute() made (the first of a candidate; a second is dropped), numbering
+  // it in the order recorded.
+  const Evaluation& record(Evaluation e);
   const Evaluation* find(const Candidate& c) const;
   int64_t evaluations() const { return int64_t(done_.size()); }
   // Every evaluation: those that fit by step time, then the rest by peak memory.
@@ -89,6 +102,7 @@ struct SearchOptions {
   uint64_t seed = 0;
   bool exhaustive = false;    // evaluate every candidate instead
   double local_share = 0.25;  // of the budget, for the local search after the tree
+  int jobs = 1;               // evaluations at once, each on a thread of its own
 };
 
 struct SearchResult {

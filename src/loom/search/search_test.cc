@@ -271,6 +271,43 @@ TEST(Search, MctsWithoutALimitExhaustsTheSpaceAndFindsTheExhaustiveOptimum) {
   EXPECT_FALSE(rl.exhausted);
 }
 
+// Evaluations on several threads: every candidate evaluated once, to the same figures as one at
+// a time (the exhaustive run and the tree, which exhausts the space too), and the limit kept; with
+// one job, a seed's search is deterministic (the same evaluations in the same order).
+TEST(Search, ParallelEvaluationsGiveTheSequentialFigures) {
+  Evaluator one(tiny(), h100(), 4);
+  Space s(one.config(), one.trained().model.graph, one.trained().model.roles, {.devices = 4});
+  const SearchResult r1 = search(s, one, {.budget_s = 600, .exhaustive = true, .jobs = 1});
+  ASSERT_TRUE(r1.exhausted);
+  for (const SearchOptions& o : {SearchOptions{.budget_s = 600, .exhaustive = true, .jobs = 3},
+                                 SearchOptions{.budget_s = 600, .seed = 1, .jobs = 3}}) {
+    Evaluator par(tiny(), h100(), 4);
+    const SearchResult r = search(s, par, o);
+    EXPECT_TRUE(r.exhausted);
+    EXPECT_EQ(r.evaluations, r1.evaluations);
+    for (const Evaluation* e : par.ranked()) {
+      const Evaluation* want = one.find(e->candidate);
+      ASSERT_NE(want, nullptr) << e->candidate.key();
+      EXPECT_EQ(e->ok, want->ok) << e->candidate.key();
+      EXPECT_EQ(e->step_s, want->step_s) << e->candidate.key();
+      EXPECT_EQ(e->peak_bytes, want->peak_bytes) << e->candidate.key();
+    }
+    ASSERT_NE(r.best, nullptr);
+    EXPECT_EQ(r.best->step_s, r1.best->step_s);
+  }
+  Evaluator lim(tiny(), h100(), 4);
+  EXPECT_EQ(search(s, lim, {.budget_s = 600, .max_evaluations = 7, .jobs = 3}).evaluations, 7);
+  std::vector<std::string> order[2];
+  for (int run : {0, 1}) {
+    Evaluator ev(tiny(), h100(), 4);
+    search(s, ev, {.budget_s = 600, .max_evaluations = 20, .seed = 2, .jobs = 1});
+    auto all = ev.ranked();
+    std::sort(all.begin(), all.end(), [](auto* a, auto* b) { return a->index < b->index; });
+    for (const Evaluation* e : all) order[run].push_back(e->candidate.key());
+  }
+  EXPECT_EQ(order[0], order[1]);
+}
+
 TEST(Search, NoPlanFitsNamesTheClosestAndABudgetMustBePositive) {
   sim::Cluster small = sim::load_cluster(kSrc + "/clusters/h100-sxm.toml");
   small.device.memory_bytes = 1e5;  // 100 kB: nothing fits

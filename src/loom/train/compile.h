@@ -56,10 +56,13 @@ struct CompiledStep {
 // share one).
 CompiledStep compile_step(const Config& cfg, passes::StepKind kind, bool with_plan, int64_t ranks,
                           int64_t rank = 0);
-// Under a pipeline tactic: every stage's program (the rank at that pipe coordinate, every other
-// coordinate 0), the global graph compiled and lowered once and cut per stage (what loom plan
-// simulates side by side, and check_plan checks); without one, the one program every rank runs.
-std::vector<CompiledStep> compile_stages(const Config& cfg, passes::StepKind kind, int64_t ranks);
+// Under a pipeline tactic: every stage's rank program (the rank at that pipe coordinate, every
+// other coordinate 0), the global graph compiled and lowered once, and the scheduled stage's passes
+// before pipeline_stages (which alone reads the stage) run once, then cut per stage (what loom
+// plan simulates side by side, and check_plan checks); without one, the one program every rank
+// runs. Only the programs are kept: a stage's copy of the global compilation (m micro-batches of
+// the whole model) goes as soon as its program is cut.
+std::vector<shard::Program> compile_stages(const Config& cfg, passes::StepKind kind, int64_t ranks);
 // The same from `trained`, cfg's training graph (passes::Stage::train: the plan has no part in it),
 // which plan search compiles once for many plans.
 CompiledStep compile_step(const Config& cfg, const passes::Compilation& trained, int64_t ranks);
