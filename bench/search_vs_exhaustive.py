@@ -2,8 +2,10 @@
 """Plan search against exhaustive enumeration, on spaces small enough to enumerate.
 
 For each space (a config, a cluster and a device count), `loom plan --search --exhaustive` evaluates
-every plan; then MCTS (`loom plan --search`) runs once per seed with an evaluation budget of 10% of
-the space. Prints one JSON line per space: the space's size, the exhaustive optimum's predicted step
+every plan (on every hardware thread: the order does not change the optimum); then MCTS (`loom plan
+--search --jobs 1`: one evaluation at a time, so the tree sees every reward before its next choice,
+and a seed's search is deterministic) runs once per seed with an evaluation budget of 10% of the
+space. Prints one JSON line per space: the space's size, the exhaustive optimum's predicted step
 time, the seconds per evaluation, and per seed MCTS's best, its gap to the optimum and the
 evaluation at which it was found; a last line sums up (spaces where every seed came within 2%).
 
@@ -86,7 +88,8 @@ def main():
         budget = max(1, int(a.fraction * ex["evaluations"]))
         runs = []
         for seed in a.seeds:
-            m = search(space, ["--evals", str(budget), "--seed", str(seed), "--budget", "7200"],
+            m = search(space, ["--evals", str(budget), "--seed", str(seed), "--budget", "7200",
+                               "--jobs", "1"],
                        os.path.join(a.out, f"{space}-mcts-{seed}.jsonl"))
             runs.append({"seed": seed, "evaluations": m["evaluations"],
                          "best_step_ms": m["best_step_ms"],

@@ -358,7 +358,14 @@ check("--search --evals 5 --json: top rows with the plan's figures, then the sum
       len(rows) >= 2 and all("toml" in x and "step_ms" in x for x in rows[:-1])
       and rows[-1].get("evaluations") == 5 and rows[-1].get("plans_in_space", 0) > 5,
       r.stderr + r.stdout[-2000:])
-for flag, value in [("--budget", "0"), ("--budget", "-3"), ("--evals", "0")]:
+# several evaluations at once: the limit kept, and the jobs named in the summary
+r = loom("plan", tiny, "--cluster", cluster("h100-sxm.toml"), "--devices", "4", "--search",
+         "--evals", "9", "--jobs", "3", "--json", "--set", "train.seq_len=32")
+rows = json_lines(r) if r.returncode == 0 else []
+check("--search --evals 9 --jobs 3: exit 0, 9 evaluations on 3 jobs",
+      len(rows) >= 2 and rows[-1].get("evaluations") == 9 and rows[-1].get("jobs") == 3,
+      r.stderr + r.stdout[-2000:])
+for flag, value in [("--budget", "0"), ("--budget", "-3"), ("--evals", "0"), ("--jobs", "0")]:
     r = loom("plan", tiny, "--devices", "2", "--search", flag, value)
     check(f"--search {flag} {value}: exit non-zero naming the flag",
           r.returncode != 0 and flag in r.stderr, r.stderr)
