@@ -216,6 +216,7 @@ class Mcts {
         }
         if (pool_.in_flight() == 0) break;
         end_rollout();
+        idle = 0;  // rollouts that reached only candidates in flight may find others now
       }
     };
     grow(tree);
