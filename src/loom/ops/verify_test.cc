@@ -14,25 +14,24 @@ bool mentions(const std::vector<std::string>& d, const std::string& s) {
   return false;
 }
 
-TEST(Verify, AcceptsAWellTypedGraph) {
-  auto g = ir::parse(R"(graph ok {
+ir::Graph well_typed() {
+  return ir::parse(R"(graph ok {
   param %w : f32[4,8]
   input %x : f32[2,3,8]
   %y : f32[2,3,4] = matmul(%x, %w) {ta = 0, tb = 1}
   output %y
 })");
+}
+
+TEST(Verify, AcceptsAWellTypedGraph) {
+  auto g = well_typed();
   EXPECT_TRUE(verify(g).empty());
 }
 
 // The verdict is kept per graph version: a copy of a valid graph is valid without a second look,
 // and a change to the copy (a new version) is looked at again.
 TEST(Verify, AChangedCopyOfAValidGraphIsVerifiedAgain) {
-  auto g = ir::parse(R"(graph ok {
-  param %w : f32[4,8]
-  input %x : f32[2,3,8]
-  %y : f32[2,3,4] = matmul(%x, %w) {ta = 0, tb = 1}
-  output %y
-})");
+  auto g = well_typed();
   ASSERT_TRUE(verify(g).empty());
   ir::Graph h = g;
   EXPECT_EQ(h.version(), g.version());

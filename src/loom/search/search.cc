@@ -381,12 +381,11 @@ SearchResult search(const Space& space, Evaluator& ev, const SearchOptions& o) {
     const auto t0 = Clock::now();
     const int64_t before = ev.evaluations();
     const auto all = space.enumerate();
-    Pool pool(ev, std::max(1, o.jobs));
+    const int jobs = std::max(1, o.jobs);
+    Pool pool(ev, jobs);
     size_t i = 0;
     for (;;) {
-      for (; i < all.size() && pool.in_flight() < std::max(1, o.jobs) &&
-             seconds_since(t0) < o.budget_s;
-           ++i) {
+      for (; i < all.size() && pool.in_flight() < jobs && seconds_since(t0) < o.budget_s; ++i) {
         const Candidate c = space.candidate(all[i]);
         if (!ev.find(c)) pool.submit(c);
       }

@@ -432,9 +432,10 @@ namespace {
 // The valid programs (their steps, in the order of enumeration) of every reduction synthesized so
 // far, by its factors, reduced set, step limit and operations: validity depends on neither the
 // bytes nor the cluster, and a plan search synthesizes the same reductions for candidate after
-// candidate (the symbolic runs were a fifth of its time).
-std::vector<std::vector<Step>> valid_programs(const std::vector<Factor>& f, uint32_t reduce,
-                                              int max_steps, bool rooted_ops) {
+// candidate (the symbolic runs were a fifth of its time). Entries are never removed, so what is
+// returned stays valid.
+const std::vector<std::vector<Step>>& valid_programs(const std::vector<Factor>& f, uint32_t reduce,
+                                                     int max_steps, bool rooted_ops) {
   static std::mutex mu;
   static std::map<std::string, std::vector<std::vector<Step>>> memo;
   std::string key = fmt::format("{} {} {}", reduce, max_steps, rooted_ops);
@@ -516,8 +517,8 @@ std::vector<Program> synthesize(const std::vector<Factor>& f, uint32_t reduce, d
     return {flat};
   }
   std::vector<Program> out;
-  for (std::vector<Step>& steps : valid_programs(f, reduce, max_steps, rooted_ops)) {
-    Program p{std::move(steps)};
+  for (const std::vector<Step>& steps : valid_programs(f, reduce, max_steps, rooted_ops)) {
+    Program p{steps};
     p.seconds = seconds(p, f, bytes, c);
     out.push_back(std::move(p));
   }
