@@ -26,15 +26,18 @@ TINY = "configs/tiny-llama.toml"
 
 
 def islands(loom, out, name, mode, seed, slow, steps, h, config):
-    sets = [f"train.steps={steps}", f"outer.inner_steps={h}", f"outer.mode={mode}",
-            f"train.seed={seed}", "train.eval_batches=16"]
+    # "async-noyield": async with [outer] yield off (every island at normal CPU priority)
+    sets = [f"train.steps={steps}", f"outer.inner_steps={h}",
+            f"outer.mode={mode.split('-')[0]}", f"train.seed={seed}", "train.eval_batches=16"]
+    if mode == "async-noyield":
+        sets.append("outer.yield=false")
     if config == TINY:  # it names no data
         sets.append("data.path=" + os.path.join(ROOT, "data/gutenberg"))
     run_dir = os.path.join(out, name)
     shutil.rmtree(run_dir, ignore_errors=True)
     s = run_islands(loom, os.path.join(ROOT, config), run_dir, 4, sets, slow="3" if slow else None,
                     quiet=True)
-    row = {"run": name, "mode": mode, "seed": seed, "slow": slow, **summary_row(s)}
+    row = {"run": name, "mode": mode, "seed": seed, "slow": slow, **summary_row(s, run_dir)}
     print(json.dumps(row), flush=True)
     return row
 
@@ -50,6 +53,8 @@ def main():
     ap.add_argument("--config", default=TINY, help="relative to the repository")
     ap.add_argument("--slow", action="store_true", help="also the runs with island 0 slowed 3x")
     ap.add_argument("--slow-only", action="store_true", help="only the runs with island 0 slowed")
+    ap.add_argument("--modes", default="sync,async",
+                    help="of sync, async, async-noyield (async, [outer] yield off); sync first")
     a = ap.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     rows = []
@@ -57,7 +62,7 @@ def main():
         for seed in [int(s) for s in a.seeds.split(",")]:
             for slow in [True] if a.slow_only else [False, True] if a.slow else [False]:
                 tag = f"{'slow-' if slow else ''}s{seed}-{r}"
-                for mode in ("sync", "async"):
+                for mode in a.modes.split(","):
                     rows.append(islands(a.loom, a.out, f"{mode}-{tag}", mode, seed, slow, a.steps,
                                         a.h, a.config))
     sync = {(r["seed"], r["slow"]): r["val_loss"] for r in rows if r["mode"] == "sync"}
@@ -69,7 +74,9 @@ def main():
         print(json.dumps({"case": key, "val_loss_median": round(statistics.median(
             r["val_loss"] for r in rs), 4), "vs_sync_same_seed_median": round(statistics.median(d), 4),
             "wall_s_median": statistics.median(r["wall_s"] for r in rs),
-            "wait_share_max": max(r["wait_share_max"] for r in rs)}))
+            "wait_share_max": max(r["wait_share_max"] for r in rs),
+            **({"ahead_share_median": statistics.median(r["ahead_share"] for r in rs)}
+               if all("ahead_share" in r for r in rs) else {})}))
 
 
 if __name__ == "__main__":

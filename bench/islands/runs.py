@@ -2,6 +2,7 @@
 
 Used by the benchmarks of bench/islands/ and by bench/diloco/run.py.
 """
+import glob
 import json
 import os
 import subprocess
@@ -48,11 +49,33 @@ def last_checkpoint(run_dir):
     return os.path.join(ck, steps[-1])
 
 
-def summary_row(s):
-    """What the island benchmarks report of a run's summary.json."""
-    return {"val_loss": s["val_loss"], "version": s["version"], "wall_s": round(s["wall_s"], 1),
-            "wait_share_max": s.get("wait_share_max"),
-            "island_steps": [i["steps"] for i in s["per_island"]]}
+def summary_row(s, run_dir=None):
+    """What the island benchmarks report of a run's summary.json (and, given its run dir, of an
+    async run's metrics: the mean over every island's rounds of the steps it trained past a push
+    before it took that push's period, `ahead_steps`, and their share of its steps)."""
+    row = {"val_loss": s["val_loss"], "version": s["version"], "wall_s": round(s["wall_s"], 1),
+           "wait_share_max": s.get("wait_share_max"),
+           "island_steps": [i["steps"] for i in s["per_island"]]}
+    ahead = ahead_steps(run_dir) if run_dir else None
+    if ahead:
+        row["ahead_steps_mean"] = round(sum(ahead) / len(ahead), 2)
+        row["ahead_share"] = round(sum(ahead) / sum(row["island_steps"]), 4)
+    return row
+
+
+def ahead_steps(run_dir):
+    """Each async round's ahead_steps (metrics.jsonl: the value after the round that set it), over
+    every island of RUN_DIR; [] for a sync run."""
+    out = []
+    for d in sorted(glob.glob(os.path.join(run_dir, "island_*"))):
+        last = {}
+        with open(os.path.join(d, "metrics.jsonl")) as f:
+            for line in f:
+                m = json.loads(line)
+                if "ahead_steps" in m:
+                    last[m["outer_round"]] = m["ahead_steps"]
+        out += [v for r, v in sorted(last.items()) if r > 0]
+    return out
 
 
 def run_islands(loom, config, run_dir, islands, sets, slow=None, env=None, quiet=False,

@@ -31,7 +31,8 @@ std::string fmt_eta(double s) {
 // The training loop's view of an island.
 class IslandSync : public train::OuterSync {
  public:
-  IslandSync(const train::Config& cfg, train::ParamStore& params, const std::string& run_dir) {
+  IslandSync(const train::Config& cfg, train::ParamStore& params, const std::string& run_dir)
+      : async_(cfg.outer.mode == outer::OuterMode::async) {
     char host[256] = "?";
     ::gethostname(host, sizeof host - 1);
     // its key: this host and run directory, so a restarted island (loom train --resume on the same
@@ -48,14 +49,16 @@ class IslandSync : public train::OuterSync {
     return island_->sync(steps, seconds, last);
   }
   nlohmann::json metrics() const override {
-    return {{"outer_round", island_->rounds()},
-            {"outer_version", island_->version()},
-            {"bytes_sent", island_->bytes_sent()},
-            {"bytes_received", island_->bytes_received()},
-            {"peak_round_bytes", island_->peak_round_bytes()},
-            {"wait_s", island_->wait_s()},
-            {"wait_share", island_->round_wait_share()},
-            {"wait_share_total", island_->wait_share()}};
+    nlohmann::json m = {{"outer_round", island_->rounds()},
+                        {"outer_version", island_->version()},
+                        {"bytes_sent", island_->bytes_sent()},
+                        {"bytes_received", island_->bytes_received()},
+                        {"peak_round_bytes", island_->peak_round_bytes()},
+                        {"wait_s", island_->wait_s()},
+                        {"wait_share", island_->round_wait_share()},
+                        {"wait_share_total", island_->wait_share()}};
+    if (async_) m["ahead_steps"] = island_->ahead_steps();
+    return m;
   }
   train::ScheduleClock clock() const override { return island_->clock(); }
   void on_params(std::function<void(bool writes)> hook) override {
@@ -70,6 +73,7 @@ class IslandSync : public train::OuterSync {
   }
 
  private:
+  bool async_;
   std::unique_ptr<outer::Island> island_;
 };
 

@@ -12,6 +12,7 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/outer/model_tensors.h"
+#include "loom/outer/yield.h"
 
 namespace loom::outer {
 
@@ -55,6 +56,10 @@ Island::Island(const train::Config& cfg, train::ParamStore& params, const std::s
 }
 
 Island::~Island() {
+  if (idle_) try {
+      set_compute_idle(false);
+    } catch (const Error&) {  // the process ends with the island: nothing to restore it for
+    }
   if (catch_up_.valid()) {  // a push's thread still awaiting its period
     stop_awaiting_ = true;
     client_->cancel_await();
@@ -73,6 +78,7 @@ Island::~Island() {
 }
 
 void Island::join() {
+  ahead_ = false;  // a (re)joining island takes the current parameters, no period
   proto::JoinReply r;
   grpc::Status s = client_->join(name_, &r, key_, uint32_t(split_.size()),
                                  uint32_t(cfg_.dipaco.paths()), uint32_t(cfg_.dipaco.path));
@@ -312,6 +318,8 @@ void Island::land(InFlight& fl, double mix, bool counted) {
 }
 
 bool Island::sync(int64_t steps, double seconds, bool last) {
+  // the server's calls at normal priority: only the island's own steps yield (yield.h)
+  if (idle_) idle_ = !set_compute_idle(false);
   auto t0 = Clock::now();
   t_ += steps;
   seconds_ += seconds;
@@ -332,6 +340,9 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
     round_wait_s_ = 0;
     round_start_ = now;
   }
+  // pushed, its period not taken: the steps until then at idle priority; a thread made meanwhile
+  // (a push's, in sync() at normal priority) does not inherit it
+  if (ahead_ && cfg_.yield && !last && !done_) idle_ = set_compute_idle(true);
   return !done_;
 }
 
@@ -476,6 +487,7 @@ void Island::async_push(double seconds) {
     c.pull_bytes = client_->bytes_received() - received;
     return std::move(c);
   });
+  ahead_ = true;
 }
 
 void Island::take_catch_up() {
@@ -518,6 +530,8 @@ void Island::take_newest() {
 }
 
 void Island::rebase() {
+  ahead_ = false;
+  ahead_steps_ = t_ - pushed_at_;
   touch(true);
   for (size_t k = 0; k < global_[0].size(); ++k) {
     const Tensor& g = global_[0][k];

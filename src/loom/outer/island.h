@@ -97,6 +97,10 @@ class Island {
   // the first); and in all, of the time since the island was made.
   double round_wait_share() const { return round_wait_share_; }
   double wait_share() const;
+  // Async: the inner steps the island trained past its last push before it took that push's
+  // period (or, the period still open at its next push, the newest version): steps from
+  // parameters a period old, which the rebase keeps.
+  int64_t ahead_steps() const { return ahead_steps_; }
   uint64_t bytes_sent() const { return client_->bytes_sent(); }
   uint64_t bytes_received() const { return client_->bytes_received(); }
   // The most bytes one round moved (its push and its pull), the final flush left out.
@@ -211,6 +215,9 @@ class Island {
   int64_t rounds_ = 0;
   double wait_s_ = 0;
   double round_wait_share_ = 0;
+  int64_t ahead_steps_ = 0;
+  bool ahead_ = false;        // async: pushed, that push's period not taken yet
+  bool idle_ = false;         // the compute threads at idle CPU priority (yield.h) while ahead_
   double round_wait_s_ = 0;   // waited since the last push
   uint64_t round_bytes_ = 0;  // async: moved since the last push (its push and pulls)
   std::chrono::steady_clock::time_point made_ = std::chrono::steady_clock::now(),

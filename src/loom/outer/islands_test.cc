@@ -82,6 +82,7 @@ TEST(Islands, TwoIslandsMeetEveryRoundAndTheGlobalModelIsEvaluated) {
       EXPECT_LE(w, 1) << line;
       EXPECT_GT(total, 0) << line;
       EXPECT_LE(total, 1) << line;
+      EXPECT_FALSE(j.contains("ahead_steps")) << line;  // async only: a sync island waits
     }
     EXPECT_EQ(rounds, 2) << "island " << i;
   }
@@ -109,6 +110,20 @@ TEST(Islands, AnAsyncIslandNeverWaitsForAStalledOne) {
   EXPECT_LT(fast["wait_s"].get<double>(), 2.5);
   // it trains again after its stall, until its first push's reply says the budget is spent
   EXPECT_GE(s["per_island"][1]["steps"], 4);
+  // island 0's periods wait on island 1 until island 0 pushes again: it takes the newest version
+  // then, so each of its rounds was trained ahead of its period, every step of it
+  std::ifstream in(r.run_dir + "/island_0/metrics.jsonl");
+  int64_t most = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("outer_round")) continue;  // a step without a sync
+    ASSERT_TRUE(j.contains("ahead_steps")) << line;
+    const int64_t a = j["ahead_steps"].get<int64_t>();
+    EXPECT_GE(a, 0) << line;
+    EXPECT_LE(a, 8) << line;  // at most twice H = 4 after a push
+    most = std::max(most, a);
+  }
+  EXPECT_GE(most, 2);
 }
 
 TEST(Islands, RefusalsComeBeforeAnyProcess) {
