@@ -10,6 +10,7 @@
     bench/islands/async_claim.py [--loom build/release/tools/loom/loom] [--seeds 0,1,2]
         [--cases equal,slow,speeds,stall] [--sync-cases equal] [--steps 1000] [--h 50]
         [--async-steps 1000] [--config bench/diloco/diloco.toml] [--out runs/async_claim]
+        [--no-yield] [--reuse-sync]
 
 Synchronous DiLoCo's model does not depend on the islands' speeds (a round waits for all), so its
 final loss per seed comes from the equal-island run; its wall time with slow islands is measured
@@ -36,12 +37,20 @@ def one(a, case, mode, seed, steps, stall_s=None):
     sets = [f"train.steps={steps}", f"outer.inner_steps={a.h}", f"outer.mode={mode}",
             f"train.seed={seed}"]
     name = f"{case}-{mode}-{steps}-s{seed}"
+    if mode == "async" and a.no_yield:
+        sets.append("outer.yield=false")
+        name += "-noyield"
     run_dir = os.path.join(a.out, name)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    stalls = [f"3={steps // 2}:{stall_s:.1f}"] if case == "stall" else []
-    s = run_islands(a.loom, os.path.join(ROOT, a.config), run_dir, 4, sets, slow=CASES[case],
-                    env=island_env(), quiet=True, stalls=stalls)
-    row = {"case": case, "mode": mode, "seed": seed, "steps": steps, **summary_row(s)}
+    summary = os.path.join(run_dir, "summary.json")
+    if mode == "sync" and a.reuse_sync and os.path.exists(summary):
+        with open(summary) as f:  # sync's earlier run of this case and seed, in --out
+            s = json.load(f)
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        stalls = [f"3={steps // 2}:{stall_s:.1f}"] if case == "stall" else []
+        s = run_islands(a.loom, os.path.join(ROOT, a.config), run_dir, 4, sets,
+                        slow=CASES[case], env=island_env(), quiet=True, stalls=stalls)
+    row = {"case": case, "mode": mode, "seed": seed, "steps": steps, **summary_row(s, run_dir)}
     if stall_s:
         row["stall_s"] = round(stall_s, 1)
     print(json.dumps(row), flush=True)
@@ -61,6 +70,10 @@ def main():
     ap.add_argument("--async-steps", type=int, default=0,
                     help="async's [train] steps in the unequal cases; default --steps")
     ap.add_argument("--h", type=int, default=50)
+    ap.add_argument("--no-yield", action="store_true",
+                    help="async with [outer] yield off (every island at normal CPU priority)")
+    ap.add_argument("--reuse-sync", action="store_true",
+                    help="take sync's runs already in --out instead of running them again")
     a = ap.parse_args()
     asteps = a.async_steps or a.steps
     cases = a.cases.split(",")

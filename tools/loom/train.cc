@@ -57,13 +57,17 @@ class IslandSync : public train::OuterSync {
                         {"wait_s", island_->wait_s()},
                         {"wait_share", island_->round_wait_share()},
                         {"wait_share_total", island_->wait_share()}};
-    if (async_) m["ahead_steps"] = island_->ahead_steps();
+    if (async_) {
+      m["ahead_steps"] = island_->ahead_steps();
+      m["yield_steps"] = island_->yield_steps();
+    }
     return m;
   }
   train::ScheduleClock clock() const override { return island_->clock(); }
   void on_params(std::function<void(bool writes)> hook) override {
     island_->on_params(std::move(hook));
   }
+  void compute(bool begins) override { island_->compute(begins); }
   std::string summary() const override {
     return fmt::format(
         "island {}: {} outer rounds, {} bytes sent, {} received (at most {} in a round), {:.1f} "

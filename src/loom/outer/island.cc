@@ -53,14 +53,17 @@ Island::Island(const train::Config& cfg, train::ParamStore& params, const std::s
   join();
   pull_all();
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  if (cfg_.mode == OuterMode::async && cfg_.yield && !can_idle())
+    fmt::print(stderr,
+               "island {}: [outer] yield: this process may not leave idle CPU priority (it needs "
+               "CAP_SYS_NICE, or an RLIMIT_NICE of at least 20 - its nice value): its steps "
+               "ahead of a period run at normal priority\n",
+               id_.load());
 }
 
 Island::~Island() {
-  if (idle_) try {
-      set_compute_idle(false);
-    } catch (const Error&) {  // the process ends with the island: nothing to restore it for
-    }
-  if (catch_up_.valid()) {  // a push's thread still awaiting its period
+  if (idle_) restore_compute();  // a step that threw
+  if (catch_up_.valid()) {       // a push's thread still awaiting its period
     stop_awaiting_ = true;
     client_->cancel_await();
     try {
@@ -79,6 +82,7 @@ Island::~Island() {
 
 void Island::join() {
   ahead_ = false;  // a (re)joining island takes the current parameters, no period
+  ahead_steps_ = 0;
   proto::JoinReply r;
   grpc::Status s = client_->join(name_, &r, key_, uint32_t(split_.size()),
                                  uint32_t(cfg_.dipaco.paths()), uint32_t(cfg_.dipaco.path));
@@ -318,8 +322,6 @@ void Island::land(InFlight& fl, double mix, bool counted) {
 }
 
 bool Island::sync(int64_t steps, double seconds, bool last) {
-  // the server's calls at normal priority: only the island's own steps yield (yield.h)
-  if (idle_) idle_ = !set_compute_idle(false);
   auto t0 = Clock::now();
   t_ += steps;
   seconds_ += seconds;
@@ -340,10 +342,17 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
     round_wait_s_ = 0;
     round_start_ = now;
   }
-  // pushed, its period not taken: the steps until then at idle priority; a thread made meanwhile
-  // (a push's, in sync() at normal priority) does not inherit it
-  if (ahead_ && cfg_.yield && !last && !done_) idle_ = set_compute_idle(true);
   return !done_;
+}
+
+void Island::compute(bool begins) {
+  if (begins && ahead_ && cfg_.yield && set_compute_idle()) {
+    idle_ = true;
+    ++yield_steps_;
+  } else if (!begins && idle_) {
+    idle_ = false;
+    restore_compute();
+  }
 }
 
 void Island::sync_rounds(bool last) {
@@ -498,6 +507,7 @@ void Island::take_catch_up() {
   // a loom::Error of the push or the pull (the server gone for good) throws here
   CatchUp c = catch_up_.get();
   stop_awaiting_ = false;
+  ahead_ = false;                    // the push's period taken (rebase() below), or none to take
   global_[0] = std::move(c.params);  // the period's parameters when pulled, else as they were
   versions_[0] = c.version;
   round_bytes_ += c.push.bytes + c.pull_bytes;

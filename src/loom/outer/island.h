@@ -30,6 +30,10 @@
 // The island pushes at the step that ends nearest to the beat its last push's reply named
 // (rounds.h), at its pace over the round under way, and after at most twice the reply's H; its
 // first rounds, before the server knows its speed, after H steps.
+// From a push until it takes that push's period (or the newest version), the island is ahead: its
+// steps start from parameters a period old. With [outer] yield (on by default) those steps run at
+// idle CPU priority (compute(), yield.h), so cores it shares go to the islands still on their way
+// to the beat; it never blocks.
 //
 // Faults: a server that restarts is reconnected to with backoff (OuterClient); a push it lost is
 // sent again (Await says RESEND); an island the server dropped (lease expired) joins again and
@@ -89,6 +93,9 @@ class Island {
   // train::OuterSync::on_params: `hook` runs before sync() reads (false) or writes (true) the
   // ParamStore's parameters.
   void on_params(std::function<void(bool writes)> hook) { touch_ = std::move(hook); }
+  // train::OuterSync::compute: before (begins) and after each inner step's compute. A step of an
+  // async island ahead of its period runs at idle CPU priority with [outer] yield (yield.h).
+  void compute(bool begins);
 
   int64_t rounds() const { return rounds_; }  // pushes that stood (fragment rounds)
   double wait_s() const { return wait_s_; }   // time in push, await and pull, summed
@@ -101,6 +108,7 @@ class Island {
   // period (or, the period still open at its next push, the newest version): steps from
   // parameters a period old, which the rebase keeps.
   int64_t ahead_steps() const { return ahead_steps_; }
+  int64_t yield_steps() const { return yield_steps_; }  // inner steps run at idle CPU priority
   uint64_t bytes_sent() const { return client_->bytes_sent(); }
   uint64_t bytes_received() const { return client_->bytes_received(); }
   // The most bytes one round moved (its push and its pull), the final flush left out.
@@ -216,9 +224,10 @@ class Island {
   double wait_s_ = 0;
   double round_wait_share_ = 0;
   int64_t ahead_steps_ = 0;
-  bool ahead_ = false;        // async: pushed, that push's period not taken yet
-  bool idle_ = false;         // the compute threads at idle CPU priority (yield.h) while ahead_
-  double round_wait_s_ = 0;   // waited since the last push
+  int64_t yield_steps_ = 0;
+  bool ahead_ = false;       // async: pushed, that push's period not taken yet
+  bool idle_ = false;        // within compute(): the compute threads at idle CPU priority (yield.h)
+  double round_wait_s_ = 0;  // waited since the last push
   uint64_t round_bytes_ = 0;  // async: moved since the last push (its push and pulls)
   std::chrono::steady_clock::time_point made_ = std::chrono::steady_clock::now(),
                                         round_start_ = made_;

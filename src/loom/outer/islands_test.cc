@@ -13,6 +13,7 @@
 
 #include "loom/core/error.h"
 #include "loom/outer/testing.h"
+#include "loom/outer/yield.h"
 
 namespace loom::outer {
 namespace {
@@ -113,7 +114,7 @@ TEST(Islands, AnAsyncIslandNeverWaitsForAStalledOne) {
   // island 0's periods wait on island 1 until island 0 pushes again: it takes the newest version
   // then, so each of its rounds was trained ahead of its period, every step of it
   std::ifstream in(r.run_dir + "/island_0/metrics.jsonl");
-  int64_t most = 0;
+  int64_t most = 0, yielded = 0;
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line);
     if (!j.contains("outer_round")) continue;  // a step without a sync
@@ -122,8 +123,16 @@ TEST(Islands, AnAsyncIslandNeverWaitsForAStalledOne) {
     EXPECT_GE(a, 0) << line;
     EXPECT_LE(a, 8) << line;  // at most twice H = 4 after a push
     most = std::max(most, a);
+    yielded = j["yield_steps"].get<int64_t>();  // so far
   }
   EXPECT_GE(most, 2);
+  // [outer] yield (on): those steps ran at idle CPU priority, where this process may do so
+  if (can_idle()) {
+    EXPECT_GE(yielded, most);
+    EXPECT_LE(yielded, fast["steps"].get<int64_t>());
+  } else {
+    EXPECT_EQ(yielded, 0);
+  }
 }
 
 TEST(Islands, RefusalsComeBeforeAnyProcess) {

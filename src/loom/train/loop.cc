@@ -313,9 +313,11 @@ RunResult train_rank(const Config& cfg, Run& run, const RunOptions& opts,
       runner.set_trace(step - r.start < opts.trace_steps ? &trace : nullptr);
     if (step == opts.stall.step)
       std::this_thread::sleep_for(std::chrono::duration<double>(opts.stall.seconds));
+    if (island) island->compute(true);
     const auto t0 = std::chrono::steady_clock::now();
     r.loss = runner.step(tokens.data(), lr);
     double dt = seconds_since(t0);
+    if (island) island->compute(false);
     if (opts.slowdown > 1) {
       std::this_thread::sleep_for(std::chrono::duration<double>(dt * (opts.slowdown - 1)));
       dt *= opts.slowdown;

@@ -66,6 +66,9 @@ class OuterSync {
   // sync() that touches no parameter (an async island's look at a push still awaited) then moves
   // none. Null: none. Called on sync()'s thread.
   virtual void on_params(std::function<void(bool writes)> hook) = 0;
+  // Called just before (begins) and just after each inner step's compute: an island ahead of its
+  // period runs the step at idle CPU priority (outer/yield.h). Default: nothing.
+  virtual void compute(bool begins) {}
 };
 
 // A pause before a step (loom train --stall STEP:SECONDS): an island that stalls, its heartbeat
