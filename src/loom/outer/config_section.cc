@@ -72,8 +72,9 @@ const config::Section<OuterConfig>& outer_section() {
                 "async Delayed Nesterov period in pushes (0: the islands that are members at each "
                 "push, and a period also closes when an island of it pushes again: one beat)"),
         bool_key("yield", &O::yield,
-                 "async: from a push until the island takes its period, it computes at idle CPU "
-                 "priority (cores it shares go to the islands still on their way to the beat)"),
+                 "async: from a push until the island takes its period, its inner steps run at "
+                 "idle CPU priority (cores it shares go to the islands still on their way to the "
+                 "beat; not with a [plan])"),
         int_key("islands", &O::islands, closed(0, 65536),
                 "islands expected (the first round waits for them; async step budget)"),
         // durations become clock ticks (nanoseconds in int64: at most 292 years); a day is plenty

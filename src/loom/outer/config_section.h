@@ -36,8 +36,8 @@ struct OuterConfig {
   dipaco::PathsConfig dipaco;
   int64_t delay = 0;    // async: Delayed Nesterov period; 0: the live islands
   int64_t islands = 0;  // islands expected (async step budget = islands x [train] steps)
-  // async: from a push until it takes its period, the island computes at idle CPU priority
-  // (yield.h)
+  // async: from a push until it takes its period, the island's inner steps run at idle CPU
+  // priority (yield.h)
   bool yield = true;
   double lease_s = 10;
   double retry_s = 120;    // how long an island keeps reconnecting to a server that is gone
