@@ -31,8 +31,7 @@ std::string fmt_eta(double s) {
 // The training loop's view of an island.
 class IslandSync : public train::OuterSync {
  public:
-  IslandSync(const train::Config& cfg, train::ParamStore& params, const std::string& run_dir)
-      : async_(cfg.outer.mode == outer::OuterMode::async) {
+  IslandSync(const train::Config& cfg, train::ParamStore& params, const std::string& run_dir) {
     char host[256] = "?";
     ::gethostname(host, sizeof host - 1);
     // its key: this host and run directory, so a restarted island (loom train --resume on the same
@@ -57,7 +56,7 @@ class IslandSync : public train::OuterSync {
                         {"wait_s", island_->wait_s()},
                         {"wait_share", island_->round_wait_share()},
                         {"wait_share_total", island_->wait_share()}};
-    if (async_) {
+    if (island_->async()) {
       m["ahead_steps"] = island_->ahead_steps();
       m["yield_steps"] = island_->yield_steps();
     }
@@ -77,7 +76,6 @@ class IslandSync : public train::OuterSync {
   }
 
  private:
-  bool async_;
   std::unique_ptr<outer::Island> island_;
 };
 

@@ -81,8 +81,7 @@ Island::~Island() {
 }
 
 void Island::join() {
-  ahead_ = false;  // a (re)joining island takes the current parameters, no period
-  ahead_steps_ = 0;
+  ahead_steps_ = 0;  // a (re)joining island takes the current parameters, no period
   proto::JoinReply r;
   grpc::Status s = client_->join(name_, &r, key_, uint32_t(split_.size()),
                                  uint32_t(cfg_.dipaco.paths()), uint32_t(cfg_.dipaco.path));
@@ -346,7 +345,8 @@ bool Island::sync(int64_t steps, double seconds, bool last) {
 }
 
 void Island::compute(bool begins) {
-  if (begins && ahead_ && cfg_.yield && set_compute_idle()) {
+  // a push's thread in flight: the island is ahead of that push's period until it takes it
+  if (begins && catch_up_.valid() && cfg_.yield && set_compute_idle()) {
     idle_ = true;
     ++yield_steps_;
   } else if (!begins && idle_) {
@@ -496,7 +496,6 @@ void Island::async_push(double seconds) {
     c.pull_bytes = client_->bytes_received() - received;
     return std::move(c);
   });
-  ahead_ = true;
 }
 
 void Island::take_catch_up() {
@@ -507,7 +506,6 @@ void Island::take_catch_up() {
   // a loom::Error of the push or the pull (the server gone for good) throws here
   CatchUp c = catch_up_.get();
   stop_awaiting_ = false;
-  ahead_ = false;                    // the push's period taken (rebase() below), or none to take
   global_[0] = std::move(c.params);  // the period's parameters when pulled, else as they were
   versions_[0] = c.version;
   round_bytes_ += c.push.bytes + c.pull_bytes;
@@ -540,7 +538,6 @@ void Island::take_newest() {
 }
 
 void Island::rebase() {
-  ahead_ = false;
   ahead_steps_ = t_ - pushed_at_;
   touch(true);
   for (size_t k = 0; k < global_[0].size(); ++k) {

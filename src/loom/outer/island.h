@@ -74,6 +74,7 @@ class Island {
   ~Island();
 
   uint64_t id() const { return id_; }
+  bool async() const { return cfg_.mode == OuterMode::async; }
   // Inner steps until the next push or landing is due (the loop calls sync() then); async: 1 while
   // a pushed period's parameters are awaited (sync() takes them once they are there), and on the
   // way to the beat the next push falls on, half the steps left at the round's pace (the push is
@@ -225,7 +226,6 @@ class Island {
   double round_wait_share_ = 0;
   int64_t ahead_steps_ = 0;
   int64_t yield_steps_ = 0;
-  bool ahead_ = false;       // async: pushed, that push's period not taken yet
   bool idle_ = false;        // within compute(): the compute threads at idle CPU priority (yield.h)
   double round_wait_s_ = 0;  // waited since the last push
   uint64_t round_bytes_ = 0;  // async: moved since the last push (its push and pulls)

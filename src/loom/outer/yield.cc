@@ -48,7 +48,7 @@ bool can_idle() {
 
 bool set_compute_idle() {
   if (!can_idle() || failed) return false;
-  int err = set_policy(0, SCHED_IDLE);
+  int err = 0;  // the calling thread is thread 0 of the team
 #pragma omp parallel
   {
     if (const int e = set_policy(0, SCHED_IDLE)) {
